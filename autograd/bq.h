@@ -1,0 +1,107 @@
+/* Core services shared by every module: status codes and the error message, invariant checks,
+ * checked allocation, arenas, the explicit RNG, and process runtime set-up (BLAS kernel choice,
+ * thread count).
+ *
+ * Error contract: a bug (violated invariant) aborts through BQ_CHECK with file:line. Anything caused
+ * by input (files, flags, data) returns a non-zero BqStatus and sets a one-line message through
+ * bq_err(); only src/main.c prints it and exits. */
+#ifndef BQ_H
+#define BQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef BQ_VERSION_STRING
+#define BQ_VERSION_STRING "0.0.0"
+#endif
+
+typedef enum BqStatus {
+    BQ_OK = 0,
+    BQ_EIO = 1,      /* a file could not be opened, read or written */
+    BQ_EFORMAT = 2,  /* a file's content is malformed, truncated or of the wrong shape */
+    BQ_EINVAL = 3,   /* a flag or argument is invalid */
+    BQ_ENOMEM = 4,   /* a size requested by the input cannot be allocated */
+    BQ_ENUMERIC = 5, /* NaN/Inf loss or similar numeric failure */
+    BQ_EINTR = 6,    /* interrupted by a signal; state was saved */
+} BqStatus;
+
+/* Sets the thread-local error message (printf format) and returns status, so call sites read
+ * `return bq_err(BQ_EIO, "%s: cannot open", path);`. */
+int bq_err(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prefixes the current message with "context: " (e.g. the file being parsed); returns status. */
+int bq_err_ctx(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *bq_errmsg(void);
+void bq_err_clear(void);
+
+_Noreturn void bq_fail(const char *file, int line, const char *expr);
+#define BQ_CHECK(cond)                                       \
+    do {                                                     \
+        if (!(cond)) bq_fail(__FILE__, __LINE__, #cond);     \
+    } while (0)
+
+/* Checked allocation: out of memory is treated as fatal (abort with a message). */
+void *bq_malloc(size_t n);
+void *bq_calloc(size_t count, size_t size);
+void *bq_realloc(void *p, size_t n);
+char *bq_strdup(const char *s);
+
+/* Arena: a bump allocator over one large reserved mapping (MAP_NORESERVE), so capacity is virtual
+ * and only touched pages cost memory. Every allocation is 64-byte aligned. Rewinding to a mark frees
+ * everything allocated after it; nothing is freed individually. */
+typedef struct BqArena {
+    char *base;
+    size_t cap;
+    size_t used;
+    size_t peak;
+    const char *name;
+} BqArena;
+
+int bq_arena_init(BqArena *a, size_t reserve_bytes, const char *name);
+void *bq_arena_alloc(BqArena *a, size_t bytes);             /* BQ_CHECKs capacity */
+void *bq_arena_alloc_zero(BqArena *a, size_t bytes);
+static inline size_t bq_arena_mark(const BqArena *a) { return a->used; }
+void bq_arena_rewind(BqArena *a, size_t mark);
+void bq_arena_free(BqArena *a);
+
+/* RNG: xoshiro256** with an explicit state; never rand(). The state is plain data so checkpoints
+ * can save and restore it. */
+typedef struct BqRng {
+    uint64_t s[4];
+} BqRng;
+
+void bq_rng_seed(BqRng *r, uint64_t seed);
+uint64_t bq_rng_u64(BqRng *r);
+double bq_rng_uniform(BqRng *r);            /* [0, 1) */
+float bq_rng_normal(BqRng *r);              /* standard normal (Box-Muller) */
+uint64_t bq_rng_below(BqRng *r, uint64_t n); /* uniform in [0, n) */
+void bq_rng_shuffle_i32(BqRng *r, int32_t *v, int64_t n); /* Fisher-Yates */
+
+/* Counter-based randomness (splitmix64 of key and index): the value for element i does not depend
+ * on which thread computes it, so dropout masks are identical for any thread count. */
+uint64_t bq_hash64(uint64_t key, uint64_t index);
+static inline float bq_hash_uniform(uint64_t key, uint64_t index) {
+    return (float)(bq_hash64(key, index) >> 40) * (1.0f / 16777216.0f);
+}
+
+/* Runtime set-up, called first thing in main() with argv.
+ * If the CPU has AVX-512 and the user has not set OPENBLAS_CORETYPE, sets OPENBLAS_CORETYPE=SkylakeX
+ * and re-executes the program (OpenBLAS reads the variable only when it initialises) so the fast
+ * sgemm kernel is used. Returns BQ_OK, or an error if re-exec failed. */
+int bq_runtime_boot(int argc, char **argv);
+/* Sets the thread count for OpenMP loops and OpenBLAS (threads <= 0: number of online CPUs). */
+void bq_runtime_set_threads(int threads);
+int bq_runtime_threads(void);
+/* One line naming the BLAS library, its kernel (core) and the thread count. */
+const char *bq_runtime_describe(void);
+
+/* Monotonic wall clock in seconds. */
+double bq_now(void);
+/* Peak resident set size of this process in bytes (0 if unknown). */
+size_t bq_peak_rss(void);
+
+/* Atomic file replacement: writes go to "<path>.tmp", then bq_rename_durable fsyncs and renames it
+ * over path (and fsyncs the directory). Used for every checkpoint and export. */
+int bq_fsync_path(const char *path);
+int bq_rename_durable(const char *tmp_path, const char *final_path);
+
+#endif

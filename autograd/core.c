@@ -1,0 +1,277 @@
+/* Core services: error messages, checked allocation, arenas, RNG (xoshiro256**, Blackman and
+ * Vigna 2018; splitmix64 for seeding and counter hashing), runtime set-up (OpenBLAS core type and
+ * threads), clocks and durable file replacement. Contracts are in bq.h. */
+#include "autograd/bq.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <math.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+/* OpenBLAS extensions (declared in its cblas.h on Debian, repeated here for other layouts). */
+extern void openblas_set_num_threads(int num_threads);
+extern char *openblas_get_corename(void);
+extern char *openblas_get_config(void);
+
+static _Thread_local char g_errmsg[1024];
+
+int bq_err(int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_errmsg, sizeof g_errmsg, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+int bq_err_ctx(int status, const char *fmt, ...) {
+    char prefix[512], old[sizeof g_errmsg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, g_errmsg, sizeof old);
+    snprintf(g_errmsg, sizeof g_errmsg, "%.500s: %.500s", prefix, old);
+    return status;
+}
+
+const char *bq_errmsg(void) { return g_errmsg[0] ? g_errmsg : "unknown error"; }
+void bq_err_clear(void) { g_errmsg[0] = '\0'; }
+
+_Noreturn void bq_fail(const char *file, int line, const char *expr) {
+    fprintf(stderr, "bertqat: internal error at %s:%d: check failed: %s\n", file, line, expr);
+    abort();
+}
+
+static _Noreturn void oom(size_t n) {
+    fprintf(stderr, "bertqat: out of memory allocating %zu bytes\n", n);
+    abort();
+}
+
+void *bq_malloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) oom(n);
+    return p;
+}
+
+void *bq_calloc(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p) oom(count * size);
+    return p;
+}
+
+void *bq_realloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) oom(n);
+    return q;
+}
+
+char *bq_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = bq_malloc(n);
+    memcpy(d, s, n);
+    return d;
+}
+
+/* ---- arenas ---- */
+
+int bq_arena_init(BqArena *a, size_t reserve_bytes, const char *name) {
+    memset(a, 0, sizeof *a);
+    size_t cap = (reserve_bytes + 4095) & ~(size_t)4095;
+    void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return bq_err(BQ_ENOMEM, "cannot reserve %zu MiB for arena '%s'", cap >> 20, name);
+    a->base = p;
+    a->cap = cap;
+    a->name = name;
+    return BQ_OK;
+}
+
+void *bq_arena_alloc(BqArena *a, size_t bytes) {
+    size_t start = (a->used + 63) & ~(size_t)63;
+    if (start + bytes > a->cap) {
+        fprintf(stderr, "bertqat: arena '%s' exhausted (%zu of %zu bytes used, %zu requested)\n", a->name,
+                a->used, a->cap, bytes);
+        BQ_CHECK(start + bytes <= a->cap);
+    }
+    a->used = start + bytes;
+    if (a->used > a->peak) a->peak = a->used;
+    return a->base + start;
+}
+
+void *bq_arena_alloc_zero(BqArena *a, size_t bytes) {
+    void *p = bq_arena_alloc(a, bytes);
+    memset(p, 0, bytes);
+    return p;
+}
+
+void bq_arena_rewind(BqArena *a, size_t mark) {
+    BQ_CHECK(mark <= a->used);
+    a->used = mark;
+}
+
+void bq_arena_free(BqArena *a) {
+    if (a->base) munmap(a->base, a->cap);
+    memset(a, 0, sizeof *a);
+}
+
+/* ---- RNG ---- */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void bq_rng_seed(BqRng *r, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t bq_rng_u64(BqRng *r) {
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double bq_rng_uniform(BqRng *r) { return (double)(bq_rng_u64(r) >> 11) * (1.0 / 9007199254740992.0); }
+
+float bq_rng_normal(BqRng *r) {
+    double u1 = bq_rng_uniform(r), u2 = bq_rng_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+}
+
+uint64_t bq_rng_below(BqRng *r, uint64_t n) {
+    BQ_CHECK(n > 0);
+    uint64_t limit = UINT64_MAX - UINT64_MAX % n; /* rejection removes modulo bias */
+    uint64_t x;
+    do x = bq_rng_u64(r);
+    while (x >= limit);
+    return x % n;
+}
+
+void bq_rng_shuffle_i32(BqRng *r, int32_t *v, int64_t n) {
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)bq_rng_below(r, (uint64_t)i + 1);
+        int32_t t = v[i];
+        v[i] = v[j];
+        v[j] = t;
+    }
+}
+
+uint64_t bq_hash64(uint64_t key, uint64_t index) {
+    uint64_t x = key ^ (index * 0xD1B54A32D192ED03ull);
+    return splitmix64(&x);
+}
+
+/* ---- runtime ---- */
+
+static int g_threads = 1;
+
+/* CPUID leaf 7, EBX bit 16: AVX512F; also requires the OS to save ZMM state (XCR0 bits 5-7). */
+static int cpu_has_avx512(void) {
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+    if (a < 7) return 0;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+    if (!(c & (1u << 27))) return 0; /* OSXSAVE */
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 0xE6) != 0xE6) return 0;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    return (b >> 16) & 1;
+#else
+    return 0;
+#endif
+}
+
+int bq_runtime_boot(int argc, char **argv) {
+    (void)argc;
+    if (!getenv("OPENBLAS_CORETYPE") && !getenv("BQ_NO_REEXEC") && cpu_has_avx512()) {
+        setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+        setenv("BQ_NO_REEXEC", "1", 1); /* guards against a loop if exec keeps the old image */
+        execv("/proc/self/exe", argv);
+        return bq_err(BQ_EIO, "cannot re-execute with OPENBLAS_CORETYPE=SkylakeX: %s", strerror(errno));
+    }
+    bq_runtime_set_threads(0);
+    return BQ_OK;
+}
+
+void bq_runtime_set_threads(int threads) {
+    if (threads <= 0) {
+        const char *env = getenv("BQ_THREADS");
+        threads = env ? atoi(env) : 0;
+    }
+    if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads <= 0) threads = 1;
+    g_threads = threads;
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+}
+
+int bq_runtime_threads(void) { return g_threads; }
+
+const char *bq_runtime_describe(void) {
+    static char buf[256];
+    const char *core = openblas_get_corename();
+    const char *env = getenv("OPENBLAS_CORETYPE");
+    snprintf(buf, sizeof buf, "OpenBLAS kernel %s (%s), %d thread%s", core ? core : "?",
+             env ? (getenv("BQ_NO_REEXEC") ? "chosen by bertqat for AVX-512" : "set by OPENBLAS_CORETYPE")
+                 : "auto-detected",
+             g_threads, g_threads == 1 ? "" : "s");
+    return buf;
+}
+
+double bq_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+size_t bq_peak_rss(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (size_t)ru.ru_maxrss * 1024;
+}
+
+/* ---- durable files ---- */
+
+int bq_fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return bq_err(BQ_EIO, "%s: cannot open for fsync: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    close(fd);
+    if (rc != 0 && errno != EINVAL) return bq_err(BQ_EIO, "%s: fsync failed: %s", path, strerror(errno));
+    return BQ_OK;
+}
+
+int bq_rename_durable(const char *tmp_path, const char *final_path) {
+    int st = bq_fsync_path(tmp_path);
+    if (st) return st;
+    if (rename(tmp_path, final_path) != 0)
+        return bq_err(BQ_EIO, "%s: cannot rename to %s: %s", tmp_path, final_path, strerror(errno));
+    char *copy = bq_strdup(final_path);
+    st = bq_fsync_path(dirname(copy));
+    free(copy);
+    return st;
+}

@@ -1,0 +1,95 @@
+/* BertForSequenceClassification with Hugging Face module structure and parameter names
+ * (transformers models/bert/modeling_bert.py): BertEmbeddings, BertSelfAttention, BertSelfOutput,
+ * BertIntermediate, BertOutput, BertLayer, BertEncoder, BertPooler, dropout + classifier.
+ *
+ * One parameter table (BqParamTable) with the HF names of BertForSequenceClassification's state dict
+ * ("bert.embeddings.word_embeddings.weight", ..., "classifier.bias") drives allocation, init, the
+ * optimizer's decay groups, checkpoint I/O, ONNX initializer names and the reference tests. */
+#ifndef BQ_BERT_H
+#define BQ_BERT_H
+
+#include <stdint.h>
+
+#include "autograd/tensor.h"
+#include "datasets/batch.h"
+
+#define BQ_NAME_MAX 128
+
+typedef struct BqBertConfig {
+    int vocab_size;
+    int hidden_size;
+    int num_hidden_layers;
+    int num_attention_heads;
+    int intermediate_size;
+    int max_position_embeddings;
+    int type_vocab_size;
+    int pad_token_id;
+    float layer_norm_eps;
+    float hidden_dropout_prob;
+    float attention_probs_dropout_prob;
+    float classifier_dropout;  /* < 0: use hidden_dropout_prob (HF classifier_dropout = null) */
+    float initializer_range;
+    int num_labels;
+    char **id2label;           /* num_labels strings, owned */
+} BqBertConfig;
+
+/* Parses a Hugging Face config.json (model_type bert; hidden_act must be gelu). num_labels comes from
+ * id2label/num_labels when present, else 2. Errors name the file and key. */
+int bq_config_load(BqBertConfig *cfg, const char *path);
+void bq_config_free(BqBertConfig *cfg);
+/* Checks internal consistency (heads divide hidden, positive sizes); errors name the field. */
+int bq_config_validate(const BqBertConfig *cfg);
+
+typedef enum BqInit { BQ_INIT_NORMAL, BQ_INIT_ZEROS, BQ_INIT_ONES } BqInit;
+
+typedef struct BqParam {
+    char name[BQ_NAME_MAX]; /* HF name, with the "bert." prefix for encoder parameters */
+    int ndim;
+    int64_t shape[2];       /* Linear weights (out, in) as in PyTorch */
+    int64_t numel;
+    int64_t offset;         /* in floats, into BqParamTable.data/grad */
+    int decay;              /* AdamW weight decay applies (not biases, not LayerNorm weights) */
+    BqInit init;
+} BqParam;
+
+typedef struct BqParamTable {
+    BqParam *p;
+    int n;
+    int64_t total;          /* floats */
+    float *data;            /* one 64-byte aligned block of `total` floats */
+    float *grad;            /* same layout; NULL for inference-only models */
+} BqParamTable;
+
+/* Index of a parameter by HF name (accepts names with or without "bert."); -1 if absent. */
+int bq_params_find(const BqParamTable *t, const char *name);
+
+typedef struct BqBertLayer {
+    BqTensor q_w, q_b, k_w, k_b, v_w, v_b;  /* attention.self.{query,key,value} */
+    BqTensor ao_w, ao_b, ln1_w, ln1_b;      /* attention.output.{dense,LayerNorm} */
+    BqTensor i_w, i_b;                      /* intermediate.dense */
+    BqTensor o_w, o_b, ln2_w, ln2_b;        /* output.{dense,LayerNorm} */
+} BqBertLayer;
+
+struct BqQuantState; /* layers/quant.h; NULL for fp32 models */
+
+typedef struct BqBert {
+    BqBertConfig cfg;
+    BqParamTable params;
+    BqTensor word_emb, pos_emb, type_emb, emb_ln_w, emb_ln_b;
+    BqBertLayer *layers;
+    BqTensor pool_w, pool_b, cls_w, cls_b;
+    struct BqQuantState *quant;
+} BqBert;
+
+/* Builds the parameter table for cfg and allocates parameters (and gradients when with_grad),
+ * initialised as HF does: normal(0, initializer_range) for weights and embeddings, zeros for biases,
+ * ones for LayerNorm weights, using rng. Takes ownership of cfg's allocations. */
+int bq_bert_create(BqBert *m, const BqBertConfig *cfg, int with_grad, BqRng *rng);
+void bq_bert_free(BqBert *m);
+
+/* Forward pass of BertForSequenceClassification on a batch: logits (B, num_labels); when the batch
+ * has labels (all >= 0) and loss != NULL, also the mean cross-entropy loss (shape (1)). Records on
+ * ctx->tape when set. Fake quantization happens at the placement points of m->quant, if any. */
+int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBatch *batch, BqTensor **logits, BqTensor **loss);
+
+#endif

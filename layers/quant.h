@@ -1,0 +1,97 @@
+/* Fake-quantization state of a QAT/PTQ BERT: named quantizers at placement points chosen by a scheme
+ * (../shared/DESIGN.md §4), their observers/calibrators, and the hook the model forward calls at each
+ * point. The ONNX exporter asks the same table which points carry a quantizer, so the exported Q/DQ
+ * graph is the graph that was trained.
+ *
+ * Convention (written into checkpoints and exported unchanged): symmetric int8 with zero point 0,
+ * scale = amax / 127, q = clamp(rne(x / scale), -128, 127) — exactly ONNX QuantizeLinear with an int8
+ * zero point of 0, so ONNX Runtime computes what training simulated. */
+#ifndef BQ_QUANT_H
+#define BQ_QUANT_H
+
+#include <stdint.h>
+
+#include "autograd/tensor.h"
+
+/* Placement points inside one encoder layer. Activation points quantize a tensor the forward
+ * produces; weight points quantize a Linear's weight (per output channel unless per-tensor). */
+typedef enum BqQPoint {
+    /* ort scheme activations (DESIGN.md §4, rows 7-18) */
+    BQ_QP_Q_OUT, BQ_QP_K_OUT, BQ_QP_V_OUT,   /* query/key/value Linear outputs, after bias */
+    BQ_QP_SCORES,                            /* Q·Kᵀ before 1/√d and the mask */
+    BQ_QP_PROBS,                             /* softmax output, before attention dropout */
+    BQ_QP_CONTEXT,                           /* probs·V, before the head merge */
+    BQ_QP_ATTN_RESID,                        /* attention.output dense + bias + residual, before LN */
+    BQ_QP_ATTN_LN,                           /* attention.output.LayerNorm output */
+    BQ_QP_INTER_OUT,                         /* intermediate.dense output, before GELU */
+    BQ_QP_GELU_OUT,                          /* GELU output */
+    BQ_QP_OUT_RESID,                         /* output dense + bias + residual, before LN */
+    BQ_QP_OUT_LN,                            /* output.LayerNorm output */
+    /* qdqbert scheme activations */
+    BQ_QP_Q_IN, BQ_QP_K_IN, BQ_QP_V_IN,      /* inputs of query/key/value Linears */
+    BQ_QP_AO_IN, BQ_QP_I_IN, BQ_QP_O_IN,     /* inputs of attention.output/intermediate/output dense */
+    BQ_QP_MM1_Q, BQ_QP_MM1_K,                /* both inputs of Q·Kᵀ */
+    BQ_QP_MM2_P, BQ_QP_MM2_V,                /* both inputs of probs·V */
+    BQ_QP_ADD1_LOCAL, BQ_QP_ADD1_RESID,      /* attention.output residual add: dense out, residual */
+    BQ_QP_ADD2_LOCAL, BQ_QP_ADD2_RESID,      /* output residual add: dense out, residual */
+    /* weights */
+    BQ_QP_W_Q, BQ_QP_W_K, BQ_QP_W_V, BQ_QP_W_AO, BQ_QP_W_I, BQ_QP_W_O,
+    BQ_QP_LAYER_COUNT
+} BqQPoint;
+
+/* The one point outside the encoder layers: the embeddings' LayerNorm output (ort scheme). */
+#define BQ_QP_LAYER_EMB (-1)
+
+typedef enum BqCalibMode {
+    BQ_CALIB_OFF = 0,      /* use current ranges (frozen, or moving-average observer in training) */
+    BQ_CALIB_COLLECT = 1,  /* collect statistics (max or histogram); pass tensors through unquantized */
+} BqCalibMode;
+
+typedef struct BqQuantizer {
+    char name[160];        /* HF module path + role, e.g.
+                              "bert.encoder.layer.3.attention.self.query.output_quantizer" */
+    int layer;             /* encoder layer, or BQ_QP_LAYER_EMB */
+    int point;             /* BqQPoint, or -1 for the embeddings LN output */
+    int is_weight;
+    int axis;              /* -1: per tensor; 0: per output channel of a (out,in) weight */
+    int64_t nch;           /* number of scales (1 when per tensor) */
+    float *amax;           /* (nch) */
+    float *scale;          /* (nch) = amax / 127, floored at a tiny positive value */
+    int initialized;       /* a range has been set */
+    int frozen;            /* ranges no longer updated */
+    float run_min, run_max;/* moving-average observer state (activations) */
+    struct BqHistogram *hist; /* calibration statistics, NULL unless collecting */
+} BqQuantizer;
+
+typedef struct BqQuantConfig {
+    char scheme[16];       /* "ort" | "qdqbert" */
+    int per_tensor_weights;
+    int fuse_qkv;          /* one shared range for Q, K and V outputs (or inputs) */
+    float clip_gelu;       /* > 0: cap the GELU-output amax at this value */
+    float averaging_constant; /* moving-average observer constant, 0.01 */
+    char exclude[256];     /* comma-separated module names kept in fp32 ("classifier,pooler") */
+} BqQuantConfig;
+
+typedef struct BqQuantState {
+    BqQuantConfig cfg;
+    BqQuantizer *q;
+    int n;
+    int *slot;             /* (num_layers·BQ_QP_LAYER_COUNT + 1) → index into q, or -1; last = emb LN */
+    int num_layers;
+    int observe;           /* training with live moving-average observers (unfrozen quantizers) */
+    BqCalibMode calib;
+    int64_t steps_seen;
+} BqQuantState;
+
+/* The quantizer at (layer, point), or NULL when the scheme puts none there. layer = BQ_QP_LAYER_EMB
+ * with point -1 is the embeddings' LayerNorm output. */
+BqQuantizer *bq_quant_at(BqQuantState *qs, int layer, int point);
+
+/* The hook the forward calls at each activation point: returns x unchanged when qs is NULL or no
+ * quantizer sits there; otherwise updates the observer (when observing) or the calibration
+ * statistics (when collecting) and returns the fake-quantized tensor. */
+BqTensor *bq_quant_act(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTensor *x);
+/* Same for a Linear weight (per channel along axis 0 unless per-tensor). */
+BqTensor *bq_quant_weight(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTensor *w);
+
+#endif

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The test command: on a fresh Debian machine with ../shared beside the checkout, installs what is
+# missing, builds, runs every C unit test (ctest) and the Python integration tests against the peers,
+# then (BQ_SANITIZE_PASS=1, the default under CI) rebuilds with address+undefined sanitizers and runs
+# the C unit tests again.
+source "$(dirname "$0")/setup_env.sh"
+cd "$BQ_ROOT"
+bq_install_debs
+bq_install_venv
+bq_get_model
+if [ ! -d "$BERTQAT_DATA/imdb" ]; then
+    echo "BERTQAT_DATA=$BERTQAT_DATA has no imdb/ (see ../shared/data/README.md)" >&2
+    exit 1
+fi
+
+echo "== build (Release)"
+bq_build build
+echo "== C tests"
+(cd build && ctest --output-on-failure -j"$(nproc)")
+
+echo "== Python integration tests"
+export BQ_BUILD_DIR=$BQ_ROOT/build
+"$BQ_PYTHON" -m pytest -q -ra tests/python
+
+if [ "${BQ_SANITIZE_PASS:-${CI:+1}}" = 1 ]; then
+    echo "== build with sanitizers (address;undefined) and run the C tests"
+    bq_build build-san "-DBQ_SANITIZE=address;undefined" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    (cd build-san && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -j"$(nproc)" -LE slow)
+fi
+echo "== all tests passed"

@@ -1,0 +1,37 @@
+/* Table-driven command-line flags shared by every subcommand: `--name value` or `--name=value`,
+ * typed and range-checked, with --help listing each flag and its default (the destination's value
+ * before parsing). Errors name the flag and return BQ_EINVAL. */
+#ifndef BQ_ARGS_H
+#define BQ_ARGS_H
+
+#include <stdio.h>
+
+typedef enum BqArgKind { BQ_ARG_STR, BQ_ARG_INT, BQ_ARG_FLOAT, BQ_ARG_FLAG } BqArgKind;
+
+typedef struct BqArgSpec {
+    const char *name;  /* without the leading "--" */
+    BqArgKind kind;
+    void *dst;         /* const char **, int *, double *, int * (flag set to 1) */
+    const char *help;
+    int required;
+    double min, max;   /* inclusive range for INT/FLOAT when min < max */
+} BqArgSpec;
+
+typedef struct BqArgs {
+    const char *cmd;        /* subcommand name, for messages */
+    const char *usage;      /* e.g. "--model DIR --data PATH [options]" */
+    const char *summary;    /* one sentence */
+    const BqArgSpec *specs;
+    int nspecs;
+    int max_positional;     /* 0: positional arguments are an error */
+    const char *positional_name;
+    char **positional;      /* filled by bq_args_parse (points into argv) */
+    int npositional;
+    int help;               /* set when --help/-h was given; usage already printed to stdout */
+} BqArgs;
+
+/* argv[0] is the subcommand name. */
+int bq_args_parse(BqArgs *a, int argc, char **argv);
+void bq_args_usage(const BqArgs *a, FILE *out);
+
+#endif

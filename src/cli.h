@@ -1,0 +1,19 @@
+/* Subcommands of the bertqat executable. Each takes (argc, argv) with argv[0] the subcommand name,
+ * returns a BqStatus, and leaves printing of errors to main.c. Results (tables, metrics) go to
+ * stdout; progress goes to stderr. */
+#ifndef BQ_CLI_H
+#define BQ_CLI_H
+
+int bq_cmd_tokenize(int argc, char **argv);   /* src/cmd_tokenize.c */
+int bq_cmd_data_stats(int argc, char **argv); /* src/cmd_data.c */
+int bq_cmd_finetune(int argc, char **argv);   /* src/cmd_train.c */
+int bq_cmd_eval(int argc, char **argv);       /* src/cmd_eval.c */
+int bq_cmd_predict(int argc, char **argv);    /* src/cmd_eval.c */
+int bq_cmd_export_hf(int argc, char **argv);  /* src/cmd_export_hf.c */
+int bq_cmd_calibrate(int argc, char **argv);  /* src/cmd_quant.c */
+int bq_cmd_qat(int argc, char **argv);        /* src/cmd_quant.c */
+int bq_cmd_info(int argc, char **argv);       /* src/cmd_quant.c */
+int bq_cmd_export(int argc, char **argv);     /* src/cmd_export.c */
+int bq_cmd_pipeline(int argc, char **argv);   /* src/cmd_pipeline.c */
+
+#endif

@@ -1,0 +1,67 @@
+/* bertqat command-line entry point: boots the runtime (BLAS kernel, threads), dispatches to a
+ * subcommand, and is the only place that prints errors and chooses the exit status. */
+#include <stdio.h>
+#include <string.h>
+
+#include "autograd/bq.h"
+#include "src/cli.h"
+
+typedef struct Command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} Command;
+
+static const Command COMMANDS[] = {
+    {"finetune", bq_cmd_finetune, "fine-tune a BERT checkpoint in fp32 for sequence classification"},
+    {"eval", bq_cmd_eval, "evaluate a fp32, PTQ or QAT checkpoint (accuracy, F1, confusion matrix)"},
+    {"predict", bq_cmd_predict, "print label and probability for texts (arguments or stdin)"},
+    {"calibrate", bq_cmd_calibrate, "post-training quantization: calibrate quantizer ranges"},
+    {"qat", bq_cmd_qat, "quantization-aware fine-tuning with fake-quantized modules"},
+    {"export", bq_cmd_export, "export a checkpoint to ONNX (fp32, or Q/DQ for quantized checkpoints)"},
+    {"export-hf", bq_cmd_export_hf, "write a Hugging Face directory (config.json, model.safetensors)"},
+    {"info", bq_cmd_info, "describe a checkpoint: config, parameters and every quantizer"},
+    {"pipeline", bq_cmd_pipeline, "fine-tune, calibrate, QAT, export and evaluate, with a report"},
+    {"tokenize", bq_cmd_tokenize, "print WordPiece ids or tokens of input lines"},
+    {"data-stats", bq_cmd_data_stats, "counts per split and label, and token-length percentiles"},
+};
+#define NCOMMANDS (int)(sizeof COMMANDS / sizeof COMMANDS[0])
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: bertqat <command> [options]   (bertqat <command> --help for its flags)\n\ncommands:\n");
+    for (int i = 0; i < NCOMMANDS; i++) fprintf(out, "  %-11s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
+    fprintf(out, "\n  --version   print the version, BLAS kernel and thread count\n");
+}
+
+int main(int argc, char **argv) {
+    int st = bq_runtime_boot(argc, argv);
+    if (st) {
+        fprintf(stderr, "bertqat: %s\n", bq_errmsg());
+        return 1;
+    }
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("bertqat %s\n%s\n", BQ_VERSION_STRING, bq_runtime_describe());
+        return 0;
+    }
+    for (int i = 0; i < NCOMMANDS; i++) {
+        if (strcmp(cmd, COMMANDS[i].name) != 0) continue;
+        bq_err_clear();
+        st = COMMANDS[i].run(argc - 1, argv + 1);
+        if (st) {
+            fprintf(stderr, "bertqat %s: %s\n", cmd, bq_errmsg());
+            return st == BQ_EINVAL ? 2 : 1;
+        }
+        return 0;
+    }
+    fprintf(stderr, "bertqat: unknown command '%s' (see bertqat --help)\n", cmd);
+    return 2;
+}
