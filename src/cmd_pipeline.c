@@ -1,7 +1,305 @@
-/* Placeholder until the owning issue lands; replaced by the real subcommand. */
+/* `bertqat pipeline`: the whole mission with sensible defaults — fp32 fine-tune → calibrate (PTQ)
+ * → QAT fine-tune → ONNX export (fp32 and Q/DQ) → evaluation of every stage on the same test reviews
+ * → report (RUN_DIR/report.md with a table and training-curve SVGs, and the table on stdout).
+ *
+ * Each stage runs this same executable as a child process (so each has its own memory, and SIGINT
+ * reaches the training child, which saves a resumable checkpoint). A stage is done when its marker
+ * file RUN_DIR/.done-<stage> exists; such stages are skipped unless --force. A training stage whose
+ * output directory holds a training state but no marker is resumed with --resume. */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
 #include "autograd/bq.h"
+#include "src/args.h"
 #include "src/cli.h"
+#include "src/report.h"
+
+extern char **environ;
+
+typedef struct Pipeline {
+    const char *model, *data, *out, *budget, *python, *vocab;
+    int force, threads, seed;
+    int train_samples, eval_samples, max_seq_len, batch_size, calib_samples;
+    double epochs, qat_epochs, lr, qat_lr;
+    char self[4096];
+} Pipeline;
+
+static int file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+static int64_t path_size(const char *p) { /* file, or sum over a directory's regular files */
+    struct stat st;
+    if (stat(p, &st) != 0) return 0;
+    if (!S_ISDIR(st.st_mode)) return (int64_t)st.st_size;
+    static const char *parts[] = {"model.h5", "config.json", "vocab.txt"};
+    int64_t total = 0;
+    char buf[4200];
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        snprintf(buf, sizeof buf, "%s/%s", p, parts[i]);
+        if (stat(buf, &st) == 0) total += (int64_t)st.st_size;
+    }
+    return total;
+}
+
+/* Runs argv as a child; stdout to out_path when given. Returns BQ_OK when it exits 0. */
+static int run_child(const char *stage, char **argv, const char *out_path) {
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    char tmp[4200];
+    if (out_path) {
+        snprintf(tmp, sizeof tmp, "%s.tmp", out_path);
+        posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    }
+    fprintf(stderr, "[pipeline] %s:", stage);
+    for (char **a = argv; *a; a++) fprintf(stderr, " %s", *a);
+    fprintf(stderr, "\n");
+    pid_t pid;
+    int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) return bq_err(BQ_EIO, "stage %s: cannot start %s: %s", stage, argv[0], strerror(rc));
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) return bq_err(BQ_EIO, "stage %s: waitpid failed: %s", stage, strerror(errno));
+    }
+    if (WIFSIGNALED(status))
+        return bq_err(BQ_EINTR, "stage %s was killed by signal %d; rerun the same command to resume", stage,
+                      WTERMSIG(status));
+    if (WEXITSTATUS(status) != 0)
+        return bq_err(WEXITSTATUS(status) == 6 ? BQ_EINTR : BQ_EIO,
+                      "stage %s failed (exit %d, its message is above); rerun the same command to resume", stage,
+                      WEXITSTATUS(status));
+    if (out_path) return bq_rename_durable(tmp, out_path);
+    return BQ_OK;
+}
+
+static int mark_done(const Pipeline *p, const char *stage) {
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/.done-%s", p->out, stage);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return bq_err(BQ_EIO, "%s: cannot write: %s", tmp, strerror(errno));
+    fprintf(f, "%ld\n", (long)time(NULL));
+    fclose(f);
+    return bq_rename_durable(tmp, path);
+}
+
+static int is_done(const Pipeline *p, const char *stage) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/.done-%s", p->out, stage);
+    return !p->force && file_exists(path);
+}
+
+/* argv builder with owned strings */
+typedef struct Argv {
+    char *v[64];
+    int n;
+} Argv;
+
+static void av_add(Argv *a, const char *s) {
+    BQ_CHECK(a->n < 63);
+    a->v[a->n++] = bq_strdup(s);
+    a->v[a->n] = NULL;
+}
+
+static void av_addf(Argv *a, const char *fmt, double x) {
+    char buf[64];
+    snprintf(buf, sizeof buf, fmt, x);
+    av_add(a, buf);
+}
+
+static void av_free(Argv *a) {
+    for (int i = 0; i < a->n; i++) free(a->v[i]);
+    a->n = 0;
+}
+
+static void av_common_train(Argv *a, const Pipeline *p, double epochs, double lr) {
+    av_add(a, "--data"), av_add(a, p->data);
+    av_add(a, "--train-samples"), av_addf(a, "%.0f", p->train_samples);
+    av_add(a, "--eval-samples"), av_addf(a, "%.0f", p->eval_samples);
+    av_add(a, "--max-seq-len"), av_addf(a, "%.0f", p->max_seq_len);
+    av_add(a, "--batch-size"), av_addf(a, "%.0f", p->batch_size);
+    av_add(a, "--epochs"), av_addf(a, "%g", epochs);
+    av_add(a, "--lr"), av_addf(a, "%g", lr);
+    av_add(a, "--seed"), av_addf(a, "%.0f", p->seed);
+    av_add(a, "--threads"), av_addf(a, "%.0f", p->threads);
+}
+
+static int stage_train(const Pipeline *p, const char *stage, const char *cmd, const char *from) {
+    if (is_done(p, stage)) {
+        fprintf(stderr, "[pipeline] %s: done already (use --force to redo)\n", stage);
+        return BQ_OK;
+    }
+    char out[4096], from_dir[4096], state[4200], logdir[4200];
+    snprintf(out, sizeof out, "%s/%s", p->out, stage);
+    snprintf(from_dir, sizeof from_dir, "%s", from);
+    snprintf(state, sizeof state, "%s/training_state.h5", out);
+    snprintf(logdir, sizeof logdir, "%s/tb/%s", p->out, stage);
+    Argv a = {0};
+    av_add(&a, p->self), av_add(&a, cmd);
+    av_add(&a, "--model"), av_add(&a, from_dir);
+    av_add(&a, "--out"), av_add(&a, out);
+    int is_qat = !strcmp(cmd, "qat");
+    av_common_train(&a, p, is_qat ? p->qat_epochs : p->epochs, is_qat ? p->qat_lr : p->lr);
+    av_add(&a, "--logdir"), av_add(&a, logdir);
+    if (is_qat) av_add(&a, "--calib-samples"), av_addf(&a, "%.0f", p->calib_samples);
+    if (!p->force && file_exists(state)) av_add(&a, "--resume");
+    int st = run_child(stage, a.v, NULL);
+    av_free(&a);
+    return st ? st : mark_done(p, stage);
+}
+
+static int stage_calibrate(const Pipeline *p) {
+    if (is_done(p, "ptq")) return BQ_OK;
+    char from[4096], out[4096];
+    snprintf(from, sizeof from, "%s/fp32", p->out);
+    snprintf(out, sizeof out, "%s/ptq", p->out);
+    Argv a = {0};
+    av_add(&a, p->self), av_add(&a, "calibrate");
+    av_add(&a, "--model"), av_add(&a, from);
+    av_add(&a, "--data"), av_add(&a, p->data);
+    av_add(&a, "--out"), av_add(&a, out);
+    av_add(&a, "--calibrator"), av_add(&a, "percentile");
+    av_add(&a, "--percentile"), av_add(&a, "99.99");
+    av_add(&a, "--calib-samples"), av_addf(&a, "%.0f", p->calib_samples);
+    av_add(&a, "--max-seq-len"), av_addf(&a, "%.0f", p->max_seq_len);
+    av_add(&a, "--seed"), av_addf(&a, "%.0f", p->seed);
+    av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
+    int st = run_child("ptq", a.v, NULL);
+    av_free(&a);
+    return st ? st : mark_done(p, "ptq");
+}
+
+static int stage_export(const Pipeline *p, const char *ckpt, const char *name) {
+    char stage[64], from[4096], out[4096];
+    snprintf(stage, sizeof stage, "export-%s", name);
+    if (is_done(p, stage)) return BQ_OK;
+    snprintf(from, sizeof from, "%s/%s", p->out, ckpt);
+    snprintf(out, sizeof out, "%s/%s.onnx", p->out, name);
+    Argv a = {0};
+    av_add(&a, p->self), av_add(&a, "export");
+    av_add(&a, "--model"), av_add(&a, from);
+    av_add(&a, "--out"), av_add(&a, out);
+    int st = run_child(stage, a.v, NULL);
+    av_free(&a);
+    return st ? st : mark_done(p, stage);
+}
+
+static int stage_eval(const Pipeline *p, const char *name, const char *target, int onnx) {
+    char stage[64], json[4096], path[4096];
+    snprintf(stage, sizeof stage, "eval-%s", name);
+    snprintf(json, sizeof json, "%s/eval-%s.json", p->out, name);
+    if (is_done(p, stage) && file_exists(json)) return BQ_OK;
+    snprintf(path, sizeof path, "%s/%s", p->out, target);
+    Argv a = {0};
+    if (onnx) {
+        char script[4096], vocab[4096];
+        snprintf(script, sizeof script, "%s/scripts/onnx_eval.py", BQ_SOURCE_DIR);
+        snprintf(vocab, sizeof vocab, "%s/fp32/vocab.txt", p->out);
+        av_add(&a, p->python), av_add(&a, script);
+        av_add(&a, "--model"), av_add(&a, path);
+        av_add(&a, "--vocab"), av_add(&a, vocab);
+    } else {
+        av_add(&a, p->self), av_add(&a, "eval");
+        av_add(&a, "--model"), av_add(&a, path);
+        av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
+    }
+    av_add(&a, "--data"), av_add(&a, p->data);
+    av_add(&a, "--split"), av_add(&a, "test");
+    av_add(&a, "--samples"), av_addf(&a, "%.0f", p->eval_samples);
+    av_add(&a, "--max-seq-len"), av_addf(&a, "%.0f", p->max_seq_len);
+    av_add(&a, "--seed"), av_addf(&a, "%.0f", p->seed);
+    av_add(&a, "--json");
+    int st = run_child(stage, a.v, json);
+    av_free(&a);
+    return st ? st : mark_done(p, stage);
+}
+
 int bq_cmd_pipeline(int argc, char **argv) {
-    (void)argc;
-    return bq_err(BQ_EINVAL, "%s: not implemented yet", argv[0]);
+    Pipeline p = {0};
+    p.budget = "small";
+    p.python = getenv("BQ_PYTHON");
+    p.seed = 42;
+    p.threads = 0;
+    const BqArgSpec specs[] = {
+        {"model", BQ_ARG_STR, &p.model, "pretrained Hugging Face BERT directory", 1, 0, 0},
+        {"data", BQ_ARG_STR, &p.data, "IMDB archive or aclImdb folder (or CSV/JSONL)", 1, 0, 0},
+        {"out", BQ_ARG_STR, &p.out, "run directory (created; stages already done are skipped)", 1, 0, 0},
+        {"budget", BQ_ARG_STR, &p.budget, "small (a few thousand reviews, seq 128) or full (IMDB recipe)", 0, 0, 0},
+        {"python", BQ_ARG_STR, &p.python, "Python with onnxruntime for the ONNX evaluation (env BQ_PYTHON)", 0, 0, 0},
+        {"seed", BQ_ARG_INT, &p.seed, "seed for every stage", 0, 0, 2147483647.0},
+        {"threads", BQ_ARG_INT, &p.threads, "threads (0: all CPUs)", 0, 0, 1024},
+        {"force", BQ_ARG_FLAG, &p.force, "redo stages whose outputs exist", 0, 0, 0},
+    };
+    BqArgs args = {.cmd = "pipeline", .usage = "--model DIR --data PATH --out RUN_DIR [options]",
+                   .summary = "Fine-tune in fp32, calibrate (PTQ, percentile 99.99), QAT fine-tune, export fp32 and "
+                              "Q/DQ ONNX, evaluate every stage on the same test reviews and write RUN_DIR/report.md.",
+                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof specs[0])};
+    int st = bq_args_parse(&args, argc, argv);
+    if (st || args.help) return st;
+    if (!strcmp(p.budget, "small")) {
+        p.train_samples = 4000, p.eval_samples = 2000, p.max_seq_len = 128, p.batch_size = 32;
+        p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
+    } else if (!strcmp(p.budget, "full")) {
+        p.train_samples = 0, p.eval_samples = 0, p.max_seq_len = 256, p.batch_size = 32;
+        p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
+    } else {
+        return bq_err(BQ_EINVAL, "pipeline: --budget must be small or full, got '%s'", p.budget);
+    }
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg, "%s/config.json", p.model);
+    if (!file_exists(cfg)) return bq_err(BQ_EIO, "pipeline: --model %s: no config.json there", p.model);
+    if (!file_exists(p.data)) return bq_err(BQ_EIO, "pipeline: --data %s: no such file or directory", p.data);
+    if (mkdir(p.out, 0777) != 0 && errno != EEXIST)
+        return bq_err(BQ_EIO, "pipeline: --out %s: cannot create: %s", p.out, strerror(errno));
+    ssize_t n = readlink("/proc/self/exe", p.self, sizeof p.self - 1);
+    if (n <= 0) return bq_err(BQ_EIO, "pipeline: cannot locate the bertqat executable");
+    p.self[n] = '\0';
+    if (p.threads <= 0) p.threads = bq_runtime_threads();
+    int have_python = p.python && *p.python && access(p.python, X_OK) == 0;
+    double t0 = bq_now();
+
+    char fp32_dir[4096];
+    snprintf(fp32_dir, sizeof fp32_dir, "%s/fp32", p.out);
+    if ((st = stage_train(&p, "fp32", "finetune", p.model))) return st;
+    if ((st = stage_calibrate(&p))) return st;
+    if ((st = stage_train(&p, "qat", "qat", fp32_dir))) return st;
+    if ((st = stage_export(&p, "fp32", "fp32"))) return st;
+    if ((st = stage_export(&p, "qat", "qat-int8"))) return st;
+    if ((st = stage_eval(&p, "fp32", "fp32", 0))) return st;
+    if ((st = stage_eval(&p, "ptq", "ptq", 0))) return st;
+    if ((st = stage_eval(&p, "qat", "qat", 0))) return st;
+    if (have_python) {
+        if ((st = stage_eval(&p, "onnx-fp32", "fp32.onnx", 1))) return st;
+        if ((st = stage_eval(&p, "onnx-int8", "qat-int8.onnx", 1))) return st;
+    } else {
+        fprintf(stderr, "[pipeline] no Python with onnxruntime (--python); ONNX Runtime evaluation skipped\n");
+    }
+
+    BqReportRow rows[5] = {
+        {"fp32", "eval-fp32.json", "fp32", "fp32/training_log.jsonl", 0},
+        {"PTQ (percentile 99.99)", "eval-ptq.json", "ptq", NULL, 0},
+        {"QAT", "eval-qat.json", "qat", "qat/training_log.jsonl", 0},
+        {"ONNX fp32 (ONNX Runtime)", "eval-onnx-fp32.json", "fp32.onnx", NULL, 0},
+        {"ONNX int8 Q/DQ (ONNX Runtime)", "eval-onnx-int8.json", "qat-int8.onnx", NULL, 0},
+    };
+    for (int i = 0; i < 5; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", p.out, rows[i].artifact);
+        rows[i].size_bytes = path_size(path);
+    }
+    BqReportInfo info = {.model = p.model, .data = p.data, .budget = p.budget, .seconds = bq_now() - t0,
+                         .runtime = bq_runtime_describe(), .onnx_skipped = !have_python};
+    return bq_report_write(p.out, rows, have_python ? 5 : 3, &info);
 }

@@ -1,0 +1,29 @@
+/* The pipeline report: RUN_DIR/report.md (a results table and training curves as SVG pictures,
+ * drawn here directly as SVG polylines: no plotting library is needed for two line charts) and the
+ * same table on stdout. */
+#ifndef BQ_REPORT_H
+#define BQ_REPORT_H
+
+#include <stdint.h>
+
+typedef struct BqReportRow {
+    const char *label;     /* e.g. "QAT" */
+    const char *eval_json; /* file in RUN_DIR written by `eval --json` or scripts/onnx_eval.py --json */
+    const char *artifact;  /* checkpoint dir or .onnx file in RUN_DIR, for the size column */
+    const char *train_log; /* JSONL training log in RUN_DIR, or NULL */
+    int64_t size_bytes;
+} BqReportRow;
+
+typedef struct BqReportInfo {
+    const char *model, *data, *budget, *runtime;
+    double seconds;
+    int onnx_skipped;
+} BqReportInfo;
+
+int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, const BqReportInfo *info);
+
+/* Writes an SVG line chart of (x, y) series to path; used for loss and eval-accuracy curves. */
+int bq_svg_chart(const char *path, const char *title, const char *xlabel, const char *ylabel, int nseries,
+                 const char *const *names, const double *const *xs, const double *const *ys, const int *ns);
+
+#endif
