@@ -1,0 +1,329 @@
+/* BertForSequenceClassification: the parameter table (HF state-dict names and order), HF
+ * initialisation, and the forward pass recorded on the tape, with the fake-quantization hooks of
+ * layers/quant.h at every placement point of ../shared/DESIGN.md §4.
+ *
+ * Reference: Hugging Face transformers 4.40 models/bert/modeling_bert.py (BertEmbeddings,
+ * BertSelfAttention eager path, BertSelfOutput, BertIntermediate, BertOutput, BertPooler,
+ * BertForSequenceClassification, BertPreTrainedModel._init_weights) and get_extended_attention_mask
+ * (additive mask (1 − mask)·finfo(float32).min, added after the 1/√d scaling).
+ *
+ * Memory: parameters live in one 64-byte aligned block (each tensor starts on a 64-byte boundary),
+ * gradients in a second block of the same layout. Every activation of a forward comes from ctx->act
+ * through the ops; the forward itself allocates only the position ids there, so a step does no
+ * malloc. */
+#include "layers/bert.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers/quant.h"
+
+#define PARAM_ALIGN_FLOATS 16 /* 64 bytes */
+
+/* ---- parameter table ---- */
+
+int bq_params_find(const BqParamTable *t, const char *name) {
+    if (!t || !name) return -1;
+    const char *bare = strncmp(name, "bert.", 5) == 0 ? name + 5 : name;
+    for (int i = 0; i < t->n; i++) {
+        const char *pn = t->p[i].name;
+        if (strcmp(pn, name) == 0) return i;
+        const char *pbare = strncmp(pn, "bert.", 5) == 0 ? pn + 5 : pn;
+        /* only the encoder parameters carry the prefix, so "bert.classifier.weight" does not match */
+        if (pbare != pn && strcmp(pbare, bare) == 0) return i;
+    }
+    return -1;
+}
+
+/* Appends one entry; shapes are PyTorch's ((out, in) for Linear weights). */
+static void table_add(BqParamTable *t, int cap, const char *name, int ndim, int64_t d0, int64_t d1, int decay,
+                      BqInit init) {
+    BQ_CHECK(t->n < cap);
+    BqParam *p = &t->p[t->n++];
+    memset(p, 0, sizeof *p);
+    int w = snprintf(p->name, sizeof p->name, "%s", name);
+    BQ_CHECK(w > 0 && w < (int)sizeof p->name);
+    p->ndim = ndim;
+    p->shape[0] = d0;
+    p->shape[1] = ndim == 2 ? d1 : 0;
+    p->numel = ndim == 2 ? d0 * d1 : d0;
+    p->decay = decay;
+    p->init = init;
+    p->offset = t->total;
+    t->total += (p->numel + PARAM_ALIGN_FLOATS - 1) / PARAM_ALIGN_FLOATS * PARAM_ALIGN_FLOATS;
+}
+
+/* A Linear "<prefix>.weight" (out,in) with decay and "<prefix>.bias" (out) without. */
+static void table_add_linear(BqParamTable *t, int cap, const char *prefix, int64_t out, int64_t in) {
+    char n[BQ_NAME_MAX];
+    snprintf(n, sizeof n, "%s.weight", prefix);
+    table_add(t, cap, n, 2, out, in, 1, BQ_INIT_NORMAL);
+    snprintf(n, sizeof n, "%s.bias", prefix);
+    table_add(t, cap, n, 1, out, 0, 0, BQ_INIT_ZEROS);
+}
+
+/* LayerNorm "<prefix>.weight" (ones) and "<prefix>.bias" (zeros), neither decayed. */
+static void table_add_ln(BqParamTable *t, int cap, const char *prefix, int64_t h) {
+    char n[BQ_NAME_MAX];
+    snprintf(n, sizeof n, "%s.weight", prefix);
+    table_add(t, cap, n, 1, h, 0, 0, BQ_INIT_ONES);
+    snprintf(n, sizeof n, "%s.bias", prefix);
+    table_add(t, cap, n, 1, h, 0, 0, BQ_INIT_ZEROS);
+}
+
+/* The table in the order of BertForSequenceClassification.state_dict(). */
+static void table_build(BqParamTable *t, const BqBertConfig *c) {
+    const int64_t H = c->hidden_size, I = c->intermediate_size;
+    const int cap = 5 + 16 * c->num_hidden_layers + 4;
+    t->p = bq_calloc((size_t)cap, sizeof *t->p);
+    t->n = 0;
+    t->total = 0;
+    table_add(t, cap, "bert.embeddings.word_embeddings.weight", 2, c->vocab_size, H, 1, BQ_INIT_NORMAL);
+    table_add(t, cap, "bert.embeddings.position_embeddings.weight", 2, c->max_position_embeddings, H, 1,
+              BQ_INIT_NORMAL);
+    table_add(t, cap, "bert.embeddings.token_type_embeddings.weight", 2, c->type_vocab_size, H, 1,
+              BQ_INIT_NORMAL);
+    table_add_ln(t, cap, "bert.embeddings.LayerNorm", H);
+    char pre[BQ_NAME_MAX];
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        static const char *const qkv[3] = {"query", "key", "value"};
+        for (int j = 0; j < 3; j++) {
+            snprintf(pre, sizeof pre, "bert.encoder.layer.%d.attention.self.%s", l, qkv[j]);
+            table_add_linear(t, cap, pre, H, H);
+        }
+        snprintf(pre, sizeof pre, "bert.encoder.layer.%d.attention.output.dense", l);
+        table_add_linear(t, cap, pre, H, H);
+        snprintf(pre, sizeof pre, "bert.encoder.layer.%d.attention.output.LayerNorm", l);
+        table_add_ln(t, cap, pre, H);
+        snprintf(pre, sizeof pre, "bert.encoder.layer.%d.intermediate.dense", l);
+        table_add_linear(t, cap, pre, I, H);
+        snprintf(pre, sizeof pre, "bert.encoder.layer.%d.output.dense", l);
+        table_add_linear(t, cap, pre, H, I);
+        snprintf(pre, sizeof pre, "bert.encoder.layer.%d.output.LayerNorm", l);
+        table_add_ln(t, cap, pre, H);
+    }
+    table_add_linear(t, cap, "bert.pooler.dense", H, H);
+    table_add_linear(t, cap, "classifier", c->num_labels, H);
+    BQ_CHECK(t->n == cap);
+}
+
+/* The view of parameter i (data and, when allocated, grad). */
+static BqTensor param_view(const BqParamTable *t, int i) {
+    const BqParam *p = &t->p[i];
+    BqTensor v = bq_tensor_wrap(t->data + p->offset, t->grad ? t->grad + p->offset : NULL, p->ndim, p->shape);
+    v.name = p->name;
+    return v;
+}
+
+static void *alloc_aligned(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    return p;
+}
+
+int bq_bert_create(BqBert *m, const BqBertConfig *cfg, int with_grad, BqRng *rng) {
+    BQ_CHECK(m && cfg && rng);
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg; /* takes ownership of id2label */
+    int rc = bq_config_validate(&m->cfg);
+    if (rc) goto cleanup;
+    const BqBertConfig *c = &m->cfg;
+    if (c->pad_token_id >= c->vocab_size) {
+        rc = bq_err(BQ_EINVAL, "config: pad_token_id %d is not below vocab_size %d", c->pad_token_id,
+                    c->vocab_size);
+        goto cleanup;
+    }
+
+    BqParamTable *t = &m->params;
+    table_build(t, c);
+    size_t bytes = (size_t)t->total * sizeof(float);
+    t->data = alloc_aligned(bytes);
+    if (!t->data) {
+        rc = bq_err(BQ_ENOMEM, "model: cannot allocate %zu bytes of parameters", bytes);
+        goto cleanup;
+    }
+    memset(t->data, 0, bytes); /* alignment padding stays zero */
+    if (with_grad) {
+        t->grad = alloc_aligned(bytes);
+        if (!t->grad) {
+            rc = bq_err(BQ_ENOMEM, "model: cannot allocate %zu bytes of gradients", bytes);
+            goto cleanup;
+        }
+        memset(t->grad, 0, bytes);
+    }
+
+    /* HF _init_weights: Linear and Embedding weights ~ N(0, initializer_range), biases 0, LayerNorm
+     * weight 1 and bias 0; the padding_idx row of the word embeddings is zeroed. Drawn in table order
+     * so a seed gives the same model on every machine. */
+    for (int i = 0; i < t->n; i++) {
+        const BqParam *p = &t->p[i];
+        float *d = t->data + p->offset;
+        switch (p->init) {
+        case BQ_INIT_NORMAL:
+            for (int64_t k = 0; k < p->numel; k++) d[k] = c->initializer_range * bq_rng_normal(rng);
+            break;
+        case BQ_INIT_ONES:
+            for (int64_t k = 0; k < p->numel; k++) d[k] = 1.0f;
+            break;
+        case BQ_INIT_ZEROS:
+            break;
+        }
+    }
+    if (c->pad_token_id >= 0) {
+        float *row = t->data + t->p[0].offset + (int64_t)c->pad_token_id * c->hidden_size;
+        memset(row, 0, (size_t)c->hidden_size * sizeof(float));
+    }
+
+    /* tensor views, in table order */
+    int k = 0;
+    m->word_emb = param_view(t, k++);
+    m->pos_emb = param_view(t, k++);
+    m->type_emb = param_view(t, k++);
+    m->emb_ln_w = param_view(t, k++);
+    m->emb_ln_b = param_view(t, k++);
+    m->layers = bq_calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        BqBertLayer *L = &m->layers[l];
+        BqTensor *order[16] = {&L->q_w,  &L->q_b,  &L->k_w, &L->k_b, &L->v_w, &L->v_b, &L->ao_w,  &L->ao_b,
+                               &L->ln1_w, &L->ln1_b, &L->i_w, &L->i_b, &L->o_w, &L->o_b, &L->ln2_w, &L->ln2_b};
+        for (int j = 0; j < 16; j++) *order[j] = param_view(t, k++);
+    }
+    m->pool_w = param_view(t, k++);
+    m->pool_b = param_view(t, k++);
+    m->cls_w = param_view(t, k++);
+    m->cls_b = param_view(t, k++);
+    BQ_CHECK(k == t->n);
+    return BQ_OK;
+
+cleanup:
+    bq_bert_free(m);
+    return rc;
+}
+
+void bq_bert_free(BqBert *m) {
+    if (!m) return;
+    free(m->params.data);
+    free(m->params.grad);
+    free(m->params.p);
+    free(m->layers);
+    bq_config_free(&m->cfg);
+    /* m->quant belongs to whoever attached it (layers/quant.c) */
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- forward ---- */
+
+/* Activation and weight hooks: nothing but a NULL test when the model is fp32. */
+static inline BqTensor *qact(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTensor *x) {
+    return qs ? bq_quant_act(qs, ctx, layer, point, x) : x;
+}
+static inline BqTensor *qweight(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTensor *w) {
+    return qs ? bq_quant_weight(qs, ctx, layer, point, w) : w;
+}
+
+/* One BertLayer (attention, residual + LayerNorm, feed-forward, residual + LayerNorm) on x (B,T,H). */
+static BqTensor *layer_forward(BqBert *m, BqCtx *ctx, int l, BqTensor *x, const float *mask) {
+    const BqBertConfig *c = &m->cfg;
+    BqBertLayer *L = &m->layers[l];
+    BqQuantState *qs = m->quant;
+    const int nh = c->num_attention_heads;
+    const float scale = 1.0f / sqrtf((float)(c->hidden_size / nh));
+
+    /* BertSelfAttention */
+    BqTensor *q = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_Q_IN, x), qweight(qs, ctx, l, BQ_QP_W_Q, &L->q_w), &L->q_b);
+    q = qact(qs, ctx, l, BQ_QP_Q_OUT, q);
+    BqTensor *k = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_K_IN, x), qweight(qs, ctx, l, BQ_QP_W_K, &L->k_w), &L->k_b);
+    k = qact(qs, ctx, l, BQ_QP_K_OUT, k);
+    BqTensor *v = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_V_IN, x), qweight(qs, ctx, l, BQ_QP_W_V, &L->v_w), &L->v_b);
+    v = qact(qs, ctx, l, BQ_QP_V_OUT, v);
+    BqTensor *s = bq_op_attn_scores(ctx, qact(qs, ctx, l, BQ_QP_MM1_Q, q), qact(qs, ctx, l, BQ_QP_MM1_K, k), nh);
+    s = qact(qs, ctx, l, BQ_QP_SCORES, s);                                      /* (B,NH,T,T) */
+    BqTensor *p = bq_op_softmax_mask(ctx, s, mask, scale, -FLT_MAX);
+    p = qact(qs, ctx, l, BQ_QP_PROBS, p);
+    p = bq_op_dropout(ctx, p, c->attention_probs_dropout_prob);
+    BqTensor *cx = bq_op_attn_context(ctx, qact(qs, ctx, l, BQ_QP_MM2_P, p), qact(qs, ctx, l, BQ_QP_MM2_V, v), nh);
+    cx = qact(qs, ctx, l, BQ_QP_CONTEXT, cx);                                   /* (B,T,H) */
+
+    /* BertSelfOutput: LayerNorm(dropout(dense(ctx)) + x) */
+    BqTensor *a = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_AO_IN, cx), qweight(qs, ctx, l, BQ_QP_W_AO, &L->ao_w),
+                               &L->ao_b);
+    a = bq_op_dropout(ctx, a, c->hidden_dropout_prob);
+    a = bq_op_add(ctx, qact(qs, ctx, l, BQ_QP_ADD1_LOCAL, a), qact(qs, ctx, l, BQ_QP_ADD1_RESID, x));
+    a = qact(qs, ctx, l, BQ_QP_ATTN_RESID, a);
+    a = bq_op_layernorm(ctx, a, &L->ln1_w, &L->ln1_b, c->layer_norm_eps);
+    a = qact(qs, ctx, l, BQ_QP_ATTN_LN, a);
+
+    /* BertIntermediate: gelu(dense(a)) */
+    BqTensor *h = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_I_IN, a), qweight(qs, ctx, l, BQ_QP_W_I, &L->i_w), &L->i_b);
+    h = qact(qs, ctx, l, BQ_QP_INTER_OUT, h);                                   /* (B,T,I) */
+    h = bq_op_gelu(ctx, h);
+    h = qact(qs, ctx, l, BQ_QP_GELU_OUT, h);
+
+    /* BertOutput: LayerNorm(dropout(dense(h)) + a) */
+    BqTensor *o = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_O_IN, h), qweight(qs, ctx, l, BQ_QP_W_O, &L->o_w), &L->o_b);
+    o = bq_op_dropout(ctx, o, c->hidden_dropout_prob);
+    o = bq_op_add(ctx, qact(qs, ctx, l, BQ_QP_ADD2_LOCAL, o), qact(qs, ctx, l, BQ_QP_ADD2_RESID, a));
+    o = qact(qs, ctx, l, BQ_QP_OUT_RESID, o);
+    o = bq_op_layernorm(ctx, o, &L->ln2_w, &L->ln2_b, c->layer_norm_eps);
+    return qact(qs, ctx, l, BQ_QP_OUT_LN, o);
+}
+
+int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBatch *batch, BqTensor **logits, BqTensor **loss) {
+    BQ_CHECK(m && ctx && ctx->act && batch && logits);
+    const BqBertConfig *c = &m->cfg;
+    const int64_t B = batch->B, T = batch->T;
+    *logits = NULL;
+    if (loss) *loss = NULL;
+
+    /* input validation: everything here is caused by data, so it is an error, not an abort */
+    if (B <= 0 || T <= 0) return bq_err(BQ_EINVAL, "batch: empty batch (B=%lld, T=%lld)", (long long)B, (long long)T);
+    if (T > c->max_position_embeddings)
+        return bq_err(BQ_EINVAL, "batch: sequence length %lld exceeds max_position_embeddings %d", (long long)T,
+                      c->max_position_embeddings);
+    BQ_CHECK(batch->input_ids);
+    for (int64_t i = 0; i < B * T; i++) {
+        if (batch->input_ids[i] < 0 || batch->input_ids[i] >= c->vocab_size)
+            return bq_err(BQ_EFORMAT, "batch: token id %d at (%lld,%lld) is outside the vocabulary of %d",
+                          batch->input_ids[i], (long long)(i / T), (long long)(i % T), c->vocab_size);
+        if (batch->token_type_ids &&
+            (batch->token_type_ids[i] < 0 || batch->token_type_ids[i] >= c->type_vocab_size))
+            return bq_err(BQ_EFORMAT, "batch: token type %d at (%lld,%lld) is outside type_vocab_size %d",
+                          batch->token_type_ids[i], (long long)(i / T), (long long)(i % T), c->type_vocab_size);
+    }
+    int labelled = batch->labels != NULL;
+    for (int64_t b = 0; labelled && b < B; b++) {
+        if (batch->labels[b] < 0) labelled = 0;
+        else if (batch->labels[b] >= c->num_labels)
+            return bq_err(BQ_EFORMAT, "batch: label %d of example %lld is not below num_labels %d", batch->labels[b],
+                          (long long)b, c->num_labels);
+    }
+
+    /* ids of positions and (when the batch has none) token types, in the activation arena: the
+     * embedding backward reads them after this function returns */
+    int32_t *pos_ids = bq_arena_alloc(ctx->act, (size_t)(B * T) * sizeof(int32_t));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) pos_ids[b * T + t] = (int32_t)t;
+    const int32_t *type_ids = batch->token_type_ids;
+    if (!type_ids) type_ids = bq_arena_alloc_zero(ctx->act, (size_t)(B * T) * sizeof(int32_t));
+
+    /* BertEmbeddings: LayerNorm(word + token_type + position), HF's summation order */
+    BqTensor *x = bq_op_embedding(ctx, &m->word_emb, batch->input_ids, B, T);
+    x = bq_op_add(ctx, x, bq_op_embedding(ctx, &m->type_emb, type_ids, B, T));
+    x = bq_op_add(ctx, x, bq_op_embedding(ctx, &m->pos_emb, pos_ids, B, T));
+    x = bq_op_layernorm(ctx, x, &m->emb_ln_w, &m->emb_ln_b, c->layer_norm_eps);
+    x = qact(m->quant, ctx, BQ_QP_LAYER_EMB, -1, x);
+    x = bq_op_dropout(ctx, x, c->hidden_dropout_prob);
+
+    for (int l = 0; l < c->num_hidden_layers; l++) x = layer_forward(m, ctx, l, x, batch->attention_mask);
+
+    /* BertPooler: tanh(dense(x[:, 0])); then dropout and the classifier */
+    BqTensor *pooled = bq_op_tanh(ctx, bq_op_linear(ctx, bq_op_select_token(ctx, x, 0), &m->pool_w, &m->pool_b));
+    float cls_p = c->classifier_dropout >= 0 ? c->classifier_dropout : c->hidden_dropout_prob;
+    pooled = bq_op_dropout(ctx, pooled, cls_p);
+    *logits = bq_op_linear(ctx, pooled, &m->cls_w, &m->cls_b); /* (B, num_labels) */
+    if (loss && labelled) *loss = bq_op_cross_entropy(ctx, *logits, batch->labels);
+    return BQ_OK;
+}
