@@ -1,0 +1,105 @@
+"""Reliability table (issue #7): every subcommand fed bad input must exit non-zero with exactly one
+line on stderr naming the offending flag or file, never crash (no signal, no sanitizer report), and
+leave no partial output file or directory behind."""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import BIN, IMDB, MODEL, VOCAB
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    (d / "empty").mkdir()
+    # model dir whose safetensors is truncated
+    trunc = d / "trunc_model"
+    trunc.mkdir()
+    for f in ("config.json", "vocab.txt", "tokenizer_config.json"):
+        shutil.copy(os.path.join(MODEL, f), trunc / f)
+    with open(os.path.join(MODEL, "model.safetensors"), "rb") as src:
+        (trunc / "model.safetensors").write_bytes(src.read(100000))
+    # config with a wrong shape: heads do not divide hidden
+    wrong = d / "wrong_cfg"
+    shutil.copytree(trunc, wrong)
+    shutil.copy(os.path.join(MODEL, "model.safetensors"), wrong / "model.safetensors")
+    cfg = (wrong / "config.json").read_text().replace('"num_attention_heads": 12', '"num_attention_heads": 7')
+    (wrong / "config.json").write_text(cfg)
+    # config with a different hidden size than the weights
+    mis = d / "mismatch"
+    shutil.copytree(wrong, mis)
+    (mis / "config.json").write_text((trunc / "config.json").read_text().replace('"intermediate_size": 1536',
+                                                                                 '"intermediate_size": 1500'))
+    # vocab without [UNK]
+    nounk = d / "nounk_vocab.txt"
+    nounk.write_text("".join(l for l in open(VOCAB, encoding="utf-8") if l.strip() != "[UNK]"))
+    # empty dataset files
+    (d / "empty.csv").write_text("text,label\n")
+    (d / "garbage.tar.gz").write_bytes(b"\x1f\x8b\x08\x00" + os.urandom(200))
+    (d / "bad.jsonl").write_text('{"text": "fine", "label": "pos"}\n{"text": \n')
+    # a regular file used as a directory: unwritable even for root
+    (d / "notadir").write_text("x")
+    return d
+
+
+def cases(d):
+    m, data = MODEL, IMDB
+    return [
+        # (name, argv, words the message must contain, output path that must not exist)
+        ("unknown command", ["frobnicate"], ["frobnicate"], None),
+        ("finetune unknown flag", ["finetune", "--model", m, "--data", data, "--out", d / "o1", "--bogus"], ["--bogus"], d / "o1"),
+        ("finetune negative lr", ["finetune", "--model", m, "--data", data, "--out", d / "o2", "--lr", "-1"], ["--lr"], d / "o2"),
+        ("finetune bad number", ["finetune", "--model", m, "--data", data, "--out", d / "o3", "--epochs", "abc"], ["--epochs"], d / "o3"),
+        ("finetune zero batch", ["finetune", "--model", m, "--data", data, "--out", d / "o4", "--batch-size", "0"], ["--batch-size"], d / "o4"),
+        ("finetune missing model", ["finetune", "--model", d / "nope", "--data", data, "--out", d / "o5"], ["nope"], d / "o5"),
+        ("finetune empty model dir", ["finetune", "--model", d / "empty", "--data", data, "--out", d / "o6"], ["config.json"], d / "o6"),
+        ("finetune truncated weights", ["finetune", "--model", d / "trunc_model", "--data", data, "--out", d / "o7"], ["model.safetensors"], d / "o7"),
+        ("finetune heads do not divide hidden", ["finetune", "--model", d / "wrong_cfg", "--data", data, "--out", d / "o8"], ["num_attention_heads"], d / "o8"),
+        ("finetune shape mismatch", ["finetune", "--model", d / "mismatch", "--data", data, "--out", d / "o9"], ["intermediate"], d / "o9"),
+        ("finetune missing data", ["finetune", "--model", m, "--data", d / "nodata.tar.gz", "--out", d / "o10"], ["nodata.tar.gz"], d / "o10"),
+        ("finetune empty csv", ["finetune", "--model", m, "--data", d / "empty.csv", "--out", d / "o11"], ["empty.csv"], d / "o11"),
+        ("finetune corrupt archive", ["finetune", "--model", m, "--data", d / "garbage.tar.gz", "--out", d / "o12"], ["garbage.tar.gz"], d / "o12"),
+        ("finetune bad jsonl", ["finetune", "--model", m, "--data", d / "bad.jsonl", "--out", d / "o13"], ["bad.jsonl"], d / "o13"),
+        ("finetune unwritable out", ["finetune", "--model", m, "--data", data, "--out", d / "notadir" / "x", "--train-samples", "64", "--eval-samples", "32"], ["notadir"], d / "notadir" / "x"),
+        ("eval missing model", ["eval", "--model", d / "nope", "--data", data], ["nope"], None),
+        ("eval bad split", ["eval", "--model", m, "--data", data, "--split", "dev"], ["--split"], None),
+        ("predict missing model", ["predict", "--model", d / "nope", "hello"], ["nope"], None),
+        ("calibrate bad calibrator", ["calibrate", "--model", m, "--data", data, "--out", d / "c1", "--calibrator", "magic"], ["--calibrator"], d / "c1"),
+        ("calibrate bad percentile", ["calibrate", "--model", m, "--data", data, "--out", d / "c2", "--calibrator", "percentile", "--percentile", "120"], ["--percentile"], d / "c2"),
+        ("qat bad scheme", ["qat", "--model", m, "--data", data, "--out", d / "q1", "--scheme", "fancy"], ["--scheme"], d / "q1"),
+        ("export missing model", ["export", "--model", d / "nope", "--out", d / "e1.onnx"], ["nope"], d / "e1.onnx"),
+        ("export truncated model", ["export", "--model", d / "trunc_model", "--out", d / "e2.onnx"], ["model.safetensors"], d / "e2.onnx"),
+        ("export unwritable", ["export", "--model", m, "--out", d / "notadir" / "e3.onnx"], ["notadir"], d / "notadir" / "e3.onnx"),
+        ("export bad opset", ["export", "--model", m, "--out", d / "e4.onnx", "--opset", "7"], ["--opset"], d / "e4.onnx"),
+        ("export-hf missing model", ["export-hf", "--model", d / "nope", "--out", d / "h1"], ["nope"], d / "h1"),
+        ("info missing", ["info", d / "nope"], ["nope"], None),
+        ("tokenize missing vocab", ["tokenize", "--vocab", d / "novocab.txt"], ["novocab.txt"], None),
+        ("tokenize vocab without [UNK]", ["tokenize", "--vocab", d / "nounk_vocab.txt"], ["[UNK]"], None),
+        ("data-stats missing data", ["data-stats", "--data", d / "nodata", "--vocab", VOCAB], ["nodata"], None),
+        ("pipeline bad budget", ["pipeline", "--model", m, "--data", data, "--out", d / "p1", "--budget", "huge"], ["--budget"], None),
+    ]
+
+
+def test_bad_inputs(bad):
+    failures = []
+    for name, argv, words, out in cases(bad):
+        p = subprocess.run([BIN, *map(str, argv)], capture_output=True, text=True, timeout=600, input="")
+        lines = [l for l in p.stderr.splitlines() if l.strip() and not l.startswith("[")]
+        problems = []
+        if p.returncode <= 0:
+            problems.append(f"exit {p.returncode}")
+        if p.returncode >= 128 or "Sanitizer" in p.stderr or "internal error" in p.stderr:
+            problems.append("crashed")
+        if len(lines) != 1:
+            problems.append(f"{len(lines)} error lines")
+        if not all(w.lower() in p.stderr.lower() for w in words):
+            problems.append(f"message lacks {words}")
+        if out is not None and (os.path.exists(out) or os.path.exists(str(out) + ".tmp")):
+            problems.append("left output behind")
+        if problems:
+            failures.append(f"{name}: {', '.join(problems)}; stderr: {p.stderr.strip()[-300:]!r}")
+        print(f"{'FAIL' if problems else 'ok  '} {name}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ''}")
+    print(f"{len(failures)} of {len(cases(bad))} bad-input cases failed")
+    assert not failures, "\n".join(failures)
