@@ -1,6 +1,5 @@
-"""Shared fixtures for the integration tests: paths to the built binary, the data, the pretrained
-model, and a tiny random checkpoint made once per session through the CLI-independent helper
-`bq_make_tiny` (tests/make_tiny_ckpt.c), so checks that need "a checkpoint" stay fast."""
+"""Shared helpers for the integration tests: paths to the built binary, the data and the pretrained
+model (env BQ_BUILD_DIR, BERTQAT_DATA, BQ_MODEL_DIR), and run_bq() to call the CLI."""
 import os
 import subprocess
 
