@@ -1,0 +1,332 @@
+/* Training loop for finetune and qat (see train.h). Reference for the loop's semantics: HF
+ * transformers Trainer (gradient accumulation, clip_grad_norm_, AdamW, get_linear_schedule_with_warmup,
+ * evaluation every N steps, load_best_model_at_end on the eval metric). */
+#include "src/train.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "datasets/dataset.h"
+#include "export/ckpt.h"
+#include "src/optim.h"
+#include "src/progress.h"
+
+#define ACT_RESERVE ((size_t)64 << 30) /* virtual; only touched pages cost memory */
+
+static volatile sig_atomic_t g_stop_signal = 0;
+static void on_signal(int sig) { g_stop_signal = sig; }
+
+void bq_train_config_default(BqTrainConfig *tc) {
+    memset(tc, 0, sizeof *tc);
+    tc->epochs = 1;
+    tc->lr = 5e-5;
+    tc->weight_decay = 0.0;
+    tc->warmup_ratio = 0.0;
+    tc->max_grad_norm = 1.0;
+    tc->grad_accum = 1;
+    tc->seed = 42;
+    tc->eval_every = 0;
+    tc->save_best = 1;
+    tc->log_every = 10;
+    tc->tag = "train";
+}
+
+int bq_evaluate(BqBert *m, BqBatchSource *src, BqArena *act, BqConfusion *conf, int64_t max_examples,
+                void (*probs_cb)(void *user, const BqBatch *b, const float *probs), void *user) {
+    int st = src->begin_epoch(src->ctx, 0);
+    if (st) return st;
+    int C = m->cfg.num_labels;
+    int64_t seen = 0;
+    for (;;) {
+        if (max_examples > 0 && seen >= max_examples) break;
+        const BqBatch *b = NULL;
+        if ((st = src->next(src->ctx, &b))) return st;
+        if (!b) break;
+        size_t mark = bq_arena_mark(act);
+        BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
+        BqTensor *logits = NULL;
+        st = bq_bert_forward(m, &ctx, b, &logits, NULL);
+        if (st) {
+            bq_arena_rewind(act, mark);
+            return st;
+        }
+        int64_t B = b->B;
+        if (max_examples > 0 && seen + B > max_examples) B = max_examples - seen;
+        bq_confusion_add_logits(conf, logits->data, b->labels, B);
+        if (probs_cb) {
+            float *pr = bq_arena_alloc(act, sizeof(float) * (size_t)(b->B * C));
+            for (int64_t i = 0; i < b->B; i++) {
+                const float *z = logits->data + i * C;
+                float mx = z[0], s = 0;
+                for (int j = 1; j < C; j++) mx = z[j] > mx ? z[j] : mx;
+                for (int j = 0; j < C; j++) s += (pr[i * C + j] = expf(z[j] - mx));
+                for (int j = 0; j < C; j++) pr[i * C + j] /= s;
+            }
+            BqBatch part = *b;
+            part.B = B;
+            probs_cb(user, &part, pr);
+        }
+        seen += B;
+        bq_arena_rewind(act, mark);
+    }
+    return BQ_OK;
+}
+
+static int64_t bs_num(void *c) { return ((BqBatcherSource *)c)->b->nbatches; }
+static int bs_begin(void *c, int64_t epoch) {
+    bq_batcher_seek(((BqBatcherSource *)c)->b, epoch, 0);
+    return BQ_OK;
+}
+static int bs_next(void *c, const BqBatch **out) {
+    BqBatcherSource *bs = c;
+    *out = bq_batcher_next(bs->b, &bs->cur) ? &bs->cur : NULL;
+    return BQ_OK;
+}
+
+void bq_batch_source_batcher(BqBatchSource *src, BqBatcherSource *bs, struct BqBatcher *b) {
+    bs->b = b;
+    memset(&bs->cur, 0, sizeof bs->cur);
+    src->ctx = bs;
+    src->num_batches = bs_num;
+    src->begin_epoch = bs_begin;
+    src->next = bs_next;
+}
+
+/* State shared by the helpers of one bq_train call. */
+typedef struct Run {
+    BqBert *m;
+    const BqTrainConfig *tc;
+    BqBatchSource *val;
+    const char *out;
+    BqArena *act;
+    BqProgress prog;
+    BqTrainState ts;
+    BqAdamW opt;
+    BqConfusion conf;
+} Run;
+
+static int save_ckpt(Run *r) {
+    /* The ckpt writer carries training_log.jsonl over from the old directory. */
+    return bq_ckpt_save(r->m, r->out, r->tc->vocab_dir, &r->ts);
+}
+
+static int run_eval(Run *r, double epoch, int *improved) {
+    *improved = 0;
+    if (!r->val) return BQ_OK;
+    bq_confusion_reset(&r->conf);
+    int st = bq_evaluate(r->m, r->val, r->act, &r->conf, 0, NULL, NULL);
+    if (st) return st;
+    BqMetrics mt = bq_metrics_compute(&r->conf);
+    bq_progress_eval(&r->prog, r->ts.step, epoch, &mt);
+    if (r->tc->save_best && mt.accuracy > r->ts.best_accuracy) {
+        r->ts.best_accuracy = mt.accuracy;
+        r->ts.best_step = r->ts.step;
+        if (!r->ts.best_params) r->ts.best_params = bq_malloc(sizeof(float) * (size_t)r->m->params.total);
+        memcpy(r->ts.best_params, r->m->params.data, sizeof(float) * (size_t)r->m->params.total);
+        *improved = 1;
+    }
+    return BQ_OK;
+}
+
+int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSource *val, const char *out_dir,
+             BqTrainResult *res) {
+    if (!m->params.grad) return bq_err(BQ_EINVAL, "train: model was created without gradients");
+    if (tc->grad_accum < 1) return bq_err(BQ_EINVAL, "--grad-accum: must be >= 1");
+    int st = BQ_OK;
+    Run r = {.m = m, .tc = tc, .val = val, .out = out_dir};
+    BqArena act = {0};
+    BqTape tape = {0};
+    struct sigaction sa_old_int, sa_old_term;
+    int handlers = 0;
+    int progress_open = 0;
+    BqParamTable *pt = &m->params;
+    r.act = &act;
+    bq_confusion_init(&r.conf, m->cfg.num_labels);
+    bq_adamw_init(&r.opt, pt->total, (float)tc->weight_decay);
+
+    int64_t nb = train->num_batches(train->ctx);
+    if (nb <= 0) {
+        st = bq_err(BQ_EINVAL, "train: the training set has no batches");
+        goto cleanup;
+    }
+    int64_t steps_per_epoch = (nb + tc->grad_accum - 1) / tc->grad_accum;
+    int64_t total = tc->max_steps > 0 ? tc->max_steps : (int64_t)ceil(tc->epochs * (double)steps_per_epoch);
+    if (total < 1) total = 1;
+
+    r.ts.opt = &r.opt;
+    r.ts.total_steps = total;
+    r.ts.warmup_steps = bq_warmup_steps(tc->warmup_ratio, total);
+    r.ts.lr = tc->lr;
+    r.ts.seed = tc->seed;
+    bq_rng_seed(&r.ts.rng, tc->seed);
+    r.ts.best_accuracy = -1;
+    r.ts.best_step = -1;
+
+    if (tc->resume) {
+        /* Parameters, moments, counters and the best model come from the checkpoint; the schedule is
+         * the one the run started with. */
+        BqTrainState saved = {.opt = &r.opt};
+        if ((st = bq_ckpt_load(m, out_dir, &saved))) {
+            bq_err_ctx(st, "--resume");
+            goto cleanup;
+        }
+        if (saved.seed != tc->seed || saved.total_steps != total)
+            fprintf(stderr, "[%s] warning: resuming with seed/steps from the checkpoint (seed %llu, %lld steps)\n",
+                    tc->tag ? tc->tag : "train", (unsigned long long)saved.seed, (long long)saved.total_steps);
+        r.ts = saved;
+        r.ts.opt = &r.opt;
+        total = r.ts.total_steps;
+    }
+
+    if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
+    if ((st = bq_tape_init(&tape, 4096))) goto cleanup;
+    char logpath[4200];
+    snprintf(logpath, sizeof logpath, "%s/training_log.jsonl", out_dir);
+    if ((st = bq_progress_open(&r.prog, tc->tag, logpath, tc->logdir, total, tc->quiet))) goto cleanup;
+    progress_open = 1;
+    if (tc->resume)
+        bq_progress_note(&r.prog, "resumed from %s at step %lld (epoch %lld, batch %lld)", out_dir,
+                         (long long)r.ts.step, (long long)r.ts.epoch, (long long)r.ts.batch_cursor);
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    g_stop_signal = 0;
+    sigaction(SIGINT, &sa, &sa_old_int);
+    sigaction(SIGTERM, &sa, &sa_old_term);
+    handlers = 1;
+
+    double t_log = bq_now();
+    int64_t ex_since_log = 0;
+    double loss_acc = 0; /* sum of micro-batch losses since the last optimizer step */
+    int micro = 0;
+    int stopped = 0;
+    memset(pt->grad, 0, sizeof(float) * (size_t)pt->total);
+
+    while (r.ts.step < total && !stopped) {
+        if ((st = train->begin_epoch(train->ctx, r.ts.epoch))) goto cleanup;
+        /* Skip the micro-batches of this epoch that the checkpointed run already consumed. */
+        for (int64_t i = 0; i < r.ts.batch_cursor; i++) {
+            const BqBatch *b = NULL;
+            if ((st = train->next(train->ctx, &b))) goto cleanup;
+            if (!b) break;
+        }
+        for (;;) {
+            const BqBatch *b = NULL;
+            if ((st = train->next(train->ctx, &b))) goto cleanup;
+            int end_of_epoch = b == NULL;
+            if (b) {
+                size_t mark = bq_arena_mark(&act);
+                bq_tape_rewind(&tape);
+                int64_t k = r.ts.step * tc->grad_accum + micro; /* global micro-batch index */
+                BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(r.ts.seed, (uint64_t)k)};
+                BqTensor *logits = NULL, *loss = NULL;
+                if ((st = bq_bert_forward(m, &ctx, b, &logits, &loss))) goto cleanup;
+                BQ_CHECK(loss);
+                float lv = loss->data[0];
+                if (!isfinite(lv)) {
+                    st = bq_err(BQ_ENUMERIC,
+                                "train: loss is %s at step %lld (epoch %lld, batch %lld); the last good checkpoint "
+                                "in %s is intact (try a lower --lr)",
+                                isnan(lv) ? "NaN" : "Inf", (long long)r.ts.step + 1, (long long)r.ts.epoch,
+                                (long long)r.ts.batch_cursor, out_dir);
+                    goto cleanup;
+                }
+                bq_backward(&ctx, loss);
+                bq_arena_rewind(&act, mark);
+                loss_acc += lv;
+                ex_since_log += b->B;
+                micro++;
+                r.ts.batch_cursor++;
+            }
+            if (micro == tc->grad_accum || (end_of_epoch && micro > 0)) {
+                /* Mean over the accumulated micro-batches (HF divides each loss by grad_accum). */
+                if (tc->grad_accum > 1) bq_grad_scale(pt, 1.0f / (float)tc->grad_accum);
+                double gnorm = bq_grad_clip(pt, tc->max_grad_norm);
+                double lr = tc->lr * bq_lr_lambda(r.ts.step, r.ts.warmup_steps, total);
+                if (!isfinite(gnorm)) {
+                    st = bq_err(BQ_ENUMERIC, "train: gradient norm is not finite at step %lld; the last good "
+                                "checkpoint in %s is intact", (long long)r.ts.step + 1, out_dir);
+                    goto cleanup;
+                }
+                bq_adamw_step(&r.opt, pt, (float)lr);
+                memset(pt->grad, 0, sizeof(float) * (size_t)pt->total);
+                double step_loss = loss_acc / micro;
+                loss_acc = 0;
+                micro = 0;
+                r.ts.step++;
+                if (res) res->last_loss = step_loss;
+                double epoch_f = (double)r.ts.epoch + (double)r.ts.batch_cursor / (double)nb;
+                if (tc->on_step && (st = tc->on_step(tc->user, m, r.ts.step, step_loss))) goto cleanup;
+                if (r.ts.step % (tc->log_every > 0 ? tc->log_every : 1) == 0 || r.ts.step == total) {
+                    double now = bq_now();
+                    bq_progress_step(&r.prog, r.ts.step, epoch_f, step_loss, lr, gnorm,
+                                     ex_since_log / (now - t_log > 1e-9 ? now - t_log : 1e-9));
+                    t_log = now;
+                    ex_since_log = 0;
+                }
+                int do_eval = tc->eval_every > 0 && r.ts.step % tc->eval_every == 0 && r.ts.step < total;
+                if (do_eval) {
+                    int improved;
+                    if ((st = run_eval(&r, epoch_f, &improved))) goto cleanup;
+                    if ((st = save_ckpt(&r))) goto cleanup;
+                }
+                if (g_stop_signal || (tc->interrupt_at_step > 0 && r.ts.step == tc->interrupt_at_step)) {
+                    if ((st = save_ckpt(&r))) goto cleanup;
+                    st = bq_err(BQ_EINTR, "train: interrupted at step %lld/%lld; state saved in %s, continue "
+                                "with the same command plus --resume", (long long)r.ts.step, (long long)total,
+                                out_dir);
+                    goto cleanup;
+                }
+                if (r.ts.step >= total) break;
+            }
+            if (end_of_epoch) {
+                r.ts.epoch++;
+                r.ts.batch_cursor = 0;
+                if (tc->eval_every == 0 && r.ts.step < total) {
+                    int improved;
+                    if ((st = run_eval(&r, (double)r.ts.epoch, &improved))) goto cleanup;
+                    if ((st = save_ckpt(&r))) goto cleanup;
+                }
+                break;
+            }
+        }
+    }
+
+    /* Final evaluation, then the final checkpoint: the best parameters when tracked (HF
+     * load_best_model_at_end), with the finished training state. */
+    if (val && r.ts.step >= total) {
+        int improved;
+        if ((st = run_eval(&r, (double)r.ts.epoch, &improved))) goto cleanup;
+    }
+    if (tc->save_best && r.ts.best_params && r.ts.best_step != r.ts.step) {
+        bq_progress_note(&r.prog, "final model = best evaluation (step %lld, accuracy %.4f)",
+                         (long long)r.ts.best_step, r.ts.best_accuracy);
+        memcpy(pt->data, r.ts.best_params, sizeof(float) * (size_t)pt->total);
+    }
+    if ((st = save_ckpt(&r))) goto cleanup;
+    bq_progress_note(&r.prog, "saved %s (%lld steps, %.1fs)", out_dir, (long long)r.ts.step, bq_now() - r.prog.t0);
+
+cleanup:
+    if (res) {
+        res->steps = r.ts.step;
+        res->best_accuracy = r.ts.best_accuracy;
+        res->best_step = r.ts.best_step;
+        res->seconds = progress_open ? bq_now() - r.prog.t0 : 0;
+    }
+    if (handlers) {
+        sigaction(SIGINT, &sa_old_int, NULL);
+        sigaction(SIGTERM, &sa_old_term, NULL);
+    }
+    if (progress_open) bq_progress_close(&r.prog);
+    free(r.ts.best_params);
+    bq_confusion_free(&r.conf);
+    bq_adamw_free(&r.opt);
+    bq_tape_free(&tape);
+    if (act.base) bq_arena_free(&act);
+    return st;
+}

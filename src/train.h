@@ -1,0 +1,88 @@
+/* The training loop shared by `finetune` and `qat`: micro-batches from a batch source, forward with
+ * tape, backward, gradient accumulation, global-norm clipping, AdamW with the HF linear warmup/decay
+ * schedule, periodic evaluation on a validation source, best-model tracking (HF
+ * load_best_model_at_end on eval accuracy), checkpoints with full training state, exact resume,
+ * NaN/Inf detection and SIGINT/SIGTERM handling (save, then BQ_EINTR).
+ *
+ * Determinism: the batch order of epoch e is a function of (seed, e) only (the source's contract);
+ * the dropout key of micro-batch k is bq_hash64(seed, k); reductions are thread-count independent
+ * only as far as the kernels are. A resumed run therefore reproduces the uninterrupted run's losses
+ * bit for bit at the same thread count. */
+#ifndef BQ_TRAIN_H
+#define BQ_TRAIN_H
+
+#include <stdint.h>
+
+#include "datasets/batch.h"
+#include "layers/bert.h"
+#include "src/metrics.h"
+
+/* Where batches come from. The trainer never owns the batches: `next` hands out a batch that stays
+ * valid until the following call. */
+typedef struct BqBatchSource {
+    void *ctx;
+    int64_t (*num_batches)(void *ctx);              /* batches per epoch (> 0) */
+    /* Starts epoch `epoch` (0-based); the order must depend only on the source's seed and epoch. */
+    int (*begin_epoch)(void *ctx, int64_t epoch);
+    /* *out = next batch, or NULL at the end of the epoch. Returns a BqStatus. */
+    int (*next)(void *ctx, const BqBatch **out);
+} BqBatchSource;
+
+typedef struct BqTrainConfig {
+    double epochs;          /* may be fractional: total steps = ceil(epochs · steps per epoch) */
+    int64_t max_steps;      /* > 0: overrides epochs */
+    double lr;
+    double weight_decay;
+    double warmup_ratio;
+    double max_grad_norm;   /* 0: no clipping */
+    int grad_accum;         /* micro-batches per optimizer step (>= 1) */
+    uint64_t seed;
+    int64_t eval_every;     /* optimizer steps between evaluations; 0: at the end of each epoch */
+    int save_best;          /* keep the parameters with the best validation accuracy; final = best */
+    int64_t log_every;      /* optimizer steps between log lines (>= 1) */
+    int resume;             /* continue from out_dir/training_state.h5 */
+    const char *vocab_dir;  /* copied into every checkpoint (vocab.txt, tokenizer_config.json) */
+    const char *logdir;     /* TensorBoard event directory, or NULL */
+    const char *tag;        /* progress prefix, e.g. "finetune" or "qat" */
+    int quiet;              /* no progress output (tests) */
+    int64_t interrupt_at_step; /* tests: behave as if SIGINT arrived after this step (0: never) */
+    /* Called after every optimizer step (per-step quantizer bookkeeping, tests recording losses);
+     * a non-zero return stops training with that status. */
+    int (*on_step)(void *user, BqBert *m, int64_t step, double loss);
+    void *user;
+} BqTrainConfig;
+
+/* A BqBatchSource over a datasets/dataset.h batcher (epoch e = bq_batcher_seek(b, e, 0)). */
+struct BqBatcher;
+typedef struct BqBatcherSource {
+    struct BqBatcher *b;
+    BqBatch cur;
+} BqBatcherSource;
+void bq_batch_source_batcher(BqBatchSource *src, BqBatcherSource *bs, struct BqBatcher *b);
+
+/* Defaults in the HF Trainer spirit: 1 epoch, lr 5e-5, wd 0, warmup 0, clip 1.0, accum 1, seed 42,
+ * eval at each epoch end, save_best on, log every 10 steps. */
+void bq_train_config_default(BqTrainConfig *tc);
+
+typedef struct BqTrainResult {
+    int64_t steps;
+    double last_loss;
+    double best_accuracy;   /* -1 when never evaluated */
+    int64_t best_step;
+    double seconds;
+} BqTrainResult;
+
+/* Trains m (which must have gradients) and leaves the final checkpoint in out_dir (with training
+ * state, so `--resume` of a finished run is a no-op). val may be NULL (no evaluation, no best
+ * tracking). On BQ_ENUMERIC the last good checkpoint is left intact; on a signal (or
+ * interrupt_at_step) a resumable checkpoint is saved and BQ_EINTR returned. */
+int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSource *val, const char *out_dir,
+             BqTrainResult *res);
+
+/* Forward-only evaluation over one pass of src (begin_epoch(0)), accumulating into conf (which the
+ * caller initialises with m->cfg.num_labels classes). act is a scratch arena rewound per batch.
+ * When probs_cb is set it receives each batch's softmax probabilities (B, num_labels). */
+int bq_evaluate(BqBert *m, BqBatchSource *src, BqArena *act, BqConfusion *conf, int64_t max_examples,
+                void (*probs_cb)(void *user, const BqBatch *b, const float *probs), void *user);
+
+#endif
