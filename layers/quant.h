@@ -61,6 +61,10 @@ typedef struct BqQuantizer {
     int frozen;            /* ranges no longer updated */
     float run_min, run_max;/* moving-average observer state (activations) */
     struct BqHistogram *hist; /* calibration statistics, NULL unless collecting */
+    /* additions (qat helper): per-channel moving-average observer state of weights, (nch) each;
+     * NULL for activations. Weights follow PyTorch's default_per_channel_weight_fake_quant
+     * (MovingAveragePerChannelMinMaxObserver, averaging constant 0.01), as the ORT example does. */
+    float *ch_min, *ch_max;
 } BqQuantizer;
 
 typedef struct BqQuantConfig {
@@ -70,6 +74,8 @@ typedef struct BqQuantConfig {
     float clip_gelu;       /* > 0: cap the GELU-output amax at this value */
     float averaging_constant; /* moving-average observer constant, 0.01 */
     char exclude[256];     /* comma-separated module names kept in fp32 ("classifier,pooler") */
+    /* additions (qat helper) */
+    int64_t freeze_after;  /* > 0: freeze every range after this many optimizer steps */
 } BqQuantConfig;
 
 typedef struct BqQuantState {
@@ -93,5 +99,57 @@ BqQuantizer *bq_quant_at(BqQuantState *qs, int layer, int point);
 BqTensor *bq_quant_act(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTensor *x);
 /* Same for a Linear weight (per channel along axis 0 unless per-tensor). */
 BqTensor *bq_quant_weight(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTensor *w);
+
+/* ---- additions (qat helper): life cycle, calibration, persistence (layers/quant.c, qscheme.c) ---- */
+
+struct BqBert;
+struct BqH5;
+struct json_t;
+
+typedef enum BqCalibrator {
+    BQ_CALIBRATOR_MAX = 0,        /* running max of |x| */
+    BQ_CALIBRATOR_PERCENTILE = 1, /* histogram percentile (pytorch-quantization semantics) */
+    BQ_CALIBRATOR_MSE = 2,        /* histogram, amax minimising the quantization MSE */
+    BQ_CALIBRATOR_ENTROPY = 3,    /* histogram, amax minimising KL divergence (TensorRT) */
+} BqCalibrator;
+
+/* Defaults: scheme "ort", per-channel weights, no fusion, no clip, averaging 0.01,
+ * exclude "classifier,pooler", freeze_after 0. */
+void bq_quant_config_default(BqQuantConfig *cfg);
+/* Parses "max|percentile|mse|entropy"; errors name the flag value. */
+int bq_calibrator_parse(BqCalibrator *out, const char *s);
+const char *bq_calibrator_name(BqCalibrator c);
+
+/* Builds the quantizer table of cfg's scheme for model m (uninitialised ranges). Errors: unknown
+ * scheme. layers/qscheme.c. */
+int bq_quant_create(BqQuantState **out, const struct BqBert *m, const BqQuantConfig *cfg);
+void bq_quant_free(BqQuantState *qs);
+
+/* Recomputes q->scale from q->amax (clip_gelu applied to the GELU-output point). */
+void bq_quant_update_scale(BqQuantState *qs, BqQuantizer *q);
+/* Freezes (or unfreezes) every range. Freezing an uninitialised quantizer is allowed: it keeps
+ * initialising from its first batch. */
+void bq_quant_freeze(BqQuantState *qs, int frozen);
+/* Call after each optimizer step: counts steps and freezes at cfg.freeze_after. */
+void bq_quant_step(BqQuantState *qs);
+/* Number of quantizers whose range is set. */
+int bq_quant_count_initialized(const BqQuantState *qs);
+
+/* Calibration: begin switches every activation quantizer to collecting (tensors pass through
+ * unquantized); run forwards; finish computes each amax with `method` (percentile in percent, e.g.
+ * 99.99), sets weights to their per-channel (or per-tensor) max, frees statistics, freezes ranges. */
+void bq_quant_calib_begin(BqQuantState *qs, BqCalibrator method);
+int bq_quant_calib_finish(BqQuantState *qs, BqCalibrator method, double percentile);
+
+/* Config as the "bertqat" JSON block of a checkpoint's config.json, and back (missing keys keep
+ * their defaults; bad types are errors naming the key). */
+struct json_t *bq_quant_config_to_json(const BqQuantConfig *cfg);
+int bq_quant_config_from_json(BqQuantConfig *cfg, struct json_t *j);
+
+/* Ranges in an HDF5 checkpoint: /quant/<name>/{amax, scale} with attributes axis, bits, scheme,
+ * frozen. load requires m->quant to exist (built from the config) and fills every quantizer found;
+ * a quantizer missing from the file is an error naming it. */
+int bq_quant_save(const BqQuantState *qs, struct BqH5 *h5);
+int bq_quant_load(struct BqBert *m, struct BqH5 *h5);
 
 #endif

@@ -1,0 +1,218 @@
+/* Fake-quantization hooks, observers and calibration of a QAT/PTQ BERT (layers/quant.h).
+ *
+ * Convention: symmetric int8, zero point 0, scale = amax/127, q = clamp(rne(x/scale), -128, 127),
+ * i.e. ONNX QuantizeLinear with an int8 zero point of 0.
+ * Observers follow the QConfig of ONNX Runtime's bert_imdb_finetune_qat example, which uses PyTorch's
+ * default_weight_fake_quant for activations (MovingAverageMinMaxObserver, per tensor, symmetric) and
+ * default_per_channel_weight_fake_quant for weights (MovingAveragePerChannelMinMaxObserver, axis 0):
+ * the first batch sets min/max, later batches move them by c·(batch − running) with c = 0.01, and
+ * the observer runs BEFORE the batch is quantized (torch.ao.quantization.FakeQuantize.forward).
+ * Differences from PyTorch, on purpose: scale = amax/127 (PyTorch's symmetric qint8 uses amax/127.5)
+ * so the range maps onto ONNX's [-127, 127]·scale grid, and we divide by scale where PyTorch
+ * multiplies by 1/scale (identical for power-of-two scales). */
+#include "layers/quant.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers/calib.h"
+
+#define BQ_SCALE_FLOOR 1.1920928955078125e-07f /* torch.finfo(float32).eps, PyTorch's scale floor */
+
+BqQuantizer *bq_quant_at(BqQuantState *qs, int layer, int point) {
+    if (!qs || !qs->slot) return NULL;
+    int idx;
+    if (layer == BQ_QP_LAYER_EMB) {
+        idx = qs->num_layers * BQ_QP_LAYER_COUNT;
+    } else {
+        BQ_CHECK(layer >= 0 && layer < qs->num_layers && point >= 0 && point < BQ_QP_LAYER_COUNT);
+        idx = layer * BQ_QP_LAYER_COUNT + point;
+    }
+    int s = qs->slot[idx];
+    return s < 0 ? NULL : &qs->q[s];
+}
+
+void bq_quant_update_scale(BqQuantState *qs, BqQuantizer *q) {
+    for (int64_t c = 0; c < q->nch; c++) {
+        float a = q->amax[c];
+        if (!(a >= 0.0f)) a = 0.0f; /* NaN guard: a NaN range would poison every later step */
+        if (qs && qs->cfg.clip_gelu > 0.0f && !q->is_weight && q->point == BQ_QP_GELU_OUT && a > qs->cfg.clip_gelu)
+            a = qs->cfg.clip_gelu;
+        q->amax[c] = a;
+        float s = a / 127.0f;
+        q->scale[c] = s > BQ_SCALE_FLOOR ? s : BQ_SCALE_FLOOR;
+    }
+}
+
+/* min and max of n floats */
+static void minmax(const float *x, int64_t n, float *mn, float *mx) {
+    float lo = INFINITY, hi = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+    }
+    *mn = lo;
+    *mx = hi;
+}
+
+/* Moving-average min/max observer step for an activation (PyTorch MovingAverageMinMaxObserver). */
+static void observe_act(BqQuantState *qs, BqQuantizer *q, const BqTensor *x) {
+    float mn, mx;
+    BQ_CHECK(bq_tensor_is_contiguous(x));
+    minmax(x->data, bq_tensor_numel(x), &mn, &mx);
+    if (!q->initialized) {
+        q->run_min = mn;
+        q->run_max = mx;
+        q->initialized = 1;
+    } else {
+        float c = qs->cfg.averaging_constant;
+        q->run_min = q->run_min + c * (mn - q->run_min);
+        q->run_max = q->run_max + c * (mx - q->run_max);
+    }
+    /* symmetric: PyTorch takes max(-min(min,0), max(max,0)) */
+    float a = fmaxf(-fminf(q->run_min, 0.0f), fmaxf(q->run_max, 0.0f));
+    q->amax[0] = a;
+    bq_quant_update_scale(qs, q);
+}
+
+/* Per-channel (axis 0 of (out,in)) min/max of a weight, or of the whole tensor when per tensor. */
+static void weight_minmax(const BqQuantizer *q, const BqTensor *w, float *mn, float *mx) {
+    BQ_CHECK(w->ndim == 2 && bq_tensor_is_contiguous(w));
+    int64_t out = w->shape[0], in = w->shape[1];
+    if (q->nch == 1) {
+        minmax(w->data, out * in, &mn[0], &mx[0]);
+        return;
+    }
+    BQ_CHECK(q->nch == out);
+    for (int64_t o = 0; o < out; o++) minmax(w->data + o * in, in, &mn[o], &mx[o]);
+}
+
+/* Moving-average per-channel observer step for a weight (MovingAveragePerChannelMinMaxObserver);
+ * reset = 1 sets the range to the current weight (the calibrators' per-channel max). */
+static void observe_weight(BqQuantState *qs, BqQuantizer *q, const BqTensor *w, int reset) {
+    float *mn = q->ch_min, *mx = q->ch_max;
+    BQ_CHECK(mn && mx);
+    if (reset || !q->initialized) {
+        weight_minmax(q, w, mn, mx);
+        q->initialized = 1;
+    } else {
+        /* new values into amax/scale as scratch, then blend (no allocation in the step) */
+        float *bmn = q->scale, *bmx = q->amax;
+        weight_minmax(q, w, bmn, bmx);
+        float c = qs->cfg.averaging_constant;
+        for (int64_t k = 0; k < q->nch; k++) {
+            mn[k] = mn[k] + c * (bmn[k] - mn[k]);
+            mx[k] = mx[k] + c * (bmx[k] - mx[k]);
+        }
+    }
+    for (int64_t k = 0; k < q->nch; k++) q->amax[k] = fmaxf(-fminf(mn[k], 0.0f), fmaxf(mx[k], 0.0f));
+    bq_quant_update_scale(qs, q);
+}
+
+BqTensor *bq_quant_act(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTensor *x) {
+    BqQuantizer *q = bq_quant_at(qs, layer, point);
+    if (!q) return x;
+    BQ_CHECK(!q->is_weight);
+    if (qs->calib == BQ_CALIB_COLLECT) {
+        if (q->hist) {
+            BQ_CHECK(bq_tensor_is_contiguous(x));
+            bq_hist_collect(q->hist, x->data, bq_tensor_numel(x));
+        }
+        return x; /* calibration sees the unquantized network */
+    }
+    if ((qs->observe && !q->frozen) || !q->initialized) observe_act(qs, q, x);
+    return bq_op_fakequant(ctx, x, q->scale, 1, -1, -128, 127);
+}
+
+BqTensor *bq_quant_weight(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTensor *w) {
+    BqQuantizer *q = bq_quant_at(qs, layer, point);
+    if (!q) return w;
+    BQ_CHECK(q->is_weight);
+    if (qs->calib == BQ_CALIB_COLLECT) { /* weights are calibrated by their per-channel max */
+        observe_weight(qs, q, w, 1);
+        return w;
+    }
+    if ((qs->observe && !q->frozen) || !q->initialized) observe_weight(qs, q, w, 0);
+    return bq_op_fakequant(ctx, w, q->scale, q->nch, q->nch == 1 ? -1 : 0, -128, 127);
+}
+
+void bq_quant_freeze(BqQuantState *qs, int frozen) {
+    for (int i = 0; i < qs->n; i++) qs->q[i].frozen = frozen;
+}
+
+void bq_quant_step(BqQuantState *qs) {
+    if (!qs) return;
+    qs->steps_seen++;
+    if (qs->cfg.freeze_after > 0 && qs->steps_seen >= qs->cfg.freeze_after) bq_quant_freeze(qs, 1);
+}
+
+int bq_quant_count_initialized(const BqQuantState *qs) {
+    int k = 0;
+    for (int i = 0; i < qs->n; i++) k += qs->q[i].initialized != 0;
+    return k;
+}
+
+void bq_quant_calib_begin(BqQuantState *qs, BqCalibrator method) {
+    for (int i = 0; i < qs->n; i++) {
+        BqQuantizer *q = &qs->q[i];
+        if (q->is_weight) continue;
+        if (q->hist) {
+            bq_hist_free(q->hist);
+            free(q->hist);
+        }
+        q->hist = bq_malloc(sizeof *q->hist);
+        bq_hist_init(q->hist, 2048, method != BQ_CALIBRATOR_MAX);
+    }
+    qs->calib = BQ_CALIB_COLLECT;
+}
+
+int bq_quant_calib_finish(BqQuantState *qs, BqCalibrator method, double percentile) {
+    if (method == BQ_CALIBRATOR_PERCENTILE && !(percentile > 0.0 && percentile <= 100.0))
+        return bq_err(BQ_EINVAL, "--percentile: %g is not in (0, 100]", percentile);
+    for (int i = 0; i < qs->n; i++) {
+        BqQuantizer *q = &qs->q[i];
+        if (q->is_weight || !q->hist) continue;
+        double a = 0.0;
+        switch (method) {
+        case BQ_CALIBRATOR_MAX: a = q->hist->maxv; break;
+        case BQ_CALIBRATOR_PERCENTILE: a = bq_calib_amax_percentile(q->hist, percentile); break;
+        case BQ_CALIBRATOR_MSE: a = bq_calib_amax_mse(q->hist, 128); break;
+        case BQ_CALIBRATOR_ENTROPY: a = bq_calib_amax_entropy(q->hist, 128, 128); break;
+        }
+        int seen = q->hist->maxv > 0.0 || q->hist->nbins > 0 || q->hist->pending_zeros > 0;
+        bq_hist_free(q->hist);
+        free(q->hist);
+        q->hist = NULL;
+        if (!seen) return bq_err(BQ_EINVAL, "calibration: quantizer %s saw no data", q->name);
+        q->amax[0] = (float)a;
+        q->run_min = -(float)a;
+        q->run_max = (float)a;
+        q->initialized = 1;
+        bq_quant_update_scale(qs, q);
+    }
+    qs->calib = BQ_CALIB_OFF;
+    bq_quant_freeze(qs, 1);
+    return BQ_OK;
+}
+
+void bq_quant_config_default(BqQuantConfig *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    strcpy(cfg->scheme, "ort");
+    cfg->averaging_constant = 0.01f;
+    strcpy(cfg->exclude, "classifier,pooler");
+}
+
+static const char *const calib_names[] = {"max", "percentile", "mse", "entropy"};
+
+int bq_calibrator_parse(BqCalibrator *out, const char *s) {
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, calib_names[i]) == 0) {
+            *out = (BqCalibrator)i;
+            return BQ_OK;
+        }
+    return bq_err(BQ_EINVAL, "--calibrator: '%s' is not one of max, percentile, mse, entropy", s);
+}
+
+const char *bq_calibrator_name(BqCalibrator c) { return (unsigned)c < 4 ? calib_names[c] : "?"; }
