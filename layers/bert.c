@@ -58,7 +58,7 @@ static void table_add(BqParamTable *t, int cap, const char *name, int ndim, int6
 
 /* A Linear "<prefix>.weight" (out,in) with decay and "<prefix>.bias" (out) without. */
 static void table_add_linear(BqParamTable *t, int cap, const char *prefix, int64_t out, int64_t in) {
-    char n[BQ_NAME_MAX];
+    char n[BQ_NAME_MAX + 16]; /* table_add checks the final length */
     snprintf(n, sizeof n, "%s.weight", prefix);
     table_add(t, cap, n, 2, out, in, 1, BQ_INIT_NORMAL);
     snprintf(n, sizeof n, "%s.bias", prefix);
@@ -67,7 +67,7 @@ static void table_add_linear(BqParamTable *t, int cap, const char *prefix, int64
 
 /* LayerNorm "<prefix>.weight" (ones) and "<prefix>.bias" (zeros), neither decayed. */
 static void table_add_ln(BqParamTable *t, int cap, const char *prefix, int64_t h) {
-    char n[BQ_NAME_MAX];
+    char n[BQ_NAME_MAX + 16]; /* table_add checks the final length */
     snprintf(n, sizeof n, "%s.weight", prefix);
     table_add(t, cap, n, 1, h, 0, 0, BQ_INIT_ONES);
     snprintf(n, sizeof n, "%s.bias", prefix);
