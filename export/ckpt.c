@@ -1,0 +1,469 @@
+/* Native checkpoint directory: save/load of config.json, vocabulary files, model.h5 and
+ * training_state.h5 with atomic directory replacement (layout in ckpt.h; DESIGN.md §6). HDF5 C API
+ * (H5Dcreate2/H5Dwrite, attributes on the root group). */
+#include "export/ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <hdf5.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if __has_include("export/hf_load.h")
+#include "export/hf_load.h"
+#define BQ_HAVE_HF_LOAD 1
+#endif
+
+#define PATH_MAX_LEN 4400
+
+static int file_exists(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+int bq_ckpt_is_native(const char *dir) {
+    char p[PATH_MAX_LEN];
+    snprintf(p, sizeof p, "%s/model.h5", dir);
+    return file_exists(p);
+}
+
+/* Removes a directory tree that this module created (regular files and one level of folders). */
+static void remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[PATH_MAX_LEN];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+            remove_tree(p);
+        else
+            unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static int copy_file(const char *from, const char *to) {
+    int st = BQ_OK;
+    FILE *in = fopen(from, "rb"), *out = NULL;
+    if (!in) return bq_err(BQ_EIO, "%s: cannot open: %s", from, strerror(errno));
+    out = fopen(to, "wb");
+    if (!out) {
+        st = bq_err(BQ_EIO, "%s: cannot create: %s", to, strerror(errno));
+        goto cleanup;
+    }
+    char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, n, out) != n) {
+            st = bq_err(BQ_EIO, "%s: write failed: %s", to, strerror(errno));
+            goto cleanup;
+        }
+    if (ferror(in)) st = bq_err(BQ_EIO, "%s: read failed", from);
+cleanup:
+    if (in) fclose(in);
+    if (out && fclose(out) != 0 && !st) st = bq_err(BQ_EIO, "%s: close failed", to);
+    if (!st) st = bq_fsync_path(to);
+    return st;
+}
+
+/* ---- HDF5 helpers ---- */
+
+static hid_t h5_create(const char *path) {
+    return H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+}
+
+static int h5_write_f32(hid_t f, const char *file, const char *name, const float *data, int ndim,
+                        const int64_t *shape) {
+    hsize_t dims[4];
+    for (int i = 0; i < ndim; i++) dims[i] = (hsize_t)shape[i];
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    H5Pset_create_intermediate_group(lcpl, 1);
+    hid_t sp = H5Screate_simple(ndim, dims, NULL);
+    hid_t ds = H5Dcreate2(f, name, H5T_IEEE_F32LE, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT);
+    int st = BQ_OK;
+    if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+        st = bq_err(BQ_EIO, "%s: cannot write dataset %s", file, name);
+    if (ds >= 0) H5Dclose(ds);
+    H5Sclose(sp);
+    H5Pclose(lcpl);
+    return st;
+}
+
+static int h5_read_f32(hid_t f, const char *file, const char *name, float *data, int ndim, const int64_t *shape) {
+    if (H5Lexists(f, name, H5P_DEFAULT) <= 0) {
+        /* intermediate groups may be missing: H5Lexists fails on them, so test the parent first */
+        return bq_err(BQ_EFORMAT, "%s: dataset %s is missing", file, name);
+    }
+    int st = BQ_OK;
+    hid_t ds = H5Dopen2(f, name, H5P_DEFAULT);
+    if (ds < 0) return bq_err(BQ_EFORMAT, "%s: cannot open dataset %s", file, name);
+    hid_t sp = H5Dget_space(ds);
+    hsize_t dims[8];
+    int nd = H5Sget_simple_extent_ndims(sp);
+    if (nd != ndim || nd > 8) {
+        st = bq_err(BQ_EFORMAT, "%s: dataset %s has %d dimensions, expected %d", file, name, nd, ndim);
+        goto cleanup;
+    }
+    H5Sget_simple_extent_dims(sp, dims, NULL);
+    for (int i = 0; i < nd; i++)
+        if ((int64_t)dims[i] != shape[i]) {
+            st = bq_err(BQ_EFORMAT, "%s: dataset %s dimension %d is %lld, expected %lld", file, name, i,
+                        (long long)dims[i], (long long)shape[i]);
+            goto cleanup;
+        }
+    if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+        st = bq_err(BQ_EFORMAT, "%s: cannot read dataset %s", file, name);
+cleanup:
+    H5Sclose(sp);
+    H5Dclose(ds);
+    return st;
+}
+
+static int h5_group_exists(hid_t f, const char *path) {
+    /* checks each prefix, as H5Lexists requires */
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *s = buf + 1;; s++) {
+        char c = *s;
+        if (c == '/' || c == 0) {
+            *s = 0;
+            if (H5Lexists(f, buf, H5P_DEFAULT) <= 0) return 0;
+            if (!c) return 1;
+            *s = c;
+        }
+    }
+}
+
+static int h5_attr_write(hid_t f, const char *file, const char *name, hid_t type, const void *v, hsize_t n) {
+    hid_t sp = H5Screate_simple(1, &n, NULL);
+    hid_t a = H5Acreate2(f, name, type, sp, H5P_DEFAULT, H5P_DEFAULT);
+    int st = BQ_OK;
+    if (a < 0 || H5Awrite(a, type, v) < 0) st = bq_err(BQ_EIO, "%s: cannot write attribute %s", file, name);
+    if (a >= 0) H5Aclose(a);
+    H5Sclose(sp);
+    return st;
+}
+
+static int h5_attr_read(hid_t f, const char *file, const char *name, hid_t type, void *v, hsize_t n) {
+    if (H5Aexists(f, name) <= 0) return bq_err(BQ_EFORMAT, "%s: attribute %s is missing", file, name);
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+    hid_t sp = H5Aget_space(a);
+    hssize_t np = H5Sget_simple_extent_npoints(sp);
+    int st = BQ_OK;
+    if (np != (hssize_t)n)
+        st = bq_err(BQ_EFORMAT, "%s: attribute %s has %lld values, expected %lld", file, name, (long long)np,
+                    (long long)n);
+    else if (H5Aread(a, type, v) < 0)
+        st = bq_err(BQ_EFORMAT, "%s: cannot read attribute %s", file, name);
+    H5Sclose(sp);
+    H5Aclose(a);
+    return st;
+}
+
+#define ATTR_I64(f, file, name, v) h5_attr_write(f, file, name, H5T_NATIVE_INT64, &(int64_t){(v)}, 1)
+#define ATTR_F64(f, file, name, v) h5_attr_write(f, file, name, H5T_NATIVE_DOUBLE, &(double){(v)}, 1)
+
+/* ---- config.json ---- */
+
+static int config_write(const BqBert *m, const char *path) {
+    const BqBertConfig *c = &m->cfg;
+    json_t *j = json_object();
+    json_object_set_new(j, "architectures", json_pack("[s]", "BertForSequenceClassification"));
+    json_object_set_new(j, "model_type", json_string("bert"));
+    json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(j, "hidden_size", json_integer(c->hidden_size));
+    json_object_set_new(j, "num_hidden_layers", json_integer(c->num_hidden_layers));
+    json_object_set_new(j, "num_attention_heads", json_integer(c->num_attention_heads));
+    json_object_set_new(j, "intermediate_size", json_integer(c->intermediate_size));
+    json_object_set_new(j, "hidden_act", json_string("gelu"));
+    json_object_set_new(j, "hidden_dropout_prob", json_real(c->hidden_dropout_prob));
+    json_object_set_new(j, "attention_probs_dropout_prob", json_real(c->attention_probs_dropout_prob));
+    json_object_set_new(j, "classifier_dropout", c->classifier_dropout < 0 ? json_null() : json_real(c->classifier_dropout));
+    json_object_set_new(j, "max_position_embeddings", json_integer(c->max_position_embeddings));
+    json_object_set_new(j, "type_vocab_size", json_integer(c->type_vocab_size));
+    json_object_set_new(j, "initializer_range", json_real(c->initializer_range));
+    json_object_set_new(j, "layer_norm_eps", json_real(c->layer_norm_eps));
+    json_object_set_new(j, "pad_token_id", json_integer(c->pad_token_id));
+    json_object_set_new(j, "position_embedding_type", json_string("absolute"));
+    json_t *i2l = json_object(), *l2i = json_object(), *labels = json_array();
+    for (int i = 0; i < c->num_labels; i++) {
+        char key[32], def[32];
+        snprintf(key, sizeof key, "%d", i);
+        snprintf(def, sizeof def, "LABEL_%d", i);
+        const char *name = c->id2label && c->id2label[i] ? c->id2label[i] : def;
+        json_object_set_new(i2l, key, json_string(name));
+        json_object_set_new(l2i, name, json_integer(i));
+        json_array_append_new(labels, json_string(name));
+    }
+    json_object_set_new(j, "id2label", i2l);
+    json_object_set_new(j, "label2id", l2i);
+    json_t *bq = json_object();
+    json_object_set_new(bq, "format_version", json_integer(BQ_CKPT_FORMAT_VERSION));
+    json_object_set_new(bq, "num_labels", json_integer(c->num_labels));
+    json_object_set_new(bq, "id2label", labels);
+    json_object_set_new(bq, "quantized", json_boolean(m->quant != NULL));
+    /* TODO(qat): quant config block via bq_quant_config_to_json once layers/quant.c provides it. */
+    json_object_set_new(j, "bertqat", bq);
+    int st = BQ_OK;
+    if (json_dump_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) st = bq_err(BQ_EIO, "%s: cannot write", path);
+    json_decref(j);
+    if (!st) st = bq_fsync_path(path);
+    return st;
+}
+
+/* ---- save ---- */
+
+static int write_model_h5(const BqBert *m, const char *path) {
+    hid_t f = h5_create(path);
+    if (f < 0) return bq_err(BQ_EIO, "%s: cannot create", path);
+    int st = ATTR_I64(f, path, "format_version", BQ_CKPT_FORMAT_VERSION);
+    const BqParamTable *t = &m->params;
+    char name[BQ_NAME_MAX + 16];
+    for (int i = 0; i < t->n && !st; i++) {
+        snprintf(name, sizeof name, "/params/%s", t->p[i].name);
+        st = h5_write_f32(f, path, name, t->data + t->p[i].offset, t->p[i].ndim, t->p[i].shape);
+    }
+    /* TODO(qat): bq_quant_save(m->quant, h5) once export/h5io.h (BqH5) lands. */
+    if (H5Fclose(f) < 0 && !st) st = bq_err(BQ_EIO, "%s: close failed", path);
+    if (!st) st = bq_fsync_path(path);
+    return st;
+}
+
+static int write_params_group(hid_t f, const char *path, const char *group, const BqParamTable *t,
+                              const float *block) {
+    char name[BQ_NAME_MAX + 32];
+    for (int i = 0; i < t->n; i++) {
+        snprintf(name, sizeof name, "/%s/%s", group, t->p[i].name);
+        int st = h5_write_f32(f, path, name, block + t->p[i].offset, t->p[i].ndim, t->p[i].shape);
+        if (st) return st;
+    }
+    return BQ_OK;
+}
+
+static int write_state_h5(const BqBert *m, const BqTrainState *ts, const char *path) {
+    hid_t f = h5_create(path);
+    if (f < 0) return bq_err(BQ_EIO, "%s: cannot create", path);
+    int st = ATTR_I64(f, path, "format_version", BQ_CKPT_FORMAT_VERSION);
+    if (!st) st = ATTR_I64(f, path, "step", ts->step);
+    if (!st) st = ATTR_I64(f, path, "epoch", ts->epoch);
+    if (!st) st = ATTR_I64(f, path, "batch_cursor", ts->batch_cursor);
+    if (!st) st = ATTR_I64(f, path, "total_steps", ts->total_steps);
+    if (!st) st = ATTR_I64(f, path, "warmup_steps", ts->warmup_steps);
+    if (!st) st = ATTR_I64(f, path, "adam_step", ts->opt ? ts->opt->step : 0);
+    if (!st) st = ATTR_I64(f, path, "best_step", ts->best_step);
+    if (!st) st = ATTR_F64(f, path, "lr", ts->lr);
+    if (!st) st = ATTR_F64(f, path, "best_accuracy", ts->best_accuracy);
+    if (!st) st = h5_attr_write(f, path, "seed", H5T_NATIVE_UINT64, &ts->seed, 1);
+    if (!st) st = h5_attr_write(f, path, "rng", H5T_NATIVE_UINT64, ts->rng.s, 4);
+    if (ts->opt) {
+        if (!st) st = ATTR_F64(f, path, "beta1", ts->opt->beta1);
+        if (!st) st = ATTR_F64(f, path, "beta2", ts->opt->beta2);
+        if (!st) st = ATTR_F64(f, path, "eps", ts->opt->eps);
+        if (!st) st = ATTR_F64(f, path, "weight_decay", ts->opt->weight_decay);
+        if (!st) st = write_params_group(f, path, "adam/m", &m->params, ts->opt->m);
+        if (!st) st = write_params_group(f, path, "adam/v", &m->params, ts->opt->v);
+    }
+    if (!st && ts->best_params) st = write_params_group(f, path, "best", &m->params, ts->best_params);
+    if (H5Fclose(f) < 0 && !st) st = bq_err(BQ_EIO, "%s: close failed", path);
+    if (!st) st = bq_fsync_path(path);
+    return st;
+}
+
+static const char *const VOCAB_FILES[] = {"vocab.txt", "tokenizer_config.json", "special_tokens_map.json",
+                                          "tokenizer.json"};
+
+int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const BqTrainState *ts) {
+    char tmp[4096], old[4096], p[PATH_MAX_LEN], q[PATH_MAX_LEN];
+    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
+    snprintf(old, sizeof old, "%s.old", dir);
+    remove_tree(tmp);
+    if (mkdir(tmp, 0755) != 0) return bq_err(BQ_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    int st;
+    snprintf(p, sizeof p, "%s/config.json", tmp);
+    if ((st = config_write(m, p))) goto cleanup;
+    for (size_t i = 0; i < sizeof VOCAB_FILES / sizeof *VOCAB_FILES; i++) {
+        if (!vocab_dir) break;
+        snprintf(q, sizeof q, "%s/%s", vocab_dir, VOCAB_FILES[i]);
+        if (!file_exists(q)) {
+            if (i == 0) {
+                st = bq_err(BQ_EIO, "%s: missing (the vocabulary is copied into every checkpoint)", q);
+                goto cleanup;
+            }
+            continue;
+        }
+        snprintf(p, sizeof p, "%s/%s", tmp, VOCAB_FILES[i]);
+        if ((st = copy_file(q, p))) goto cleanup;
+    }
+    snprintf(p, sizeof p, "%s/model.h5", tmp);
+    if ((st = write_model_h5(m, p))) goto cleanup;
+    if (ts) {
+        snprintf(p, sizeof p, "%s/training_state.h5", tmp);
+        if ((st = write_state_h5(m, ts, p))) goto cleanup;
+    }
+    /* The trainer's log lives in DIR; carry it into the new directory. */
+    snprintf(q, sizeof q, "%s/training_log.jsonl", dir);
+    if (file_exists(q)) {
+        snprintf(p, sizeof p, "%s/training_log.jsonl", tmp);
+        if ((st = copy_file(q, p))) goto cleanup;
+    }
+    if ((st = bq_fsync_path(tmp))) goto cleanup;
+    /* DIR → DIR.old, DIR.tmp → DIR, then drop DIR.old: DIR is the old or the new checkpoint at every
+     * instant a reader could look (and DIR.old holds the old one during the swap). */
+    struct stat sb;
+    int had_old = stat(dir, &sb) == 0;
+    if (had_old) {
+        remove_tree(old);
+        if (rename(dir, old) != 0) {
+            st = bq_err(BQ_EIO, "%s: cannot move aside: %s", dir, strerror(errno));
+            goto cleanup;
+        }
+    }
+    if (rename(tmp, dir) != 0) {
+        st = bq_err(BQ_EIO, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+        if (had_old) rename(old, dir);
+        goto cleanup;
+    }
+    /* fsync the parent so the renames are durable */
+    snprintf(p, sizeof p, "%s", dir);
+    char *slash = strrchr(p, '/');
+    if (slash && slash != p) *slash = 0;
+    else snprintf(p, sizeof p, "%s", slash == p ? "/" : ".");
+    bq_fsync_path(p);
+    if (had_old) remove_tree(old);
+    return BQ_OK;
+cleanup:
+    remove_tree(tmp);
+    return st;
+}
+
+/* ---- load ---- */
+
+static int read_params_group(hid_t f, const char *path, const char *group, const BqParamTable *t, float *block) {
+    char name[BQ_NAME_MAX + 32];
+    for (int i = 0; i < t->n; i++) {
+        snprintf(name, sizeof name, "/%s/%s", group, t->p[i].name);
+        if (!h5_group_exists(f, name)) return bq_err(BQ_EFORMAT, "%s: dataset %s is missing", path, name);
+        int st = h5_read_f32(f, path, name, block + t->p[i].offset, t->p[i].ndim, t->p[i].shape);
+        if (st) return st;
+    }
+    return BQ_OK;
+}
+
+static int read_state(const BqBert *m, BqTrainState *ts, const char *path) {
+    H5E_auto2_t fn;
+    void *data;
+    H5Eget_auto2(H5E_DEFAULT, &fn, &data);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    int st = BQ_OK;
+    if (f < 0) {
+        st = bq_err(BQ_EIO, "%s: cannot open (not an HDF5 file?)", path);
+        goto done;
+    }
+    int64_t fv = 0, adam_step = 0;
+    st = h5_attr_read(f, path, "format_version", H5T_NATIVE_INT64, &fv, 1);
+    if (!st && fv != BQ_CKPT_FORMAT_VERSION)
+        st = bq_err(BQ_EFORMAT, "%s: format version %lld, this build reads %d", path, (long long)fv,
+                    BQ_CKPT_FORMAT_VERSION);
+    if (!st) st = h5_attr_read(f, path, "step", H5T_NATIVE_INT64, &ts->step, 1);
+    if (!st) st = h5_attr_read(f, path, "epoch", H5T_NATIVE_INT64, &ts->epoch, 1);
+    if (!st) st = h5_attr_read(f, path, "batch_cursor", H5T_NATIVE_INT64, &ts->batch_cursor, 1);
+    if (!st) st = h5_attr_read(f, path, "total_steps", H5T_NATIVE_INT64, &ts->total_steps, 1);
+    if (!st) st = h5_attr_read(f, path, "warmup_steps", H5T_NATIVE_INT64, &ts->warmup_steps, 1);
+    if (!st) st = h5_attr_read(f, path, "adam_step", H5T_NATIVE_INT64, &adam_step, 1);
+    if (!st) st = h5_attr_read(f, path, "best_step", H5T_NATIVE_INT64, &ts->best_step, 1);
+    if (!st) st = h5_attr_read(f, path, "lr", H5T_NATIVE_DOUBLE, &ts->lr, 1);
+    if (!st) st = h5_attr_read(f, path, "best_accuracy", H5T_NATIVE_DOUBLE, &ts->best_accuracy, 1);
+    if (!st) st = h5_attr_read(f, path, "seed", H5T_NATIVE_UINT64, &ts->seed, 1);
+    if (!st) st = h5_attr_read(f, path, "rng", H5T_NATIVE_UINT64, ts->rng.s, 4);
+    if (!st && ts->opt) {
+        BQ_CHECK(ts->opt->total == m->params.total);
+        ts->opt->step = adam_step;
+        double b1, b2, eps, wd;
+        if (!st) st = h5_attr_read(f, path, "beta1", H5T_NATIVE_DOUBLE, &b1, 1);
+        if (!st) st = h5_attr_read(f, path, "beta2", H5T_NATIVE_DOUBLE, &b2, 1);
+        if (!st) st = h5_attr_read(f, path, "eps", H5T_NATIVE_DOUBLE, &eps, 1);
+        if (!st) st = h5_attr_read(f, path, "weight_decay", H5T_NATIVE_DOUBLE, &wd, 1);
+        if (!st) {
+            ts->opt->beta1 = (float)b1, ts->opt->beta2 = (float)b2, ts->opt->eps = (float)eps;
+            ts->opt->weight_decay = (float)wd;
+        }
+        if (!st) st = read_params_group(f, path, "adam/m", &m->params, ts->opt->m);
+        if (!st) st = read_params_group(f, path, "adam/v", &m->params, ts->opt->v);
+    }
+    ts->best_params = NULL;
+    if (!st && h5_group_exists(f, "/best")) {
+        ts->best_params = bq_malloc(sizeof(float) * (size_t)m->params.total);
+        st = read_params_group(f, path, "best", &m->params, ts->best_params);
+        if (st) free(ts->best_params), ts->best_params = NULL;
+    }
+    H5Fclose(f);
+done:
+    H5Eset_auto2(H5E_DEFAULT, fn, data);
+    return st;
+}
+
+int bq_ckpt_load(BqBert *m, const char *dir, BqTrainState *ts) {
+    char p[PATH_MAX_LEN];
+    int st = BQ_OK;
+    if (!m->params.data) {
+        BqBertConfig cfg;
+        memset(&cfg, 0, sizeof cfg);
+        snprintf(p, sizeof p, "%s/config.json", dir);
+        if ((st = bq_config_load(&cfg, p))) return st;
+        BqRng rng;
+        bq_rng_seed(&rng, 0);
+        if ((st = bq_bert_create(m, &cfg, 1, &rng))) return st;
+    }
+    snprintf(p, sizeof p, "%s/model.h5", dir);
+    H5E_auto2_t fn;
+    void *data;
+    H5Eget_auto2(H5E_DEFAULT, &fn, &data);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fopen(p, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) {
+        H5Eset_auto2(H5E_DEFAULT, fn, data);
+        return bq_err(BQ_EIO, "%s: cannot open (not an HDF5 file?)", p);
+    }
+    int64_t fv = 0;
+    st = h5_attr_read(f, p, "format_version", H5T_NATIVE_INT64, &fv, 1);
+    if (!st && fv != BQ_CKPT_FORMAT_VERSION)
+        st = bq_err(BQ_EFORMAT, "%s: format version %lld, this build reads %d", p, (long long)fv,
+                    BQ_CKPT_FORMAT_VERSION);
+    if (!st) st = read_params_group(f, p, "params", &m->params, m->params.data);
+    /* TODO(qat): if config.json's bertqat block has a quant config, build m->quant and bq_quant_load. */
+    H5Fclose(f);
+    H5Eset_auto2(H5E_DEFAULT, fn, data);
+    if (st) return st;
+    if (ts) {
+        snprintf(p, sizeof p, "%s/training_state.h5", dir);
+        if (!file_exists(p)) return bq_err(BQ_EIO, "%s: missing (no training state to resume from)", p);
+        st = read_state(m, ts, p);
+    }
+    return st;
+}
+
+int bq_model_load_any(BqBert *m, const char *dir, int num_labels, BqRng *rng, char **report) {
+    if (bq_ckpt_is_native(dir)) {
+        if (report) *report = NULL;
+        int st = bq_ckpt_load(m, dir, NULL);
+        if (!st && num_labels > 0 && num_labels != m->cfg.num_labels)
+            st = bq_err(BQ_EINVAL, "%s: checkpoint has %d labels, the data has %d", dir, m->cfg.num_labels,
+                        num_labels);
+        return st;
+    }
+#ifdef BQ_HAVE_HF_LOAD
+    return bq_hf_load(m, dir, num_labels, rng, report);
+#else
+    (void)rng;
+    return bq_err(BQ_EINVAL, "%s: not a native checkpoint (no model.h5) and this build has no HF loader", dir);
+#endif
+}
