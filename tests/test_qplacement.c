@@ -1,0 +1,152 @@
+/* Quantizer placement tables (layers/qscheme.c, ../shared/DESIGN.md §4): counts per layer for the ort
+ * and qdqbert schemes, names and positions of representative points, per-channel sizes, --fuse-qkv
+ * sharing, --exclude matching (layer 1 vs layer 10), --per-tensor, --clip-gelu, and the scale rule
+ * scale = amax/127. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "layers/bert.h"
+#include "layers/quant.h"
+
+static int failures = 0;
+#define EXPECT(cond, ...)                  \
+    do {                                   \
+        if (!(cond)) {                     \
+            printf("FAIL line %d: ", __LINE__); \
+            printf(__VA_ARGS__);           \
+            printf("\n");                  \
+            failures++;                    \
+        }                                  \
+    } while (0)
+
+static void model_shape(BqBert *m, int L) {
+    memset(m, 0, sizeof *m);
+    m->cfg.num_hidden_layers = L;
+    m->cfg.hidden_size = 32;
+    m->cfg.intermediate_size = 48;
+    m->cfg.num_attention_heads = 4;
+}
+
+static int count_layer(BqQuantState *qs, int l, int weights) {
+    int k = 0;
+    for (int i = 0; i < qs->n; i++) k += qs->q[i].layer == l && qs->q[i].is_weight == weights;
+    return k;
+}
+
+static const char *name_at(BqQuantState *qs, int l, int p) {
+    BqQuantizer *q = bq_quant_at(qs, l, p);
+    return q ? q->name : "(none)";
+}
+
+int main(void) {
+    const int L = 12;
+    BqBert m;
+    model_shape(&m, L);
+    BqQuantConfig cfg;
+    BqQuantState *qs = NULL;
+
+    /* ort: 6 weight + 12 activation per layer + embeddings LN = 18L+1 */
+    bq_quant_config_default(&cfg);
+    EXPECT(bq_quant_create(&qs, &m, &cfg) == BQ_OK, "create ort");
+    EXPECT(qs->n == 18 * L + 1, "ort count %d want %d", qs->n, 18 * L + 1);
+    for (int l = 0; l < L; l++) {
+        EXPECT(count_layer(qs, l, 1) == 6, "ort layer %d weights %d", l, count_layer(qs, l, 1));
+        EXPECT(count_layer(qs, l, 0) == 12, "ort layer %d acts %d", l, count_layer(qs, l, 0));
+        for (int p = 0; p < BQ_QP_LAYER_COUNT; p++) {
+            int want = p <= BQ_QP_OUT_LN || p >= BQ_QP_W_Q;
+            EXPECT((bq_quant_at(qs, l, p) != NULL) == want, "ort layer %d point %d presence", l, p);
+        }
+    }
+    EXPECT(strcmp(name_at(qs, BQ_QP_LAYER_EMB, -1), "bert.embeddings.LayerNorm.output_quantizer") == 0, "emb %s",
+           name_at(qs, BQ_QP_LAYER_EMB, -1));
+    EXPECT(strcmp(name_at(qs, 3, BQ_QP_Q_OUT), "bert.encoder.layer.3.attention.self.query.output_quantizer") == 0,
+           "%s", name_at(qs, 3, BQ_QP_Q_OUT));
+    EXPECT(strcmp(name_at(qs, 3, BQ_QP_W_Q), "bert.encoder.layer.3.attention.self.query.weight_quantizer") == 0,
+           "%s", name_at(qs, 3, BQ_QP_W_Q));
+    EXPECT(strcmp(name_at(qs, 11, BQ_QP_OUT_LN), "bert.encoder.layer.11.output.LayerNorm.output_quantizer") == 0,
+           "%s", name_at(qs, 11, BQ_QP_OUT_LN));
+    EXPECT(strcmp(name_at(qs, 0, BQ_QP_W_I), "bert.encoder.layer.0.intermediate.dense.weight_quantizer") == 0, "%s",
+           name_at(qs, 0, BQ_QP_W_I));
+    {
+        BqQuantizer *wi = bq_quant_at(qs, 2, BQ_QP_W_I), *wo = bq_quant_at(qs, 2, BQ_QP_W_O);
+        BqQuantizer *a = bq_quant_at(qs, 2, BQ_QP_PROBS);
+        EXPECT(wi->nch == 48 && wi->axis == 0, "intermediate weight channels %lld", (long long)wi->nch);
+        EXPECT(wo->nch == 32 && wo->axis == 0, "output weight channels %lld", (long long)wo->nch);
+        EXPECT(a->nch == 1 && a->axis == -1 && !a->is_weight, "probs per tensor");
+        EXPECT(a->layer == 2 && a->point == BQ_QP_PROBS, "probs position");
+        /* the quantizer says where it sits */
+        for (int i = 0; i < qs->n; i++) {
+            BqQuantizer *q = &qs->q[i];
+            EXPECT(bq_quant_at(qs, q->layer, q->point) == q, "slot of %s", q->name);
+        }
+        /* scale = amax/127 */
+        a->amax[0] = 12.7f;
+        bq_quant_update_scale(qs, a);
+        EXPECT(a->scale[0] == 12.7f / 127.0f, "scale %g", a->scale[0]);
+        a->amax[0] = 0.0f;
+        bq_quant_update_scale(qs, a);
+        EXPECT(a->scale[0] > 0.0f, "scale floor");
+    }
+    bq_quant_free(qs);
+
+    /* qdqbert: input + weight of 6 Linears, 4 matmul inputs, 4 residual-add inputs = 20 per layer */
+    strcpy(cfg.scheme, "qdqbert");
+    EXPECT(bq_quant_create(&qs, &m, &cfg) == BQ_OK, "create qdqbert");
+    EXPECT(qs->n == 20 * L, "qdqbert count %d want %d", qs->n, 20 * L);
+    EXPECT(bq_quant_at(qs, BQ_QP_LAYER_EMB, -1) == NULL, "qdqbert has no embedding quantizer");
+    for (int l = 0; l < L; l++) {
+        EXPECT(count_layer(qs, l, 1) == 6 && count_layer(qs, l, 0) == 14, "qdqbert layer %d", l);
+        EXPECT(bq_quant_at(qs, l, BQ_QP_ATTN_LN) == NULL && bq_quant_at(qs, l, BQ_QP_GELU_OUT) == NULL,
+               "qdqbert quantizes no LayerNorm/GELU output");
+    }
+    EXPECT(strcmp(name_at(qs, 3, BQ_QP_MM1_Q), "bert.encoder.layer.3.attention.self.matmul_q_input_quantizer") == 0,
+           "%s", name_at(qs, 3, BQ_QP_MM1_Q));
+    EXPECT(strcmp(name_at(qs, 3, BQ_QP_Q_IN), "bert.encoder.layer.3.attention.self.query.input_quantizer") == 0,
+           "%s", name_at(qs, 3, BQ_QP_Q_IN));
+    EXPECT(strcmp(name_at(qs, 5, BQ_QP_ADD2_RESID), "bert.encoder.layer.5.output.add_residual_input_quantizer") ==
+               0, "%s", name_at(qs, 5, BQ_QP_ADD2_RESID));
+    bq_quant_free(qs);
+
+    /* --fuse-qkv: K and V share Q's quantizer */
+    bq_quant_config_default(&cfg);
+    cfg.fuse_qkv = 1;
+    EXPECT(bq_quant_create(&qs, &m, &cfg) == BQ_OK, "create fused");
+    EXPECT(qs->n == 16 * L + 1, "fused count %d", qs->n);
+    EXPECT(bq_quant_at(qs, 4, BQ_QP_K_OUT) == bq_quant_at(qs, 4, BQ_QP_Q_OUT) &&
+               bq_quant_at(qs, 4, BQ_QP_V_OUT) == bq_quant_at(qs, 4, BQ_QP_Q_OUT),
+           "fused slots");
+    bq_quant_free(qs);
+
+    /* --exclude: layer 1 stays fp32, layer 10 does not; embeddings excluded by prefix */
+    bq_quant_config_default(&cfg);
+    strcpy(cfg.exclude, "classifier, pooler,encoder.layer.1,bert.embeddings");
+    EXPECT(bq_quant_create(&qs, &m, &cfg) == BQ_OK, "create excluded");
+    EXPECT(qs->n == 18 * (L - 1), "excluded count %d want %d", qs->n, 18 * (L - 1));
+    EXPECT(count_layer(qs, 1, 0) + count_layer(qs, 1, 1) == 0, "layer 1 excluded");
+    EXPECT(count_layer(qs, 10, 0) == 12, "layer 10 kept");
+    EXPECT(bq_quant_at(qs, BQ_QP_LAYER_EMB, -1) == NULL, "embeddings excluded");
+    bq_quant_free(qs);
+
+    /* --per-tensor weights; --clip-gelu caps only the GELU output */
+    bq_quant_config_default(&cfg);
+    cfg.per_tensor_weights = 1;
+    cfg.clip_gelu = 10.0f;
+    EXPECT(bq_quant_create(&qs, &m, &cfg) == BQ_OK, "create per-tensor");
+    for (int i = 0; i < qs->n; i++) EXPECT(qs->q[i].nch == 1 && qs->q[i].axis == -1, "%s per tensor", qs->q[i].name);
+    BqQuantizer *g = bq_quant_at(qs, 0, BQ_QP_GELU_OUT), *io = bq_quant_at(qs, 0, BQ_QP_INTER_OUT);
+    g->amax[0] = io->amax[0] = 25.0f;
+    bq_quant_update_scale(qs, g);
+    bq_quant_update_scale(qs, io);
+    EXPECT(g->amax[0] == 10.0f && g->scale[0] == 10.0f / 127.0f, "gelu clipped to %g", g->amax[0]);
+    EXPECT(io->amax[0] == 25.0f, "intermediate output not clipped");
+    bq_quant_free(qs);
+
+    /* unknown scheme is an input error naming the flag */
+    strcpy(cfg.scheme, "tflite");
+    EXPECT(bq_quant_create(&qs, &m, &cfg) == BQ_EINVAL && strstr(bq_errmsg(), "--scheme"), "bad scheme: %s",
+           bq_errmsg());
+
+    printf("test_qplacement: %d failures (max error 0 expected)\n", failures);
+    return failures ? 1 : 0;
+}
