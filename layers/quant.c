@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "layers/calib.h"
 
 #define BQ_SCALE_FLOOR 1.1920928955078125e-07f /* torch.finfo(float32).eps, PyTorch's scale floor */
@@ -216,3 +218,61 @@ int bq_calibrator_parse(BqCalibrator *out, const char *s) {
 }
 
 const char *bq_calibrator_name(BqCalibrator c) { return (unsigned)c < 4 ? calib_names[c] : "?"; }
+
+/* ---- config <-> the checkpoint's config.json "bertqat" block ---- */
+
+json_t *bq_quant_config_to_json(const BqQuantConfig *cfg) {
+    json_t *j = json_object();
+    json_object_set_new(j, "scheme", json_string(cfg->scheme));
+    json_object_set_new(j, "bits", json_integer(8));
+    json_object_set_new(j, "symmetric", json_true());
+    json_object_set_new(j, "per_tensor_weights", json_boolean(cfg->per_tensor_weights));
+    json_object_set_new(j, "fuse_qkv", json_boolean(cfg->fuse_qkv));
+    json_object_set_new(j, "clip_gelu", json_real(cfg->clip_gelu));
+    json_object_set_new(j, "averaging_constant", json_real(cfg->averaging_constant));
+    json_object_set_new(j, "exclude", json_string(cfg->exclude));
+    json_object_set_new(j, "freeze_after", json_integer(cfg->freeze_after));
+    return j;
+}
+
+static int json_get_str(json_t *j, const char *key, char *dst, size_t cap) {
+    json_t *v = json_object_get(j, key);
+    if (!v) return BQ_OK;
+    if (!json_is_string(v)) return bq_err(BQ_EFORMAT, "quant config: \"%s\" is not a string", key);
+    if (strlen(json_string_value(v)) >= cap) return bq_err(BQ_EFORMAT, "quant config: \"%s\" is too long", key);
+    strcpy(dst, json_string_value(v));
+    return BQ_OK;
+}
+
+static int json_get_num(json_t *j, const char *key, double *dst) {
+    json_t *v = json_object_get(j, key);
+    if (!v) return BQ_OK;
+    if (json_is_boolean(v)) *dst = json_is_true(v);
+    else if (json_is_number(v)) *dst = json_number_value(v);
+    else return bq_err(BQ_EFORMAT, "quant config: \"%s\" is not a number", key);
+    return BQ_OK;
+}
+
+int bq_quant_config_from_json(BqQuantConfig *cfg, json_t *j) {
+    bq_quant_config_default(cfg);
+    if (!json_is_object(j)) return bq_err(BQ_EFORMAT, "quant config: not a JSON object");
+    double pt = cfg->per_tensor_weights, fq = cfg->fuse_qkv, cg = cfg->clip_gelu, ac = cfg->averaging_constant;
+    double fa = (double)cfg->freeze_after, bits = 8;
+    int rc;
+    if ((rc = json_get_str(j, "scheme", cfg->scheme, sizeof cfg->scheme)) ||
+        (rc = json_get_str(j, "exclude", cfg->exclude, sizeof cfg->exclude)) ||
+        (rc = json_get_num(j, "per_tensor_weights", &pt)) || (rc = json_get_num(j, "fuse_qkv", &fq)) ||
+        (rc = json_get_num(j, "clip_gelu", &cg)) || (rc = json_get_num(j, "averaging_constant", &ac)) ||
+        (rc = json_get_num(j, "freeze_after", &fa)) || (rc = json_get_num(j, "bits", &bits)))
+        return rc;
+    if (bits != 8) return bq_err(BQ_EFORMAT, "quant config: bits %g is not supported (int8 only)", bits);
+    if (strcmp(cfg->scheme, "ort") != 0 && strcmp(cfg->scheme, "qdqbert") != 0)
+        return bq_err(BQ_EFORMAT, "quant config: unknown scheme \"%s\"", cfg->scheme);
+    if (!(ac > 0.0 && ac <= 1.0)) return bq_err(BQ_EFORMAT, "quant config: averaging_constant %g not in (0,1]", ac);
+    cfg->per_tensor_weights = pt != 0.0;
+    cfg->fuse_qkv = fq != 0.0;
+    cfg->clip_gelu = (float)cg;
+    cfg->averaging_constant = (float)ac;
+    cfg->freeze_after = (int64_t)fa;
+    return BQ_OK;
+}
