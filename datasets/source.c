@@ -1,0 +1,788 @@
+/* Source readers for datasets/: aclImdb folder and archive (libarchive, read in place), CSV (RFC 4180),
+ * TSV and JSONL (jansson). They produce raw texts and label strings in a deterministic order; encoding,
+ * label indexing, selection and caching live in dataset.c.
+ * References: Maas et al. 2011 aclImdb README (layout <id>_<rating>.txt), RFC 4180 (CSV). */
+#include "datasets/source.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "autograd/bq.h"
+
+uint64_t bq_fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+void bq_raw_free(BqRawSet *r) {
+    if (!r) return;
+    for (int64_t i = 0; i < r->n; i++) {
+        free(r->ex[i].text);
+        free(r->ex[i].pair);
+        free(r->ex[i].label);
+    }
+    free(r->ex);
+    free(r->file);
+    memset(r, 0, sizeof *r);
+}
+
+static int is_blank(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!(s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r' || s[i] == '\f' || s[i] == '\v')) return 0;
+    return 1;
+}
+
+static char *dup_n(const char *s, size_t n) {
+    char *d = bq_malloc(n + 1);
+    if (n) memcpy(d, s, n);
+    d[n] = 0;
+    return d;
+}
+
+/* Appends an example, taking ownership of text/pair/label; empty texts are freed and counted. */
+static void raw_push(BqRawSet *r, char *text, size_t len, char *pair, size_t plen, char *label, int64_t line) {
+    if (is_blank(text, len)) {
+        r->skipped_empty++;
+        free(text);
+        free(pair);
+        free(label);
+        return;
+    }
+    if (r->n == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 1024;
+        r->ex = bq_realloc(r->ex, (size_t)r->cap * sizeof *r->ex);
+    }
+    r->ex[r->n++] = (BqRawExample){text, len, pair, plen, label, line};
+}
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcasecmp(s + a - b, suf) == 0;
+}
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+static int is_file(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static char *path_join(const char *a, const char *b) {
+    size_t n = strlen(a) + strlen(b) + 2;
+    char *p = bq_malloc(n);
+    snprintf(p, n, "%s/%s", a, b);
+    return p;
+}
+
+static BqDataKind kind_of_file(const char *p) {
+    if (ends_with(p, ".tar.gz") || ends_with(p, ".tgz") || ends_with(p, ".tar")) return BQ_DATA_IMDB_ARCHIVE;
+    if (ends_with(p, ".csv")) return BQ_DATA_CSV;
+    if (ends_with(p, ".tsv")) return BQ_DATA_TSV;
+    if (ends_with(p, ".jsonl") || ends_with(p, ".json")) return BQ_DATA_JSONL;
+    return 0;
+}
+
+char *bq_source_split_file(const char *dir, const char *split, BqDataKind *file_kind) {
+    static const char *exts[] = {"csv", "tsv", "jsonl"};
+    static const BqDataKind kinds[] = {BQ_DATA_CSV, BQ_DATA_TSV, BQ_DATA_JSONL};
+    for (int i = 0; i < 3; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s.%s", split, exts[i]);
+        char *p = path_join(dir, name);
+        if (is_file(p)) {
+            if (file_kind) *file_kind = kinds[i];
+            return p;
+        }
+        free(p);
+    }
+    return NULL;
+}
+
+/* aclImdb root of a folder: PATH itself when it has train/ or test/, else PATH/aclImdb. */
+static char *imdb_root(const char *path) {
+    char *t = path_join(path, "train"), *s = path_join(path, "test");
+    int here = is_dir(t) || is_dir(s);
+    free(t);
+    free(s);
+    if (here) return bq_strdup(path);
+    char *a = path_join(path, "aclImdb");
+    if (is_dir(a)) return a;
+    free(a);
+    return NULL;
+}
+
+const char *bq_data_kind_name(BqDataKind kind) {
+    switch (kind) {
+    case BQ_DATA_IMDB_DIR: return "aclImdb folder";
+    case BQ_DATA_IMDB_ARCHIVE: return "aclImdb archive";
+    case BQ_DATA_CSV: return "CSV";
+    case BQ_DATA_TSV: return "TSV";
+    case BQ_DATA_JSONL: return "JSONL";
+    case BQ_DATA_SPLIT_DIR: return "split folder";
+    }
+    return "?";
+}
+
+int bq_data_probe(const char *path, BqDataKind *kind, int *has_test) {
+    if (!path || !*path) return bq_err(BQ_EINVAL, "--data: empty path");
+    struct stat st;
+    if (stat(path, &st) != 0) return bq_err(BQ_EIO, "%s: %s", path, strerror(errno));
+    int ht = 0;
+    BqDataKind k = 0;
+    if (S_ISDIR(st.st_mode)) {
+        char *root = imdb_root(path);
+        if (root) {
+            k = BQ_DATA_IMDB_DIR;
+            char *t = path_join(root, "test");
+            ht = is_dir(t);
+            free(t);
+            free(root);
+        } else {
+            char *tr = bq_source_split_file(path, "train", NULL), *te = bq_source_split_file(path, "test", NULL);
+            if (!tr && !te) {
+                free(tr);
+                free(te);
+                return bq_err(BQ_EFORMAT,
+                              "%s: folder has neither the aclImdb layout (train/pos, train/neg) nor train.csv/.tsv/.jsonl",
+                              path);
+            }
+            k = BQ_DATA_SPLIT_DIR;
+            ht = te != NULL;
+            free(tr);
+            free(te);
+        }
+    } else if (S_ISREG(st.st_mode)) {
+        k = kind_of_file(path);
+        if (!k) return bq_err(BQ_EFORMAT, "%s: unknown data file type (expected .tar.gz, .csv, .tsv or .jsonl)", path);
+        if (st.st_size == 0) return bq_err(BQ_EFORMAT, "%s: empty file", path);
+        ht = (k == BQ_DATA_IMDB_ARCHIVE);
+    } else {
+        return bq_err(BQ_EIO, "%s: not a file or folder", path);
+    }
+    if (kind) *kind = k;
+    if (has_test) *has_test = ht;
+    return BQ_OK;
+}
+
+/* ---------------------------------------------------------------- aclImdb */
+
+typedef struct ImdbItem {
+    int label;   /* 0 neg, 1 pos */
+    long long id;
+    char *text;
+    size_t len;
+} ImdbItem;
+
+typedef struct ImdbList {
+    ImdbItem *v;
+    int64_t n, cap;
+} ImdbList;
+
+static void imdb_push(ImdbList *l, int label, long long id, char *text, size_t len) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 1024;
+        l->v = bq_realloc(l->v, (size_t)l->cap * sizeof *l->v);
+    }
+    l->v[l->n++] = (ImdbItem){label, id, text, len};
+}
+
+static int imdb_cmp(const void *a, const void *b) {
+    const ImdbItem *x = a, *y = b;
+    if (x->label != y->label) return x->label - y->label;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* "<id>_<rating>.txt" → id; -1 if the name does not match. */
+static long long imdb_file_id(const char *name) {
+    const char *p = name;
+    long long id = 0;
+    int digits = 0;
+    while (*p >= '0' && *p <= '9') {
+        if (id > LLONG_MAX / 10 - 10) return -1;
+        id = id * 10 + (*p++ - '0');
+        digits++;
+    }
+    if (!digits || *p++ != '_') return -1;
+    digits = 0;
+    while (*p >= '0' && *p <= '9') p++, digits++;
+    if (!digits || strcmp(p, ".txt") != 0) return -1;
+    return id;
+}
+
+/* Matches ".../<split>/<pos|neg>/<id>_<r>.txt" in an archive path; returns label or -1. */
+static int imdb_match_path(const char *path, const char *split, long long *id) {
+    const char *c[3] = {0};
+    size_t cl[3] = {0};
+    /* last three components */
+    const char *end = path + strlen(path);
+    for (int k = 2; k >= 0; k--) {
+        const char *s = end;
+        while (s > path && s[-1] != '/') s--;
+        c[k] = s;
+        cl[k] = (size_t)(end - s);
+        if (s == path) {
+            if (k) return -1;
+            break;
+        }
+        end = s - 1;
+    }
+    if (cl[0] != strlen(split) || strncmp(c[0], split, cl[0]) != 0) return -1;
+    int label;
+    if (cl[1] == 3 && !strncmp(c[1], "pos", 3)) label = 1;
+    else if (cl[1] == 3 && !strncmp(c[1], "neg", 3)) label = 0;
+    else return -1;
+    char name[256];
+    if (cl[2] >= sizeof name) return -1;
+    memcpy(name, c[2], cl[2]);
+    name[cl[2]] = 0;
+    *id = imdb_file_id(name);
+    return *id < 0 ? -1 : label;
+}
+
+static int read_whole(const char *path, char **buf, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return bq_err(BQ_EIO, "%s: %s", path, strerror(errno));
+    int st = BQ_OK;
+    size_t cap = 1 << 16, n = 0;
+    char *b = bq_malloc(cap);
+    for (;;) {
+        if (n + 1 >= cap) b = bq_realloc(b, cap *= 2);
+        size_t r = fread(b + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0) break;
+    }
+    if (ferror(f)) {
+        st = bq_err(BQ_EIO, "%s: read error", path);
+        free(b);
+        b = NULL;
+    } else {
+        b[n] = 0;
+    }
+    fclose(f);
+    *buf = b;
+    *len = n;
+    return st;
+}
+
+static int imdb_finish(BqRawSet *out, ImdbList *l, const char *where, const char *split) {
+    int have[2] = {0, 0};
+    for (int64_t i = 0; i < l->n; i++) have[l->v[i].label] = 1;
+    if (!have[0] || !have[1]) {
+        for (int64_t i = 0; i < l->n; i++) free(l->v[i].text);
+        free(l->v);
+        return bq_err(BQ_EFORMAT, "%s: no %s/%s/<id>_<rating>.txt reviews found", where, split, have[0] ? "pos" : "neg");
+    }
+    qsort(l->v, (size_t)l->n, sizeof *l->v, imdb_cmp);
+    for (int64_t i = 0; i < l->n; i++)
+        raw_push(out, l->v[i].text, l->v[i].len, NULL, 0, bq_strdup(l->v[i].label ? "pos" : "neg"), 0);
+    free(l->v);
+    out->fixed_imdb = 1;
+    return BQ_OK;
+}
+
+/* Calls fn(path, st) for each <id>_<rating>.txt in root/split/{neg,pos}. */
+static int imdb_dir_list(const char *root, const char *split, char ***names, int **labels, long long **ids, int64_t *n) {
+    char *sd = path_join(root, split);
+    int st = BQ_OK;
+    int64_t cap = 0;
+    *names = NULL;
+    *labels = NULL;
+    *ids = NULL;
+    *n = 0;
+    for (int lab = 0; lab < 2; lab++) {
+        char *d = path_join(sd, lab ? "pos" : "neg");
+        DIR *dir = opendir(d);
+        if (!dir) {
+            st = bq_err(BQ_EFORMAT, "%s: folder without %s/ (aclImdb layout needs %s/pos and %s/neg)", sd,
+                        lab ? "pos" : "neg", split, split);
+            free(d);
+            goto cleanup;
+        }
+        struct dirent *e;
+        while ((e = readdir(dir))) {
+            long long id = imdb_file_id(e->d_name);
+            if (id < 0) continue;
+            if (*n == cap) {
+                cap = cap ? 2 * cap : 1024;
+                *names = bq_realloc(*names, (size_t)cap * sizeof **names);
+                *labels = bq_realloc(*labels, (size_t)cap * sizeof **labels);
+                *ids = bq_realloc(*ids, (size_t)cap * sizeof **ids);
+            }
+            (*names)[*n] = path_join(d, e->d_name);
+            (*labels)[*n] = lab;
+            (*ids)[*n] = id;
+            (*n)++;
+        }
+        closedir(dir);
+        free(d);
+    }
+cleanup:
+    free(sd);
+    return st;
+}
+
+static int imdb_read_dir(BqRawSet *out, const char *path, const char *split) {
+    char *root = imdb_root(path);
+    if (!root) return bq_err(BQ_EFORMAT, "%s: not an aclImdb folder (no train/ or test/)", path);
+    char **names = NULL;
+    int *labels = NULL;
+    long long *ids = NULL;
+    int64_t n = 0;
+    ImdbList l = {0};
+    int st = imdb_dir_list(root, split, &names, &labels, &ids, &n);
+    if (st) goto cleanup;
+    for (int64_t i = 0; i < n; i++) {
+        char *buf;
+        size_t len;
+        st = read_whole(names[i], &buf, &len);
+        if (st) {
+            for (int64_t j = 0; j < l.n; j++) free(l.v[j].text);
+            free(l.v);
+            goto cleanup;
+        }
+        imdb_push(&l, labels[i], ids[i], buf, len);
+    }
+    {
+        char *sd = path_join(root, split);
+        out->file = sd;
+        st = imdb_finish(out, &l, sd, split);
+    }
+cleanup:
+    for (int64_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+    free(labels);
+    free(ids);
+    free(root);
+    return st;
+}
+
+static int imdb_read_archive(BqRawSet *out, const char *path, const char *split) {
+    struct archive *a = archive_read_new();
+    archive_read_support_filter_all(a);
+    archive_read_support_format_all(a);
+    ImdbList l = {0};
+    int st = BQ_OK;
+    if (archive_read_open_filename(a, path, 1 << 16) != ARCHIVE_OK) {
+        st = bq_err(BQ_EFORMAT, "%s: cannot open archive: %s", path, archive_error_string(a));
+        goto cleanup;
+    }
+    struct archive_entry *e;
+    for (;;) {
+        int r = archive_read_next_header(a, &e);
+        if (r == ARCHIVE_EOF) break;
+        if (r < ARCHIVE_WARN) {
+            st = bq_err(BQ_EFORMAT, "%s: corrupt or truncated archive: %s", path, archive_error_string(a));
+            goto cleanup;
+        }
+        if (archive_entry_filetype(e) != AE_IFREG) continue;
+        const char *name = archive_entry_pathname(e);
+        long long id;
+        int label = name ? imdb_match_path(name, split, &id) : -1;
+        if (label < 0) continue; /* also skips the data, which libarchive does lazily */
+        int64_t sz = archive_entry_size_is_set(e) ? archive_entry_size(e) : 0;
+        size_t cap = sz > 0 ? (size_t)sz + 1 : 4096, n = 0;
+        char *buf = bq_malloc(cap);
+        for (;;) {
+            if (n + 1 >= cap) buf = bq_realloc(buf, cap *= 2);
+            la_ssize_t got = archive_read_data(a, buf + n, cap - n - 1);
+            if (got < 0) {
+                free(buf);
+                st = bq_err(BQ_EFORMAT, "%s: corrupt or truncated archive at %s: %s", path, name, archive_error_string(a));
+                goto cleanup;
+            }
+            if (got == 0) break;
+            n += (size_t)got;
+        }
+        buf[n] = 0;
+        imdb_push(&l, label, id, buf, n);
+    }
+    if (l.n == 0) {
+        st = bq_err(BQ_EFORMAT, "%s: archive has no aclImdb %s/{pos,neg}/<id>_<rating>.txt reviews", path, split);
+        goto cleanup;
+    }
+    out->file = bq_strdup(path);
+    st = imdb_finish(out, &l, path, split);
+    l.v = NULL;
+    l.n = 0;
+cleanup:
+    for (int64_t i = 0; i < l.n; i++) free(l.v[i].text);
+    free(l.v);
+    archive_read_free(a);
+    return st;
+}
+
+/* ---------------------------------------------------------------- CSV / TSV */
+
+typedef struct Record {
+    char **f;
+    size_t *len;
+    int n, cap;
+} Record;
+
+static void rec_add(Record *r, char *s, size_t len) {
+    if (r->n == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 8;
+        r->f = bq_realloc(r->f, (size_t)r->cap * sizeof *r->f);
+        r->len = bq_realloc(r->len, (size_t)r->cap * sizeof *r->len);
+    }
+    r->f[r->n] = s;
+    r->len[r->n++] = len;
+}
+
+static void rec_clear(Record *r) {
+    for (int i = 0; i < r->n; i++) free(r->f[i]);
+    r->n = 0;
+}
+
+/* Reads one record starting at *pos; advances *pos and *line. quoting: RFC 4180 (CSV) or none (TSV).
+ * Returns 1 with a record, 0 at end of input, or an error status (negated) on an unterminated quote. */
+static int next_record(const char *buf, size_t n, size_t *pos, int64_t *line, char delim, int quoting, Record *r,
+                       const char *file) {
+    size_t i = *pos;
+    if (i >= n) return 0;
+    rec_clear(r);
+    size_t fcap = 256, fl = 0;
+    char *fbuf = bq_malloc(fcap);
+    int64_t start_line = *line;
+    for (;;) {
+        /* one field */
+        fl = 0;
+        int quoted = quoting && i < n && buf[i] == '"';
+        if (quoted) {
+            int64_t qline = *line;
+            i++;
+            for (;;) {
+                if (i >= n) {
+                    free(fbuf);
+                    return -bq_err(BQ_EFORMAT, "%s:%lld: unterminated quoted field", file, (long long)qline);
+                }
+                char c = buf[i];
+                if (c == '"') {
+                    if (i + 1 < n && buf[i + 1] == '"') {
+                        c = '"';
+                        i += 2;
+                    } else {
+                        i++;
+                        break;
+                    }
+                } else {
+                    if (c == '\n') (*line)++;
+                    i++;
+                }
+                if (fl + 1 >= fcap) fbuf = bq_realloc(fbuf, fcap *= 2);
+                fbuf[fl++] = c;
+            }
+            /* after the closing quote only a delimiter or end of line may follow */
+            if (i < n && buf[i] != delim && buf[i] != '\n' && !(buf[i] == '\r' && (i + 1 >= n || buf[i + 1] == '\n'))) {
+                free(fbuf);
+                return -bq_err(BQ_EFORMAT, "%s:%lld: unexpected character after closing quote", file, (long long)*line);
+            }
+        } else {
+            while (i < n && buf[i] != delim && buf[i] != '\n') {
+                if (fl + 1 >= fcap) fbuf = bq_realloc(fbuf, fcap *= 2);
+                fbuf[fl++] = buf[i++];
+            }
+            if (fl && fbuf[fl - 1] == '\r' && (i >= n || buf[i] == '\n')) fl--;
+        }
+        if (i < n && buf[i] == '\r' && i + 1 < n && buf[i + 1] == '\n') i++;
+        rec_add(r, dup_n(fbuf, fl), fl);
+        if (i < n && buf[i] == delim) {
+            i++;
+            continue;
+        }
+        if (i < n && buf[i] == '\n') i++;
+        (*line)++;
+        break;
+    }
+    (void)start_line;
+    free(fbuf);
+    *pos = i;
+    return 1;
+}
+
+static int find_col(const Record *h, const char *name) {
+    for (int i = 0; i < h->n; i++)
+        if (strcmp(h->f[i], name) == 0) return i;
+    return -1;
+}
+
+static int pick_col(const Record *h, const char *given, const char *const *autos, const char *file,
+                    const char *what, int required, int *col) {
+    if (given) {
+        *col = find_col(h, given);
+        if (*col < 0) return bq_err(BQ_EFORMAT, "%s:1: missing %s column '%s'", file, what, given);
+        return BQ_OK;
+    }
+    for (int k = 0; autos && autos[k]; k++)
+        if ((*col = find_col(h, autos[k])) >= 0) return BQ_OK;
+    *col = -1;
+    if (required) return bq_err(BQ_EFORMAT, "%s:1: no %s column (looked for %s, %s, ...; name one with --%s-column)", file, what, autos[0], autos[1], what);
+    return BQ_OK;
+}
+
+static const char *const TEXT_AUTO[] = {"text", "review", "sentence", "content", NULL};
+static const char *const LABEL_AUTO[] = {"label", "sentiment", "labels", NULL};
+
+static int read_delimited(BqRawSet *out, const char *file, char delim, int quoting, const BqSourceOptions *o) {
+    char *buf = NULL;
+    size_t n = 0, pos = 0;
+    int64_t line = 1;
+    Record h = {0}, r = {0};
+    int st = read_whole(file, &buf, &n);
+    if (st) return st;
+    if (n == 0) {
+        st = bq_err(BQ_EFORMAT, "%s: empty file", file);
+        goto cleanup;
+    }
+    if (n >= 3 && (unsigned char)buf[0] == 0xEF && (unsigned char)buf[1] == 0xBB && (unsigned char)buf[2] == 0xBF) pos = 3;
+    int got = next_record(buf, n, &pos, &line, delim, quoting, &h, file);
+    if (got < 0) {
+        st = -got;
+        goto cleanup;
+    }
+    int tc, pc = -1, lc;
+    if ((st = pick_col(&h, o->text_column, TEXT_AUTO, file, "text", 1, &tc))) goto cleanup;
+    if (o->text_pair_column && (st = pick_col(&h, o->text_pair_column, NULL, file, "text-pair", 1, &pc))) goto cleanup;
+    if ((st = pick_col(&h, o->label_column, LABEL_AUTO, file, "label", 0, &lc))) goto cleanup;
+    for (;;) {
+        int64_t rline = line;
+        got = next_record(buf, n, &pos, &line, delim, quoting, &r, file);
+        if (got == 0) break;
+        if (got < 0) {
+            st = -got;
+            goto cleanup;
+        }
+        if (r.n == 1 && r.len[0] == 0) continue; /* blank line */
+        if (r.n != h.n) {
+            st = bq_err(BQ_EFORMAT, "%s:%lld: expected %d fields (as in the header), got %d", file, (long long)rline, h.n, r.n);
+            goto cleanup;
+        }
+        char *label = NULL;
+        if (lc >= 0) {
+            if (is_blank(r.f[lc], r.len[lc])) {
+                st = bq_err(BQ_EFORMAT, "%s:%lld: empty label", file, (long long)rline);
+                goto cleanup;
+            }
+            label = r.f[lc];
+            r.f[lc] = NULL;
+        }
+        char *pair = NULL;
+        size_t plen = 0;
+        if (pc >= 0) {
+            pair = r.f[pc];
+            plen = r.len[pc];
+            r.f[pc] = NULL;
+        }
+        char *text = r.f[tc];
+        r.f[tc] = NULL;
+        raw_push(out, text, r.len[tc], pair, plen, label, rline);
+    }
+    out->file = bq_strdup(file);
+cleanup:
+    rec_clear(&h);
+    rec_clear(&r);
+    free(h.f);
+    free(h.len);
+    free(r.f);
+    free(r.len);
+    free(buf);
+    return st;
+}
+
+/* ---------------------------------------------------------------- JSONL */
+
+static int json_label(json_t *v, char **out) {
+    char tmp[32];
+    if (json_is_string(v)) {
+        *out = bq_strdup(json_string_value(v));
+        return 0;
+    }
+    if (json_is_integer(v)) {
+        snprintf(tmp, sizeof tmp, "%lld", (long long)json_integer_value(v));
+        *out = bq_strdup(tmp);
+        return 0;
+    }
+    if (json_is_boolean(v)) {
+        *out = bq_strdup(json_is_true(v) ? "1" : "0");
+        return 0;
+    }
+    return -1;
+}
+
+static int read_jsonl(BqRawSet *out, const char *file, const BqSourceOptions *o) {
+    char *buf = NULL;
+    size_t n = 0, pos = 0;
+    int st = read_whole(file, &buf, &n);
+    if (st) return st;
+    int64_t line = 0;
+    if (n == 0) {
+        st = bq_err(BQ_EFORMAT, "%s: empty file", file);
+        goto cleanup;
+    }
+    while (pos < n) {
+        line++;
+        size_t e = pos;
+        while (e < n && buf[e] != '\n') e++;
+        size_t len = e - pos;
+        const char *s = buf + pos;
+        pos = e + 1;
+        if (is_blank(s, len)) continue;
+        json_error_t jerr;
+        json_t *obj = json_loadb(s, len, JSON_ALLOW_NUL, &jerr);
+        if (!obj) {
+            st = bq_err(BQ_EFORMAT, "%s:%lld: invalid JSON: %s", file, (long long)line, jerr.text);
+            goto cleanup;
+        }
+        if (!json_is_object(obj)) {
+            json_decref(obj);
+            st = bq_err(BQ_EFORMAT, "%s:%lld: expected a JSON object", file, (long long)line);
+            goto cleanup;
+        }
+        const char *tk = o->text_column, *lk = o->label_column;
+        for (int k = 0; !tk && TEXT_AUTO[k]; k++)
+            if (json_object_get(obj, TEXT_AUTO[k])) tk = TEXT_AUTO[k];
+        for (int k = 0; !lk && LABEL_AUTO[k]; k++)
+            if (json_object_get(obj, LABEL_AUTO[k])) lk = LABEL_AUTO[k];
+        json_t *tv = tk ? json_object_get(obj, tk) : NULL;
+        if (!tv || !json_is_string(tv)) {
+            json_decref(obj);
+            st = bq_err(BQ_EFORMAT, "%s:%lld: missing string field '%s'", file, (long long)line, tk ? tk : "text");
+            goto cleanup;
+        }
+        char *pair = NULL;
+        size_t plen = 0;
+        if (o->text_pair_column) {
+            json_t *pv = json_object_get(obj, o->text_pair_column);
+            if (!pv || !json_is_string(pv)) {
+                json_decref(obj);
+                st = bq_err(BQ_EFORMAT, "%s:%lld: missing string field '%s'", file, (long long)line, o->text_pair_column);
+                goto cleanup;
+            }
+            plen = json_string_length(pv);
+            pair = dup_n(json_string_value(pv), plen);
+        }
+        char *label = NULL;
+        json_t *lv = lk ? json_object_get(obj, lk) : NULL;
+        if (o->label_column && !lv) {
+            json_decref(obj);
+            free(pair);
+            st = bq_err(BQ_EFORMAT, "%s:%lld: missing label field '%s'", file, (long long)line, o->label_column);
+            goto cleanup;
+        }
+        if (lv && json_label(lv, &label) != 0) {
+            json_decref(obj);
+            free(pair);
+            st = bq_err(BQ_EFORMAT, "%s:%lld: label must be a string or an integer", file, (long long)line);
+            goto cleanup;
+        }
+        size_t tl = json_string_length(tv);
+        raw_push(out, dup_n(json_string_value(tv), tl), tl, pair, plen, label, line);
+        json_decref(obj);
+    }
+    out->file = bq_strdup(file);
+cleanup:
+    free(buf);
+    return st;
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+static int read_file_kind(BqRawSet *out, const char *file, BqDataKind k, const BqSourceOptions *o) {
+    switch (k) {
+    case BQ_DATA_CSV: return read_delimited(out, file, ',', 1, o);
+    case BQ_DATA_TSV: return read_delimited(out, file, '\t', 0, o);
+    case BQ_DATA_JSONL: return read_jsonl(out, file, o);
+    default: return bq_err(BQ_EFORMAT, "%s: unsupported data file", file);
+    }
+}
+
+int bq_source_read(BqRawSet *out, const char *path, BqDataKind kind, const char *split, const BqSourceOptions *o) {
+    memset(out, 0, sizeof *out);
+    int st;
+    switch (kind) {
+    case BQ_DATA_IMDB_DIR: st = imdb_read_dir(out, path, split); break;
+    case BQ_DATA_IMDB_ARCHIVE: st = imdb_read_archive(out, path, split); break;
+    case BQ_DATA_SPLIT_DIR: {
+        BqDataKind fk = 0;
+        char *f = bq_source_split_file(path, split, &fk);
+        if (!f) return bq_err(BQ_EIO, "%s: no %s.csv, %s.tsv or %s.jsonl", path, split, split, split);
+        st = read_file_kind(out, f, fk, o);
+        free(f);
+        break;
+    }
+    default: st = read_file_kind(out, path, kind, o); break;
+    }
+    if (st) {
+        bq_raw_free(out);
+        return st;
+    }
+    if (out->n == 0) {
+        st = bq_err(BQ_EFORMAT, "%s: no examples (%lld empty skipped)", out->file ? out->file : path, (long long)out->skipped_empty);
+        bq_raw_free(out);
+    }
+    return st;
+}
+
+static uint64_t hash_stat(uint64_t h, const char *p, const struct stat *st) {
+    h = bq_fnv1a(h, p, strlen(p) + 1);
+    int64_t v[3] = {(int64_t)st->st_size, (int64_t)st->st_mtim.tv_sec, (int64_t)st->st_mtim.tv_nsec};
+    return bq_fnv1a(h, v, sizeof v);
+}
+
+int bq_source_identity(const char *path, BqDataKind kind, const char *split, uint64_t *id) {
+    uint64_t h = BQ_FNV_OFFSET;
+    struct stat st;
+    int rc = BQ_OK;
+    if (kind == BQ_DATA_IMDB_DIR) {
+        char *root = imdb_root(path);
+        if (!root) return bq_err(BQ_EFORMAT, "%s: not an aclImdb folder", path);
+        char **names;
+        int *labels;
+        long long *ids;
+        int64_t n;
+        char real[PATH_MAX];
+        rc = imdb_dir_list(root, split, &names, &labels, &ids, &n);
+        if (!rc) {
+            h = bq_fnv1a(h, realpath(root, real) ? real : root, strlen(realpath(root, real) ? real : root));
+            /* readdir order is arbitrary: combine per-file hashes with a commutative sum */
+            uint64_t sum = 0;
+            for (int64_t i = 0; i < n; i++) {
+                if (stat(names[i], &st) != 0) {
+                    rc = bq_err(BQ_EIO, "%s: %s", names[i], strerror(errno));
+                    break;
+                }
+                sum += hash_stat(BQ_FNV_OFFSET, names[i] + strlen(root), &st);
+            }
+            h = bq_fnv1a(h, &sum, sizeof sum);
+            h = bq_fnv1a(h, &n, sizeof n);
+        }
+        for (int64_t i = 0; i < n; i++) free(names[i]);
+        free(names);
+        free(labels);
+        free(ids);
+        free(root);
+    } else {
+        char *f = kind == BQ_DATA_SPLIT_DIR ? bq_source_split_file(path, split, NULL) : bq_strdup(path);
+        if (!f) return bq_err(BQ_EIO, "%s: no %s.csv, %s.tsv or %s.jsonl", path, split, split, split);
+        char real[PATH_MAX];
+        if (stat(f, &st) != 0) rc = bq_err(BQ_EIO, "%s: %s", f, strerror(errno));
+        else h = hash_stat(h, realpath(f, real) ? real : f, &st);
+        free(f);
+    }
+    *id = h;
+    return rc;
+}

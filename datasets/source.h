@@ -1,0 +1,42 @@
+/* Internal to datasets/: raw (unencoded) examples read from a source file or folder. */
+#ifndef BQ_DATASET_SOURCE_H
+#define BQ_DATASET_SOURCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "datasets/dataset.h"
+
+typedef struct BqRawExample {
+    char *text;      /* owned, NUL-terminated; len bytes */
+    size_t len;
+    char *pair;      /* NULL: single sequence */
+    size_t pair_len;
+    char *label;     /* NULL: unlabeled */
+    int64_t line;    /* 1-based line (CSV/TSV/JSONL) or 0 */
+} BqRawExample;
+
+typedef struct BqRawSet {
+    BqRawExample *ex;
+    int64_t n, cap;
+    int64_t skipped_empty;
+    int fixed_imdb;  /* labels are "neg"/"pos" with fixed indices */
+    char *file;      /* file the split was read from, for messages */
+} BqRawSet;
+
+typedef struct BqSourceOptions {
+    const char *text_column, *text_pair_column, *label_column;
+} BqSourceOptions;
+
+/* Reads split "train" or "test" of the source at path (kind from bq_data_probe). */
+int bq_source_read(BqRawSet *out, const char *path, BqDataKind kind, const char *split, const BqSourceOptions *o);
+/* Identity of the data a split is read from: hash of canonical path(s), sizes and mtimes. */
+int bq_source_identity(const char *path, BqDataKind kind, const char *split, uint64_t *id);
+/* For BQ_DATA_SPLIT_DIR: the file of a split ("train"/"test"), malloc'd; NULL if absent. */
+char *bq_source_split_file(const char *dir, const char *split, BqDataKind *file_kind);
+void bq_raw_free(BqRawSet *r);
+
+uint64_t bq_fnv1a(uint64_t h, const void *data, size_t n);
+#define BQ_FNV_OFFSET 1469598103934665603ULL
+
+#endif
