@@ -1,0 +1,205 @@
+/* AdamW (src/optim.c) against torch.optim.AdamW on the tests/fixtures/bert_tiny fixture (made by
+ * tests/make_bert_fixture.py): 5 steps on the same batch, lr 1e-3, betas (0.9, 0.999), eps 1e-8,
+ * weight decay 0.01 except biases and LayerNorm weights, constant lr, no clipping. Requires each of
+ * the 5 losses (before step k) within 1e-5 and every parameter after the 5 steps within 1e-5 absolute
+ * (fixture adamw_losses, after5.<name>). The fixture is read with a minimal safetensors reader. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/bq.h"
+#include "autograd/tensor.h"
+#include "layers/bert.h"
+#include "src/optim.h"
+
+typedef struct StFile {
+    char *buf;       /* whole file */
+    size_t size;
+    json_t *header;
+    size_t data_off; /* start of the data section */
+} StFile;
+
+static int st_open(StFile *f, const char *path) {
+    memset(f, 0, sizeof *f);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        fprintf(stderr, "%s: cannot open\n", path);
+        return 1;
+    }
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    f->buf = bq_malloc((size_t)n + 1);
+    f->size = fread(f->buf, 1, (size_t)n, fp);
+    fclose(fp);
+    if (f->size != (size_t)n || n < 8) {
+        fprintf(stderr, "%s: short read\n", path);
+        return 1;
+    }
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++) hlen |= (uint64_t)(unsigned char)f->buf[i] << (8 * i);
+    if (hlen > f->size - 8) {
+        fprintf(stderr, "%s: bad header length\n", path);
+        return 1;
+    }
+    json_error_t err;
+    f->header = json_loadb(f->buf + 8, (size_t)hlen, 0, &err);
+    if (!f->header) {
+        fprintf(stderr, "%s: header: %s\n", path, err.text);
+        return 1;
+    }
+    f->data_off = 8 + (size_t)hlen;
+    return 0;
+}
+
+static void st_close(StFile *f) {
+    if (f->header) json_decref(f->header);
+    free(f->buf);
+}
+
+/* Pointer to tensor `name` if it exists with the given dtype; its shape goes to shape/ndim. */
+static const void *st_get(const StFile *f, const char *name, const char *dtype, int64_t *shape, int *ndim,
+                          int64_t *numel) {
+    json_t *e = json_object_get(f->header, name);
+    if (!e) return NULL;
+    const char *dt = json_string_value(json_object_get(e, "dtype"));
+    if (!dt || strcmp(dt, dtype) != 0) {
+        fprintf(stderr, "%s: dtype %s, expected %s\n", name, dt ? dt : "?", dtype);
+        return NULL;
+    }
+    json_t *sh = json_object_get(e, "shape");
+    *ndim = (int)json_array_size(sh);
+    *numel = 1;
+    for (int i = 0; i < *ndim && i < BQ_MAX_DIMS; i++) {
+        shape[i] = json_integer_value(json_array_get(sh, (size_t)i));
+        *numel *= shape[i];
+    }
+    json_t *off = json_object_get(e, "data_offsets");
+    size_t b0 = (size_t)json_integer_value(json_array_get(off, 0));
+    size_t b1 = (size_t)json_integer_value(json_array_get(off, 1));
+    if (b1 - b0 != (size_t)*numel * 4 || f->data_off + b1 > f->size) {
+        fprintf(stderr, "%s: bad data offsets\n", name);
+        return NULL;
+    }
+    return f->buf + f->data_off + b0;
+}
+
+int main(void) {
+    const char *src = getenv("BQ_SOURCE_DIR");
+    if (!src) src = BQ_SOURCE_DIR;
+    char dir[1024], path[1200];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/bert_tiny", src);
+    int fails = 0;
+    StFile wf, ef;
+    BqBertConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (bq_config_load(&cfg, path) != BQ_OK) {
+        fprintf(stderr, "FAIL config: %s\n", bq_errmsg());
+        return 1;
+    }
+    BqBert m;
+    memset(&m, 0, sizeof m);
+    BqRng rng;
+    bq_rng_seed(&rng, 1);
+    if (bq_bert_create(&m, &cfg, 1, &rng) != BQ_OK) {
+        fprintf(stderr, "FAIL create: %s\n", bq_errmsg());
+        return 1;
+    }
+    BqParamTable *pt = &m.params;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (st_open(&wf, path)) return 1;
+    snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+    if (st_open(&ef, path)) return 1;
+    int64_t sh[BQ_MAX_DIMS], ish[BQ_MAX_DIMS];
+    int nd;
+    int64_t numel;
+    for (int i = 0; i < pt->n; i++) {
+        const float *w = st_get(&wf, pt->p[i].name, "F32", sh, &nd, &numel);
+        if (!w || numel != pt->p[i].numel) {
+            fprintf(stderr, "FAIL weight %s\n", pt->p[i].name);
+            return 1;
+        }
+        memcpy(pt->data + pt->p[i].offset, w, (size_t)numel * sizeof(float));
+    }
+    const int32_t *ids = st_get(&ef, "input_ids", "I32", ish, &nd, &numel);
+    const float *mask = st_get(&ef, "attention_mask", "F32", sh, &nd, &numel);
+    const int32_t *types = st_get(&ef, "token_type_ids", "I32", sh, &nd, &numel);
+    const int32_t *labels = st_get(&ef, "labels", "I32", sh, &nd, &numel);
+    const float *exp_losses = st_get(&ef, "adamw_losses", "F32", sh, &nd, &numel);
+    if (!ids || !mask || !types || !labels || !exp_losses || numel != 5) {
+        fprintf(stderr, "FAIL expected.safetensors lacks the batch or adamw_losses\n");
+        return 1;
+    }
+    BqBatch batch;
+    memset(&batch, 0, sizeof batch);
+    batch.B = ish[0], batch.T = ish[1];
+    size_t bt = (size_t)(batch.B * batch.T);
+    batch.input_ids = bq_malloc(bt * sizeof(int32_t));
+    batch.token_type_ids = bq_malloc(bt * sizeof(int32_t));
+    batch.attention_mask = bq_malloc(bt * sizeof(float));
+    batch.labels = bq_malloc((size_t)batch.B * sizeof(int32_t));
+    memcpy(batch.input_ids, ids, bt * sizeof(int32_t));
+    memcpy(batch.token_type_ids, types, bt * sizeof(int32_t));
+    memcpy(batch.attention_mask, mask, bt * sizeof(float));
+    memcpy(batch.labels, labels, (size_t)batch.B * sizeof(int32_t));
+
+    BqArena act;
+    BqTape tape;
+    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 28, "act") == BQ_OK);
+    BQ_CHECK(bq_tape_init(&tape, 4096) == BQ_OK);
+    BqAdamW opt;
+    bq_adamw_init(&opt, pt->total, 0.01f);
+    double worst_loss = 0;
+    for (int k = 0; k < 5; k++) {
+        bq_arena_rewind(&act, 0);
+        bq_tape_rewind(&tape);
+        memset(pt->grad, 0, sizeof(float) * (size_t)pt->total);
+        BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = 1};
+        BqTensor *logits = NULL, *loss = NULL;
+        if (bq_bert_forward(&m, &ctx, &batch, &logits, &loss) != BQ_OK || !loss) {
+            fprintf(stderr, "FAIL forward: %s\n", bq_errmsg());
+            return 1;
+        }
+        double e = fabs((double)loss->data[0] - exp_losses[k]);
+        if (!(e <= worst_loss)) worst_loss = e;
+        int bad = !(e <= 1e-5);
+        printf("step %d loss %.7f torch %.7f err %.3g%s\n", k, loss->data[0], exp_losses[k], e, bad ? "  FAIL" : "");
+        fails += bad;
+        bq_backward(&ctx, loss);
+        bq_adamw_step(&opt, pt, 1e-3f);
+    }
+    double worst_p = 0;
+    for (int i = 0; i < pt->n; i++) {
+        char name[BQ_NAME_MAX + 8];
+        snprintf(name, sizeof name, "after5.%s", pt->p[i].name);
+        const float *w = st_get(&ef, name, "F32", sh, &nd, &numel);
+        if (!w || numel != pt->p[i].numel) {
+            fprintf(stderr, "FAIL %s missing\n", name);
+            fails++;
+            continue;
+        }
+        double e = 0;
+        for (int64_t j = 0; j < numel; j++) {
+            double d = fabs((double)pt->data[pt->p[i].offset + j] - w[j]);
+            if (!(d <= e)) e = d;
+        }
+        if (!(e <= worst_p)) worst_p = e;
+        if (!(e <= 1e-5)) fails++, fprintf(stderr, "FAIL %s after 5 steps: err %.3g\n", pt->p[i].name, e);
+    }
+    printf("test_adamw_reference: max loss error %.3g, max parameter error %.3g, %s\n", worst_loss, worst_p,
+           fails ? "FAILED" : "ok");
+    bq_adamw_free(&opt);
+    bq_tape_free(&tape);
+    bq_arena_free(&act);
+    free(batch.input_ids);
+    free(batch.token_type_ids);
+    free(batch.attention_mask);
+    free(batch.labels);
+    st_close(&wf);
+    st_close(&ef);
+    bq_bert_free(&m);
+    return fails ? 1 : 0;
+}
