@@ -2,6 +2,7 @@
  * training_state.h5 with atomic directory replacement (layout in ckpt.h; DESIGN.md §6). HDF5 C API
  * (H5Dcreate2/H5Dwrite, attributes on the root group). */
 #include "export/ckpt.h"
+#include "layers/quant.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -210,7 +211,7 @@ static int config_write(const BqBert *m, const char *path) {
     json_object_set_new(bq, "num_labels", json_integer(c->num_labels));
     json_object_set_new(bq, "id2label", labels);
     json_object_set_new(bq, "quantized", json_boolean(m->quant != NULL));
-    /* TODO(qat): quant config block via bq_quant_config_to_json once layers/quant.c provides it. */
+    if (m->quant) json_object_set_new(bq, "quant", bq_quant_config_to_json(&m->quant->cfg));
     json_object_set_new(j, "bertqat", bq);
     int st = BQ_OK;
     if (json_dump_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) st = bq_err(BQ_EIO, "%s: cannot write", path);
@@ -411,6 +412,24 @@ done:
     return st;
 }
 
+static int quant_from_config(BqBert *m, const char *dir) {
+    char p[PATH_MAX_LEN];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    json_error_t e;
+    json_t *j = json_load_file(p, 0, &e);
+    if (!j) return bq_err(BQ_EFORMAT, "%s: line %d: %s", p, e.line, e.text);
+    int st = BQ_OK;
+    json_t *q = json_object_get(json_object_get(j, "bertqat"), "quant");
+    if (q) {
+        BqQuantConfig qc;
+        bq_quant_config_default(&qc);
+        if ((st = bq_quant_config_from_json(&qc, q))) bq_err_ctx(st, "%s", p);
+        else st = bq_quant_create(&m->quant, m, &qc);
+    }
+    json_decref(j);
+    return st;
+}
+
 int bq_ckpt_load(BqBert *m, const char *dir, BqTrainState *ts) {
     char p[PATH_MAX_LEN];
     int st = BQ_OK;
@@ -439,7 +458,9 @@ int bq_ckpt_load(BqBert *m, const char *dir, BqTrainState *ts) {
         st = bq_err(BQ_EFORMAT, "%s: format version %lld, this build reads %d", p, (long long)fv,
                     BQ_CKPT_FORMAT_VERSION);
     if (!st) st = read_params_group(f, p, "params", &m->params, m->params.data);
-    /* TODO(qat): if config.json's bertqat block has a quant config, build m->quant and bq_quant_load. */
+    /* Quantized checkpoint: build the quantizer table from config.json's bertqat.quant block.
+     * TODO(qat): ranges via bq_quant_load once export/h5io.h (BqH5) lands. */
+    if (!st && !m->quant) st = quant_from_config(m, dir);
     H5Fclose(f);
     H5Eset_auto2(H5E_DEFAULT, fn, data);
     if (st) return st;

@@ -35,8 +35,9 @@ typedef struct BqTrainState {
 } BqTrainState;
 
 int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const BqTrainState *ts);
-/* Loads DIR into m: when m->params.data is NULL, creates the model from DIR/config.json first (with
- * gradients if ts != NULL). ts (may be NULL) receives the training state: ts->opt must be
+/* Loads DIR into m: when m->params.data is NULL, creates the model from DIR/config.json first (always
+ * with gradients, so the model can be trained further). When config.json carries a bertqat.quant block
+ * and m->quant is NULL, m->quant is created (bq_quant_create; the caller frees it with bq_quant_free). ts (may be NULL) receives the training state: ts->opt must be
  * initialised for the model's table; ts->best_params is allocated when the state holds one. */
 int bq_ckpt_load(BqBert *m, const char *dir, BqTrainState *ts);
 /* Native checkpoint when DIR/model.h5 exists, else a Hugging Face directory through bq_hf_load. */
