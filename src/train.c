@@ -205,6 +205,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
     double loss_acc = 0; /* sum of micro-batch losses since the last optimizer step */
     int micro = 0;
     int stopped = 0;
+    int finished_before = r.ts.step >= total; /* resume of a finished run: nothing to do */
     memset(pt->grad, 0, sizeof(float) * (size_t)pt->total);
 
     while (r.ts.step < total && !stopped) {
@@ -299,7 +300,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
 
     /* Final evaluation, then the final checkpoint: the best parameters when tracked (HF
      * load_best_model_at_end), with the finished training state. */
-    if (val && r.ts.step >= total) {
+    if (val && r.ts.step >= total && !finished_before) {
         int improved;
         if ((st = run_eval(&r, (double)r.ts.epoch, &improved))) goto cleanup;
     }

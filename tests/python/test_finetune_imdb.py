@@ -1,0 +1,55 @@
+"""Learning floor of `bertqat finetune` + `bertqat eval` on IMDB at a small budget: all-MiniLM-L6-v2
+(env BQ_MODEL_DIR) fine-tuned on 2000 training reviews (seq 128, 1 epoch) must reach accuracy >= 0.80
+on 2000 seeded test reviews. Also checks the checkpoint layout, the JSONL training log, `predict` on
+two obvious reviews, and that `--resume` of a finished run is a no-op. Prints the timings."""
+import json
+import os
+import time
+
+import pytest
+
+from conftest import BIN, IMDB, MODEL, run_bq
+
+THREADS = os.environ.get("BQ_TEST_THREADS", "2")
+
+
+@pytest.mark.skipif(not os.path.isdir(MODEL), reason=f"pretrained model not found at {MODEL}")
+def test_finetune_imdb(tmp_path, bin_path):
+    assert os.path.exists(IMDB), f"IMDB archive missing: {IMDB}"
+    out = tmp_path / "ft"
+    t0 = time.time()
+    run_bq("finetune", "--model", MODEL, "--data", IMDB, "--out", out, "--train-samples", 2000,
+           "--val-fraction", 0.05, "--epochs", 1, "--lr", 1e-4, "--warmup-ratio", 0.1, "--batch-size", 16,
+           "--max-seq-len", 128, "--seed", 42, "--threads", THREADS, "--log-every", 10, "--bucket",
+           timeout=3600)
+    t_train = time.time() - t0
+    for f in ("config.json", "vocab.txt", "model.h5", "training_state.h5", "training_log.jsonl"):
+        assert (out / f).exists(), f"{f} missing from the checkpoint"
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["bertqat"]["num_labels"] == 2 and cfg["id2label"]["1"] == "pos"
+    lines = [json.loads(l) for l in (out / "training_log.jsonl").read_text().splitlines()]
+    assert any(l["type"] == "train" for l in lines) and any(l["type"] == "eval" for l in lines)
+
+    t0 = time.time()
+    p = run_bq("eval", "--model", out, "--data", IMDB, "--split", "test", "--samples", 2000,
+               "--max-seq-len", 128, "--threads", THREADS, "--json", timeout=3600)
+    t_eval = time.time() - t0
+    r = json.loads(p.stdout)
+    print(f"\nfinetune {t_train:.1f}s, eval {t_eval:.1f}s ({r['examples_per_s']:.1f} ex/s), "
+          f"accuracy {r['accuracy']:.4f} f1 {r['f1']:.4f}")
+    assert r["examples"] == 2000
+    assert sum(map(sum, r["confusion_matrix"])) == 2000
+    assert r["accuracy"] >= 0.80, r
+
+    p = run_bq("predict", "--model", out, "--threads", THREADS,
+               input="This movie was wonderful, a true masterpiece with brilliant acting.\n"
+                     "Terrible film. Boring, badly acted and a complete waste of time.\n")
+    rows = [l.split("\t") for l in p.stdout.strip().splitlines()]
+    assert [r[0] for r in rows] == ["pos", "neg"], p.stdout
+
+    # a finished run resumes to a no-op and leaves the weights unchanged
+    before = (out / "model.h5").stat().st_size
+    run_bq("finetune", "--model", MODEL, "--data", IMDB, "--out", out, "--train-samples", 2000,
+           "--val-fraction", 0.05, "--epochs", 1, "--lr", 1e-4, "--warmup-ratio", 0.1, "--batch-size", 16,
+           "--max-seq-len", 128, "--seed", 42, "--threads", THREADS, "--bucket", "--resume", timeout=3600)
+    assert (out / "model.h5").stat().st_size == before
