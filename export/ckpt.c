@@ -281,8 +281,23 @@ static int write_state_h5(const BqBert *m, const BqTrainState *ts, const char *p
 static const char *const VOCAB_FILES[] = {"vocab.txt", "tokenizer_config.json", "special_tokens_map.json",
                                           "tokenizer.json"};
 
+/* DIR may be replaced only when it is absent, a checkpoint (model.h5), or holds nothing but a training
+ * log: never delete a folder of unrelated files. */
+static int replaceable(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 1;
+    struct dirent *e;
+    int ok = 1;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, "training_log.jsonl")) ok = 0;
+    closedir(d);
+    return ok || bq_ckpt_is_native(dir);
+}
+
 int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const BqTrainState *ts) {
     char tmp[4096], old[4096], p[PATH_MAX_LEN], q[PATH_MAX_LEN];
+    if (!replaceable(dir))
+        return bq_err(BQ_EINVAL, "%s: exists and is not a bertqat checkpoint; refusing to replace it", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
     snprintf(old, sizeof old, "%s.old", dir);
     remove_tree(tmp);

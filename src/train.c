@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 #include "datasets/dataset.h"
 #include "export/ckpt.h"
@@ -108,6 +110,21 @@ typedef struct Run {
     BqConfusion conf;
 } Run;
 
+/* mkdir -p */
+static int make_dirs(const char *dir) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *s = buf + 1;; s++) {
+        char c = *s;
+        if (c == '/' || c == 0) {
+            *s = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return bq_err(BQ_EIO, "%s: cannot create: %s", buf, strerror(errno));
+            if (!c) return BQ_OK;
+            *s = c;
+        }
+    }
+}
+
 static int save_ckpt(Run *r) {
     /* The ckpt writer carries training_log.jsonl over from the old directory. */
     return bq_ckpt_save(r->m, r->out, r->tc->vocab_dir, &r->ts);
@@ -183,8 +200,12 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
 
     if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
     if ((st = bq_tape_init(&tape, 4096))) goto cleanup;
+    /* OUT exists from the start so the JSONL log has a home before the first checkpoint; a fresh
+     * (not resumed) run starts a fresh log. */
+    if ((st = make_dirs(out_dir))) goto cleanup;
     char logpath[4200];
     snprintf(logpath, sizeof logpath, "%s/training_log.jsonl", out_dir);
+    if (!tc->resume) remove(logpath);
     if ((st = bq_progress_open(&r.prog, tc->tag, logpath, tc->logdir, total, tc->quiet))) goto cleanup;
     progress_open = 1;
     if (tc->resume)
