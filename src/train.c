@@ -13,6 +13,7 @@
 
 #include "datasets/dataset.h"
 #include "export/ckpt.h"
+#include "layers/quant.h"
 #include "src/optim.h"
 #include "src/progress.h"
 
@@ -196,6 +197,10 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
         r.ts = saved;
         r.ts.opt = &r.opt;
         total = r.ts.total_steps;
+        if (m->quant) {
+            m->quant->steps_seen = r.ts.step;
+            if (m->quant->cfg.freeze_after > 0 && r.ts.step >= m->quant->cfg.freeze_after) bq_quant_freeze(m->quant, 1);
+        }
     }
 
     if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
@@ -283,6 +288,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
                 r.ts.step++;
                 if (res) res->last_loss = step_loss;
                 double epoch_f = (double)r.ts.epoch + (double)r.ts.batch_cursor / (double)nb;
+                if (m->quant) bq_quant_step(m->quant); /* steps_seen; freezes at freeze_after */
                 if (tc->on_step && (st = tc->on_step(tc->user, m, r.ts.step, step_loss))) goto cleanup;
                 if (r.ts.step % (tc->log_every > 0 ? tc->log_every : 1) == 0 || r.ts.step == total) {
                     double now = bq_now();

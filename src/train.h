@@ -46,7 +46,9 @@ typedef struct BqTrainConfig {
     const char *tag;        /* progress prefix, e.g. "finetune" or "qat" */
     int quiet;              /* no progress output (tests) */
     int64_t interrupt_at_step; /* tests: behave as if SIGINT arrived after this step (0: never) */
-    /* Called after every optimizer step (per-step quantizer bookkeeping, tests recording losses);
+    /* When m->quant is set the trainer itself calls bq_quant_step() after every optimizer step (and on
+     * resume sets steps_seen to the resumed step), so freeze_after works without a hook.
+     * Called after every optimizer step (extra per-step quantizer bookkeeping, tests recording losses);
      * a non-zero return stops training with that status. */
     int (*on_step)(void *user, BqBert *m, int64_t step, double loss);
     void *user;
