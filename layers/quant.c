@@ -124,7 +124,8 @@ BqTensor *bq_quant_act(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTen
         }
         return x; /* calibration sees the unquantized network */
     }
-    if ((qs->observe && !q->frozen) || !q->initialized) observe_act(qs, q, x);
+    /* observers run in training forwards only (evaluation during QAT must not move the ranges) */
+    if ((qs->observe && ctx->training && !q->frozen) || !q->initialized) observe_act(qs, q, x);
     return bq_op_fakequant(ctx, x, q->scale, 1, -1, -128, 127);
 }
 
@@ -136,7 +137,7 @@ BqTensor *bq_quant_weight(BqQuantState *qs, BqCtx *ctx, int layer, int point, Bq
         observe_weight(qs, q, w, 1);
         return w;
     }
-    if ((qs->observe && !q->frozen) || !q->initialized) observe_weight(qs, q, w, 0);
+    if ((qs->observe && ctx->training && !q->frozen) || !q->initialized) observe_weight(qs, q, w, 0);
     return bq_op_fakequant(ctx, w, q->scale, q->nch, q->nch == 1 ? -1 : 0, -128, 127);
 }
 

@@ -1,15 +1,444 @@
-/* Placeholder until the owning issue lands; replaced by the real subcommand. */
+/* `bertqat calibrate` (post-training quantization), `bertqat qat` (quantization-aware fine-tuning)
+ * and `bertqat info` (checkpoint summary with every quantizer).
+ *
+ * calibrate: loads an fp32 model, places quantizers by scheme (layers/qscheme.c), runs forwards over
+ *   --calib-samples training examples collecting |x| statistics, sets each activation amax with the
+ *   chosen calibrator (layers/calib.c) and each weight range to its per-channel max, freezes, and
+ *   saves a native checkpoint (export/ckpt.h) carrying the ranges.
+ * qat: the `finetune` training loop (src/train.h, same flags) on the fake-quantized model. When the
+ *   input has no ranges it is first calibrated (--calibrator, default max); then the moving-average
+ *   observers (c = 0.01) run in every training forward until --freeze-ranges-after steps.
+ * The quantization convention (symmetric int8, zero point 0, scale = amax/127) is in layers/quant.h. */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "autograd/bq.h"
+#include "datasets/dataset.h"
+#include "export/ckpt.h"
+#include "layers/quant.h"
+#include "src/args.h"
 #include "src/cli.h"
+#include "src/metrics.h"
+#include "src/train.h"
+
+/* Quantization flags shared by calibrate and qat. */
+typedef struct QuantOpts {
+    const char *scheme, *exclude, *calibrator;
+    int per_tensor, fuse_qkv, calib_samples, freeze_after;
+    double clip_gelu, percentile;
+} QuantOpts;
+
+static void quant_opts_default(QuantOpts *q, const char *calibrator) {
+    q->scheme = "ort";
+    q->exclude = "classifier,pooler";
+    q->calibrator = calibrator;
+    q->per_tensor = q->fuse_qkv = q->freeze_after = 0;
+    q->calib_samples = 128;
+    q->clip_gelu = 0.0;
+    q->percentile = 99.99;
+}
+
+#define QUANT_SPECS(q)                                                                                          \
+    {"scheme", BQ_ARG_STR, &(q).scheme, "quantizer placement: ort (ONNX Runtime example) or qdqbert", 0, 0, 0}, \
+    {"calibrator", BQ_ARG_STR, &(q).calibrator, "max, percentile, mse or entropy", 0, 0, 0},                     \
+    {"percentile", BQ_ARG_FLOAT, &(q).percentile, "percentile calibrator: percent of |x| kept", 0, 50, 100},     \
+    {"calib-samples", BQ_ARG_INT, &(q).calib_samples, "training examples for calibration", 0, 1, 1e9},         \
+    {"per-tensor", BQ_ARG_FLAG, &(q).per_tensor, "per-tensor weight ranges (default per output channel)", 0, 0, 0}, \
+    {"fuse-qkv", BQ_ARG_FLAG, &(q).fuse_qkv, "one shared range for the query/key/value outputs (inputs)", 0, 0, 0}, \
+    {"clip-gelu", BQ_ARG_FLOAT, &(q).clip_gelu, "cap the GELU-output amax at this value (0: off)", 0, 0, 1e6},  \
+    {"exclude", BQ_ARG_STR, &(q).exclude, "comma-separated module prefixes kept fp32 (e.g. encoder.layer.0)", 0, 0, 0}
+
+static int quant_config_from_opts(BqQuantConfig *cfg, const QuantOpts *o) {
+    bq_quant_config_default(cfg);
+    if (strlen(o->scheme) >= sizeof cfg->scheme) return bq_err(BQ_EINVAL, "--scheme: '%s' is not one of ort, qdqbert", o->scheme);
+    if (strlen(o->exclude) >= sizeof cfg->exclude) return bq_err(BQ_EINVAL, "--exclude: list is too long");
+    strcpy(cfg->scheme, o->scheme);
+    strcpy(cfg->exclude, o->exclude);
+    cfg->per_tensor_weights = o->per_tensor;
+    cfg->fuse_qkv = o->fuse_qkv;
+    cfg->clip_gelu = (float)o->clip_gelu;
+    cfg->freeze_after = o->freeze_after;
+    return BQ_OK;
+}
+
+static int parse_trunc(const char *s, BqTruncation *t) {
+    if (!strcmp(s, "head")) *t = BQ_TRUNC_HEAD;
+    else if (!strcmp(s, "tail")) *t = BQ_TRUNC_TAIL;
+    else if (!strcmp(s, "head_tail") || !strcmp(s, "head-tail")) *t = BQ_TRUNC_HEAD_TAIL;
+    else return bq_err(BQ_EINVAL, "--truncation: '%s' is not head, tail or head_tail", s);
+    return BQ_OK;
+}
+
+/* Places quantizers on m and calibrates them over up to `samples` examples of `calib` (forward
+ * only, no tape). Replaces any quantizer state m already has. */
+static int calibrate_model(BqBert *m, const BqQuantConfig *qcfg, BqCalibrator method, double percentile,
+                           BqBatcher *calib, int64_t samples, const char *tag) {
+    int st = BQ_OK;
+    BqArena act = {0};
+    if (m->quant) bq_quant_free(m->quant), m->quant = NULL;
+    if ((st = bq_quant_create(&m->quant, m, qcfg))) return st;
+    if ((st = bq_arena_init(&act, (size_t)16 << 30, "calibration activations"))) goto cleanup;
+    bq_quant_calib_begin(m->quant, method);
+    BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
+    int64_t seen = 0;
+    double t0 = bq_now();
+    bq_batcher_seek(calib, 0, 0);
+    BqBatch b;
+    while (seen < samples && bq_batcher_next(calib, &b)) {
+        size_t mark = bq_arena_mark(&act);
+        BqTensor *logits = NULL;
+        if ((st = bq_bert_forward(m, &ctx, &b, &logits, NULL))) goto cleanup;
+        bq_arena_rewind(&act, mark);
+        seen += b.B;
+    }
+    if (seen == 0) {
+        st = bq_err(BQ_EINVAL, "--calib-samples: no calibration examples");
+        goto cleanup;
+    }
+    if ((st = bq_quant_calib_finish(m->quant, method, percentile))) goto cleanup;
+    fprintf(stderr, "[%s] calibrated %d quantizers (%s, scheme %s) on %lld examples in %.1fs\n", tag, m->quant->n,
+            bq_calibrator_name(method), qcfg->scheme, (long long)seen, bq_now() - t0);
+cleanup:
+    if (act.base) bq_arena_free(&act);
+    return st;
+}
+
+/* Accuracy of m over the batches of b (forward only). */
+static int accuracy(BqBert *m, BqBatcher *b, double *acc) {
+    BqBatchSource src;
+    BqBatcherSource bs;
+    BqArena act = {0};
+    BqConfusion conf;
+    int st = bq_arena_init(&act, (size_t)16 << 30, "evaluation activations");
+    if (st) return st;
+    bq_batch_source_batcher(&src, &bs, b);
+    bq_confusion_init(&conf, m->cfg.num_labels);
+    st = bq_evaluate(m, &src, &act, &conf, 0, NULL, NULL);
+    if (!st) *acc = bq_metrics_compute(&conf).accuracy;
+    bq_confusion_free(&conf);
+    bq_arena_free(&act);
+    return st;
+}
+
 int bq_cmd_calibrate(int argc, char **argv) {
-    (void)argc;
-    return bq_err(BQ_EINVAL, "%s: not implemented yet", argv[0]);
+    const char *model = NULL, *data = NULL, *out = NULL, *truncation = "head";
+    int batch_size = 32, max_seq_len = 128, seed = 42, threads = 0, eval_samples = 0;
+    QuantOpts q;
+    quant_opts_default(&q, "percentile");
+    const BqArgSpec specs[] = {
+        {"model", BQ_ARG_STR, &model, "fp32 checkpoint (native or Hugging Face directory)", 1, 0, 0},
+        {"data", BQ_ARG_STR, &data, "IMDB archive/folder, CSV, TSV or JSONL (training split is used)", 1, 0, 0},
+        {"out", BQ_ARG_STR, &out, "output PTQ checkpoint directory (replaced atomically)", 1, 0, 0},
+        QUANT_SPECS(q),
+        {"batch-size", BQ_ARG_INT, &batch_size, "examples per calibration forward", 0, 1, 65536},
+        {"max-seq-len", BQ_ARG_INT, &max_seq_len, "tokens per example incl. [CLS]/[SEP]", 0, 8, 8192},
+        {"truncation", BQ_ARG_STR, &truncation, "head, tail or head_tail", 0, 0, 0},
+        {"seed", BQ_ARG_INT, &seed, "seed of the calibration sample", 0, 0, 2147483647},
+        {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
+        {"eval-samples", BQ_ARG_INT, &eval_samples,
+         "also report fp32 and PTQ accuracy on this many test examples (0: skip)", 0, 0, 1e9},
+    };
+    BqArgs args = {.cmd = "calibrate", .usage = "--model DIR --data PATH --out DIR [options]",
+                   .summary = "Post-training quantization: place fake-quant modules and calibrate their ranges.",
+                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
+    int st = bq_args_parse(&args, argc, argv);
+    if (st || args.help) return st;
+
+    BqTokenizer *tok = NULL;
+    BqDataset *dcal = NULL, *dtest = NULL;
+    BqBatcher bcal = {0}, btest = {0};
+    BqBert m;
+    memset(&m, 0, sizeof m);
+    char *report = NULL;
+    char vocab[4200];
+    BqTruncation trunc = BQ_TRUNC_HEAD;
+    BqCalibrator method;
+    BqQuantConfig qcfg;
+    if ((st = parse_trunc(truncation, &trunc)) || (st = bq_calibrator_parse(&method, q.calibrator)) ||
+        (st = quant_config_from_opts(&qcfg, &q)))
+        return st;
+    bq_runtime_set_threads(threads);
+    snprintf(vocab, sizeof vocab, "%s/vocab.txt", model);
+    if ((st = bq_tokenizer_load(&tok, vocab, NULL))) goto cleanup;
+
+    BqDataSpec spec;
+    bq_data_spec_default(&spec);
+    spec.path = data;
+    spec.split = "train";
+    spec.max_seq_len = max_seq_len;
+    spec.truncation = trunc;
+    spec.val_fraction = 0.0;
+    spec.seed = (uint64_t)seed;
+    spec.train_samples = q.calib_samples;
+    spec.threads = threads;
+    if ((st = bq_dataset_load(&dcal, &spec, tok))) goto cleanup;
+    if ((st = bq_batcher_init(&bcal, dcal, batch_size, 1, (uint64_t)seed, 0))) goto cleanup;
+
+    BqRng rng;
+    bq_rng_seed(&rng, (uint64_t)seed);
+    if ((st = bq_model_load_any(&m, model, dcal->nlabels > 0 ? dcal->nlabels : 2, &rng, &report))) goto cleanup;
+    if (report) fprintf(stderr, "[calibrate] %s\n", report);
+    if (m.cfg.max_position_embeddings < max_seq_len) {
+        st = bq_err(BQ_EINVAL, "--max-seq-len: %d exceeds the model's max_position_embeddings %d", max_seq_len,
+                    m.cfg.max_position_embeddings);
+        goto cleanup;
+    }
+    double acc_fp32 = -1, acc_ptq = -1;
+    if (eval_samples > 0) {
+        spec.split = "test";
+        spec.train_samples = 0;
+        spec.eval_samples = eval_samples;
+        if ((st = bq_dataset_load(&dtest, &spec, tok))) goto cleanup;
+        if ((st = bq_batcher_init(&btest, dtest, batch_size, 0, (uint64_t)seed, 1))) goto cleanup;
+        struct BqQuantState *keep = m.quant;
+        m.quant = NULL; /* the input's own fp32 accuracy */
+        st = accuracy(&m, &btest, &acc_fp32);
+        m.quant = keep;
+        if (st) goto cleanup;
+    }
+    if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &bcal, q.calib_samples, "calibrate"))) goto cleanup;
+    if (eval_samples > 0 && (st = accuracy(&m, &btest, &acc_ptq))) goto cleanup;
+    if ((st = bq_ckpt_save(&m, out, model, NULL))) goto cleanup;
+    printf("calibrate: %d quantizers, calibrator %s", m.quant->n, bq_calibrator_name(method));
+    if (method == BQ_CALIBRATOR_PERCENTILE) printf(" %.4g", q.percentile);
+    printf(", scheme %s; checkpoint %s\n", qcfg.scheme, out);
+    if (eval_samples > 0)
+        printf("calibrate: accuracy on %lld test examples: fp32 %.4f, ptq %.4f\n", (long long)dtest->n, acc_fp32,
+               acc_ptq);
+
+cleanup:
+    free(report);
+    if (bcal.ds) bq_batcher_free(&bcal);
+    if (btest.ds) bq_batcher_free(&btest);
+    if (dcal) bq_dataset_free(dcal);
+    if (dtest) bq_dataset_free(dtest);
+    if (tok) bq_tokenizer_free(tok);
+    if (m.quant) bq_quant_free(m.quant), m.quant = NULL;
+    bq_bert_free(&m);
+    return st;
 }
+
+/* Per optimizer step: observer bookkeeping (freeze after N steps). */
+static int qat_on_step(void *user, BqBert *m, int64_t step, double loss) {
+    (void)user, (void)step, (void)loss;
+    bq_quant_step(m->quant);
+    return BQ_OK;
+}
+
 int bq_cmd_qat(int argc, char **argv) {
-    (void)argc;
-    return bq_err(BQ_EINVAL, "%s: not implemented yet", argv[0]);
+    const char *model = NULL, *data = NULL, *out = NULL, *truncation = "head", *logdir = NULL;
+    double epochs = 1, lr = 2e-5, warmup_ratio = 0.0, weight_decay = 0.0, max_grad_norm = 1.0, val_fraction = 0.1,
+           dropout = -1;
+    int batch_size = 32, grad_accum = 1, max_seq_len = 128, seed = 42, eval_every = 0, save_best = 0, threads = 0,
+        train_samples = 0, eval_samples = 0, log_every = 10, resume = 0, bucket = 0, max_steps = 0, no_save_best = 0;
+    QuantOpts q;
+    quant_opts_default(&q, "max");
+    const BqArgSpec specs[] = {
+        {"model", BQ_ARG_STR, &model, "fp32 or PTQ checkpoint (native) or Hugging Face directory", 1, 0, 0},
+        {"data", BQ_ARG_STR, &data, "IMDB archive/folder, CSV, TSV or JSONL", 1, 0, 0},
+        {"out", BQ_ARG_STR, &out, "output checkpoint directory (replaced atomically)", 1, 0, 0},
+        QUANT_SPECS(q),
+        {"freeze-ranges-after", BQ_ARG_INT, &q.freeze_after, "freeze every range after N optimizer steps (0: never)",
+         0, 0, 1e9},
+        {"epochs", BQ_ARG_FLOAT, &epochs, "training epochs (fractional allowed)", 0, 0.001, 1000},
+        {"max-steps", BQ_ARG_INT, &max_steps, "optimizer steps (> 0 overrides --epochs)", 0, 0, 1e9},
+        {"lr", BQ_ARG_FLOAT, &lr, "peak learning rate (AdamW)", 0, 0, 1},
+        {"batch-size", BQ_ARG_INT, &batch_size, "examples per micro-batch", 0, 1, 65536},
+        {"grad-accum", BQ_ARG_INT, &grad_accum, "micro-batches per optimizer step", 0, 1, 65536},
+        {"max-seq-len", BQ_ARG_INT, &max_seq_len, "tokens per example incl. [CLS]/[SEP]", 0, 8, 8192},
+        {"warmup-ratio", BQ_ARG_FLOAT, &warmup_ratio, "fraction of steps with linear warmup", 0, 0, 1},
+        {"weight-decay", BQ_ARG_FLOAT, &weight_decay, "AdamW decoupled weight decay (not biases/LayerNorm)", 0, 0, 10},
+        {"max-grad-norm", BQ_ARG_FLOAT, &max_grad_norm, "global gradient-norm clip (0: off)", 0, 0, 1e9},
+        {"seed", BQ_ARG_INT, &seed, "seed for data selection, shuffling, dropout and calibration", 0, 0, 2147483647},
+        {"eval-every", BQ_ARG_INT, &eval_every, "evaluate every N optimizer steps (0: each epoch end)", 0, 0, 1e9},
+        {"no-save-best", BQ_ARG_FLAG, &no_save_best, "final model = last step, not the best evaluation", 0, 0, 0},
+        {"save-best", BQ_ARG_FLAG, &save_best, "final model = best validation accuracy (default)", 0, 0, 0},
+        {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
+        {"train-samples", BQ_ARG_INT, &train_samples, "training reviews to use, incl. validation (0: all)", 0, 0, 1e9},
+        {"eval-samples", BQ_ARG_INT, &eval_samples, "cap on validation examples (0: all)", 0, 0, 1e9},
+        {"val-fraction", BQ_ARG_FLOAT, &val_fraction, "fraction of the training reviews held out for validation", 0, 0, 0.9},
+        {"dropout", BQ_ARG_FLOAT, &dropout, "override hidden and attention dropout (< 0: from config)", 0, -1, 0.99},
+        {"log-every", BQ_ARG_INT, &log_every, "optimizer steps between log lines", 0, 1, 1e9},
+        {"resume", BQ_ARG_FLAG, &resume, "continue from OUT/training_state.h5", 0, 0, 0},
+        {"bucket", BQ_ARG_FLAG, &bucket, "length bucketing of training batches (less padding)", 0, 0, 0},
+        {"truncation", BQ_ARG_STR, &truncation, "head, tail or head_tail", 0, 0, 0},
+        {"logdir", BQ_ARG_STR, &logdir, "TensorBoard event directory", 0, 0, 0},
+    };
+    BqArgs args = {.cmd = "qat", .usage = "--model DIR --data PATH --out DIR [options]",
+                   .summary = "Quantization-aware fine-tuning with fake-quant modules and moving-average observers.",
+                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
+    int st = bq_args_parse(&args, argc, argv);
+    if (st || args.help) return st;
+
+    BqTokenizer *tok = NULL;
+    BqDataset *dtrain = NULL, *dval = NULL;
+    BqBatcher btrain = {0}, bval = {0};
+    BqBert m;
+    memset(&m, 0, sizeof m);
+    char *report = NULL;
+    char vocab[4200];
+    BqTruncation trunc = BQ_TRUNC_HEAD;
+    BqCalibrator method;
+    BqQuantConfig qcfg;
+    if ((st = parse_trunc(truncation, &trunc)) || (st = bq_calibrator_parse(&method, q.calibrator)) ||
+        (st = quant_config_from_opts(&qcfg, &q)))
+        return st;
+    bq_runtime_set_threads(threads);
+    snprintf(vocab, sizeof vocab, "%s/vocab.txt", model);
+    if ((st = bq_tokenizer_load(&tok, vocab, NULL))) goto cleanup;
+
+    BqDataSpec spec;
+    bq_data_spec_default(&spec);
+    spec.path = data;
+    spec.split = "train";
+    spec.max_seq_len = max_seq_len;
+    spec.truncation = trunc;
+    spec.val_fraction = val_fraction;
+    spec.seed = (uint64_t)seed;
+    spec.train_samples = train_samples;
+    spec.threads = threads;
+    if ((st = bq_dataset_load(&dtrain, &spec, tok))) goto cleanup;
+    if (dtrain->nlabels < 2) {
+        st = bq_err(BQ_EINVAL, "%s: training data needs labels of at least 2 classes (found %d)", data, dtrain->nlabels);
+        goto cleanup;
+    }
+    if (val_fraction > 0) {
+        spec.split = "val";
+        if ((st = bq_dataset_load(&dval, &spec, tok))) goto cleanup;
+        if (eval_samples > 0 && dval->n > eval_samples) dval->n = eval_samples;
+        if (dval->n == 0) bq_dataset_free(dval), dval = NULL;
+    }
+    fprintf(stderr, "[qat] %lld training, %lld validation examples (%s); %s\n", (long long)dtrain->n,
+            (long long)(dval ? dval->n : 0), data, bq_runtime_describe());
+
+    BqRng rng;
+    bq_rng_seed(&rng, (uint64_t)seed);
+    if ((st = bq_model_load_any(&m, model, dtrain->nlabels, &rng, &report))) goto cleanup;
+    if (report) fprintf(stderr, "[qat] %s\n", report);
+    if (!m.params.grad) {
+        st = bq_err(BQ_EINVAL, "%s: model loaded without gradients", model);
+        goto cleanup;
+    }
+    if (m.cfg.max_position_embeddings < max_seq_len) {
+        st = bq_err(BQ_EINVAL, "--max-seq-len: %d exceeds the model's max_position_embeddings %d", max_seq_len,
+                    m.cfg.max_position_embeddings);
+        goto cleanup;
+    }
+    if (dropout >= 0) m.cfg.hidden_dropout_prob = m.cfg.attention_probs_dropout_prob = (float)dropout;
+
+    if ((st = bq_batcher_init(&btrain, dtrain, batch_size, 1, (uint64_t)seed, bucket))) goto cleanup;
+    if (dval && (st = bq_batcher_init(&bval, dval, batch_size, 0, (uint64_t)seed, 1))) goto cleanup;
+
+    /* Ranges: keep a PTQ input's (its config wins; --freeze-ranges-after still applies), else calibrate. */
+    if (m.quant && bq_quant_count_initialized(m.quant) == m.quant->n) {
+        fprintf(stderr, "[qat] starting from the input's %d calibrated quantizers (scheme %s)\n", m.quant->n,
+                m.quant->cfg.scheme);
+        m.quant->cfg.freeze_after = qcfg.freeze_after;
+    } else if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &btrain, q.calib_samples, "qat"))) {
+        goto cleanup;
+    }
+    bq_quant_freeze(m.quant, 0);
+    m.quant->observe = 1;
+    m.quant->steps_seen = 0;
+
+    BqBatchSource strain, sval;
+    BqBatcherSource bs_train, bs_val;
+    bq_batch_source_batcher(&strain, &bs_train, &btrain);
+    if (dval) bq_batch_source_batcher(&sval, &bs_val, &bval);
+    BqTrainConfig tc;
+    bq_train_config_default(&tc);
+    tc.epochs = epochs;
+    tc.max_steps = max_steps;
+    tc.lr = lr;
+    tc.weight_decay = weight_decay;
+    tc.warmup_ratio = warmup_ratio;
+    tc.max_grad_norm = max_grad_norm;
+    tc.grad_accum = grad_accum;
+    tc.seed = (uint64_t)seed;
+    tc.eval_every = eval_every;
+    tc.save_best = !no_save_best;
+    tc.log_every = log_every;
+    tc.resume = resume;
+    tc.vocab_dir = model;
+    tc.logdir = logdir;
+    tc.tag = "qat";
+    tc.on_step = qat_on_step;
+    BqTrainResult res = {0};
+    st = bq_train(&m, &tc, &strain, dval ? &sval : NULL, out, &res);
+    if (st) goto cleanup;
+    printf("qat: %lld steps in %.1fs (%.3f s/step), last loss %.4f", (long long)res.steps, res.seconds,
+           res.steps > 0 ? res.seconds / (double)res.steps : 0.0, res.last_loss);
+    if (res.best_accuracy >= 0)
+        printf(", best validation accuracy %.4f (step %lld)", res.best_accuracy, (long long)res.best_step);
+    printf("; %d quantizers (scheme %s)%s; checkpoint %s\n", m.quant->n, m.quant->cfg.scheme,
+           m.quant->q[0].frozen ? ", frozen" : "", out);
+
+cleanup:
+    free(report);
+    if (btrain.ds) bq_batcher_free(&btrain);
+    if (bval.ds) bq_batcher_free(&bval);
+    if (dtrain) bq_dataset_free(dtrain);
+    if (dval) bq_dataset_free(dval);
+    if (tok) bq_tokenizer_free(tok);
+    if (m.quant) bq_quant_free(m.quant), m.quant = NULL;
+    bq_bert_free(&m);
+    return st;
 }
+
 int bq_cmd_info(int argc, char **argv) {
-    (void)argc;
-    return bq_err(BQ_EINVAL, "%s: not implemented yet", argv[0]);
+    int all = 0;
+    const BqArgSpec specs[] = {
+        {"all", BQ_ARG_FLAG, &all, "(accepted for compatibility; every quantizer is always listed)", 0, 0, 0},
+    };
+    BqArgs args = {.cmd = "info", .usage = "CKPT",
+                   .summary = "Print a checkpoint's config, parameter count and every quantizer.",
+                   .specs = specs, .nspecs = 1, .max_positional = 1, .positional_name = "CKPT"};
+    int st = bq_args_parse(&args, argc, argv);
+    if (st || args.help) return st;
+    if (args.npositional != 1) return bq_err(BQ_EINVAL, "info: expected one checkpoint directory");
+    const char *dir = args.positional[0];
+    BqBert m;
+    memset(&m, 0, sizeof m);
+    char *report = NULL;
+    BqRng rng;
+    bq_rng_seed(&rng, 42);
+    if ((st = bq_model_load_any(&m, dir, 0, &rng, &report))) goto cleanup;
+    const BqBertConfig *c = &m.cfg;
+    printf("checkpoint   %s (%s)\n", dir, bq_ckpt_is_native(dir) ? "native" : "Hugging Face");
+    printf("config       layers %d, hidden %d, heads %d, intermediate %d, vocab %d, max positions %d, labels %d\n",
+           c->num_hidden_layers, c->hidden_size, c->num_attention_heads, c->intermediate_size, c->vocab_size,
+           c->max_position_embeddings, c->num_labels);
+    printf("parameters   %lld in %d tensors\n", (long long)m.params.total, m.params.n);
+    if (!m.quant) {
+        printf("quantization none (fp32)\n");
+        goto cleanup;
+    }
+    const BqQuantConfig *qc = &m.quant->cfg;
+    printf("quantization scheme %s, int8 symmetric (zero point 0, scale = amax/127), weights %s%s", qc->scheme,
+           qc->per_tensor_weights ? "per tensor" : "per channel", qc->fuse_qkv ? ", fused QKV" : "");
+    if (qc->clip_gelu > 0) printf(", GELU clip %g", qc->clip_gelu);
+    printf(", exclude \"%s\"; %d quantizers, %d with ranges\n", qc->exclude, m.quant->n,
+           bq_quant_count_initialized(m.quant));
+    printf("%-72s %-8s %5s %12s %12s %12s %s\n", "quantizer", "granul.", "nch", "amax min", "amax max", "scale min",
+           "state");
+    for (int i = 0; i < m.quant->n; i++) {
+        const BqQuantizer *q = &m.quant->q[i];
+        float amin = FLT_MAX, amax = 0.0f, smin = FLT_MAX;
+        for (int64_t k = 0; k < q->nch; k++) {
+            amin = fminf(amin, q->amax[k]);
+            amax = fmaxf(amax, q->amax[k]);
+            smin = fminf(smin, q->scale[k]);
+        }
+        printf("%-72s %-8s %5lld %12.6g %12.6g %12.6g %s\n", q->name, q->nch > 1 ? "channel" : "tensor",
+               (long long)q->nch, amin, amax, smin,
+               !q->initialized ? "no range" : q->frozen ? "frozen" : "observing");
+    }
+cleanup:
+    free(report);
+    if (m.quant) bq_quant_free(m.quant), m.quant = NULL;
+    bq_bert_free(&m);
+    return st;
 }
