@@ -221,13 +221,6 @@ cleanup:
     return st;
 }
 
-/* Per optimizer step: observer bookkeeping (freeze after N steps). */
-static int qat_on_step(void *user, BqBert *m, int64_t step, double loss) {
-    (void)user, (void)step, (void)loss;
-    bq_quant_step(m->quant);
-    return BQ_OK;
-}
-
 int bq_cmd_qat(int argc, char **argv) {
     const char *model = NULL, *data = NULL, *out = NULL, *truncation = "head", *logdir = NULL;
     double epochs = 1, lr = 2e-5, warmup_ratio = 0.0, weight_decay = 0.0, max_grad_norm = 1.0, val_fraction = 0.1,
@@ -365,7 +358,7 @@ int bq_cmd_qat(int argc, char **argv) {
     tc.vocab_dir = model;
     tc.logdir = logdir;
     tc.tag = "qat";
-    tc.on_step = qat_on_step;
+    /* the trainer calls bq_quant_step after each optimizer step (freeze at --freeze-ranges-after) */
     BqTrainResult res = {0};
     st = bq_train(&m, &tc, &strain, dval ? &sval : NULL, out, &res);
     if (st) goto cleanup;
