@@ -1,0 +1,75 @@
+"""PTQ and QAT floors on IMDB at a small budget (all-MiniLM-L6-v2, env BQ_MODEL_DIR):
+1. fp32 fine-tune on 2000 training reviews (seq 128, 1 epoch);
+2. `calibrate --calibrator percentile` (128 samples): PTQ accuracy on 1000 test reviews must stay
+   within 5 points of the fp32 model's on the same reviews;
+3. `qat` from the fp32 model (1000 reviews, 60 steps, ranges frozen after 40): trains without
+   NaN/Inf and `eval` on 1000 test reviews reaches >= 0.78;
+4. `info` lists the 18·L+1 ort quantizers with ranges.
+Prints accuracies and the QAT/fp32 seconds-per-step ratio (same batch size and sequence length)."""
+import json
+import os
+import re
+import time
+
+import pytest
+
+from conftest import IMDB, MODEL, run_bq
+
+THREADS = os.environ.get("BQ_TEST_THREADS", "2")
+COMMON = ["--max-seq-len", 128, "--threads", THREADS, "--seed", 42]
+
+
+def steps_and_seconds(stdout, tag):
+    m = re.search(tag + r": (\d+) steps in ([0-9.]+)s", stdout)
+    assert m, stdout
+    return int(m.group(1)), float(m.group(2))
+
+
+@pytest.mark.skipif(not os.path.isdir(MODEL), reason=f"pretrained model not found at {MODEL}")
+def test_ptq_and_qat_imdb(tmp_path, bin_path):
+    assert os.path.exists(IMDB), f"IMDB archive missing: {IMDB}"
+    fp32 = tmp_path / "fp32"
+    p = run_bq("finetune", "--model", MODEL, "--data", IMDB, "--out", fp32, "--train-samples", 2000,
+               "--val-fraction", 0.05, "--epochs", 1, "--lr", 1e-4, "--warmup-ratio", 0.1, "--batch-size", 16,
+               "--log-every", 20, "--bucket", *COMMON, timeout=3600)
+    ft_steps, ft_secs = steps_and_seconds(p.stdout, "finetune")
+
+    # PTQ, percentile calibrator
+    ptq = tmp_path / "ptq"
+    p = run_bq("calibrate", "--model", fp32, "--data", IMDB, "--out", ptq, "--calibrator", "percentile",
+               "--percentile", 99.99, "--calib-samples", 128, "--eval-samples", 1000, "--batch-size", 32, *COMMON,
+               timeout=3600)
+    m = re.search(r"accuracy on (\d+) test examples: fp32 ([0-9.]+), ptq ([0-9.]+)", p.stdout)
+    assert m, p.stdout
+    acc_fp32, acc_ptq = float(m.group(2)), float(m.group(3))
+    cfg = json.loads((ptq / "config.json").read_text())
+    assert cfg["bertqat"]["quant"]["scheme"] == "ort"
+
+    # QAT from the fp32 model (calibrates with max first), observers frozen after 40 steps
+    qat = tmp_path / "qat"
+    t0 = time.time()
+    p = run_bq("qat", "--model", fp32, "--data", IMDB, "--out", qat, "--train-samples", 1000,
+               "--val-fraction", 0.05, "--max-steps", 60, "--lr", 2e-5, "--batch-size", 16, "--log-every", 20,
+               "--freeze-ranges-after", 40, "--bucket", *COMMON, timeout=3600)
+    t_qat = time.time() - t0
+    qat_steps, qat_secs = steps_and_seconds(p.stdout, "qat")
+    assert qat_steps == 60 and "nan" not in p.stdout.lower(), p.stdout
+    assert "frozen" in p.stdout, p.stdout
+
+    p = run_bq("eval", "--model", qat, "--data", IMDB, "--split", "test", "--samples", 1000, "--json",
+               "--max-seq-len", 128, "--threads", THREADS, timeout=3600)
+    r = json.loads(p.stdout)
+    acc_qat = r["accuracy"]
+
+    p = run_bq("info", qat)
+    layers = json.loads((qat / "config.json").read_text())["num_hidden_layers"]
+    names = re.findall(r"^bert\.\S+_quantizer", p.stdout, flags=re.M)
+    assert len(names) == 18 * layers + 1, p.stdout
+    assert "no range" not in p.stdout, p.stdout
+
+    ratio = (qat_secs / qat_steps) / (ft_secs / ft_steps)
+    print(f"\nfp32 {acc_fp32:.4f}  ptq(percentile 99.99) {acc_ptq:.4f}  qat {acc_qat:.4f} on 1000 test reviews; "
+          f"qat {qat_secs / qat_steps:.3f}s/step vs fp32 {ft_secs / ft_steps:.3f}s/step (x{ratio:.2f}); "
+          f"qat wall {t_qat:.0f}s")
+    assert acc_ptq >= acc_fp32 - 0.05, (acc_fp32, acc_ptq)
+    assert acc_qat >= 0.78, acc_qat
