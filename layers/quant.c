@@ -17,8 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <hdf5.h>
 #include <jansson.h>
 
+#include "layers/bert.h"
 #include "layers/calib.h"
 
 #define BQ_SCALE_FLOOR 1.1920928955078125e-07f /* torch.finfo(float32).eps, PyTorch's scale floor */
@@ -276,4 +278,148 @@ int bq_quant_config_from_json(BqQuantConfig *cfg, json_t *j) {
     cfg->averaging_constant = (float)ac;
     cfg->freeze_after = (int64_t)fa;
     return BQ_OK;
+}
+
+/* ---- ranges in model.h5: /quant/<name>/{amax, scale, observer_min, observer_max} + attributes ---- */
+
+_Static_assert(sizeof(hid_t) == sizeof(int64_t), "hid_t is passed as int64_t");
+
+static int h5_write_vec(hid_t g, const char *path, const char *qname, const char *ds_name, const float *v,
+                        int64_t n) {
+    hsize_t dim = (hsize_t)n;
+    hid_t sp = H5Screate_simple(1, &dim, NULL);
+    hid_t ds = H5Dcreate2(g, ds_name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    int st = BQ_OK;
+    if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)
+        st = bq_err(BQ_EIO, "%s: cannot write /quant/%s/%s", path, qname, ds_name);
+    if (ds >= 0) H5Dclose(ds);
+    H5Sclose(sp);
+    return st;
+}
+
+static int h5_read_vec(hid_t g, const char *path, const char *qname, const char *ds_name, float *v, int64_t n) {
+    if (H5Lexists(g, ds_name, H5P_DEFAULT) <= 0)
+        return bq_err(BQ_EFORMAT, "%s: /quant/%s/%s is missing", path, qname, ds_name);
+    hid_t ds = H5Dopen2(g, ds_name, H5P_DEFAULT);
+    if (ds < 0) return bq_err(BQ_EFORMAT, "%s: cannot open /quant/%s/%s", path, qname, ds_name);
+    hid_t sp = H5Dget_space(ds);
+    int st = BQ_OK;
+    hsize_t dim = 0;
+    if (H5Sget_simple_extent_ndims(sp) != 1 || H5Sget_simple_extent_dims(sp, &dim, NULL) < 0 || (int64_t)dim != n)
+        st = bq_err(BQ_EFORMAT, "%s: /quant/%s/%s has %lld values, expected %lld", path, qname, ds_name,
+                    (long long)dim, (long long)n);
+    else if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)
+        st = bq_err(BQ_EFORMAT, "%s: cannot read /quant/%s/%s", path, qname, ds_name);
+    H5Sclose(sp);
+    H5Dclose(ds);
+    return st;
+}
+
+static int h5_attr_i64(hid_t g, const char *path, const char *qname, const char *name, int64_t v) {
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(g, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    int st = BQ_OK;
+    if (a < 0 || H5Awrite(a, H5T_NATIVE_INT64, &v) < 0)
+        st = bq_err(BQ_EIO, "%s: cannot write attribute %s of /quant/%s", path, name, qname);
+    if (a >= 0) H5Aclose(a);
+    H5Sclose(sp);
+    return st;
+}
+
+static int h5_attr_str(hid_t g, const char *path, const char *qname, const char *name, const char *v) {
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, strlen(v) + 1);
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(g, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
+    int st = BQ_OK;
+    if (a < 0 || H5Awrite(a, t, v) < 0) st = bq_err(BQ_EIO, "%s: cannot write attribute %s of /quant/%s", path, name, qname);
+    if (a >= 0) H5Aclose(a);
+    H5Sclose(sp);
+    H5Tclose(t);
+    return st;
+}
+
+static int h5_attr_get_i64(hid_t g, const char *name, int64_t *v) {
+    if (H5Aexists(g, name) <= 0) return -1;
+    hid_t a = H5Aopen(g, name, H5P_DEFAULT);
+    if (a < 0) return -1;
+    int rc = H5Aread(a, H5T_NATIVE_INT64, v) < 0 ? -1 : 0;
+    H5Aclose(a);
+    return rc;
+}
+
+int bq_quant_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path) {
+    hid_t f = (hid_t)file_id;
+    int st = BQ_OK;
+    hid_t root = H5Gcreate2(f, "/quant", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (root < 0) return bq_err(BQ_EIO, "%s: cannot create group /quant", path);
+    if ((st = h5_attr_str(root, path, "", "scheme", qs->cfg.scheme))) goto cleanup;
+    for (int i = 0; i < qs->n && !st; i++) {
+        const BqQuantizer *q = &qs->q[i];
+        hid_t g = H5Gcreate2(root, q->name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        if (g < 0) {
+            st = bq_err(BQ_EIO, "%s: cannot create group /quant/%s", path, q->name);
+            break;
+        }
+        float omin = q->run_min, omax = q->run_max;
+        st = h5_write_vec(g, path, q->name, "amax", q->amax, q->nch);
+        if (!st) st = h5_write_vec(g, path, q->name, "scale", q->scale, q->nch);
+        if (!st) st = h5_write_vec(g, path, q->name, "observer_min", q->is_weight ? q->ch_min : &omin, q->is_weight ? q->nch : 1);
+        if (!st) st = h5_write_vec(g, path, q->name, "observer_max", q->is_weight ? q->ch_max : &omax, q->is_weight ? q->nch : 1);
+        if (!st) st = h5_attr_i64(g, path, q->name, "axis", q->axis);
+        if (!st) st = h5_attr_i64(g, path, q->name, "bits", 8);
+        if (!st) st = h5_attr_i64(g, path, q->name, "frozen", q->frozen);
+        if (!st) st = h5_attr_i64(g, path, q->name, "initialized", q->initialized);
+        if (!st) st = h5_attr_str(g, path, q->name, "scheme", qs->cfg.scheme);
+        H5Gclose(g);
+    }
+cleanup:
+    H5Gclose(root);
+    return st;
+}
+
+int bq_quant_load_hdf5(BqBert *m, int64_t file_id, const char *path) {
+    hid_t f = (hid_t)file_id;
+    BqQuantState *qs = m->quant;
+    if (!qs) return bq_err(BQ_EFORMAT, "%s: quantizer ranges without a quantization config", path);
+    if (H5Lexists(f, "/quant", H5P_DEFAULT) <= 0) return bq_err(BQ_EFORMAT, "%s: group /quant is missing", path);
+    hid_t root = H5Gopen2(f, "/quant", H5P_DEFAULT);
+    if (root < 0) return bq_err(BQ_EFORMAT, "%s: cannot open group /quant", path);
+    int st = BQ_OK;
+    for (int i = 0; i < qs->n && !st; i++) {
+        BqQuantizer *q = &qs->q[i];
+        if (H5Lexists(root, q->name, H5P_DEFAULT) <= 0) {
+            st = bq_err(BQ_EFORMAT, "%s: /quant/%s is missing (scheme %s)", path, q->name, qs->cfg.scheme);
+            break;
+        }
+        hid_t g = H5Gopen2(root, q->name, H5P_DEFAULT);
+        int64_t axis = -2, bits = 8, frozen = 1, init = 1;
+        if (h5_attr_get_i64(g, "axis", &axis) || axis != q->axis)
+            st = bq_err(BQ_EFORMAT, "%s: /quant/%s: axis %lld, the config expects %d", path, q->name, (long long)axis,
+                        q->axis);
+        else if (h5_attr_get_i64(g, "bits", &bits) == 0 && bits != 8)
+            st = bq_err(BQ_EFORMAT, "%s: /quant/%s: %lld bits (int8 only)", path, q->name, (long long)bits);
+        if (!st) st = h5_read_vec(g, path, q->name, "amax", q->amax, q->nch);
+        if (!st) st = h5_read_vec(g, path, q->name, "scale", q->scale, q->nch);
+        if (!st && H5Lexists(g, "observer_min", H5P_DEFAULT) > 0) {
+            float omin = 0, omax = 0;
+            st = h5_read_vec(g, path, q->name, "observer_min", q->is_weight ? q->ch_min : &omin, q->is_weight ? q->nch : 1);
+            if (!st) st = h5_read_vec(g, path, q->name, "observer_max", q->is_weight ? q->ch_max : &omax, q->is_weight ? q->nch : 1);
+            if (!q->is_weight) q->run_min = omin, q->run_max = omax;
+        } else if (!st) { /* ranges only: the observer restarts from ±amax */
+            q->run_min = -q->amax[0], q->run_max = q->amax[0];
+            for (int64_t k = 0; q->is_weight && k < q->nch; k++) q->ch_min[k] = -q->amax[k], q->ch_max[k] = q->amax[k];
+        }
+        h5_attr_get_i64(g, "frozen", &frozen);
+        h5_attr_get_i64(g, "initialized", &init);
+        q->frozen = frozen != 0;
+        q->initialized = init != 0;
+        for (int64_t k = 0; !st && k < q->nch; k++)
+            if (!(q->amax[k] >= 0.0f) || !(q->scale[k] > 0.0f) || !isfinite(q->amax[k]))
+                st = bq_err(BQ_EFORMAT, "%s: /quant/%s: invalid range (amax %g, scale %g)", path, q->name, q->amax[k],
+                            q->scale[k]);
+        H5Gclose(g);
+    }
+    H5Gclose(root);
+    return st;
 }

@@ -151,5 +151,12 @@ int bq_quant_config_from_json(BqQuantConfig *cfg, struct json_t *j);
  * a quantizer missing from the file is an error naming it. */
 int bq_quant_save(const BqQuantState *qs, struct BqH5 *h5);
 int bq_quant_load(struct BqBert *m, struct BqH5 *h5);
+/* The same on an open HDF5 file handle (hid_t, an int64_t in HDF5 >= 1.10), for export/ckpt.c which
+ * uses the HDF5 C API directly; `path` names the file in messages. Besides amax and scale each
+ * group holds observer_min/observer_max (the moving-average state, so QAT resumes exactly) and the
+ * attribute initialized. load fills m->quant (already built from config.json); a missing quantizer
+ * group or a shape mismatch is a BQ_EFORMAT error naming the file and quantizer. */
+int bq_quant_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path);
+int bq_quant_load_hdf5(struct BqBert *m, int64_t file_id, const char *path);
 
 #endif
