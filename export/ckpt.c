@@ -303,6 +303,7 @@ int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const 
     remove_tree(tmp);
     if (mkdir(tmp, 0755) != 0) return bq_err(BQ_EIO, "%s: cannot create: %s", tmp, strerror(errno));
     int st;
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* failures are reported through bq_err, not HDF5's stack dump */
     snprintf(p, sizeof p, "%s/config.json", tmp);
     if ((st = config_write(m, p))) goto cleanup;
     for (size_t i = 0; i < sizeof VOCAB_FILES / sizeof *VOCAB_FILES; i++) {

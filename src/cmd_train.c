@@ -79,6 +79,17 @@ int bq_cmd_finetune(int argc, char **argv) {
     if ((st = parse_trunc(o.truncation, &trunc))) return st;
     bq_runtime_set_threads(o.threads);
 
+    /* Check the model's config before the (possibly long) data encoding, so a wrong --model fails
+     * fast; the weights are loaded once the number of labels is known. */
+    {
+        BqBertConfig cfg;
+        memset(&cfg, 0, sizeof cfg);
+        snprintf(vocab, sizeof vocab, "%s/config.json", o.model);
+        st = bq_config_load(&cfg, vocab);
+        if (!st) st = bq_config_validate(&cfg);
+        bq_config_free(&cfg);
+        if (st) goto cleanup;
+    }
     /* The vocabulary travels with the model: HF dir or native checkpoint both hold vocab.txt. */
     snprintf(vocab, sizeof vocab, "%s/vocab.txt", o.model);
     if ((st = bq_tokenizer_load(&tok, vocab, NULL))) goto cleanup;

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <errno.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "datasets/dataset.h"
 #include "export/ckpt.h"
@@ -109,6 +110,7 @@ typedef struct Run {
     BqTrainState ts;
     BqAdamW opt;
     BqConfusion conf;
+    int saved_any;
 } Run;
 
 /* mkdir -p */
@@ -128,7 +130,9 @@ static int make_dirs(const char *dir) {
 
 static int save_ckpt(Run *r) {
     /* The ckpt writer carries training_log.jsonl over from the old directory. */
-    return bq_ckpt_save(r->m, r->out, r->tc->vocab_dir, &r->ts);
+    int st = bq_ckpt_save(r->m, r->out, r->tc->vocab_dir, &r->ts);
+    if (!st) r->saved_any = 1;
+    return st;
 }
 
 static int run_eval(Run *r, double epoch, int *improved) {
@@ -160,6 +164,9 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
     struct sigaction sa_old_int, sa_old_term;
     int handlers = 0;
     int progress_open = 0;
+    int created_out = 0; /* OUT did not exist: removed again if training fails before any checkpoint */
+    char logpath[4200];
+    logpath[0] = 0;
     BqParamTable *pt = &m->params;
     r.act = &act;
     bq_confusion_init(&r.conf, m->cfg.num_labels);
@@ -207,8 +214,9 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
     if ((st = bq_tape_init(&tape, 4096))) goto cleanup;
     /* OUT exists from the start so the JSONL log has a home before the first checkpoint; a fresh
      * (not resumed) run starts a fresh log. */
+    struct stat sb_out;
+    created_out = stat(out_dir, &sb_out) != 0;
     if ((st = make_dirs(out_dir))) goto cleanup;
-    char logpath[4200];
     snprintf(logpath, sizeof logpath, "%s/training_log.jsonl", out_dir);
     if (!tc->resume) remove(logpath);
     if ((st = bq_progress_open(&r.prog, tc->tag, logpath, tc->logdir, total, tc->quiet))) goto cleanup;
@@ -351,6 +359,10 @@ cleanup:
         sigaction(SIGTERM, &sa_old_term, NULL);
     }
     if (progress_open) bq_progress_close(&r.prog);
+    if (st && created_out && !r.saved_any) {
+        if (logpath[0]) remove(logpath);
+        rmdir(out_dir);
+    }
     free(r.ts.best_params);
     bq_confusion_free(&r.conf);
     bq_adamw_free(&r.opt);
