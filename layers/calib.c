@@ -80,6 +80,7 @@ double bq_calib_amax_mse(const BqHistogram *h, int64_t start_bin) {
         double amax = ((double)i * h->width + (double)(i + 1) * h->width) / 2.0;
         double scale = amax / 127.0, err = 0.0;
         for (int64_t j = 0; j < nb; j++) {
+            if (h->count[j] == 0.0) continue; /* empty bins add nothing (keeps long grown tails cheap) */
             double c = ((double)j * h->width + (double)(j + 1) * h->width) / 2.0;
             double q = nearbyint(c / scale);
             if (q > 127.0) q = 127.0;
