@@ -232,7 +232,7 @@ static int write_model_h5(const BqBert *m, const char *path) {
         snprintf(name, sizeof name, "/params/%s", t->p[i].name);
         st = h5_write_f32(f, path, name, t->data + t->p[i].offset, t->p[i].ndim, t->p[i].shape);
     }
-    /* TODO(qat): bq_quant_save(m->quant, h5) once export/h5io.h (BqH5) lands. */
+    if (!st && m->quant) st = bq_quant_save_hdf5(m->quant, (int64_t)f, path);
     if (H5Fclose(f) < 0 && !st) st = bq_err(BQ_EIO, "%s: close failed", path);
     if (!st) st = bq_fsync_path(path);
     return st;
@@ -474,9 +474,10 @@ int bq_ckpt_load(BqBert *m, const char *dir, BqTrainState *ts) {
         st = bq_err(BQ_EFORMAT, "%s: format version %lld, this build reads %d", p, (long long)fv,
                     BQ_CKPT_FORMAT_VERSION);
     if (!st) st = read_params_group(f, p, "params", &m->params, m->params.data);
-    /* Quantized checkpoint: build the quantizer table from config.json's bertqat.quant block.
-     * TODO(qat): ranges via bq_quant_load once export/h5io.h (BqH5) lands. */
+    /* Quantized checkpoint: build the quantizer table from config.json's bertqat.quant block (unless
+     * the caller attached one), then the ranges from /quant. */
     if (!st && !m->quant) st = quant_from_config(m, dir);
+    if (!st && m->quant && h5_group_exists(f, "/quant")) st = bq_quant_load_hdf5(m, (int64_t)f, p);
     H5Fclose(f);
     H5Eset_auto2(H5E_DEFAULT, fn, data);
     if (st) return st;

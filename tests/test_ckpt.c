@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "export/ckpt.h"
+#include "layers/quant.h"
 
 static int fails = 0;
 #define EXPECT(c, ...)                                    \
@@ -156,6 +157,44 @@ int main(void) {
     st = bq_ckpt_save(&m, dir, "/nonexistent/vocab", &ts);
     EXPECT(st == BQ_EIO, "missing vocab: %d", st);
     EXPECT(bq_ckpt_is_native(dir), "old checkpoint destroyed by a failed save");
+
+    /* Quantized model: the quant config goes to config.json, the ranges to model.h5; loading into an
+     * empty model rebuilds the quantizer table and restores every range. */
+    char dir3[300];
+    snprintf(dir3, sizeof dir3, "%s/qat", root);
+    BqQuantConfig qc;
+    bq_quant_config_default(&qc);
+    BQ_CHECK(bq_quant_create(&m.quant, &m, &qc) == BQ_OK);
+    for (int i = 0; i < m.quant->n; i++) {
+        BqQuantizer *q = &m.quant->q[i];
+        for (int64_t c = 0; c < q->nch; c++) q->amax[c] = 0.5f + 0.01f * (float)(i + c);
+        q->initialized = 1;
+        q->frozen = i % 2;
+        bq_quant_update_scale(m.quant, q);
+    }
+    st = bq_ckpt_save(&m, dir3, vocab, NULL);
+    EXPECT(st == BQ_OK, "quant save: %s", bq_errmsg());
+    BqBert mq;
+    memset(&mq, 0, sizeof mq);
+    st = bq_ckpt_load(&mq, dir3, NULL);
+    EXPECT(st == BQ_OK && mq.quant, "quant load: %s", bq_errmsg());
+    int64_t qd = 0;
+    if (!st && mq.quant) {
+        EXPECT(mq.quant->n == m.quant->n && !strcmp(mq.quant->cfg.scheme, m.quant->cfg.scheme), "quant table differs");
+        for (int i = 0; i < m.quant->n && i < mq.quant->n; i++) {
+            const BqQuantizer *a = &m.quant->q[i], *b = &mq.quant->q[i];
+            for (int64_t c = 0; c < a->nch; c++)
+                qd += memcmp(&a->amax[c], &b->amax[c], 4) != 0 || memcmp(&a->scale[c], &b->scale[c], 4) != 0;
+            qd += a->frozen != b->frozen || a->initialized != b->initialized;
+        }
+        EXPECT(qd == 0, "%lld quantizer values differ", (long long)qd);
+        d += qd;
+    }
+    if (mq.quant) bq_quant_free(mq.quant);
+    mq.quant = NULL;
+    bq_bert_free(&mq);
+    bq_quant_free(m.quant);
+    m.quant = NULL;
 
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
