@@ -384,7 +384,7 @@ static int imdb_read_archive(BqRawSet *out, const char *path, const char *split)
     for (;;) {
         int r = archive_read_next_header(a, &e);
         if (r == ARCHIVE_EOF) break;
-        if (r < ARCHIVE_WARN) {
+        if (r != ARCHIVE_OK && r != ARCHIVE_WARN) { /* RETRY: damaged header; FAILED/FATAL */
             st = bq_err(BQ_EFORMAT, "%s: corrupt or truncated archive: %s", path, archive_error_string(a));
             goto cleanup;
         }

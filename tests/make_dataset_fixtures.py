@@ -48,6 +48,9 @@ def main():
     gz = gzip.compress(buf.getvalue(), mtime=0)
     write(os.path.join(HERE, "imdb.tar.gz"), gz)
     write(os.path.join(HERE, "bad", "truncated.tar.gz"), gz[: len(gz) // 2])
+    damaged = bytearray(buf.getvalue())
+    damaged[3 * 1024 + 5] ^= 0x21  # 4th entry's header (each entry: 512 header + 512 data): bad checksum
+    write(os.path.join(HERE, "bad", "damaged.tar.gz"), gzip.compress(bytes(damaged), mtime=0))
     corrupt = bytearray(gz)
     for k in range(len(corrupt) // 3, len(corrupt) // 3 + 64):
         corrupt[k] ^= 0x5A

@@ -127,6 +127,7 @@ int main(void) {
     expect_error("bad/notes.txt", "train", NULL, "notes.txt", "unknown data file type");
     expect_error("bad/nopos", "train", NULL, "nopos/train", "without pos/");
     expect_error("bad/truncated.tar.gz", "train", NULL, "truncated.tar.gz", "truncated");
+    expect_error("bad/damaged.tar.gz", "train", NULL, "damaged.tar.gz", "Damaged tar archive");
     expect_error("bad/corrupt.tar.gz", "train", NULL, "corrupt.tar.gz", "corrupt");
     expect_error("bad/missing_column.csv", "train", NULL, "missing_column.csv:1", "no text column");
     expect_error("bad/missing_column.csv", "train", &col, "missing_column.csv:1", "'review'");
