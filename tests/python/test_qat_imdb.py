@@ -73,3 +73,13 @@ def test_ptq_and_qat_imdb(tmp_path, bin_path):
           f"qat wall {t_qat:.0f}s")
     assert acc_ptq >= acc_fp32 - 0.05, (acc_fp32, acc_ptq)
     assert acc_qat >= 0.78, acc_qat
+
+
+def test_quant_cli_errors(tmp_path, bin_path):
+    """Bad quantization flags are one-line errors naming the flag, before any data is read."""
+    for args, flag in ((["--calibrator", "kl"], "--calibrator"), (["--scheme", "tflite"], "--scheme")):
+        p = run_bq("calibrate", "--model", MODEL, "--data", IMDB, "--out", tmp_path / "x", *args, check=False)
+        assert p.returncode != 0 and flag in p.stderr, p.stderr
+        assert not (tmp_path / "x").exists()
+    p = run_bq("info", tmp_path / "does_not_exist", check=False)
+    assert p.returncode != 0 and "does_not_exist" in p.stderr, p.stderr
