@@ -53,7 +53,7 @@ static void quant_opts_default(QuantOpts *q, const char *calibrator) {
 
 static int quant_config_from_opts(BqQuantConfig *cfg, const QuantOpts *o) {
     bq_quant_config_default(cfg);
-    if (strlen(o->scheme) >= sizeof cfg->scheme) return bq_err(BQ_EINVAL, "--scheme: '%s' is not one of ort, qdqbert", o->scheme);
+    if (strcmp(o->scheme, "ort") != 0 && strcmp(o->scheme, "qdqbert") != 0) return bq_err(BQ_EINVAL, "--scheme: '%s' is not one of ort, qdqbert", o->scheme);
     if (strlen(o->exclude) >= sizeof cfg->exclude) return bq_err(BQ_EINVAL, "--exclude: list is too long");
     strcpy(cfg->scheme, o->scheme);
     strcpy(cfg->exclude, o->exclude);
