@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "autograd/bq.h"
 #include "datasets/source.h"
@@ -273,9 +274,10 @@ static int mkdir_p(const char *dir) {
 }
 
 static int cache_write(const char *path, uint64_t key, const Encoded *e) {
-    size_t pl = strlen(path) + 8;
+    /* per-process temp name: two runs filling the same cache entry never interleave their writes */
+    size_t pl = strlen(path) + 32;
     char *tmp = bq_malloc(pl);
-    snprintf(tmp, pl, "%s.tmp", path);
+    snprintf(tmp, pl, "%s.%ld.tmp", path, (long)getpid());
     int st = BQ_OK;
     FILE *f = fopen(tmp, "wb");
     if (!f) {

@@ -33,8 +33,8 @@
  * (canonical path + size + mtime of the file, or of every file read from a folder), source split,
  * columns, vocabulary hash (bq_tokenizer_hash), max_seq_len, truncation and the sample selection.
  * The file carries a magic, a format version, the full key and an FNV-1a checksum of its payload; a
- * stale, truncated or corrupt file is ignored and rebuilt, never trusted. Written to <file>.tmp then
- * bq_rename_durable. cache_dir NULL: $BERTQAT_CACHE, else $XDG_CACHE_HOME/bertqat, else
+ * stale, truncated or corrupt file is ignored and rebuilt, never trusted. Written to <file>.<pid>.tmp
+ * then bq_rename_durable (concurrent runs cannot interleave). cache_dir NULL: $BERTQAT_CACHE, else $XDG_CACHE_HOME/bertqat, else
  * $HOME/.cache/bertqat, else ./.cache/bertqat; "" disables the cache. A cache failure to write is not
  * an error (the data was encoded; a warning line goes to stderr). */
 #ifndef BQ_DATASET_H
