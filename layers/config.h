@@ -1,0 +1,16 @@
+/* Hugging Face BertConfig (config.json) writing; reading is declared in layers/bert.h. */
+#ifndef BQ_CONFIG_H
+#define BQ_CONFIG_H
+
+#include <jansson.h>
+
+#include "layers/bert.h"
+
+/* Writes cfg as a transformers-loadable config.json (architectures BertForSequenceClassification,
+ * model_type bert, hidden_act gelu, id2label / label2id, ...) to PATH atomically. extra (may be
+ * NULL, not stolen) is stored under the key "bertqat". */
+int bq_config_save(const BqBertConfig *cfg, const char *path, json_t *extra);
+/* The same object, for callers that add keys before writing (new reference). */
+json_t *bq_config_to_json(const BqBertConfig *cfg);
+
+#endif
