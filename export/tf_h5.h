@@ -1,7 +1,8 @@
 /* Reader for a Hugging Face TensorFlow checkpoint `tf_model.h5` (Keras save_weights H5 layout as
  * written by transformers' TFPreTrainedModel.save_pretrained): the root carries a `layer_names`
  * attribute; each top-level layer group (e.g. "bert", "classifier") carries `weight_names`, the
- * full TF variable names such as
+ * full TF variable names, which start with the model name (dropped on mapping), e.g.
+ * "tf_bert_for_sequence_classification/" followed by
  *   bert/embeddings/word_embeddings/weight:0
  *   bert/embeddings/position_embeddings/embeddings:0
  *   bert/encoder/layer_._0/attention/self/query/kernel:0     (Dense kernel, stored [in, out])
