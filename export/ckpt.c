@@ -2,9 +2,12 @@
  * training_state.h5 with atomic directory replacement (layout in ckpt.h; DESIGN.md §6). HDF5 C API
  * (H5Dcreate2/H5Dwrite, attributes on the root group). */
 #include "export/ckpt.h"
+#include "layers/config.h"
 #include "layers/quant.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <errno.h>
 #include <hdf5.h>
 #include <jansson.h>
@@ -176,36 +179,13 @@ static int h5_attr_read(hid_t f, const char *file, const char *name, hid_t type,
 
 static int config_write(const BqBert *m, const char *path) {
     const BqBertConfig *c = &m->cfg;
-    json_t *j = json_object();
-    json_object_set_new(j, "architectures", json_pack("[s]", "BertForSequenceClassification"));
-    json_object_set_new(j, "model_type", json_string("bert"));
-    json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
-    json_object_set_new(j, "hidden_size", json_integer(c->hidden_size));
-    json_object_set_new(j, "num_hidden_layers", json_integer(c->num_hidden_layers));
-    json_object_set_new(j, "num_attention_heads", json_integer(c->num_attention_heads));
-    json_object_set_new(j, "intermediate_size", json_integer(c->intermediate_size));
-    json_object_set_new(j, "hidden_act", json_string("gelu"));
-    json_object_set_new(j, "hidden_dropout_prob", json_real(c->hidden_dropout_prob));
-    json_object_set_new(j, "attention_probs_dropout_prob", json_real(c->attention_probs_dropout_prob));
-    json_object_set_new(j, "classifier_dropout", c->classifier_dropout < 0 ? json_null() : json_real(c->classifier_dropout));
-    json_object_set_new(j, "max_position_embeddings", json_integer(c->max_position_embeddings));
-    json_object_set_new(j, "type_vocab_size", json_integer(c->type_vocab_size));
-    json_object_set_new(j, "initializer_range", json_real(c->initializer_range));
-    json_object_set_new(j, "layer_norm_eps", json_real(c->layer_norm_eps));
-    json_object_set_new(j, "pad_token_id", json_integer(c->pad_token_id));
-    json_object_set_new(j, "position_embedding_type", json_string("absolute"));
-    json_t *i2l = json_object(), *l2i = json_object(), *labels = json_array();
+    json_t *j = bq_config_to_json(c); /* HF keys, id2label/label2id (layers/config.c) */
+    json_t *labels = json_array();
+    char def[32];
     for (int i = 0; i < c->num_labels; i++) {
-        char key[32], def[32];
-        snprintf(key, sizeof key, "%d", i);
         snprintf(def, sizeof def, "LABEL_%d", i);
-        const char *name = c->id2label && c->id2label[i] ? c->id2label[i] : def;
-        json_object_set_new(i2l, key, json_string(name));
-        json_object_set_new(l2i, name, json_integer(i));
-        json_array_append_new(labels, json_string(name));
+        json_array_append_new(labels, json_string(c->id2label && c->id2label[i] ? c->id2label[i] : def));
     }
-    json_object_set_new(j, "id2label", i2l);
-    json_object_set_new(j, "label2id", l2i);
     json_t *bq = json_object();
     json_object_set_new(bq, "format_version", json_integer(BQ_CKPT_FORMAT_VERSION));
     json_object_set_new(bq, "num_labels", json_integer(c->num_labels));
@@ -336,6 +316,17 @@ int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const 
      * instant a reader could look (and DIR.old holds the old one during the swap). */
     struct stat sb;
     int had_old = stat(dir, &sb) == 0;
+    /* Preferred: swap DIR.tmp and DIR in one atomic step (Linux renameat2 RENAME_EXCHANGE), so DIR
+     * is always a complete checkpoint; then remove the old one (now at DIR.tmp). */
+    if (had_old && renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
+        snprintf(p, sizeof p, "%s", dir);
+        char *sl = strrchr(p, '/');
+        if (sl && sl != p) *sl = 0;
+        else snprintf(p, sizeof p, "%s", sl == p ? "/" : ".");
+        bq_fsync_path(p);
+        remove_tree(tmp);
+        return BQ_OK;
+    }
     if (had_old) {
         remove_tree(old);
         if (rename(dir, old) != 0) {
