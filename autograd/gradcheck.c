@@ -1,0 +1,100 @@
+/* Central-difference gradient checking (contract in gradcheck.h). Reference: the standard
+ * finite-difference gradient check (cs231n notes; torch.autograd.gradcheck uses the same
+ * atol + rtol·|num| acceptance form). */
+#include "autograd/gradcheck.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GC_ATOL 1e-4
+#define GC_RTOL 1e-2
+#define GC_PREFILL 0.25f /* initial gradient value: backward must add to it */
+
+void bq_gc_fill_uniform(float *v, int64_t n, uint64_t seed, float lo, float hi) {
+    BqRng r;
+    bq_rng_seed(&r, seed);
+    for (int64_t i = 0; i < n; i++) v[i] = lo + (hi - lo) * (float)bq_rng_uniform(&r);
+}
+
+/* One forward without recording; returns Σ out·R in double. Resets the dropout counter so every
+ * evaluation draws the same mask. */
+static double eval_loss(BqCtx *ctx, BqGcForward fwd, void *ud, const float *R, int64_t nR) {
+    size_t mark = bq_arena_mark(ctx->act);
+    BqTape *tape = ctx->tape;
+    ctx->tape = NULL;
+    ctx->rng_count = 0;
+    BqTensor *out = fwd(ctx, ud);
+    BQ_CHECK(bq_tensor_numel(out) == nR);
+    double L = 0.0;
+    for (int64_t i = 0; i < nR; i++) L += (double)out->data[i] * (double)R[i];
+    ctx->tape = tape;
+    bq_arena_rewind(ctx->act, mark);
+    return L;
+}
+
+int bq_gradcheck(const char *op, BqGcForward fwd, void *ud, BqGcInput *inputs, int ninputs, double eps,
+                 double *max_err) {
+    BqArena act;
+    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 28, "gradcheck") == BQ_OK);
+    BqTape tape;
+    bq_tape_init(&tape, 64);
+    BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = 0x5eedULL, .rng_count = 0};
+
+    /* analytic: gradients pre-filled, one recorded forward, out->grad = R, backward */
+    for (int k = 0; k < ninputs; k++)
+        if (inputs[k].grad)
+            for (int64_t i = 0; i < inputs[k].n; i++) inputs[k].grad[i] = GC_PREFILL;
+    BqTensor *out = fwd(&ctx, ud);
+    int64_t nR = bq_tensor_numel(out);
+    float *R = bq_malloc((size_t)nR * sizeof(float));
+    bq_gc_fill_uniform(R, nR, 1234, -1.0f, 1.0f);
+    BQ_CHECK(out->grad != NULL);
+    memcpy(out->grad, R, (size_t)nR * sizeof(float));
+    float dummy_grad = 0.0f, dummy_data = 0.0f;
+    int64_t one = 1;
+    BqTensor seed = bq_tensor_wrap(&dummy_data, &dummy_grad, 1, &one); /* not on the tape */
+    bq_backward(&ctx, &seed);
+    bq_tape_rewind(&tape);
+    bq_arena_rewind(&act, 0);
+
+    int fails = 0;
+    double worst = 0.0;
+    for (int k = 0; k < ninputs; k++) {
+        BqGcInput *in = &inputs[k];
+        if (!in->grad) continue;
+        double kmax_abs = 0.0, kmax_rel = 0.0;
+        int kfails = 0;
+        for (int64_t i = 0; i < in->n; i++) {
+            double ana = (double)in->grad[i] - (double)GC_PREFILL;
+            float x0 = in->data[i];
+            float xp = x0 + (float)eps, xm = x0 - (float)eps;
+            in->data[i] = xp;
+            double Lp = eval_loss(&ctx, fwd, ud, R, nR);
+            in->data[i] = xm;
+            double Lm = eval_loss(&ctx, fwd, ud, R, nR);
+            in->data[i] = x0;
+            double num = (Lp - Lm) / ((double)xp - (double)xm);
+            double err = fabs(num - ana);
+            double rel = err / (fabs(num) > 1e-12 ? fabs(num) : 1e-12);
+            if (err > kmax_abs) kmax_abs = err;
+            if (err > 1e-6 && rel > kmax_rel) kmax_rel = rel;
+            if (!(err <= GC_ATOL + GC_RTOL * fabs(num))) {
+                if (kfails < 5)
+                    printf("  FAIL %s %s[%lld]: numerical %.8g analytic %.8g\n", op, in->name, (long long)i, num,
+                           ana);
+                kfails++;
+            }
+        }
+        printf("%s d%s: %lld elements, max abs err %.3e, max rel err %.3e%s\n", op, in->name, (long long)in->n,
+               kmax_abs, kmax_rel, kfails ? "  FAILED" : "");
+        if (kmax_abs > worst) worst = kmax_abs;
+        fails += kfails;
+    }
+    if (max_err) *max_err = worst;
+    free(R);
+    bq_tape_free(&tape);
+    bq_arena_free(&act);
+    return fails;
+}

@@ -1,0 +1,36 @@
+/* Gradient checking by central differences, for the tests/test_grad_*.c programs.
+ *
+ * The checked function is L(inputs) = Σ out ⊙ R for a fixed random R, accumulated in double. The
+ * analytic gradient comes from one recorded forward and bq_backward, with the input gradients
+ * pre-filled with a constant so that the check also proves backward ACCUMULATES (+=). The numerical
+ * gradient perturbs each float input element by ±eps and divides by the difference of the actually
+ * stored floats (computed in double). Pass: |num − ana| <= atol + rtol·|num| with atol 1e-4,
+ * rtol 1e-2. Ops that are linear in each single input element have no truncation error, so those
+ * tests use a large eps that makes float rounding of the forward negligible. */
+#ifndef BQ_GRADCHECK_H
+#define BQ_GRADCHECK_H
+
+#include <stdint.h>
+
+#include "autograd/tensor.h"
+
+/* Builds the op under test from the caller's inputs (wrapped each call) and returns its output. */
+typedef BqTensor *(*BqGcForward)(BqCtx *ctx, void *ud);
+
+typedef struct BqGcInput {
+    const char *name;
+    float *data;  /* perturbed in place (restored afterwards) */
+    float *grad;  /* gradient buffer the forward wraps together with data (NULL: not checked) */
+    int64_t n;
+} BqGcInput;
+
+/* Fills v with uniform values in [lo, hi) from a seeded RNG. */
+void bq_gc_fill_uniform(float *v, int64_t n, uint64_t seed, float lo, float hi);
+
+/* Runs the check for every input with a grad buffer; prints one line per input with its max absolute
+ * and relative error, the first few failures, and returns the number of failing elements (0 = pass).
+ * *max_err receives the largest |num − ana| seen. */
+int bq_gradcheck(const char *op, BqGcForward fwd, void *ud, BqGcInput *inputs, int ninputs, double eps,
+                 double *max_err);
+
+#endif

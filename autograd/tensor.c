@@ -1,0 +1,503 @@
+/* Tensors (views into arenas), the linear tape and the recorded ops of tensor.h: each bq_op_* computes
+ * its output with a kernel of kernels.h and, when ctx->tape is set, appends one node; bq_backward walks
+ * the tape in reverse through a dispatch table indexed by BqOp.
+ *
+ * Reference: the tape design of micrograd/llm.c (explicit forward/backward kernels, gradients
+ * accumulated), HF transformers BertForSequenceClassification for the op set. */
+#include "autograd/tensor.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/kernels.h"
+
+/* ---- tape ---- */
+
+int bq_tape_init(BqTape *t, int64_t capacity) {
+    BQ_CHECK(capacity > 0);
+    t->nodes = bq_malloc((size_t)capacity * sizeof(BqNode));
+    t->n = 0;
+    t->cap = capacity;
+    return BQ_OK;
+}
+
+void bq_tape_free(BqTape *t) {
+    free(t->nodes);
+    t->nodes = NULL;
+    t->n = t->cap = 0;
+}
+
+/* Grows geometrically if a model records more nodes than the capacity it asked for (first step only;
+ * the tape is rewound, not freed, between steps). */
+static BqNode *tape_push(BqCtx *ctx, BqOp op, BqTensor *out) {
+    BqTape *t = ctx->tape;
+    if (t->n == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 64;
+        t->nodes = bq_realloc(t->nodes, (size_t)t->cap * sizeof(BqNode));
+    }
+    BqNode *nd = &t->nodes[t->n++];
+    memset(nd, 0, sizeof *nd);
+    nd->op = op;
+    nd->out = out;
+    return nd;
+}
+
+/* ---- tensors ---- */
+
+int64_t bq_tensor_numel(const BqTensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+int bq_tensor_is_contiguous(const BqTensor *t) {
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->stride[i] != s) return 0;
+        s *= t->shape[i];
+    }
+    return 1;
+}
+
+void bq_tensor_set_shape(BqTensor *t, int ndim, const int64_t *shape) {
+    BQ_CHECK(ndim >= 1 && ndim <= BQ_MAX_DIMS);
+    t->ndim = ndim;
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        BQ_CHECK(shape[i] >= 0);
+        t->shape[i] = shape[i];
+        t->stride[i] = s;
+        s *= shape[i];
+    }
+    for (int i = ndim; i < BQ_MAX_DIMS; i++) t->shape[i] = 1, t->stride[i] = 0;
+}
+
+BqTensor *bq_tensor_new(BqCtx *ctx, int ndim, const int64_t *shape) {
+    BqTensor *t = bq_arena_alloc(ctx->act, sizeof(BqTensor));
+    memset(t, 0, sizeof *t);
+    bq_tensor_set_shape(t, ndim, shape);
+    size_t bytes = (size_t)bq_tensor_numel(t) * sizeof(float);
+    t->data = bq_arena_alloc(ctx->act, bytes ? bytes : sizeof(float));
+    t->grad = ctx->tape ? bq_arena_alloc_zero(ctx->act, bytes ? bytes : sizeof(float)) : NULL;
+    return t;
+}
+
+BqTensor bq_tensor_wrap(float *data, float *grad, int ndim, const int64_t *shape) {
+    BqTensor t;
+    memset(&t, 0, sizeof t);
+    bq_tensor_set_shape(&t, ndim, shape);
+    t.data = data;
+    t.grad = grad;
+    return t;
+}
+
+BqTensor *bq_tensor_reshape(BqCtx *ctx, const BqTensor *t, int ndim, const int64_t *shape) {
+    BQ_CHECK(bq_tensor_is_contiguous(t));
+    BqTensor *v = bq_arena_alloc(ctx->act, sizeof(BqTensor));
+    memset(v, 0, sizeof *v);
+    bq_tensor_set_shape(v, ndim, shape);
+    BQ_CHECK(bq_tensor_numel(v) == bq_tensor_numel(t));
+    v->data = t->data;
+    v->grad = t->grad;
+    v->name = t->name;
+    return v;
+}
+
+/* ---- helpers ---- */
+
+static int64_t last_dim(const BqTensor *t) { return t->shape[t->ndim - 1]; }
+
+static BqTensor *new_like(BqCtx *ctx, const BqTensor *x) { return bq_tensor_new(ctx, x->ndim, x->shape); }
+
+/* Shape of x with its last dimension replaced. */
+static BqTensor *new_last(BqCtx *ctx, const BqTensor *x, int64_t last) {
+    int64_t shape[BQ_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = last;
+    return bq_tensor_new(ctx, x->ndim, shape);
+}
+
+#define CONTIG(t) BQ_CHECK((t) != NULL && bq_tensor_is_contiguous(t))
+
+/* ---- ops ---- */
+
+BqTensor *bq_op_linear(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b) {
+    CONTIG(x);
+    CONTIG(w);
+    BQ_CHECK(w->ndim == 2 && last_dim(x) == w->shape[1]);
+    int64_t C = w->shape[1], OC = w->shape[0], N = bq_tensor_numel(x) / C;
+    if (b) {
+        CONTIG(b);
+        BQ_CHECK(bq_tensor_numel(b) == OC);
+    }
+    BqTensor *y = new_last(ctx, x, OC);
+    bq_kernel_linear_forward(y->data, x->data, w->data, b ? b->data : NULL, N, C, OC);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_LINEAR, y);
+        nd->in[0] = x, nd->in[1] = w, nd->in[2] = b;
+        nd->iparam[0] = N, nd->iparam[1] = C, nd->iparam[2] = OC;
+    }
+    return y;
+}
+
+static void back_linear(BqNode *nd) {
+    BqTensor *x = nd->in[0], *w = nd->in[1], *b = nd->in[2];
+    bq_kernel_linear_backward(x->grad, w->grad, b ? b->grad : NULL, nd->out->grad, x->data, w->data, nd->iparam[0],
+                              nd->iparam[1], nd->iparam[2]);
+}
+
+BqTensor *bq_op_attn_scores(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads) {
+    CONTIG(q);
+    CONTIG(k);
+    BQ_CHECK(q->ndim == 3 && k->ndim == 3 && nheads > 0);
+    for (int i = 0; i < 3; i++) BQ_CHECK(q->shape[i] == k->shape[i]);
+    int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2];
+    BQ_CHECK(H % nheads == 0);
+    int64_t shape[4] = {B, nheads, T, T};
+    BqTensor *s = bq_tensor_new(ctx, 4, shape);
+    bq_kernel_attn_scores_forward(s->data, q->data, k->data, B, T, nheads, H / nheads);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_ATTN_SCORES, s);
+        nd->in[0] = q, nd->in[1] = k;
+        nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = nheads, nd->iparam[3] = H / nheads;
+    }
+    return s;
+}
+
+static void back_attn_scores(BqNode *nd) {
+    BqTensor *q = nd->in[0], *k = nd->in[1];
+    bq_kernel_attn_scores_backward(q->grad, k->grad, nd->out->grad, q->data, k->data, nd->iparam[0], nd->iparam[1],
+                                   nd->iparam[2], nd->iparam[3]);
+}
+
+BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nheads) {
+    CONTIG(probs);
+    CONTIG(v);
+    BQ_CHECK(probs->ndim == 4 && v->ndim == 3 && nheads > 0);
+    int64_t B = v->shape[0], T = v->shape[1], H = v->shape[2];
+    BQ_CHECK(H % nheads == 0);
+    BQ_CHECK(probs->shape[0] == B && probs->shape[1] == nheads && probs->shape[2] == T && probs->shape[3] == T);
+    BqTensor *c = bq_tensor_new(ctx, 3, v->shape);
+    bq_kernel_attn_context_forward(c->data, probs->data, v->data, B, T, nheads, H / nheads);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_ATTN_CONTEXT, c);
+        nd->in[0] = probs, nd->in[1] = v;
+        nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = nheads, nd->iparam[3] = H / nheads;
+    }
+    return c;
+}
+
+static void back_attn_context(BqNode *nd) {
+    BqTensor *p = nd->in[0], *v = nd->in[1];
+    bq_kernel_attn_context_backward(p->grad, v->grad, nd->out->grad, p->data, v->data, nd->iparam[0], nd->iparam[1],
+                                    nd->iparam[2], nd->iparam[3]);
+}
+
+/* Returns 1 when b broadcasts over a's leading dims, 0 for equal sizes. */
+static int binary_bcast(const BqTensor *a, const BqTensor *b) {
+    CONTIG(a);
+    CONTIG(b);
+    int64_t na = bq_tensor_numel(a), nb = bq_tensor_numel(b);
+    if (na == nb && a->ndim == b->ndim) {
+        for (int i = 0; i < a->ndim; i++) BQ_CHECK(a->shape[i] == b->shape[i]);
+        return 0;
+    }
+    BQ_CHECK(nb == last_dim(a));
+    return 1;
+}
+
+static BqTensor *binary_op(BqCtx *ctx, BqOp op, BqTensor *a, BqTensor *b) {
+    int bc = binary_bcast(a, b);
+    int64_t n = bq_tensor_numel(a), C = last_dim(a);
+    BqTensor *y = new_like(ctx, a);
+    if (op == BQ_OP_ADD)
+        bq_kernel_add_forward(y->data, a->data, b->data, n, C, bc);
+    else
+        bq_kernel_mul_forward(y->data, a->data, b->data, n, C, bc);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, op, y);
+        nd->in[0] = a, nd->in[1] = b;
+        nd->iparam[0] = n, nd->iparam[1] = C, nd->iparam[2] = bc;
+    }
+    return y;
+}
+
+BqTensor *bq_op_add(BqCtx *ctx, BqTensor *a, BqTensor *b) { return binary_op(ctx, BQ_OP_ADD, a, b); }
+BqTensor *bq_op_mul(BqCtx *ctx, BqTensor *a, BqTensor *b) { return binary_op(ctx, BQ_OP_MUL, a, b); }
+
+static void back_add(BqNode *nd) {
+    bq_kernel_add_backward(nd->in[0]->grad, nd->in[1]->grad, nd->out->grad, nd->iparam[0], nd->iparam[1],
+                           (int)nd->iparam[2]);
+}
+
+static void back_mul(BqNode *nd) {
+    bq_kernel_mul_backward(nd->in[0]->grad, nd->in[1]->grad, nd->out->grad, nd->in[0]->data, nd->in[1]->data,
+                           nd->iparam[0], nd->iparam[1], (int)nd->iparam[2]);
+}
+
+BqTensor *bq_op_scale(BqCtx *ctx, BqTensor *x, float s) {
+    CONTIG(x);
+    BqTensor *y = new_like(ctx, x);
+    int64_t n = bq_tensor_numel(x);
+    bq_kernel_scale_forward(y->data, x->data, s, n);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_SCALE, y);
+        nd->in[0] = x;
+        nd->iparam[0] = n;
+        nd->fval[0] = s;
+    }
+    return y;
+}
+
+static void back_scale(BqNode *nd) {
+    if (nd->in[0]->grad) bq_kernel_scale_backward(nd->in[0]->grad, nd->out->grad, nd->fval[0], nd->iparam[0]);
+}
+
+BqTensor *bq_op_embedding(BqCtx *ctx, BqTensor *table, const int32_t *ids, int64_t B, int64_t T) {
+    CONTIG(table);
+    BQ_CHECK(table->ndim == 2 && ids != NULL);
+    int64_t H = table->shape[1];
+    int64_t shape[3] = {B, T, H};
+    BqTensor *y = bq_tensor_new(ctx, 3, shape);
+    bq_kernel_embedding_forward(y->data, table->data, ids, B * T, H);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_EMBEDDING, y);
+        nd->in[0] = table;
+        nd->ids = ids;
+        nd->iparam[0] = B * T, nd->iparam[1] = H;
+    }
+    return y;
+}
+
+static void back_embedding(BqNode *nd) {
+    if (nd->in[0]->grad)
+        bq_kernel_embedding_backward(nd->in[0]->grad, nd->out->grad, nd->ids, nd->iparam[0], nd->iparam[1]);
+}
+
+typedef struct LnSaved {
+    float *mean, *rstd;
+} LnSaved;
+
+BqTensor *bq_op_layernorm(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b, float eps) {
+    CONTIG(x);
+    CONTIG(w);
+    CONTIG(b);
+    int64_t H = last_dim(x), N = bq_tensor_numel(x) / H;
+    BQ_CHECK(bq_tensor_numel(w) == H && bq_tensor_numel(b) == H);
+    BqTensor *y = new_like(ctx, x);
+    LnSaved *sv = bq_arena_alloc(ctx->act, sizeof(LnSaved));
+    sv->mean = bq_arena_alloc(ctx->act, (size_t)N * sizeof(float));
+    sv->rstd = bq_arena_alloc(ctx->act, (size_t)N * sizeof(float));
+    bq_kernel_layernorm_forward(y->data, sv->mean, sv->rstd, x->data, w->data, b->data, N, H, eps);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_LAYERNORM, y);
+        nd->in[0] = x, nd->in[1] = w, nd->in[2] = b;
+        nd->saved = sv;
+        nd->iparam[0] = N, nd->iparam[1] = H;
+        nd->fval[0] = eps;
+    }
+    return y;
+}
+
+static void back_layernorm(BqNode *nd) {
+    LnSaved *sv = nd->saved;
+    bq_kernel_layernorm_backward(nd->in[0]->grad, nd->in[1]->grad, nd->in[2]->grad, nd->out->grad, nd->in[0]->data,
+                                 nd->in[1]->data, sv->mean, sv->rstd, nd->iparam[0], nd->iparam[1]);
+}
+
+static BqTensor *unary_op(BqCtx *ctx, BqOp op, BqTensor *x) {
+    CONTIG(x);
+    BqTensor *y = new_like(ctx, x);
+    int64_t n = bq_tensor_numel(x);
+    if (op == BQ_OP_GELU)
+        bq_kernel_gelu_forward(y->data, x->data, n);
+    else
+        bq_kernel_tanh_forward(y->data, x->data, n);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, op, y);
+        nd->in[0] = x;
+        nd->iparam[0] = n;
+    }
+    return y;
+}
+
+BqTensor *bq_op_gelu(BqCtx *ctx, BqTensor *x) { return unary_op(ctx, BQ_OP_GELU, x); }
+BqTensor *bq_op_tanh(BqCtx *ctx, BqTensor *x) { return unary_op(ctx, BQ_OP_TANH, x); }
+
+static void back_gelu(BqNode *nd) {
+    if (nd->in[0]->grad) bq_kernel_gelu_backward(nd->in[0]->grad, nd->out->grad, nd->in[0]->data, nd->iparam[0]);
+}
+
+static void back_tanh(BqNode *nd) {
+    if (nd->in[0]->grad) bq_kernel_tanh_backward(nd->in[0]->grad, nd->out->grad, nd->out->data, nd->iparam[0]);
+}
+
+BqTensor *bq_op_softmax_mask(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value) {
+    CONTIG(x);
+    BQ_CHECK(x->ndim == 4 && x->shape[2] == x->shape[3]);
+    int64_t B = x->shape[0], NH = x->shape[1], T = x->shape[3];
+    BqTensor *y = new_like(ctx, x);
+    bq_kernel_softmax_mask_forward(y->data, x->data, mask, scale, mask_value, B, NH, T);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_SOFTMAX_MASK, y); /* backward needs only y, the output itself */
+        nd->in[0] = x;
+        nd->fparam = mask;
+        nd->iparam[0] = B * NH * T, nd->iparam[1] = T;
+        nd->fval[0] = scale, nd->fval[1] = mask_value;
+    }
+    return y;
+}
+
+static void back_softmax_mask(BqNode *nd) {
+    if (nd->in[0]->grad)
+        bq_kernel_softmax_mask_backward(nd->in[0]->grad, nd->out->grad, nd->out->data, nd->fval[0], nd->iparam[0],
+                                        nd->iparam[1]);
+}
+
+BqTensor *bq_op_dropout(BqCtx *ctx, BqTensor *x, float p) {
+    BQ_CHECK(p >= 0.0f && p < 1.0f);
+    if (!ctx->training || p == 0.0f) return x;
+    CONTIG(x);
+    int64_t n = bq_tensor_numel(x);
+    BqTensor *y = new_like(ctx, x);
+    uint8_t *keep = bq_arena_alloc(ctx->act, (size_t)(n ? n : 1));
+    uint64_t key = ctx->rng_key + ctx->rng_count;
+    ctx->rng_count++;
+    bq_kernel_dropout_forward(y->data, keep, x->data, p, key, n);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_DROPOUT, y);
+        nd->in[0] = x;
+        nd->saved = keep;
+        nd->iparam[0] = n;
+        nd->fval[0] = p;
+    }
+    return y;
+}
+
+static void back_dropout(BqNode *nd) {
+    if (nd->in[0]->grad)
+        bq_kernel_dropout_backward(nd->in[0]->grad, nd->out->grad, nd->saved, nd->fval[0], nd->iparam[0]);
+}
+
+BqTensor *bq_op_select_token(BqCtx *ctx, BqTensor *x, int64_t t) {
+    CONTIG(x);
+    BQ_CHECK(x->ndim == 3 && t >= 0 && t < x->shape[1]);
+    int64_t B = x->shape[0], T = x->shape[1], H = x->shape[2];
+    int64_t shape[2] = {B, H};
+    BqTensor *y = bq_tensor_new(ctx, 2, shape);
+    bq_kernel_select_token_forward(y->data, x->data, B, T, H, t);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_SELECT_TOKEN, y);
+        nd->in[0] = x;
+        nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = H, nd->iparam[3] = t;
+    }
+    return y;
+}
+
+static void back_select_token(BqNode *nd) {
+    if (nd->in[0]->grad)
+        bq_kernel_select_token_backward(nd->in[0]->grad, nd->out->grad, nd->iparam[0], nd->iparam[1], nd->iparam[2],
+                                        nd->iparam[3]);
+}
+
+BqTensor *bq_op_cross_entropy(BqCtx *ctx, BqTensor *logits, const int32_t *labels) {
+    CONTIG(logits);
+    BQ_CHECK(logits->ndim == 2 && labels != NULL);
+    int64_t B = logits->shape[0], C = logits->shape[1];
+    for (int64_t b = 0; b < B; b++) BQ_CHECK(labels[b] >= 0 && labels[b] < C);
+    int64_t one = 1;
+    BqTensor *loss = bq_tensor_new(ctx, 1, &one);
+    float *probs = bq_arena_alloc(ctx->act, (size_t)(B * C) * sizeof(float));
+    bq_kernel_cross_entropy_forward(loss->data, probs, logits->data, labels, B, C);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_CROSS_ENTROPY, loss);
+        nd->in[0] = logits;
+        nd->ids = labels;
+        nd->saved = probs;
+        nd->iparam[0] = B, nd->iparam[1] = C;
+    }
+    return loss;
+}
+
+static void back_cross_entropy(BqNode *nd) {
+    if (nd->in[0]->grad)
+        bq_kernel_cross_entropy_backward(nd->in[0]->grad, nd->out->grad[0], nd->saved, nd->ids, nd->iparam[0],
+                                         nd->iparam[1]);
+}
+
+/* Views x as (outer, nscale, inner). Per tensor, the rows of the last axis serve as `outer` so the
+ * kernel still has rows to spread over threads. */
+static void fq_dims(const BqTensor *x, int64_t nscale, int axis, int64_t *outer, int64_t *inner) {
+    int64_t n = bq_tensor_numel(x);
+    if (nscale == 1) {
+        int64_t last = x->ndim ? last_dim(x) : 1;
+        if (last <= 0) last = 1;
+        *inner = last;
+        *outer = n / last;
+        return;
+    }
+    BQ_CHECK(axis >= 0 && axis < x->ndim && x->shape[axis] == nscale);
+    int64_t in = 1;
+    for (int i = axis + 1; i < x->ndim; i++) in *= x->shape[i];
+    *inner = in;
+    *outer = n / (in * nscale);
+}
+
+BqTensor *bq_op_fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t nscale, int axis, int qmin,
+                          int qmax) {
+    CONTIG(x);
+    BQ_CHECK(scale != NULL && nscale >= 1 && qmin < qmax);
+    int64_t outer, inner;
+    fq_dims(x, nscale, axis, &outer, &inner);
+    BqTensor *y = new_like(ctx, x);
+    bq_kernel_fakequant_forward(y->data, x->data, scale, outer, nscale, inner, qmin, qmax);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_FAKEQUANT, y);
+        nd->in[0] = x;
+        nd->fparam = scale;
+        nd->iparam[0] = outer, nd->iparam[1] = nscale, nd->iparam[2] = inner;
+        nd->iparam[3] = (int64_t)(uint32_t)qmin | ((int64_t)(uint32_t)qmax << 32);
+    }
+    return y;
+}
+
+static void back_fakequant(BqNode *nd) {
+    if (!nd->in[0]->grad) return;
+    int qmin = (int)(int32_t)(uint32_t)(nd->iparam[3] & 0xffffffff);
+    int qmax = (int)(int32_t)(uint32_t)((uint64_t)nd->iparam[3] >> 32);
+    bq_kernel_fakequant_backward(nd->in[0]->grad, nd->out->grad, nd->in[0]->data, nd->fparam, nd->iparam[0],
+                                 nd->iparam[1], nd->iparam[2], qmin, qmax);
+}
+
+/* ---- backward ---- */
+
+typedef void (*BackFn)(BqNode *);
+
+static const BackFn g_backward[BQ_OP_COUNT] = {
+    [BQ_OP_LINEAR] = back_linear,
+    [BQ_OP_ATTN_SCORES] = back_attn_scores,
+    [BQ_OP_ATTN_CONTEXT] = back_attn_context,
+    [BQ_OP_ADD] = back_add,
+    [BQ_OP_MUL] = back_mul,
+    [BQ_OP_SCALE] = back_scale,
+    [BQ_OP_EMBEDDING] = back_embedding,
+    [BQ_OP_LAYERNORM] = back_layernorm,
+    [BQ_OP_GELU] = back_gelu,
+    [BQ_OP_TANH] = back_tanh,
+    [BQ_OP_SOFTMAX_MASK] = back_softmax_mask,
+    [BQ_OP_DROPOUT] = back_dropout,
+    [BQ_OP_SELECT_TOKEN] = back_select_token,
+    [BQ_OP_CROSS_ENTROPY] = back_cross_entropy,
+    [BQ_OP_FAKEQUANT] = back_fakequant,
+};
+
+void bq_backward(BqCtx *ctx, BqTensor *loss) {
+    BQ_CHECK(ctx->tape != NULL && loss != NULL && loss->grad != NULL);
+    loss->grad[0] = 1.0f;
+    for (int64_t i = ctx->tape->n - 1; i >= 0; i--) {
+        BqNode *nd = &ctx->tape->nodes[i];
+        BQ_CHECK(nd->op >= 0 && nd->op < BQ_OP_COUNT && g_backward[nd->op] != NULL);
+        if (!nd->out->grad) continue;
+        g_backward[nd->op](nd);
+    }
+}
