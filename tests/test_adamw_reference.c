@@ -2,7 +2,8 @@
  * tests/make_bert_fixture.py): 5 steps on the same batch, lr 1e-3, betas (0.9, 0.999), eps 1e-8,
  * weight decay 0.01 except biases and LayerNorm weights, constant lr, no clipping. Requires each of
  * the 5 losses (before step k) within 1e-5 and every parameter after the 5 steps within 1e-5 absolute
- * (fixture adamw_losses, after5.<name>). The fixture is read with a minimal safetensors reader. */
+ * (fixture adamw_losses, after5.<name>), except the attention key biases whose gradient is 0 up to
+ * rounding (see below). The fixture is read with a minimal safetensors reader. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -185,6 +186,13 @@ int main(void) {
         for (int64_t j = 0; j < numel; j++) {
             double d = fabs((double)pt->data[pt->p[i].offset + j] - w[j]);
             if (!(d <= e)) e = d;
+        }
+        /* The key bias has a true gradient of 0 (softmax is invariant to a constant shift of the scores
+         * of a query), so both implementations see float rounding noise there, which Adam's
+         * m/sqrt(v) normalisation turns into steps of about lr: not comparable, reported only. */
+        if (strstr(pt->p[i].name, "attention.self.key.bias")) {
+            printf("%s after 5 steps: err %.3g (gradient is rounding noise; not checked)\n", pt->p[i].name, e);
+            continue;
         }
         if (!(e <= worst_p)) worst_p = e;
         if (!(e <= 1e-5)) fails++, fprintf(stderr, "FAIL %s after 5 steps: err %.3g\n", pt->p[i].name, e);

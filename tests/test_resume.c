@@ -152,7 +152,9 @@ int main(void) {
     BqBatchSource val = {.ctx = &va, .num_batches = s_num, .begin_epoch = s_begin, .next = s_next};
 
     /* A: uninterrupted */
-    Rec ra = {{0}}, rb = {{0}};
+    Rec ra, rb;
+    memset(&ra, 0, sizeof ra);
+    memset(&rb, 0, sizeof rb);
     BqTrainConfig tc;
     BqBert ma, mb;
     make_model(&ma);
