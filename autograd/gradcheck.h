@@ -4,7 +4,8 @@
  * analytic gradient comes from one recorded forward and bq_backward, with the input gradients
  * pre-filled with a constant so that the check also proves backward ACCUMULATES (+=). The numerical
  * gradient perturbs each float input element by ±eps and divides by the difference of the actually
- * stored floats (computed in double). Pass: |num − ana| <= atol + rtol·|num| with atol 1e-4,
+ * stored floats (computed in double); bq_gradcheck_ref evaluates those perturbed losses with a
+ * double-precision reference of the op instead of the float kernel. Pass: |num − ana| <= atol + rtol·|num| with atol 1e-4,
  * rtol 1e-2. Ops that are linear in each single input element have no truncation error, so those
  * tests use a large eps that makes float rounding of the forward negligible. */
 #ifndef BQ_GRADCHECK_H
@@ -32,5 +33,14 @@ void bq_gc_fill_uniform(float *v, int64_t n, uint64_t seed, float lo, float hi);
  * *max_err receives the largest |num − ana| seen. */
 int bq_gradcheck(const char *op, BqGcForward fwd, void *ud, BqGcInput *inputs, int ninputs, double eps,
                  double *max_err);
+
+/* Computes the op's output in double from the current (float) input arrays. */
+typedef void (*BqGcReference)(double *out, void *ud);
+
+/* As bq_gradcheck, but the numerical side differentiates a double-precision reference of the op, so
+ * nonlinear ops can use eps ~1e-3 without float rounding noise in the differences; the float forward
+ * itself is first compared with the reference (|out − ref| <= 1e-5 + 1e-5·|ref|, failure counted). */
+int bq_gradcheck_ref(const char *op, BqGcForward fwd, BqGcReference ref, void *ud, BqGcInput *inputs, int ninputs,
+                     double eps, double *max_err);
 
 #endif
