@@ -1,0 +1,129 @@
+/* bq_op_fakequant, exactly: forward values against the scalar formula q = clamp(rne(x/s), qmin, qmax),
+ * y = q·s (true division, nearbyintf under the default rounding mode), including ties x/s = k + 0.5
+ * (→ even) and saturation at -128/127; and the straight-through gradient, which must be exactly dy
+ * where qmin <= x/s <= qmax and exactly 0 elsewhere (checked on points away from rounding and
+ * saturation edges, plus the edges 127 ± 0.4 and −128 ± 0.4). Per tensor, per channel along axis 0
+ * of a (OC,C) weight and along axis 1 of a (B,T,H) tensor. Central differences do not apply (the
+ * true derivative is 0 almost everywhere), so this test is exact instead. Prints the max error. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "autograd/tensor.h"
+
+static int fails = 0;
+static double max_err = 0.0;
+
+static void expect(const char *what, int64_t i, float got, float want) {
+    double e = fabs((double)got - (double)want);
+    if (e > max_err || isnan(e)) max_err = isnan(e) ? INFINITY : e;
+    if (got != want) {
+        if (fails < 10) printf("  FAIL %s[%lld]: got %.9g want %.9g\n", what, (long long)i, got, want);
+        fails++;
+    }
+}
+
+/* Runs the op (recorded) on x with scales along axis, seeds out->grad = dy, backward; checks y and dx
+ * against the scalar formula element by element. */
+static void check_case(const char *name, float *x, int ndim, const int64_t *shape, const float *scale,
+                       int64_t nscale, int axis, int qmin, int qmax) {
+    BqArena act;
+    bq_arena_init(&act, 1 << 24, "t");
+    BqTape tape;
+    bq_tape_init(&tape, 4);
+    BqCtx ctx = {.act = &act, .tape = &tape};
+    BqTensor X = bq_tensor_wrap(x, NULL, ndim, shape);
+    int64_t n = bq_tensor_numel(&X);
+    X.grad = bq_arena_alloc_zero(&act, (size_t)n * sizeof(float));
+    BqTensor *y = bq_op_fakequant(&ctx, &X, scale, nscale, axis, qmin, qmax);
+    BqRng r;
+    bq_rng_seed(&r, 5);
+    for (int64_t i = 0; i < n; i++) y->grad[i] = 0.5f + (float)bq_rng_uniform(&r); /* nonzero dy */
+    float one = 0, g = 0;
+    int64_t sh1 = 1;
+    BqTensor seed = bq_tensor_wrap(&one, &g, 1, &sh1);
+    bq_backward(&ctx, &seed);
+    int64_t inner = 1;
+    if (nscale > 1)
+        for (int k = axis + 1; k < ndim; k++) inner *= shape[k];
+    int ok0 = fails;
+    for (int64_t i = 0; i < n; i++) {
+        float s = nscale > 1 ? scale[(i / inner) % nscale] : scale[0];
+        float v = x[i] / s;
+        float q = nearbyintf(v);
+        if (q < (float)qmin) q = (float)qmin;
+        if (q > (float)qmax) q = (float)qmax;
+        expect(name, i, y->data[i], q * s);
+        float want_dx = (v >= (float)qmin && v <= (float)qmax) ? y->grad[i] : 0.0f;
+        expect(name, i, X.grad[i], want_dx);
+    }
+    printf("fakequant %s: %lld elements %s\n", name, (long long)n, fails == ok0 ? "exact" : "MISMATCH");
+    bq_tape_free(&tape);
+    bq_arena_free(&act);
+}
+
+int main(void) {
+    /* 1. named points, per tensor, s = 0.5 (power of two: x/s exact) */
+    const float s = 0.5f;
+    struct {
+        float xs; /* x/s */
+        float q;
+        int grad;
+    } pts[] = {
+        {0.5f, 0, 1},      {1.5f, 2, 1},      {2.5f, 2, 1},      {-0.5f, -0.0f, 1}, {-1.5f, -2, 1},
+        {-2.5f, -2, 1},    {3.2f, 3, 1},      {-3.7f, -4, 1},    {126.5f, 126, 1},  {-127.5f, -128, 1},
+        {127.0f, 127, 1},  {-128.0f, -128, 1}, {127.4f, 127, 0}, {126.6f, 127, 1},  {-128.4f, -128, 0},
+        {-127.6f, -128, 1}, {200.0f, 127, 0},  {-300.0f, -128, 0}, {0.0f, 0, 1},
+    };
+    int np = (int)(sizeof pts / sizeof pts[0]);
+    float xp[32], gx[32] = {0};
+    for (int i = 0; i < np; i++) xp[i] = pts[i].xs * s;
+    {
+        BqArena act;
+        bq_arena_init(&act, 1 << 20, "t");
+        BqTape tape;
+        bq_tape_init(&tape, 4);
+        BqCtx ctx = {.act = &act, .tape = &tape};
+        int64_t sh = np;
+        BqTensor X = bq_tensor_wrap(xp, gx, 1, &sh);
+        BqTensor *y = bq_op_fakequant(&ctx, &X, &s, 1, 0, -128, 127);
+        for (int i = 0; i < np; i++) y->grad[i] = 1.0f;
+        float one = 0, g = 0;
+        int64_t sh1 = 1;
+        BqTensor seed = bq_tensor_wrap(&one, &g, 1, &sh1);
+        bq_backward(&ctx, &seed);
+        for (int i = 0; i < np; i++) {
+            expect("named y", i, y->data[i], pts[i].q * s);
+            expect("named dx", i, gx[i], pts[i].grad ? 1.0f : 0.0f);
+        }
+        printf("fakequant named points (ties to even, saturation -128/127, STE edges): %d points\n", np);
+        bq_tape_free(&tape);
+        bq_arena_free(&act);
+    }
+
+    /* 2. random points away from rounding boundaries (frac(x/s) in [0.1, 0.4] ∪ [0.6, 0.9]) and from
+     * the saturation edges, per tensor and per channel */
+    BqRng r;
+    bq_rng_seed(&r, 99);
+    enum { OC = 5, C = 7, B = 2, T = 3, H = 4 };
+    float w[OC * C], sw[OC], a[B * T * H], sa[T], st = 0.037f;
+    for (int c = 0; c < OC; c++) sw[c] = 0.01f + 0.02f * (float)bq_rng_uniform(&r);
+    for (int c = 0; c < T; c++) sa[c] = 0.05f + 0.05f * (float)bq_rng_uniform(&r);
+    for (int i = 0; i < OC * C; i++) {
+        float k = (float)(int)(bq_rng_below(&r, 400)) - 200.0f; /* saturates beyond ±128 */
+        float f = 0.1f + 0.3f * (float)bq_rng_uniform(&r) + (bq_rng_below(&r, 2) ? 0.5f : 0.0f);
+        w[i] = (k + f) * sw[i / C];
+    }
+    for (int i = 0; i < B * T * H; i++) {
+        float k = (float)(int)(bq_rng_below(&r, 300)) - 150.0f;
+        float f = 0.1f + 0.3f * (float)bq_rng_uniform(&r) + (bq_rng_below(&r, 2) ? 0.5f : 0.0f);
+        a[i] = (k + f) * sa[(i / H) % T];
+    }
+    int64_t wsh[2] = {OC, C}, ash[3] = {B, T, H};
+    check_case("per-tensor (OC,C)", w, 2, wsh, &st, 1, 0, -128, 127);
+    check_case("per-channel axis 0 (OC,C)", w, 2, wsh, sw, OC, 0, -128, 127);
+    check_case("per-channel axis 1 (B,T,H)", a, 3, ash, sa, T, 1, -128, 127);
+    check_case("per-tensor narrow -127..127", a, 3, ash, &st, 1, 0, -127, 127);
+    printf("test_grad_fakequant: max error %.3e, %d mismatches, %s\n", max_err, fails, fails ? "FAIL" : "ok");
+    return fails ? 1 : 0;
+}
