@@ -4,7 +4,8 @@
  * PyTorch's logits, mean cross-entropy loss and the gradient of that loss for every parameter.
  *
  * Requires logits and loss within 1e-5 (absolute) and each gradient within 1e-4 of that tensor's
- * largest magnitude; prints the max error per tensor and exits non-zero on any failure. Also checks
+ * largest magnitude (floored at 1% of the model's largest gradient, for the key biases whose true
+ * gradient is zero); prints the max error per tensor and exits non-zero on any failure. Also checks
  * that an evaluation pass (no tape) gives the same logits and that every fixture tensor maps onto
  * one table entry.
  *
@@ -218,6 +219,17 @@ int main(void) {
     if (!(e_loss <= 1e-5)) fails++, fprintf(stderr, "FAIL loss\n");
 
     bq_backward(&ctx, loss);
+    /* The key biases have an analytically zero gradient (softmax is invariant to a shift along the
+     * key axis, and q·b_k shifts a whole row), so both sides hold rounding noise ~1e-8; each tensor's
+     * error is therefore measured against max(its max |grad|, 1% of the largest |grad| in the model). */
+    double global_ref = 0;
+    for (int i = 0; i < pt->n; i++) {
+        char gname[BQ_NAME_MAX + 8];
+        snprintf(gname, sizeof gname, "grad.%s", pt->p[i].name);
+        const float *g = st_get(&ef, gname, "F32", sh, &nd, &numel);
+        for (int64_t k = 0; g && k < numel; k++) global_ref = fmax(global_ref, fabs(g[k]));
+    }
+    double floor_ref = 1e-2 * global_ref;
     double worst = 0;
     for (int i = 0; i < pt->n; i++) {
         const BqParam *p = &pt->p[i];
@@ -231,7 +243,7 @@ int main(void) {
         }
         double ref;
         double e = max_abs_diff(pt->grad + p->offset, g, p->numel, &ref);
-        double rel = e / (ref > 0 ? ref : 1.0);
+        double rel = e / fmax(ref, floor_ref > 0 ? floor_ref : 1.0);
         if (!(rel <= worst)) worst = rel;
         int bad = !(rel <= 1e-4);
         printf("%-60s max|g| %.3e  err %.3e  rel %.3e%s\n", p->name, ref, e, rel, bad ? "  FAIL" : "");
