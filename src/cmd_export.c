@@ -1,7 +1,153 @@
-/* Placeholder until the owning issue lands; replaced by the real subcommand. */
+/* `bertqat export`: ONNX export of a checkpoint (export/onnx_bert.h, DESIGN.md §7). fp32 for an fp32
+ * checkpoint, Q/DQ at the quantizer points for a quantized one. --dump-logits writes a random padded
+ * batch and bertqat's own logits for it as JSON, so tests compare ONNX Runtime against the C forward
+ * on exactly the exported weights. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "autograd/bq.h"
+#include "export/ckpt.h"
+#include "export/onnx_bert.h"
+#include "layers/quant.h"
+#include "src/args.h"
 #include "src/cli.h"
+
+#define ACT_RESERVE ((size_t)16 << 30)
+
+/* Random batch (ids uniform in the vocabulary, rows padded to random lengths >= T/2, types 0 then 1),
+ * forward in inference mode, JSON {input_ids, attention_mask, token_type_ids?, logits} to path. */
+static int dump_logits(BqBert *m, const char *path, int B, int T, int seed, int with_types) {
+    int st = BQ_OK;
+    BqArena act = {0};
+    json_t *j = NULL;
+    char *tmp = NULL;
+    if (T > m->cfg.max_position_embeddings) T = m->cfg.max_position_embeddings;
+    int32_t *ids = bq_malloc(sizeof(int32_t) * (size_t)(B * T));
+    int32_t *types = bq_calloc((size_t)(B * T), sizeof(int32_t));
+    float *mask = bq_calloc((size_t)(B * T), sizeof(float));
+    BqRng rng;
+    bq_rng_seed(&rng, (uint64_t)seed);
+    for (int b = 0; b < B; b++) {
+        int len = b == 0 ? T : T / 2 + (int)bq_rng_below(&rng, (uint64_t)(T - T / 2) + 1);
+        if (len < 1) len = 1;
+        for (int t = 0; t < T; t++) {
+            int i = b * T + t;
+            ids[i] = t < len ? (int32_t)bq_rng_below(&rng, (uint64_t)m->cfg.vocab_size) : m->cfg.pad_token_id;
+            mask[i] = t < len ? 1.f : 0.f;
+            types[i] = (with_types && m->cfg.type_vocab_size > 1 && t >= len / 2 && t < len) ? 1 : 0;
+        }
+    }
+    if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
+    if (m->quant) m->quant->observe = 0;
+    BqBatch batch = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types};
+    BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
+    BqTensor *logits = NULL;
+    if ((st = bq_bert_forward(m, &ctx, &batch, &logits, NULL))) goto cleanup;
+    j = json_object();
+    json_t *ji = json_array(), *jm = json_array(), *jt = json_array(), *jl = json_array();
+    for (int b = 0; b < B; b++) {
+        json_t *ri = json_array(), *rm = json_array(), *rt = json_array(), *rl = json_array();
+        for (int t = 0; t < T; t++) {
+            json_array_append_new(ri, json_integer(ids[b * T + t]));
+            json_array_append_new(rm, json_integer((int)mask[b * T + t]));
+            json_array_append_new(rt, json_integer(types[b * T + t]));
+        }
+        for (int k = 0; k < m->cfg.num_labels; k++)
+            json_array_append_new(rl, json_real(logits->data[b * m->cfg.num_labels + k]));
+        json_array_append_new(ji, ri);
+        json_array_append_new(jm, rm);
+        json_array_append_new(jt, rt);
+        json_array_append_new(jl, rl);
+    }
+    json_object_set_new(j, "input_ids", ji);
+    json_object_set_new(j, "attention_mask", jm);
+    if (with_types) json_object_set_new(j, "token_type_ids", jt);
+    else json_decref(jt);
+    json_object_set_new(j, "logits", jl);
+    json_object_set_new(j, "quantized", json_boolean(m->quant != NULL));
+    size_t n = strlen(path);
+    tmp = bq_malloc(n + 5);
+    memcpy(tmp, path, n);
+    memcpy(tmp + n, ".tmp", 5);
+    if (json_dump_file(j, tmp, JSON_COMPACT)) {
+        remove(tmp);
+        st = bq_err(BQ_EIO, "%s: cannot write", path);
+        goto cleanup;
+    }
+    st = bq_rename_durable(tmp, path);
+
+cleanup:
+    if (j) json_decref(j);
+    free(tmp);
+    free(ids);
+    free(types);
+    free(mask);
+    if (act.base) bq_arena_free(&act);
+    return st;
+}
+
 int bq_cmd_export(int argc, char **argv) {
-    (void)argc;
-    return bq_err(BQ_EINVAL, "%s: not implemented yet", argv[0]);
+    const char *model = NULL, *out = NULL, *qdq = "auto", *dump = NULL;
+    int opset = 13, no_types = 0, int32 = 0, num_labels = 0, dump_b = 4, dump_t = 32, dump_seed = 1;
+    const BqArgSpec specs[] = {
+        {"model", BQ_ARG_STR, &model, "native checkpoint (or HF directory: fresh classifier)", 1, 0, 0},
+        {"out", BQ_ARG_STR, &out, "output .onnx file (written atomically)", 1, 0, 0},
+        {"qdq", BQ_ARG_STR, &qdq, "on|off|auto: Q/DQ nodes (auto: on for a quantized checkpoint)", 0, 0, 0},
+        {"opset", BQ_ARG_INT, &opset, "ONNX opset (LayerNormalization op from 17)", 0, 13, 21},
+        {"no-token-type-ids", BQ_ARG_FLAG, &no_types, "no token_type_ids input (all type 0)", 0, 0, 0},
+        {"input-int32", BQ_ARG_FLAG, &int32, "int32 inputs instead of int64", 0, 0, 0},
+        {"num-labels", BQ_ARG_INT, &num_labels, "labels for an HF directory (0: from its config)", 0, 0, 1000},
+        {"dump-logits", BQ_ARG_STR, &dump, "also write a random batch and bertqat's logits as JSON", 0, 0, 0},
+        {"dump-batch", BQ_ARG_INT, &dump_b, "rows of the --dump-logits batch", 0, 1, 4096},
+        {"dump-seq", BQ_ARG_INT, &dump_t, "sequence length of the --dump-logits batch", 0, 1, 8192},
+        {"dump-seed", BQ_ARG_INT, &dump_seed, "seed of the --dump-logits batch", 0, 0, 1 << 30},
+    };
+    BqArgs args = {.cmd = "export", .usage = "--model CKPT --out FILE.onnx [options]",
+                   .summary = "Export a checkpoint to ONNX (fp32, or Q/DQ for a quantized checkpoint).",
+                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
+    int st = bq_args_parse(&args, argc, argv);
+    if (st || args.help) return st;
+    int want;
+    if (!strcmp(qdq, "on")) want = 1;
+    else if (!strcmp(qdq, "off")) want = 0;
+    else if (!strcmp(qdq, "auto")) want = -1;
+    else return bq_err(BQ_EINVAL, "--qdq: '%s' is not on, off or auto", qdq);
+
+    BqBert m;
+    memset(&m, 0, sizeof m);
+    char *report = NULL;
+    BqRng rng;
+    bq_rng_seed(&rng, 0);
+    if ((st = bq_model_load_any(&m, model, num_labels, &rng, &report))) goto cleanup;
+    if (report) fprintf(stderr, "export: %s\n", report);
+    if (want == 1 && !m.quant) {
+        st = bq_err(BQ_EINVAL, "--qdq on: %s is an fp32 checkpoint (no quantizers)", model);
+        goto cleanup;
+    }
+    BqOnnxOptions o = {.opset = opset, .qdq = want < 0 ? m.quant != NULL : want, .token_type_ids = !no_types,
+                       .input_int32 = int32};
+    BqOnnxStats s;
+    if ((st = bq_onnx_export_bert(&m, m.quant, &o, out, &s))) goto cleanup;
+    fprintf(stderr, "export: %s: opset %d, %s, %d nodes, %d QuantizeLinear, %d DequantizeLinear, %d int8 weights\n",
+            out, opset, o.qdq ? "Q/DQ" : "fp32", s.nodes, s.quantize_linear, s.dequantize_linear, s.int8_weights);
+    if (dump) {
+        if (!o.qdq && m.quant) { /* fp32 export of a quantized checkpoint: compare with the fp32 forward */
+            BqQuantState *qs = m.quant;
+            m.quant = NULL;
+            st = dump_logits(&m, dump, dump_b, dump_t, dump_seed, !no_types);
+            m.quant = qs;
+        } else {
+            st = dump_logits(&m, dump, dump_b, dump_t, dump_seed, !no_types);
+        }
+        if (st) goto cleanup;
+    }
+
+cleanup:
+    free(report);
+    if (m.quant) bq_quant_free(m.quant);
+    m.quant = NULL;
+    bq_bert_free(&m);
+    return st;
 }
