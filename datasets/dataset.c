@@ -422,13 +422,15 @@ static uint64_t hash_str(uint64_t h, const char *s) {
 
 /* Reads the source split, indexes labels, selects and encodes into e (ascending source order). */
 static int build_encoded(Encoded *e, const BqDataSpec *s, BqDataKind kind, const char *read_split, int64_t nsamples,
-                         const BqTokenizer *tok) {
+                         const BqTokenizer *tok, double *read_seconds) {
+    double t0 = bq_now();
     BqRawSet r = {0}, names_src = {0};
     BqSourceOptions o = {s->text_column, s->text_pair_column, s->label_column};
     int32_t *perm = NULL, *sel_labels = NULL;
     memset(e, 0, sizeof *e);
     int st = bq_source_read(&r, s->path, kind, read_split, &o);
     if (st) return st;
+    *read_seconds = bq_now() - t0;
     /* label names: from this split, or from the train file of a split folder */
     const BqRawSet *ns = &r;
     if (kind == BQ_DATA_SPLIT_DIR && strcmp(read_split, "train") != 0) {
@@ -514,7 +516,7 @@ int bq_dataset_load(BqDataset **out, const BqDataSpec *s, const BqTokenizer *tok
         if (r < 0) d->cache_rejected = 1;
     }
     if (!hit) {
-        if ((st = build_encoded(&e, s, kind, read_split, nsamples, tok))) goto cleanup;
+        if ((st = build_encoded(&e, s, kind, read_split, nsamples, tok, &d->read_seconds))) goto cleanup;
         if (d->cache_path) {
             if (mkdir_p(cdir) != 0 || cache_write(d->cache_path, key, &e) != BQ_OK) d->cache_write_failed = 1;
             bq_err_clear();

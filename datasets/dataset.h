@@ -94,6 +94,7 @@ typedef struct BqDataset {
     char *cache_path;       /* cache file used (NULL: cache disabled) */
     int cache_write_failed; /* 1 when the cache could not be written (data is still valid) */
     double encode_seconds;  /* wall time of reading + encoding (0 when cached) */
+    double read_seconds;    /* of which reading/parsing the source */
 } BqDataset;
 
 /* Detects the kind of PATH; *has_test = 1 when it has a distinct test split (IMDB, split folder). */
