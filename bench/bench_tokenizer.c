@@ -27,7 +27,7 @@ int main(int argc, char **argv) {
         {"max-seq-len", BQ_ARG_INT, &max_len, "truncate to N tokens incl. specials (0: none)", 0, 0, 1 << 30},
         {"truncation", BQ_ARG_STR, &trunc_s, "head, tail or head_tail", 0, 0, 0},
         {"pair", BQ_ARG_FLAG, &pair, "each text is A<TAB>B", 0, 0, 0},
-        {"repeat", BQ_ARG_INT, &repeat, "timed passes (best is reported)", 0, 1, 1000},
+        {"repeat", BQ_ARG_INT, &repeat, "timed passes (best is reported; 0 with --dump: no timing)", 0, 0, 1000},
         {"dump", BQ_ARG_STR, &dump, "write the ids of each text, one line per text", 0, 0, 0},
     };
     BqArgs args = {.cmd = "bench_tokenizer", .usage = "--vocab PATH --input FILE [options]",

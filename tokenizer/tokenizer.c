@@ -563,7 +563,7 @@ int bq_tokenizer_load(BqTokenizer **out, const char *vocab_path, const BqTokeniz
     FILE *probe = fopen(jpath, "rb");
     if (probe) {
         fclose(probe);
-        cfg = json_load_file(jpath, 0, &jerr);
+        cfg = json_load_file(jpath, JSON_DECODE_INT_AS_REAL, &jerr); /* model_max_length can be 1e30 */
         if (!cfg || !json_is_object(cfg)) {
             st = bq_err(BQ_EFORMAT, "%s: invalid JSON (line %d: %s)", jpath, jerr.line, jerr.text);
             goto cleanup;
@@ -582,7 +582,7 @@ int bq_tokenizer_load(BqTokenizer **out, const char *vocab_path, const BqTokeniz
     json_t *added = NULL;
     if (probe) {
         fclose(probe);
-        tj = json_load_file(jpath, 0, &jerr);
+        tj = json_load_file(jpath, JSON_DECODE_INT_AS_REAL, &jerr);
         if (!tj || !json_is_object(tj)) {
             st = bq_err(BQ_EFORMAT, "%s: invalid JSON (line %d: %s)", jpath, jerr.line, jerr.text);
             goto cleanup;
@@ -626,8 +626,10 @@ int bq_tokenizer_load(BqTokenizer **out, const char *vocab_path, const BqTokeniz
         json_array_foreach(added, i, e) {
             const char *c = json_string_value(json_object_get(e, "content"));
             json_t *idv = json_object_get(e, "id");
-            if (!c || !json_is_integer(idv) || json_is_true(json_object_get(e, "normalized"))) continue;
-            add_added(t, c, (int32_t)json_integer_value(idv));
+            if (!c || !json_is_number(idv) || json_is_true(json_object_get(e, "normalized"))) continue;
+            double idd = json_number_value(idv);
+            if (idd < 0 || idd >= t->n) continue;
+            add_added(t, c, (int32_t)idd);
         }
     } else {
         const char *sp[5] = {unk_s, cls_s, sep_s, pad_s, mask_s};

@@ -1,0 +1,182 @@
+"""bq tokenizer vs Hugging Face `tokenizers` (Tokenizer.from_file of bert-base-uncased tokenizer.json):
+all 50,000 IMDB train+test reviews (pos/neg) plus hard strings, untruncated and at max length 512, must
+give 100% identical ids. The C side is bench_tokenizer --dump (one process for the whole batch, texts
+NUL-separated, so newlines inside texts are kept); the CLI `bertqat tokenize` is checked on the hard
+strings. Prints the mismatch count and the first mismatches."""
+import os
+import subprocess
+import tarfile
+import tempfile
+
+import pytest
+
+from conftest import BIN, BUILD, DATA, IMDB, VOCAB
+
+BENCH = os.path.join(BUILD, "bench_tokenizer")
+TOKJSON = os.path.join(DATA, "vocab", "bert-base-uncased", "tokenizer.json")
+
+HARD = [
+    "Hello, World! It's a test.",
+    "Crème brûlée, naïve café, résumé, Ångström, Øre, Łódź, Ærø",
+    "Ελληνικά: Καλημέρα κόσμε! ΣΊΣΥΦΟΣ ΟΔΥΣΣΕΎΣ",
+    "Русский текст: Съешь же ещё этих мягких французских булок, да выпей чаю.",
+    "中文字符测试，你好世界！日本語のテキスト。한국어 텍스트입니다",
+    "Mixed漢字and英語words",
+    "emoji 😀😃 👍🏽 family 👨‍👩‍👧‍👦 flag 🇩🇪 heart ❤️",
+    "combining: e\u0301 a\u0308 o\u0302\u0323 n\u0303 ḍ̇",
+    "control:\x01\x02\x07\x1b[0m\x7f\u0085\u200b\u200d\u2060\ufeff\u00ad end",
+    "tabs\tand\nnewlines\r\nand\u00a0nbsp\u2003em\u3000ideo\u2028ls\u2029ps",
+    "a" * 99 + " " + "b" * 100 + " " + "c" * 101 + " " + "é" * 101 + " " + "é" * 100,
+    "supercalifragilisticexpialidocious antidisestablishmentarianism pneumonoultramicroscopicsilicovolcanoconiosis",
+    "This movie was great!<br /><br />I loved it.<br />10/10",
+    "$1,234.56 3.14159 1e-10 +/-5% #1 @user 12:30pm 2nd-3rd (x) [y] {z} ~a^b_c|d`e\\f",
+    "İstanbul ıi İ I Turkish; DİYARBAKIR",
+    "Straße STRASSE ß ẞ ﬁ ﬂ ligatures",
+    "full-width ＡＢＣ１２３！？ and half-width ｶﾀｶﾅ",
+    "quotes “double” ‘single’ «guillemets» „low“ – en — em … ellipsis • bullet",
+    "math ∑∫√∞≠≤≥ ± × ÷ ° ℃ № ™ © ®",
+    "Hangul 한글 Jamo 가 Thai ภาษาไทย Hindi हिन्दी Arabic العربية Hebrew עברית",
+    "[CLS] special [SEP] tokens [MASK] in [PAD] text [UNK] and [cls] lower",
+    "private \ue000 use and unassigned \U000e0001 tag \U0001f3f4\U000e0067\U000e0062\U000e007f",
+    "CJK ext 𠀀𠀁 compat 豈更 radicals ⼀⼆",
+    "",
+    "   ",
+    "...!!!???",
+    "don't won't can't I'm you're it's",
+    "ǅ ǈ ǋ titlecase, Σ final σς, K Kelvin sign, Å angstrom sign",
+]
+
+# invalid UTF-8 (bytes): the C side gets the raw bytes, HF the lossy-decoded text
+HARD_BYTES = [
+    b"bad \xff byte",
+    b"truncated \xe2\x82 euro",
+    b"overlong \xc0\xaf slash \xe0\x80\xaf",
+    b"surrogate \xed\xa0\x80 half",
+    b"lone cont \x80\x81 bytes and \xf4\x90\x80\x80 too big",
+    b"ok \xe2\x82\xac euro then \xf0\x9f\x98 cut",
+    b"\xfe\xfe\xfe",
+]
+
+
+def imdb_texts():
+    texts = []
+    with tarfile.open(IMDB, "r:gz") as tf:
+        for m in tf:
+            if not m.isfile() or not m.name.endswith(".txt"):
+                continue
+            parts = m.name.split("/")
+            if len(parts) < 3 or parts[-3] not in ("train", "test") or parts[-2] not in ("pos", "neg"):
+                continue
+            texts.append(tf.extractfile(m).read())
+    return texts
+
+
+def hf_tokenizer():
+    tokenizers = pytest.importorskip("tokenizers")
+    return tokenizers.Tokenizer.from_file(TOKJSON)
+
+
+def c_encode(raw_texts, tmp, max_len=0):
+    inp = os.path.join(tmp, "in.bin")
+    out = os.path.join(tmp, "out.txt")
+    with open(inp, "wb") as f:
+        f.write(b"\0".join(t.replace(b"\0", b"") for t in raw_texts))
+    subprocess.run([BENCH, "--vocab", VOCAB, "--input", inp, "--max-seq-len", str(max_len), "--repeat", "0",
+                    "--dump", out], check=True, timeout=600)
+    with open(out) as f:
+        lines = f.read().split("\n")[:-1]
+    assert len(lines) == len(raw_texts), (len(lines), len(raw_texts))
+    return [list(map(int, l.split())) for l in lines]
+
+
+def compare(name, texts, ours, theirs):
+    bad = [i for i in range(len(texts)) if ours[i] != theirs[i]]
+    print(f"{name}: {len(texts)} texts, {len(bad)} mismatches")
+    for i in bad[:5]:
+        o, t = ours[i], theirs[i]
+        k = next((j for j in range(min(len(o), len(t))) if o[j] != t[j]), min(len(o), len(t)))
+        print(f"  #{i} len ours {len(o)} hf {len(t)}, first diff at {k}: ours {o[k:k + 8]} hf {t[k:k + 8]}")
+        print(f"    text: {texts[i][:300]!r}")
+    return len(bad)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    assert os.access(BENCH, os.X_OK), f"{BENCH} not built"
+    assert os.path.exists(IMDB), f"{IMDB} missing"
+    raw = imdb_texts()
+    assert len(raw) == 50000, len(raw)
+    raw += [s.encode() for s in HARD] + HARD_BYTES
+    return raw
+
+
+@pytest.mark.parametrize("max_len", [0, 512])
+def test_ids_identical_to_hf(corpus, max_len, tmp_path):
+    tok = hf_tokenizer()
+    if max_len:
+        tok.enable_truncation(max_length=max_len)
+    else:
+        tok.no_truncation()
+    texts = [t.replace(b"\0", b"").decode("utf-8", "replace") for t in corpus]
+    theirs = [e.ids for e in tok.encode_batch(texts)]
+    ours = c_encode(corpus, str(tmp_path), max_len)
+    nbad = compare(f"max_len {max_len}", texts, ours, theirs)
+    assert nbad == 0
+
+
+def test_pairs_identical_to_hf(corpus, tmp_path):
+    """longest_first truncation and token types on pairs: HF pair encoding at a few lengths."""
+    tok = hf_tokenizer()
+    a = [t.decode("utf-8", "replace").replace("\t", " ") for t in corpus[:200]]
+    b = [t.decode("utf-8", "replace").replace("\t", " ") for t in corpus[200:400]]
+    recs = [(x + "\t" + y).encode() for x, y in zip(a, b)]
+    for max_len in (0, 64, 129, 512):
+        if max_len:
+            tok.enable_truncation(max_length=max_len)
+        else:
+            tok.no_truncation()
+        enc = tok.encode_batch(list(zip(a, b)))
+        theirs = [e.ids + e.type_ids for e in enc]
+        inp = os.path.join(str(tmp_path), "pairs.bin")
+        out = os.path.join(str(tmp_path), "pairs.txt")
+        with open(inp, "wb") as f:
+            f.write(b"\0".join(recs))
+        subprocess.run([BENCH, "--vocab", VOCAB, "--input", inp, "--max-seq-len", str(max_len), "--pair",
+                        "--repeat", "0", "--dump", out], check=True, timeout=300)
+        ours = []
+        with open(out) as f:
+            for line in f.read().split("\n")[:-1]:
+                ids, types = line.split(" |")
+                ours.append(list(map(int, ids.split())) + list(map(int, types.split())))
+        assert compare(f"pairs max_len {max_len}", recs, ours, theirs) == 0
+
+
+def test_cli_tokenize_matches_hf(tmp_path):
+    """`bertqat tokenize` (lines, --max-seq-len, --tokens, --null-separated) on the hard strings."""
+    assert os.access(BIN, os.X_OK), f"{BIN} not built"
+    tok = hf_tokenizer()
+    tok.no_truncation()
+    lines = [s.replace("\n", " ").replace("\r", " ").replace("\u2028", " ").replace("\u2029", " ").replace(
+        "\u0085", " ") for s in HARD]
+    inp = tmp_path / "lines.txt"
+    inp.write_bytes(("\n".join(lines) + "\n").encode())
+    p = subprocess.run([BIN, "tokenize", "--vocab", VOCAB, "--max-seq-len", "0", "--special", str(inp)],
+                       capture_output=True, text=True, check=True)
+    ours = [list(map(int, l.split())) for l in p.stdout.split("\n")[:-1]]
+    theirs = [e.ids for e in tok.encode_batch(lines)]
+    assert compare("cli lines", lines, ours, theirs) == 0
+    # plain pieces without specials, and tokens
+    p = subprocess.run([BIN, "tokenize", "--vocab", VOCAB, "--tokens", str(inp)], capture_output=True, text=True,
+                       check=True)
+    toks = [l.split() for l in p.stdout.split("\n")[:-1]]
+    hf_toks = [e.tokens[1:-1] for e in tok.encode_batch(lines)]
+    assert compare("cli tokens", lines, toks, hf_toks) == 0
+    # NUL-separated keeps newlines; truncation at 16
+    tok.enable_truncation(max_length=16)
+    nul = tmp_path / "nul.bin"
+    nul.write_bytes(b"\0".join(s.encode() for s in HARD if "\0" not in s))
+    p = subprocess.run([BIN, "tokenize", "--vocab", VOCAB, "--null-separated", "--max-seq-len", "16", str(nul)],
+                       capture_output=True, text=True, check=True)
+    ours = [list(map(int, l.split())) for l in p.stdout.split("\n")[:-1]]
+    theirs = [e.ids for e in tok.encode_batch(HARD)]
+    assert compare("cli nul 16", HARD, ours, theirs) == 0
