@@ -1,0 +1,140 @@
+/* Core services (autograd/core.c, src/args.c): arena alignment, zeroing, rewind and capacity
+ * accounting; RNG determinism and ranges; the counter hash (fixed values for fixed inputs, so dropout
+ * masks cannot drift silently, and uniform in [0,1)); tensor helpers; the flag parser (--name value,
+ * --name=value, flags, ranges, unknown/missing/required errors). Prints the max error (of the
+ * uniformity checks). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/bq.h"
+#include "autograd/tensor.h"
+#include "src/args.h"
+
+static int fails = 0;
+#define EXPECT(c)                                                   \
+    do {                                                            \
+        if (!(c)) {                                                 \
+            printf("  FAIL %s:%d: %s\n", __FILE__, __LINE__, #c);   \
+            fails++;                                                \
+        }                                                           \
+    } while (0)
+
+int main(void) {
+    double max_err = 0.0;
+    /* arena */
+    BqArena a;
+    EXPECT(bq_arena_init(&a, (size_t)1 << 26, "test") == BQ_OK);
+    char *p1 = bq_arena_alloc(&a, 3);
+    char *p2 = bq_arena_alloc(&a, 100);
+    EXPECT(((uintptr_t)p1 % 64) == 0 && ((uintptr_t)p2 % 64) == 0 && p2 > p1);
+    size_t mark = bq_arena_mark(&a);
+    float *z = bq_arena_alloc(&a, 1000 * sizeof(float));
+    for (int i = 0; i < 1000; i++) z[i] = 7.0f;
+    bq_arena_rewind(&a, mark);
+    float *z2 = bq_arena_alloc_zero(&a, 1000 * sizeof(float));
+    EXPECT(z2 == z); /* rewinding reuses the same memory ... */
+    int nz = 0;
+    for (int i = 0; i < 1000; i++) nz += z2[i] != 0.0f;
+    EXPECT(nz == 0); /* ... and alloc_zero clears it */
+    EXPECT(a.peak >= a.used);
+
+    /* tensors */
+    BqCtx ctx = {.act = &a};
+    int64_t sh[3] = {2, 3, 4};
+    BqTensor *t = bq_tensor_new(&ctx, 3, sh);
+    EXPECT(bq_tensor_numel(t) == 24 && t->stride[0] == 12 && t->stride[1] == 4 && t->stride[2] == 1);
+    EXPECT(t->grad == NULL && bq_tensor_is_contiguous(t));
+    BqTape tape;
+    bq_tape_init(&tape, 2);
+    ctx.tape = &tape;
+    BqTensor *tg = bq_tensor_new(&ctx, 3, sh);
+    EXPECT(tg->grad != NULL && tg->grad[23] == 0.0f);
+    int64_t sh2[2] = {6, 4};
+    BqTensor *r = bq_tensor_reshape(&ctx, tg, 2, sh2);
+    EXPECT(r->data == tg->data && r->grad == tg->grad && r->shape[0] == 6 && r->stride[0] == 4);
+    /* the tape grows past its initial capacity */
+    BqTensor *x = tg;
+    for (int i = 0; i < 5; i++) x = bq_op_scale(&ctx, x, 2.0f);
+    EXPECT(tape.n == 5 && tape.cap >= 5);
+    bq_tape_free(&tape);
+    bq_arena_free(&a);
+
+    /* rng: same seed, same stream; different seeds differ; ranges */
+    BqRng r1, r2, r3;
+    bq_rng_seed(&r1, 42), bq_rng_seed(&r2, 42), bq_rng_seed(&r3, 43);
+    int same = 1, diff = 0;
+    for (int i = 0; i < 100; i++) {
+        uint64_t u1 = bq_rng_u64(&r1), u2 = bq_rng_u64(&r2), u3 = bq_rng_u64(&r3);
+        same &= u1 == u2;
+        diff += u1 != u3;
+    }
+    EXPECT(same && diff > 90);
+    double mean = 0;
+    int inrange = 1;
+    for (int i = 0; i < 100000; i++) {
+        double u = bq_rng_uniform(&r1);
+        inrange &= u >= 0.0 && u < 1.0;
+        mean += u;
+        uint64_t k = bq_rng_below(&r1, 7);
+        inrange &= k < 7;
+    }
+    mean /= 100000;
+    EXPECT(inrange && fabs(mean - 0.5) < 0.01);
+    if (fabs(mean - 0.5) > max_err) max_err = fabs(mean - 0.5);
+    int32_t perm[50];
+    for (int i = 0; i < 50; i++) perm[i] = i;
+    bq_rng_shuffle_i32(&r1, perm, 50);
+    int seen[50] = {0}, moved = 0;
+    for (int i = 0; i < 50; i++) seen[perm[i]]++, moved += perm[i] != i;
+    int isperm = 1;
+    for (int i = 0; i < 50; i++) isperm &= seen[i] == 1;
+    EXPECT(isperm && moved > 30);
+
+    /* hash: a pure function of (key, index), uniform in [0,1) */
+    EXPECT(bq_hash64(1, 2) == bq_hash64(1, 2) && bq_hash64(1, 2) != bq_hash64(2, 1) && bq_hash64(1, 2) != bq_hash64(1, 3));
+    double hm = 0;
+    int hin = 1;
+    for (uint64_t i = 0; i < 100000; i++) {
+        float u = bq_hash_uniform(12345, i);
+        hin &= u >= 0.0f && u < 1.0f;
+        hm += u;
+    }
+    hm /= 100000;
+    EXPECT(hin && fabs(hm - 0.5) < 0.01);
+    if (fabs(hm - 0.5) > max_err) max_err = fabs(hm - 0.5);
+
+    /* args */
+    const char *s = "def";
+    int n = 3, flag = 0;
+    double f = 0.5;
+    BqArgSpec specs[] = {
+        {"name", BQ_ARG_STR, &s, "a string", 0, 0, 0},
+        {"count", BQ_ARG_INT, &n, "an int", 0, 1, 10},
+        {"rate", BQ_ARG_FLOAT, &f, "a float", 0, 0, 1},
+        {"fast", BQ_ARG_FLAG, &flag, "a flag", 0, 0, 0},
+    };
+    BqArgs args = {.cmd = "test", .specs = specs, .nspecs = 4, .max_positional = 1, .positional_name = "X"};
+    char *argv1[] = {"test", "--name", "abc", "--count=7", "--rate", "0.25", "--fast", "pos"};
+    EXPECT(bq_args_parse(&args, 8, argv1) == BQ_OK);
+    EXPECT(!strcmp(s, "abc") && n == 7 && f == 0.25 && flag == 1 && args.npositional == 1 &&
+           !strcmp(args.positional[0], "pos"));
+    free(args.positional);
+    char *argv2[] = {"test", "--count", "11"};
+    EXPECT(bq_args_parse(&args, 3, argv2) == BQ_EINVAL && strstr(bq_errmsg(), "--count"));
+    char *argv3[] = {"test", "--bogus", "1"};
+    EXPECT(bq_args_parse(&args, 3, argv3) == BQ_EINVAL && strstr(bq_errmsg(), "bogus"));
+    char *argv4[] = {"test", "--rate", "x1"};
+    EXPECT(bq_args_parse(&args, 3, argv4) == BQ_EINVAL && strstr(bq_errmsg(), "--rate"));
+    char *argv5[] = {"test", "--count"};
+    EXPECT(bq_args_parse(&args, 2, argv5) == BQ_EINVAL);
+    specs[0].required = 1;
+    char *argv6[] = {"test", "--fast"};
+    EXPECT(bq_args_parse(&args, 2, argv6) == BQ_EINVAL && strstr(bq_errmsg(), "--name"));
+    free(args.positional); /* NULL here: the failing parses had no positional argument */
+
+    printf("test_core: max error %.3e (uniform mean deviations), %d failures, %s\n", max_err, fails,
+           fails ? "FAIL" : "ok");
+    return fails ? 1 : 0;
+}
