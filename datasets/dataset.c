@@ -517,11 +517,11 @@ int bq_dataset_load(BqDataset **out, const BqDataSpec *s, const BqTokenizer *tok
     }
     if (!hit) {
         if ((st = build_encoded(&e, s, kind, read_split, nsamples, tok, &d->read_seconds))) goto cleanup;
+        d->encode_seconds = bq_now() - t0;
         if (d->cache_path) {
             if (mkdir_p(cdir) != 0 || cache_write(d->cache_path, key, &e) != BQ_OK) d->cache_write_failed = 1;
             bq_err_clear();
         }
-        d->encode_seconds = bq_now() - t0;
     }
     d->from_cache = hit;
 
