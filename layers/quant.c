@@ -13,6 +13,7 @@
 #include "layers/quant.h"
 
 #include <float.h>
+#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,8 +233,12 @@ json_t *bq_quant_config_to_json(const BqQuantConfig *cfg) {
     json_object_set_new(j, "symmetric", json_true());
     json_object_set_new(j, "per_tensor_weights", json_boolean(cfg->per_tensor_weights));
     json_object_set_new(j, "fuse_qkv", json_boolean(cfg->fuse_qkv));
-    json_object_set_new(j, "clip_gelu", json_real(cfg->clip_gelu));
-    json_object_set_new(j, "averaging_constant", json_real(cfg->averaging_constant));
+    /* floats through "%.7g" so the JSON shows 0.01, not 0.009999999776 */
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.7g", cfg->clip_gelu);
+    json_object_set_new(j, "clip_gelu", json_real(strtod(buf, NULL)));
+    snprintf(buf, sizeof buf, "%.7g", cfg->averaging_constant);
+    json_object_set_new(j, "averaging_constant", json_real(strtod(buf, NULL)));
     json_object_set_new(j, "exclude", json_string(cfg->exclude));
     json_object_set_new(j, "freeze_after", json_integer(cfg->freeze_after));
     return j;
