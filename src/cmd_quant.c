@@ -181,6 +181,13 @@ int bq_cmd_calibrate(int argc, char **argv) {
     bq_rng_seed(&rng, (uint64_t)seed);
     if ((st = bq_model_load_any(&m, model, dcal->nlabels > 0 ? dcal->nlabels : 2, &rng, &report))) goto cleanup;
     if (report) fprintf(stderr, "[calibrate] %s\n", report);
+    /* Label names from the data (HF dirs carry LABEL_0.. placeholders), as finetune does. */
+    if (!bq_ckpt_is_native(model) && m.cfg.id2label && dcal->label_names) {
+        for (int i = 0; i < m.cfg.num_labels && i < dcal->nlabels; i++) {
+            free(m.cfg.id2label[i]);
+            m.cfg.id2label[i] = bq_strdup(dcal->label_names[i]);
+        }
+    }
     if (m.cfg.max_position_embeddings < max_seq_len) {
         st = bq_err(BQ_EINVAL, "--max-seq-len: %d exceeds the model's max_position_embeddings %d", max_seq_len,
                     m.cfg.max_position_embeddings);
@@ -311,6 +318,12 @@ int bq_cmd_qat(int argc, char **argv) {
     bq_rng_seed(&rng, (uint64_t)seed);
     if ((st = bq_model_load_any(&m, model, dtrain->nlabels, &rng, &report))) goto cleanup;
     if (report) fprintf(stderr, "[qat] %s\n", report);
+    if (!bq_ckpt_is_native(model) && m.cfg.id2label && dtrain->label_names) {
+        for (int i = 0; i < m.cfg.num_labels && i < dtrain->nlabels; i++) {
+            free(m.cfg.id2label[i]);
+            m.cfg.id2label[i] = bq_strdup(dtrain->label_names[i]);
+        }
+    }
     if (!m.params.grad) {
         st = bq_err(BQ_EINVAL, "%s: model loaded without gradients", model);
         goto cleanup;
