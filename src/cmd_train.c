@@ -79,17 +79,13 @@ int bq_cmd_finetune(int argc, char **argv) {
     if ((st = parse_trunc(o.truncation, &trunc))) return st;
     bq_runtime_set_threads(o.threads);
 
-    /* Check the model's config before the (possibly long) data encoding, so a wrong --model fails
-     * fast; the weights are loaded once the number of labels is known. */
-    {
-        BqBertConfig cfg;
-        memset(&cfg, 0, sizeof cfg);
-        snprintf(vocab, sizeof vocab, "%s/config.json", o.model);
-        st = bq_config_load(&cfg, vocab);
-        if (!st) st = bq_config_validate(&cfg);
-        bq_config_free(&cfg);
-        if (st) goto cleanup;
-    }
+    /* Load the model before the (possibly long) data encoding, so a wrong --model fails fast; it is
+     * loaded again below if the data has a different number of labels than its config. */
+    BqRng rng;
+    bq_rng_seed(&rng, (uint64_t)o.seed);
+    if ((st = bq_model_load_any(&m, o.model, 0, &rng, &report))) goto cleanup;
+    free(report);
+    report = NULL;
     /* The vocabulary travels with the model: HF dir or native checkpoint both hold vocab.txt. */
     snprintf(vocab, sizeof vocab, "%s/vocab.txt", o.model);
     if ((st = bq_tokenizer_load(&tok, vocab, NULL))) goto cleanup;
@@ -118,9 +114,12 @@ int bq_cmd_finetune(int argc, char **argv) {
     fprintf(stderr, "[finetune] %lld training, %lld validation examples (%s); %s\n", (long long)dtrain->n,
             (long long)(dval ? dval->n : 0), o.data, bq_runtime_describe());
 
-    BqRng rng;
-    bq_rng_seed(&rng, (uint64_t)o.seed);
-    if ((st = bq_model_load_any(&m, o.model, dtrain->nlabels, &rng, &report))) goto cleanup;
+    if (m.cfg.num_labels != dtrain->nlabels || !bq_ckpt_is_native(o.model)) {
+        /* HF: the classifier is created for the data's labels with the seeded init */
+        bq_bert_free(&m);
+        bq_rng_seed(&rng, (uint64_t)o.seed);
+        if ((st = bq_model_load_any(&m, o.model, dtrain->nlabels, &rng, &report))) goto cleanup;
+    }
     if (report) fprintf(stderr, "[finetune] %s\n", report);
     if (!m.params.grad) {
         st = bq_err(BQ_EINVAL, "%s: model loaded without gradients", o.model);
