@@ -64,6 +64,8 @@ static int read_str_attr(hid_t obj, const char *attr, char ***v, int *n, const c
     hid_t t = H5Aget_type(a), sp = H5Aget_space(a);
     hssize_t cnt = H5Sget_simple_extent_npoints(sp);
     int rc = BQ_OK;
+    /* Keras stores an empty list (layers without weights, e.g. dropout) as an empty float array */
+    if (cnt == 0 || H5Sget_simple_extent_type(sp) == H5S_NULL) goto cleanup;
     if (H5Tget_class(t) != H5T_STRING || cnt < 0 || cnt > 1000000) {
         rc = bq_err(BQ_EFORMAT, "%s: attribute %s is not a string array", path, attr);
         goto cleanup;
@@ -100,6 +102,7 @@ cleanup:
 static int read_names(hid_t obj, const char *name, char ***v, int *n, const char *path) {
     *v = NULL, *n = 0;
     if (H5Aexists(obj, name) > 0) return read_str_attr(obj, name, v, n, path);
+    /* chunked form: NAME0, NAME1, ... */
     char b[64];
     int rc = BQ_OK;
     for (int k = 0;; k++) {

@@ -440,6 +440,19 @@ int main(void) {
     fputs("garbage!", fb);
     fclose(fb);
     expect_load_fails(d, 0, BQ_EFORMAT, "tf_model.h5", NULL, "corrupt tf_model.h5");
+    /* 4b. the committed tf_model.h5 fixture written with h5py (tests/make_ckptio_fixtures.py) */
+    snprintf(d, sizeof d, "%s/tests/fixtures/ckptio/tf_tiny", src);
+    rc = bq_hf_load(&b, d, 0, &rng, &rep);
+    EXPECT(rc == BQ_OK, "committed tf_tiny: %s", bq_errmsg());
+    if (!rc) {
+        EXPECT(rep == NULL, "tf_tiny: unexpected report %s", rep ? rep : "");
+        EXPECT(b.params.total == m.params.total &&
+                   memcmp(b.params.data, m.params.data, sizeof(float) * (size_t)m.params.total) == 0,
+               "tf_tiny parameters differ from bert_tiny/model.safetensors");
+        bq_bert_free(&b);
+    }
+    free(rep);
+    rep = NULL;
     bq_bert_free(&m);
 
     /* 5. the real all-MiniLM-L6-v2 directory, when present */
