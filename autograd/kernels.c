@@ -2,7 +2,8 @@
  *
  * References: llm.c train_gpt2.c (layout of the kernels, LayerNorm backward formula); HF transformers
  * BertSelfAttention / nn.LayerNorm / GELUActivation / nn.CrossEntropyLoss for the semantics;
- * pytorch-quantization tensor_quant.fake_tensor_quant for the fake quantization and its STE.
+ * torch.fake_quantize_per_tensor_affine / _per_channel_affine (PyTorch 1.13) for the fake
+ * quantization and its straight-through mask on the rounded value.
  *
  * Parallelism: OpenMP `parallel for` over rows (or column blocks when a reduction over rows is
  * needed, so every sum keeps a fixed order and results never depend on the thread count); matrix
@@ -446,8 +447,8 @@ void bq_kernel_fakequant_backward(float *dx, const float *dout, const float *x, 
         const float *xr = x + r * inner, *dy = dout + r * inner;
         float *d = dx + r * inner;
         for (int64_t i = 0; i < inner; i++) {
-            float v = xr[i] / s;
-            if (v >= lo && v <= hi) d[i] += dy[i];
+            float q = nearbyintf(xr[i] / s); /* NaN (s == 0) fails both tests: no gradient */
+            if (q >= lo && q <= hi) d[i] += dy[i];
         }
     }
 }

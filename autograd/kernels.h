@@ -89,7 +89,9 @@ void bq_kernel_cross_entropy_backward(float *dlogits, float dloss, const float *
 
 /* Fake quantization of x viewed as (outer, nscale, inner): element (o,c,i) uses scale[c] (per tensor:
  * nscale = 1, inner = n). q = clamp(nearbyintf(x/s), qmin, qmax) with a true division, out = q·s.
- * Backward (straight-through): dx += dout where qmin <= x/s <= qmax, else nothing. */
+ * Backward (straight-through): dx += dout where qmin <= nearbyintf(x/s) <= qmax, else nothing — the
+ * mask is on the ROUNDED value, as in torch.fake_quantize_per_tensor_affine (so x/s in (127, 127.5]
+ * still passes the gradient, x/s = 127.5 does not: it rounds to 128). */
 void bq_kernel_fakequant_forward(float *out, const float *x, const float *scale, int64_t outer, int64_t nscale,
                                  int64_t inner, int qmin, int qmax);
 void bq_kernel_fakequant_backward(float *dx, const float *dout, const float *x, const float *scale,

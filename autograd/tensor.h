@@ -121,7 +121,8 @@ BqTensor *bq_op_cross_entropy(BqCtx *ctx, BqTensor *logits, const int32_t *label
 /* Symmetric fake quantization with zero point 0. nscale == 1: per tensor. Otherwise per channel
  * along `axis` of x, nscale == x->shape[axis]. scale is read when the op runs (the caller owns it
  * and keeps it alive until backward). Exact numerics: q = clamp(rne(x / s), qmin, qmax), y = q·s;
- * dx = dy where qmin <= x/s <= qmax (before rounding), else 0. */
+ * dx = dy where qmin <= rne(x/s) <= qmax (the ROUNDED value, as torch.fake_quantize_per_*_affine and
+ * tests/test_fakequant_ref.c), else 0. */
 BqTensor *bq_op_fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t nscale, int axis, int qmin,
                           int qmax);
 

@@ -1,8 +1,9 @@
 /* bq_op_fakequant, exactly: forward values against the scalar formula q = clamp(rne(x/s), qmin, qmax),
  * y = q·s (true division, nearbyintf under the default rounding mode), including ties x/s = k + 0.5
  * (→ even) and saturation at -128/127; and the straight-through gradient, which must be exactly dy
- * where qmin <= x/s <= qmax and exactly 0 elsewhere (checked on points away from rounding and
- * saturation edges, plus the edges 127 ± 0.4 and −128 ± 0.4). Per tensor, per channel along axis 0
+ * where qmin <= rne(x/s) <= qmax (the rounded value, as torch.fake_quantize_per_tensor_affine) and
+ * exactly 0 elsewhere (checked on points away from rounding and saturation edges, plus the edges:
+ * x/s = 127.4 and 127.5 (tie → 128), −128.4 and −128.5 (tie → −128) and −128.6). Per tensor, per channel along axis 0
  * of a (OC,C) weight and along axis 1 of a (B,T,H) tensor. Central differences do not apply (the
  * true derivative is 0 almost everywhere), so this test is exact instead. Prints the max error. */
 #include <math.h>
@@ -54,7 +55,7 @@ static void check_case(const char *name, float *x, int ndim, const int64_t *shap
         if (q < (float)qmin) q = (float)qmin;
         if (q > (float)qmax) q = (float)qmax;
         expect(name, i, y->data[i], q * s);
-        float want_dx = (v >= (float)qmin && v <= (float)qmax) ? y->grad[i] : 0.0f;
+        float want_dx = (nearbyintf(v) >= (float)qmin && nearbyintf(v) <= (float)qmax) ? y->grad[i] : 0.0f;
         expect(name, i, X.grad[i], want_dx);
     }
     printf("fakequant %s: %lld elements %s\n", name, (long long)n, fails == ok0 ? "exact" : "MISMATCH");
@@ -72,8 +73,9 @@ int main(void) {
     } pts[] = {
         {0.5f, 0, 1},      {1.5f, 2, 1},      {2.5f, 2, 1},      {-0.5f, -0.0f, 1}, {-1.5f, -2, 1},
         {-2.5f, -2, 1},    {3.2f, 3, 1},      {-3.7f, -4, 1},    {126.5f, 126, 1},  {-127.5f, -128, 1},
-        {127.0f, 127, 1},  {-128.0f, -128, 1}, {127.4f, 127, 0}, {126.6f, 127, 1},  {-128.4f, -128, 0},
-        {-127.6f, -128, 1}, {200.0f, 127, 0},  {-300.0f, -128, 0}, {0.0f, 0, 1},
+        {127.0f, 127, 1},  {-128.0f, -128, 1}, {127.4f, 127, 1}, {126.6f, 127, 1},  {-128.4f, -128, 1},
+        {-127.6f, -128, 1}, {200.0f, 127, 0},  {-300.0f, -128, 0}, {0.0f, 0, 1},    {127.5f, 127, 0},
+        {-128.5f, -128, 1}, {-128.6f, -128, 0}, {127.6f, 127, 0},
     };
     int np = (int)(sizeof pts / sizeof pts[0]);
     float xp[32], gx[32] = {0};
