@@ -376,6 +376,18 @@ int main(void) {
     if (!rc) bq_bert_free(&b);
     free(rep);
 
+    /* pre-training heads (cls.*) are dropped and listed, as HF's "unused weights" warning */
+    snprintf(d, sizeof d, "%s/pretrain", root);
+    mkdir_p(d);
+    copy_config(tiny, d);
+    write_variant(&m, d, 0, NULL, NULL, "cls.predictions.bias", NULL);
+    rc = bq_hf_load(&b, d, 0, &rng, &rep);
+    EXPECT(rc == BQ_OK && rep && strstr(rep, "Unused") && strstr(rep, "cls.predictions.bias"), "cls.* head: %s / %s",
+           bq_errmsg(), rep ? rep : "(no report)");
+    if (!rc) bq_bert_free(&b);
+    free(rep);
+    rep = NULL;
+
     /* 3. errors */
     expect_load_fails(tiny, 5, BQ_EFORMAT, "classifier.bias", "expected shape [5], found [3]",
                       "num_labels vs classifier");
