@@ -18,15 +18,58 @@
 
 /* Random batch (ids uniform in the vocabulary, rows padded to random lengths >= T/2, types 0 then 1),
  * forward in inference mode, JSON {input_ids, attention_mask, token_type_ids?, logits} to path. */
-static int dump_logits(BqBert *m, const char *path, int B, int T, int seed, int with_types) {
+/* Reads one (B,T) integer matrix key of a JSON object into *out (allocated). */
+static int read_matrix(json_t *j, const char *key, const char *path, int *B, int *T, int32_t **out) {
+    json_t *a = json_object_get(j, key);
+    if (!a) return BQ_OK;
+    if (!json_is_array(a) || json_array_size(a) == 0 || !json_is_array(json_array_get(a, 0)))
+        return bq_err(BQ_EFORMAT, "%s: \"%s\" must be a non-empty array of arrays", path, key);
+    int b = (int)json_array_size(a), t = (int)json_array_size(json_array_get(a, 0));
+    if (*B && (b != *B || t != *T)) return bq_err(BQ_EFORMAT, "%s: \"%s\" is not %dx%d", path, key, *B, *T);
+    if (t == 0) return bq_err(BQ_EFORMAT, "%s: \"%s\" has empty rows", path, key);
+    *B = b, *T = t;
+    *out = bq_malloc(sizeof(int32_t) * (size_t)(b * t));
+    for (int r = 0; r < b; r++) {
+        json_t *row = json_array_get(a, (size_t)r);
+        if (!json_is_array(row) || (int)json_array_size(row) != t)
+            return bq_err(BQ_EFORMAT, "%s: \"%s\" row %d does not have %d entries", path, key, r, t);
+        for (int c = 0; c < t; c++) {
+            json_t *v = json_array_get(row, (size_t)c);
+            if (!json_is_integer(v)) return bq_err(BQ_EFORMAT, "%s: \"%s\"[%d][%d] is not an integer", path, key, r, c);
+            (*out)[r * t + c] = (int32_t)json_integer_value(v);
+        }
+    }
+    return BQ_OK;
+}
+
+static int dump_logits(BqBert *m, const char *path, int B, int T, int seed, int with_types, const char *inputs) {
     int st = BQ_OK;
     BqArena act = {0};
-    json_t *j = NULL;
+    json_t *j = NULL, *jin = NULL;
     char *tmp = NULL;
+    int32_t *ids = NULL, *types = NULL, *mask32 = NULL;
+    float *mask = NULL;
+    if (inputs) { /* the batch from a JSON file {input_ids, attention_mask[, token_type_ids]} */
+        json_error_t je;
+        jin = json_load_file(inputs, 0, &je);
+        if (!jin) return bq_err(BQ_EFORMAT, "%s: line %d: %s", inputs, je.line, je.text);
+        B = T = 0;
+        if ((st = read_matrix(jin, "input_ids", inputs, &B, &T, &ids))) goto cleanup;
+        if (!ids) {
+            st = bq_err(BQ_EFORMAT, "%s: no \"input_ids\"", inputs);
+            goto cleanup;
+        }
+        if ((st = read_matrix(jin, "attention_mask", inputs, &B, &T, &mask32))) goto cleanup;
+        if (with_types && (st = read_matrix(jin, "token_type_ids", inputs, &B, &T, &types))) goto cleanup;
+        if (!types) types = bq_calloc((size_t)(B * T), sizeof(int32_t));
+        mask = bq_malloc(sizeof(float) * (size_t)(B * T));
+        for (int i = 0; i < B * T; i++) mask[i] = mask32 ? (float)mask32[i] : 1.f;
+        goto run;
+    }
     if (T > m->cfg.max_position_embeddings) T = m->cfg.max_position_embeddings;
-    int32_t *ids = bq_malloc(sizeof(int32_t) * (size_t)(B * T));
-    int32_t *types = bq_calloc((size_t)(B * T), sizeof(int32_t));
-    float *mask = bq_calloc((size_t)(B * T), sizeof(float));
+    ids = bq_malloc(sizeof(int32_t) * (size_t)(B * T));
+    types = bq_calloc((size_t)(B * T), sizeof(int32_t));
+    mask = bq_calloc((size_t)(B * T), sizeof(float));
     BqRng rng;
     bq_rng_seed(&rng, (uint64_t)seed);
     for (int b = 0; b < B; b++) {
@@ -39,6 +82,7 @@ static int dump_logits(BqBert *m, const char *path, int B, int T, int seed, int 
             types[i] = (with_types && m->cfg.type_vocab_size > 1 && t >= len / 2 && t < len) ? 1 : 0;
         }
     }
+run:
     if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
     if (m->quant) m->quant->observe = 0;
     BqBatch batch = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types};
@@ -80,6 +124,8 @@ static int dump_logits(BqBert *m, const char *path, int B, int T, int seed, int 
 
 cleanup:
     if (j) json_decref(j);
+    if (jin) json_decref(jin);
+    free(mask32);
     free(tmp);
     free(ids);
     free(types);
@@ -89,7 +135,7 @@ cleanup:
 }
 
 int bq_cmd_export(int argc, char **argv) {
-    const char *model = NULL, *out = NULL, *qdq = "auto", *dump = NULL;
+    const char *model = NULL, *out = NULL, *qdq = "auto", *dump = NULL, *dump_in = NULL;
     int opset = 13, no_types = 0, int32 = 0, num_labels = 0, dump_b = 4, dump_t = 32, dump_seed = 1;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "native checkpoint (or HF directory: fresh classifier)", 1, 0, 0},
@@ -103,6 +149,7 @@ int bq_cmd_export(int argc, char **argv) {
         {"dump-batch", BQ_ARG_INT, &dump_b, "rows of the --dump-logits batch", 0, 1, 4096},
         {"dump-seq", BQ_ARG_INT, &dump_t, "sequence length of the --dump-logits batch", 0, 1, 8192},
         {"dump-seed", BQ_ARG_INT, &dump_seed, "seed of the --dump-logits batch", 0, 0, 1 << 30},
+        {"dump-inputs", BQ_ARG_STR, &dump_in, "--dump-logits on this JSON batch {input_ids, attention_mask, token_type_ids}", 0, 0, 0},
     };
     BqArgs args = {.cmd = "export", .usage = "--model CKPT --out FILE.onnx [options]",
                    .summary = "Export a checkpoint to ONNX (fp32, or Q/DQ for a quantized checkpoint).",
@@ -136,10 +183,10 @@ int bq_cmd_export(int argc, char **argv) {
         if (!o.qdq && m.quant) { /* fp32 export of a quantized checkpoint: compare with the fp32 forward */
             BqQuantState *qs = m.quant;
             m.quant = NULL;
-            st = dump_logits(&m, dump, dump_b, dump_t, dump_seed, !no_types);
+            st = dump_logits(&m, dump, dump_b, dump_t, dump_seed, !no_types, dump_in);
             m.quant = qs;
         } else {
-            st = dump_logits(&m, dump, dump_b, dump_t, dump_seed, !no_types);
+            st = dump_logits(&m, dump, dump_b, dump_t, dump_seed, !no_types, dump_in);
         }
         if (st) goto cleanup;
     }
