@@ -178,6 +178,35 @@ static void add_position_ids(const char *path, int n) {
     json_decref(j);
 }
 
+/* Renames tensor FROM to TO in a safetensors file's header (data untouched). */
+static void rename_tensor(const char *path, const char *from, const char *to) {
+    FILE *f = fopen(path, "rb");
+    BQ_CHECK(f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc((size_t)size);
+    BQ_CHECK(fread(buf, 1, (size_t)size, f) == (size_t)size);
+    fclose(f);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | buf[i];
+    json_t *j = json_loadb((const char *)buf + 8, hl, 0, NULL);
+    BQ_CHECK(j && json_object_get(j, from));
+    json_object_set(j, to, json_object_get(j, from));
+    json_object_del(j, from);
+    char *nh = json_dumps(j, JSON_COMPACT);
+    uint64_t nl = strlen(nh);
+    f = fopen(path, "wb");
+    unsigned char l8[8];
+    for (int i = 0; i < 8; i++) l8[i] = (unsigned char)(nl >> (8 * i));
+    fwrite(l8, 1, 8, f);
+    fwrite(nh, 1, nl, f);
+    fwrite(buf + 8 + hl, 1, (size_t)size - 8 - hl, f);
+    fclose(f);
+    free(nh), free(buf);
+    json_decref(j);
+}
+
 static void expect_load_fails(const char *dir, int num_labels, int status, const char *n1, const char *n2,
                               const char *what) {
     BqBert m;
@@ -385,6 +414,24 @@ int main(void) {
     EXPECT(rc == BQ_OK && rep && strstr(rep, "Unused") && strstr(rep, "cls.predictions.bias"), "cls.* head: %s / %s",
            bq_errmsg(), rep ? rep : "(no report)");
     if (!rc) bq_bert_free(&b);
+    free(rep);
+    rep = NULL;
+
+    /* legacy LayerNorm names (gamma/beta) are renamed as HF's _fix_key does */
+    snprintf(d, sizeof d, "%s/legacy", root);
+    mkdir_p(d);
+    copy_config(tiny, d);
+    write_variant(&m, d, 1, NULL, NULL, NULL, NULL);
+    snprintf(f2, sizeof f2, "%s/model.safetensors", d);
+    rename_tensor(f2, "encoder.layer.1.output.LayerNorm.weight", "encoder.layer.1.output.LayerNorm.gamma");
+    rename_tensor(f2, "embeddings.LayerNorm.bias", "embeddings.LayerNorm.beta");
+    rc = bq_hf_load(&b, d, 0, &rng, &rep);
+    EXPECT(rc == BQ_OK && rep == NULL, "legacy gamma/beta: %s", bq_errmsg());
+    if (!rc) {
+        EXPECT(memcmp(b.params.data, m.params.data, sizeof(float) * (size_t)m.params.total) == 0,
+               "legacy gamma/beta: parameters differ");
+        bq_bert_free(&b);
+    }
     free(rep);
     rep = NULL;
 
