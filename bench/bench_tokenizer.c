@@ -18,6 +18,13 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* process CPU time: on a shared, loaded machine this is fairer than wall time for both sides */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 int main(int argc, char **argv) {
     const char *vocab = NULL, *input = NULL, *dump = NULL, *trunc_s = "head";
     int max_len = 0, repeat = 3, pair = 0;
@@ -82,11 +89,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_tokenizer: %s: cannot open\n", dump);
         return 1;
     }
-    double best = 1e30;
+    double best = 1e30, best_cpu = 1e30;
     int64_t ntok = 0;
     for (int r = 0; r < repeat + (df ? 1 : 0); r++) {
         int writing = df && r == repeat; /* the dump pass is untimed */
-        double t0 = now_s();
+        double t0 = now_s(), c0 = cpu_s();
         ntok = 0;
         for (int64_t i = 0; i < nrec; i++) {
             const char *a = buf + starts[i], *b = NULL;
@@ -107,16 +114,19 @@ int main(int argc, char **argv) {
                 fputc('\n', df);
             }
         }
-        double dt = now_s() - t0;
+        double dt = now_s() - t0, dc = cpu_s() - c0;
         if (!writing && dt < best) best = dt;
+        if (!writing && dc < best_cpu) best_cpu = dc;
     }
     if (df && fclose(df)) {
         fprintf(stderr, "bench_tokenizer: %s: write error\n", dump);
         return 1;
     }
     if (repeat > 0 && nrec > 0)
-        printf("bq_tokenizer: %lld texts, %lld tokens, best of %d: %.3f s, %.1f reviews/s, %.0f tokens/s\n",
-               (long long)nrec, (long long)ntok, repeat, best, (double)nrec / best, (double)ntok / best);
+        printf("bq_tokenizer: %lld texts, %lld tokens, best of %d: %.3f s wall, %.1f reviews/s, %.0f tokens/s; "
+               "%.3f s cpu, %.1f reviews/cpu-s\n",
+               (long long)nrec, (long long)ntok, repeat, best, (double)nrec / best, (double)ntok / best, best_cpu,
+               (double)nrec / best_cpu);
     free(ids);
     free(types);
     free(starts);
