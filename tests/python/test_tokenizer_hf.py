@@ -174,9 +174,45 @@ def test_cli_tokenize_matches_hf(tmp_path):
     # NUL-separated keeps newlines; truncation at 16
     tok.enable_truncation(max_length=16)
     nul = tmp_path / "nul.bin"
-    nul.write_bytes(b"\0".join(s.encode() for s in HARD if "\0" not in s))
+    assert not any("\0" in s for s in HARD)  # NUL is the separator here (NUL cleaning: test_tokenizer.c)
+    nul.write_bytes(b"\0".join(s.encode() for s in HARD))
     p = subprocess.run([BIN, "tokenize", "--vocab", VOCAB, "--null-separated", "--max-seq-len", "16", str(nul)],
                        capture_output=True, text=True, check=True)
     ours = [list(map(int, l.split())) for l in p.stdout.split("\n")[:-1]]
     theirs = [e.ids for e in tok.encode_batch(HARD)]
     assert compare("cli nul 16", HARD, ours, theirs) == 0
+
+
+@pytest.mark.parametrize("variant", [
+    {"lowercase": False, "strip_accents": None},          # cased: no lowercase, no accent stripping
+    {"lowercase": True, "strip_accents": False},          # lowercase only (Rust to_lowercase, no NFD)
+    {"lowercase": False, "strip_accents": True},          # NFD + drop Mn without lowercase
+    {"lowercase": True, "strip_accents": None, "handle_chinese_chars": False},
+])
+def test_normalizer_variants_identical_to_hf(corpus, variant, tmp_path):
+    """tokenizer.json next to vocab.txt is honoured: each BertNormalizer variant against HF with the same
+    file, on 5,000 reviews and the hard strings."""
+    import json
+    import shutil
+    tokenizers = pytest.importorskip("tokenizers")
+    d = tmp_path / "vocab"
+    d.mkdir()
+    shutil.copy(VOCAB, d / "vocab.txt")
+    with open(TOKJSON) as f:
+        cfg = json.load(f)
+    cfg["normalizer"].update(variant)
+    (d / "tokenizer.json").write_text(json.dumps(cfg))
+    tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+    tok.no_truncation()
+    raw = corpus[:5000] + corpus[50000:]
+    texts = [t.replace(b"\0", b"").decode("utf-8", "replace") for t in raw]
+    theirs = [e.ids for e in tok.encode_batch(texts)]
+    inp = os.path.join(str(tmp_path), "in.bin")
+    out = os.path.join(str(tmp_path), "out.txt")
+    with open(inp, "wb") as f:
+        f.write(b"\0".join(t.replace(b"\0", b"") for t in raw))
+    subprocess.run([BENCH, "--vocab", str(d / "vocab.txt"), "--input", inp, "--repeat", "0", "--dump", out],
+                   check=True, timeout=300)
+    with open(out) as f:
+        ours = [list(map(int, l.split())) for l in f.read().split("\n")[:-1]]
+    assert compare(f"variant {variant}", texts, ours, theirs) == 0
