@@ -38,10 +38,14 @@ void bq_tokenizer_tokenize(const BqTokenizer *t, const char *text, size_t len, i
 typedef enum BqTruncation { BQ_TRUNC_HEAD = 0, BQ_TRUNC_TAIL = 1, BQ_TRUNC_HEAD_TAIL = 2 } BqTruncation;
 
 /* [CLS] a [SEP] (or [CLS] a [SEP] b [SEP] when b != NULL), truncated to max_len tokens in total
- * (max_len <= 0: no truncation). head keeps the first tokens; tail the last; head_tail keeps the first
- * max(1, max_len*128/512) - 1... see the implementation's comment (the first 128 and last 382 at 512).
- * For pairs, the longer sequence is truncated first (HF longest_first). Writes ids and
- * token types into out_ids/out_types (capacity cap); returns the length. */
+ * (max_len <= 0: no truncation). Each sequence gets a budget of k word pieces: k = max_len - 2 for one
+ * sequence; for pairs (HF tokenizers longest_first) with m = max_len - 3, the shorter sequence keeps
+ * min(its length, m / 2) and the longer the rest (equal lengths: a counts as the shorter).
+ * Within its budget k a sequence keeps: head the first k pieces; tail the last k; head_tail the first
+ * (k + 2) / 4 and the last k - (k + 2) / 4 (for one sequence that is the first max_len / 4: at
+ * max_len 512 the first 128 and the last 382). Writes ids and token types (0 for [CLS] a [SEP], 1 for
+ * b [SEP]; out_types may be NULL) into out_ids/out_types up to capacity cap and returns the full
+ * length, which may exceed cap (then only the first cap entries were written). */
 int64_t bq_tokenizer_encode(const BqTokenizer *t, const char *a, size_t alen, const char *b, size_t blen,
                             int64_t max_len, BqTruncation trunc, int32_t *out_ids, int32_t *out_types,
                             int64_t cap);
