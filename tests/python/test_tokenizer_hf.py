@@ -216,3 +216,27 @@ def test_normalizer_variants_identical_to_hf(corpus, variant, tmp_path):
     with open(out) as f:
         ours = [list(map(int, l.split())) for l in f.read().split("\n")[:-1]]
     assert compare(f"variant {variant}", texts, ours, theirs) == 0
+
+
+def test_every_code_point_identical_to_hf(tmp_path):
+    """Each Unicode scalar value c (but NUL) as "a" + c + "b", and random strings of random code points:
+    catches the character classes (cleaning, punctuation, Mn, CJK, case) where utf8proc and HF differ."""
+    import random
+    assert os.access(BENCH, os.X_OK), f"{BENCH} not built"
+    tok = hf_tokenizer()
+    tok.no_truncation()
+    cps = [c for c in range(1, 0x110000) if not 0xD800 <= c <= 0xDFFF]
+    texts = ["a" + chr(c) + "b" for c in cps]
+    rng = random.Random(7)
+    for _ in range(20000):
+        s = []
+        for _ in range(rng.randint(1, 12)):
+            r = rng.random()
+            c = rng.randint(0x20, 0x7E) if r < 0.3 else rng.randint(0x80, 0xFFFF) if r < 0.8 else \
+                rng.randint(0x10000, 0x10FFFF)
+            s.append(0x41 if 0xD800 <= c <= 0xDFFF else c)
+        texts.append("".join(map(chr, s)))
+    raw = [t.encode() for t in texts]
+    theirs = [e.ids for e in tok.encode_batch(texts)]
+    ours = c_encode(raw, str(tmp_path), 0)
+    assert compare("every code point + random", texts, ours, theirs) == 0
