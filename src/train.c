@@ -337,7 +337,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
      * load_best_model_at_end), with the finished training state. */
     if (val && r.ts.step >= total && !finished_before) {
         int improved;
-        if ((st = run_eval(&r, (double)r.ts.epoch, &improved))) goto cleanup;
+        if ((st = run_eval(&r, (double)r.ts.epoch + (double)r.ts.batch_cursor / (double)nb, &improved))) goto cleanup;
     }
     if (tc->save_best && r.ts.best_params && r.ts.best_step != r.ts.step) {
         bq_progress_note(&r.prog, "final model = best evaluation (step %lld, accuracy %.4f)",
