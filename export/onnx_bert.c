@@ -428,6 +428,7 @@ int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *
         bq_onnx_metadata(e.g, name, c->id2label[i]);
     }
     bq_onnx_metadata(e.g, "quantization", opt->qdq ? qs->cfg.scheme : "none");
+    if (opt->cpu_layout) stats->dequantize_linear += bq_onnx_unique_dq(e.g);
     stats->nodes = bq_onnx_graph_node_count(e.g);
     st = bq_onnx_save(e.g, opt->opset, path);
 

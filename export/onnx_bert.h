@@ -12,6 +12,8 @@ typedef struct BqOnnxOptions {
     int qdq;            /* 1: Q/DQ at every quantizer of qs (qs must be non-NULL) */
     int token_type_ids; /* 1: token_type_ids input; 0: type-0 row folded into the word embeddings */
     int input_int32;    /* inputs int32 instead of int64 */
+    int cpu_layout;     /* one DequantizeLinear per consumer (ORT CPU integer kernels); the default
+                           shared DQ is what the transformer optimizer's QOrdered fusions need */
 } BqOnnxOptions;
 
 typedef struct BqOnnxStats {

@@ -210,6 +210,62 @@ void bq_onnx_metadata(BqOnnxGraph *g, const char *key, const char *value) {
     push((void ***)&g->meta, &g->nmeta, &g->cmeta, e);
 }
 
+int bq_onnx_unique_dq(BqOnnxGraph *g) {
+    int made = 0;
+    for (size_t i = 0; i < g->gp.n_node; i++) {
+        Onnx__NodeProto *dq = g->gp.node[i];
+        if (strcmp(dq->op_type, "DequantizeLinear")) continue;
+        const char *out = dq->output[0];
+        int k = 0;
+        for (size_t c = i + 1; c < g->gp.n_node; c++) {
+            Onnx__NodeProto *n = g->gp.node[c];
+            for (size_t j = 0; j < n->n_input; j++) {
+                if (strcmp(n->input[j], out)) continue;
+                if (k++ == 0) continue; /* the first consumer keeps the original */
+                size_t len = strlen(dq->name) + 32, olen = strlen(out) + 32;
+                char *name = galloc(g, len), *oname = galloc(g, olen);
+                snprintf(name, len, "%s_%d", dq->name, k - 1);
+                snprintf(oname, olen, "%s_%d", out, k - 1);
+                /* a DQ fed by a QuantizeLinear gets its own Q too: ORT's x86 int8→uint8 rewrite and
+                 * QDQ node units want a Q → DQ → consumer chain without fan-out */
+                Onnx__NodeProto *qn = NULL;
+                for (size_t a = 0; a < i && !qn; a++)
+                    if (!strcmp(g->gp.node[a]->op_type, "QuantizeLinear") && !strcmp(g->gp.node[a]->output[0], dq->input[0]))
+                        qn = g->gp.node[a];
+                const char **ins = galloc(g, sizeof(char *) * dq->n_input);
+                for (size_t a = 0; a < dq->n_input; a++) ins[a] = dq->input[a];
+                int added = 0;
+                if (qn) {
+                    size_t ql = strlen(qn->name) + 32, qo = strlen(qn->output[0]) + 32;
+                    char *qname = galloc(g, ql), *qout = galloc(g, qo);
+                    snprintf(qname, ql, "%s_%d", qn->name, k - 1);
+                    snprintf(qout, qo, "%s_%d", qn->output[0], k - 1);
+                    Onnx__NodeProto *qc = bq_onnx_node(g, "QuantizeLinear", qname, (int)qn->n_input,
+                                                       (const char *const *)qn->input, 1, (const char *const[]){qout});
+                    qc->n_attribute = qn->n_attribute;
+                    qc->attribute = qn->attribute;
+                    ins[0] = qc->output[0];
+                    added++;
+                }
+                Onnx__NodeProto *cl = bq_onnx_node(g, "DequantizeLinear", name, (int)dq->n_input, ins, 1,
+                                                   (const char *const[]){oname});
+                cl->n_attribute = dq->n_attribute;
+                cl->attribute = dq->attribute; /* shared, owned by the pool */
+                added++;
+                /* bq_onnx_node appended the clones at the end: move them right after dq */
+                size_t tail = g->gp.n_node - (size_t)added;
+                Onnx__NodeProto *moved[2] = {g->gp.node[tail], added == 2 ? g->gp.node[tail + 1] : NULL};
+                memmove(&g->gp.node[i + 1 + added], &g->gp.node[i + 1], sizeof *g->gp.node * (tail - i - 1));
+                for (int a = 0; a < added; a++) g->gp.node[i + 1 + a] = moved[a];
+                c += (size_t)added;
+                n->input[j] = cl->output[0];
+                made++;
+            }
+        }
+    }
+    return made;
+}
+
 int bq_onnx_graph_node_count(const BqOnnxGraph *g) { return (int)g->gp.n_node; }
 
 int bq_onnx_ir_version(int opset) {

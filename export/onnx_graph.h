@@ -47,6 +47,12 @@ void bq_onnx_metadata(BqOnnxGraph *g, const char *key, const char *value);
  * Errors: BQ_EIO naming the path. */
 int bq_onnx_save(BqOnnxGraph *g, int opset, const char *path);
 
+/* Gives every consumer of a DequantizeLinear output its own DequantizeLinear (and its own
+ * QuantizeLinear when the DQ reads one; clones placed right after the original DQ, outputs
+ * "<name>_<k>"), the layout ONNX Runtime's CPU QDQ
+ * transformer needs to turn each MatMul into an integer kernel. Same values; returns clones made. */
+int bq_onnx_unique_dq(BqOnnxGraph *g);
+
 /* Number of nodes so far (for tests and reports). */
 int bq_onnx_graph_node_count(const BqOnnxGraph *g);
 

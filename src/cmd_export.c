@@ -136,7 +136,7 @@ cleanup:
 
 int bq_cmd_export(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *qdq = "auto", *dump = NULL, *dump_in = NULL;
-    int opset = 13, no_types = 0, int32 = 0, num_labels = 0, dump_b = 4, dump_t = 32, dump_seed = 1;
+    int opset = 13, no_types = 0, int32 = 0, cpu = 0, num_labels = 0, dump_b = 4, dump_t = 32, dump_seed = 1;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "native checkpoint (or HF directory: fresh classifier)", 1, 0, 0},
         {"out", BQ_ARG_STR, &out, "output .onnx file (written atomically)", 1, 0, 0},
@@ -144,6 +144,7 @@ int bq_cmd_export(int argc, char **argv) {
         {"opset", BQ_ARG_INT, &opset, "ONNX opset (LayerNormalization op from 17)", 0, 13, 21},
         {"no-token-type-ids", BQ_ARG_FLAG, &no_types, "no token_type_ids input (all type 0)", 0, 0, 0},
         {"input-int32", BQ_ARG_FLAG, &int32, "int32 inputs instead of int64", 0, 0, 0},
+        {"cpu-layout", BQ_ARG_FLAG, &cpu, "one DequantizeLinear per consumer: ORT CPU makes every quantized MatMul an integer kernel (the transformer optimizer's QOrdered fusions want the default shared DQ)", 0, 0, 0},
         {"num-labels", BQ_ARG_INT, &num_labels, "labels for an HF directory (0: from its config)", 0, 0, 1000},
         {"dump-logits", BQ_ARG_STR, &dump, "also write a random batch and bertqat's logits as JSON", 0, 0, 0},
         {"dump-batch", BQ_ARG_INT, &dump_b, "rows of the --dump-logits batch", 0, 1, 4096},
@@ -174,7 +175,7 @@ int bq_cmd_export(int argc, char **argv) {
         goto cleanup;
     }
     BqOnnxOptions o = {.opset = opset, .qdq = want < 0 ? m.quant != NULL : want, .token_type_ids = !no_types,
-                       .input_int32 = int32};
+                       .input_int32 = int32, .cpu_layout = cpu};
     BqOnnxStats s;
     if ((st = bq_onnx_export_bert(&m, m.quant, &o, out, &s))) goto cleanup;
     fprintf(stderr, "export: %s: opset %d, %s, %d nodes, %d QuantizeLinear, %d DequantizeLinear, %d int8 weights\n",

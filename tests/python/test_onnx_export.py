@@ -206,3 +206,14 @@ def test_minilm_qdq(minilm_ptq, tmp_path):
     print("optimized MiniLM ort Q/DQ:", dict(ops))
     assert ops["QOrderedAttention"] == 6 and ops["QOrderedLayerNormalization"] == 12
     assert ops["QOrderedGelu"] == 6 and ops["QOrderedMatMul"] == 18
+
+
+def test_tiny_cpu_layout(tiny, tmp_path):
+    """--cpu-layout (one Q/DQ per consumer) computes the same values as the shared layout."""
+    out = str(tmp_path / "ort_cpu.onnx")
+    d = export(str(tiny / "ort"), out, "--cpu-layout")
+    m = onnx.load(out)
+    onnx.checker.check_model(m, full_check=True)
+    consumers = collections.Counter(i for n in m.graph.node for i in n.input)
+    assert all(consumers[n.output[0]] == 1 for n in m.graph.node if n.op_type == "DequantizeLinear")
+    check_qdq_vs_c(out, d)
