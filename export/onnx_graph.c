@@ -210,6 +210,21 @@ void bq_onnx_metadata(BqOnnxGraph *g, const char *key, const char *value) {
     push((void ***)&g->meta, &g->nmeta, &g->cmeta, e);
 }
 
+/* copy of initializer `name` as "<name>_dup<k>" (returns the new name; `name` if it is no initializer) */
+static const char *copy_init(BqOnnxGraph *g, const char *name, int k) {
+    for (size_t i = 0; i < g->gp.n_initializer; i++) {
+        Onnx__TensorProto *t = g->gp.initializer[i];
+        if (strcmp(t->name, name)) continue;
+        size_t l = strlen(name) + 32;
+        char *nn = galloc(g, l);
+        snprintf(nn, l, "%s_dup%d", name, k);
+        size_t n = 1;
+        for (size_t d = 0; d < t->n_dims; d++) n *= (size_t)t->dims[d];
+        return add_init(g, nn, t->data_type, (int)t->n_dims, t->dims, t->raw_data.data, t->raw_data.len / n);
+    }
+    return name;
+}
+
 int bq_onnx_unique_dq(BqOnnxGraph *g) {
     int made = 0;
     for (size_t i = 0; i < g->gp.n_node; i++) {
@@ -234,19 +249,26 @@ int bq_onnx_unique_dq(BqOnnxGraph *g) {
                         qn = g->gp.node[a];
                 const char **ins = galloc(g, sizeof(char *) * dq->n_input);
                 for (size_t a = 0; a < dq->n_input; a++) ins[a] = dq->input[a];
+                /* a copy of the scale under a new name: ORT's common-subexpression elimination would
+                 * otherwise merge the clones back into one shared Q/DQ */
+                const char *scale_copy = copy_init(g, dq->input[1], k - 1);
                 int added = 0;
                 if (qn) {
                     size_t ql = strlen(qn->name) + 32, qo = strlen(qn->output[0]) + 32;
                     char *qname = galloc(g, ql), *qout = galloc(g, qo);
                     snprintf(qname, ql, "%s_%d", qn->name, k - 1);
                     snprintf(qout, qo, "%s_%d", qn->output[0], k - 1);
-                    Onnx__NodeProto *qc = bq_onnx_node(g, "QuantizeLinear", qname, (int)qn->n_input,
-                                                       (const char *const *)qn->input, 1, (const char *const[]){qout});
+                    const char **qins = galloc(g, sizeof(char *) * qn->n_input);
+                    for (size_t a = 0; a < qn->n_input; a++) qins[a] = qn->input[a];
+                    if (qn->n_input > 1 && !strcmp(qn->input[1], dq->input[1])) qins[1] = scale_copy;
+                    Onnx__NodeProto *qc = bq_onnx_node(g, "QuantizeLinear", qname, (int)qn->n_input, qins, 1,
+                                                       (const char *const[]){qout});
                     qc->n_attribute = qn->n_attribute;
                     qc->attribute = qn->attribute;
                     ins[0] = qc->output[0];
                     added++;
                 }
+                ins[1] = scale_copy;
                 Onnx__NodeProto *cl = bq_onnx_node(g, "DequantizeLinear", name, (int)dq->n_input, ins, 1,
                                                    (const char *const[]){oname});
                 cl->n_attribute = dq->n_attribute;
