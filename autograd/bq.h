@@ -103,5 +103,9 @@ size_t bq_peak_rss(void);
  * over path (and fsyncs the directory). Used for every checkpoint and export. */
 int bq_fsync_path(const char *path);
 int bq_rename_durable(const char *tmp_path, const char *final_path);
+/* Checks, before any work is done, that the folder that will hold path exists, is a folder and is
+ * writable, so a command fails in its first second rather than after loading or training. The error
+ * names path and the reason (e.g. "out/x.onnx: cannot create: Not a directory"). */
+int bq_check_writable_parent(const char *path);
 
 #endif

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 extern void openblas_set_num_threads(int num_threads);
 extern char *openblas_get_corename(void);
 extern char *openblas_get_config(void);
+extern int openblas_get_parallel(void);
 
 static _Thread_local char g_errmsg[1024];
 
@@ -235,10 +237,11 @@ const char *bq_runtime_describe(void) {
     static char buf[256];
     const char *core = openblas_get_corename();
     const char *env = getenv("OPENBLAS_CORETYPE");
-    snprintf(buf, sizeof buf, "OpenBLAS kernel %s (%s), %d thread%s", core ? core : "?",
+    int par = openblas_get_parallel();
+    snprintf(buf, sizeof buf, "OpenBLAS kernel %s (%s), %s threading, %d thread%s", core ? core : "?",
              env ? (getenv("BQ_NO_REEXEC") ? "chosen by bertqat for AVX-512" : "set by OPENBLAS_CORETYPE")
                  : "auto-detected",
-             g_threads, g_threads == 1 ? "" : "s");
+             par == 2 ? "OpenMP" : par == 1 ? "pthread" : "no", g_threads, g_threads == 1 ? "" : "s");
     return buf;
 }
 
@@ -263,6 +266,18 @@ int bq_fsync_path(const char *path) {
     close(fd);
     if (rc != 0 && errno != EINVAL) return bq_err(BQ_EIO, "%s: fsync failed: %s", path, strerror(errno));
     return BQ_OK;
+}
+
+int bq_check_writable_parent(const char *path) {
+    char *copy = bq_strdup(path);
+    const char *dir = dirname(copy);
+    struct stat sb;
+    int st = BQ_OK;
+    if (stat(dir, &sb) != 0) st = bq_err(BQ_EIO, "%s: cannot create: %s", path, strerror(errno));
+    else if (!S_ISDIR(sb.st_mode)) st = bq_err(BQ_EIO, "%s: cannot create: %s", path, strerror(ENOTDIR));
+    else if (access(dir, W_OK) != 0) st = bq_err(BQ_EIO, "%s: cannot create: %s", path, strerror(errno));
+    free(copy);
+    return st;
 }
 
 int bq_rename_durable(const char *tmp_path, const char *final_path) {

@@ -162,6 +162,8 @@ int bq_cmd_export(int argc, char **argv) {
     else if (!strcmp(qdq, "off")) want = 0;
     else if (!strcmp(qdq, "auto")) want = -1;
     else return bq_err(BQ_EINVAL, "--qdq: '%s' is not on, off or auto", qdq);
+    if ((st = bq_check_writable_parent(out))) return st;
+    if (dump && (st = bq_check_writable_parent(dump))) return st;
 
     BqBert m;
     memset(&m, 0, sizeof m);

@@ -123,6 +123,7 @@ int bq_cmd_export_hf(int argc, char **argv) {
         snprintf(old, sizeof old, "%s.old", out) >= (int)sizeof old)
         return bq_err(BQ_EINVAL, "--out: path too long");
     if (!is_dir(model)) return bq_err(BQ_EIO, "--model: %s is not a directory", model);
+    if ((rc = bq_check_writable_parent(out))) return rc;
 
     BqBert m;
     memset(&m, 0, sizeof m);

@@ -146,6 +146,7 @@ int bq_cmd_calibrate(int argc, char **argv) {
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
+    if ((st = bq_check_writable_parent(out))) return st;
 
     BqTokenizer *tok = NULL;
     BqDataset *dcal = NULL, *dtest = NULL;
@@ -272,6 +273,7 @@ int bq_cmd_qat(int argc, char **argv) {
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
+    if ((st = bq_check_writable_parent(out))) return st;
 
     BqTokenizer *tok = NULL;
     BqDataset *dtrain = NULL, *dval = NULL;
