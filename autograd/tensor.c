@@ -11,6 +11,28 @@
 
 #include "autograd/kernels.h"
 
+/* ---- profile ---- */
+
+static int g_prof_on;
+static double g_prof_last;
+static BqProfile g_prof;
+
+void bq_profile_enable(int on) { g_prof_on = on; }
+void bq_profile_mark(void) { g_prof_last = bq_now(); }
+void bq_profile_reset(void) { memset(&g_prof, 0, sizeof g_prof); }
+const BqProfile *bq_profile_get(void) { return &g_prof; }
+
+const char *bq_op_name(BqOp op) {
+    static const char *const names[BQ_OP_COUNT] = {
+        [BQ_OP_LINEAR] = "linear", [BQ_OP_ATTN_SCORES] = "attn_scores", [BQ_OP_ATTN_CONTEXT] = "attn_context",
+        [BQ_OP_ADD] = "add", [BQ_OP_MUL] = "mul", [BQ_OP_SCALE] = "scale", [BQ_OP_EMBEDDING] = "embedding",
+        [BQ_OP_LAYERNORM] = "layernorm", [BQ_OP_GELU] = "gelu", [BQ_OP_TANH] = "tanh",
+        [BQ_OP_SOFTMAX_MASK] = "softmax_mask", [BQ_OP_DROPOUT] = "dropout", [BQ_OP_SELECT_TOKEN] = "select_token",
+        [BQ_OP_CROSS_ENTROPY] = "cross_entropy", [BQ_OP_FAKEQUANT] = "fakequant",
+    };
+    return op >= 0 && op < BQ_OP_COUNT ? names[op] : "?";
+}
+
 /* ---- tape ---- */
 
 int bq_tape_init(BqTape *t, int64_t capacity) {
@@ -37,6 +59,12 @@ static BqNode *tape_push(BqCtx *ctx, BqOp op, BqTensor *out) {
     }
     BqNode *nd = &t->nodes[t->n++];
     memset(nd, 0, sizeof *nd);
+    if (g_prof_on) {
+        double now = bq_now();
+        g_prof.fwd_s[op] += now - g_prof_last;
+        g_prof.fwd_n[op]++;
+        g_prof_last = now;
+    }
     nd->op = op;
     nd->out = out;
     return nd;
@@ -498,6 +526,13 @@ void bq_backward(BqCtx *ctx, BqTensor *loss) {
         BqNode *nd = &ctx->tape->nodes[i];
         BQ_CHECK(nd->op >= 0 && nd->op < BQ_OP_COUNT && g_backward[nd->op] != NULL);
         if (!nd->out->grad) continue;
-        g_backward[nd->op](nd);
+        if (g_prof_on) {
+            double t0 = bq_now();
+            g_backward[nd->op](nd);
+            g_prof.bwd_s[nd->op] += bq_now() - t0;
+            g_prof.bwd_n[nd->op]++;
+        } else {
+            g_backward[nd->op](nd);
+        }
     }
 }

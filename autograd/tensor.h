@@ -129,4 +129,18 @@ BqTensor *bq_op_fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t n
 /* Sets loss->grad[0] = 1 and runs every recorded node's backward in reverse order. */
 void bq_backward(BqCtx *ctx, BqTensor *loss);
 
+/* ---- optional per-op timing, for benchmarks ----
+ * When enabled, a recorded op's forward time is the wall time from the previous recorded op (or from
+ * bq_profile_mark) to its own recording: its allocations, its kernel and the model code between. Its
+ * backward time is the wall time of its backward call. Only recorded (tape) passes are timed. */
+typedef struct BqProfile {
+    double fwd_s[BQ_OP_COUNT], bwd_s[BQ_OP_COUNT];
+    int64_t fwd_n[BQ_OP_COUNT], bwd_n[BQ_OP_COUNT];
+} BqProfile;
+void bq_profile_enable(int on);
+void bq_profile_mark(void);      /* start of a forward: the next op's time counts from here */
+void bq_profile_reset(void);
+const BqProfile *bq_profile_get(void);
+const char *bq_op_name(BqOp op);
+
 #endif

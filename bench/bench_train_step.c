@@ -1,0 +1,192 @@
+/* Times full training steps of BertForSequenceClassification as `bertqat finetune` / `bertqat qat` run
+ * them: forward with tape, backward, global-norm clipping, AdamW, gradient zeroing. The model is a
+ * Hugging Face directory (--model, e.g. all-MiniLM-L6-v2) or, without --model, a randomly initialised
+ * BERT-base-shaped model (12 layers, hidden 768, 12 heads, intermediate 3072). Batches are fixed,
+ * random, full length (attention mask all ones), dropout as in the config (training mode).
+ *
+ *   bench_train_step [--model DIR] [--batch 32] [--seq 128] [--steps 5] [--warmup 1] [--threads 0]
+ *                    [--qat] [--scheme ort|qdqbert] [--profile]
+ *
+ * --qat adds the fake-quantized modules of the scheme with live moving-average observers, as `bertqat
+ * qat` trains them. Prints one JSON line (read by bench/bench_train.py): median ms/step, tokens/s,
+ * peak RSS, the BLAS runtime; --profile also prints per-op forward/backward milliseconds per step. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/bq.h"
+#include "autograd/tensor.h"
+#include "export/ckpt.h"
+#include "layers/bert.h"
+#include "layers/quant.h"
+#include "src/optim.h"
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void base_config(BqBertConfig *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->vocab_size = 30522;
+    cfg->hidden_size = 768;
+    cfg->num_hidden_layers = 12;
+    cfg->num_attention_heads = 12;
+    cfg->intermediate_size = 3072;
+    cfg->max_position_embeddings = 512;
+    cfg->type_vocab_size = 2;
+    cfg->pad_token_id = 0;
+    cfg->layer_norm_eps = 1e-12f;
+    cfg->hidden_dropout_prob = 0.1f;
+    cfg->attention_probs_dropout_prob = 0.1f;
+    cfg->classifier_dropout = -1.0f;
+    cfg->initializer_range = 0.02f;
+    cfg->num_labels = 2;
+    cfg->id2label = bq_calloc(2, sizeof(char *));
+    cfg->id2label[0] = bq_strdup("neg");
+    cfg->id2label[1] = bq_strdup("pos");
+}
+
+static int usage(void) {
+    fprintf(stderr, "usage: bench_train_step [--model DIR] [--batch B] [--seq T] [--steps N] [--warmup N] "
+                    "[--threads N] [--qat] [--scheme ort|qdqbert] [--profile]\n");
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    if (bq_runtime_boot(argc, argv) != BQ_OK) {
+        fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
+        return 1;
+    }
+    const char *model = NULL, *scheme = "ort";
+    int B = 32, T = 128, steps = 5, warmup = 1, threads = 0, qat = 0, profile = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (!strcmp(a, "--model") && has) model = argv[++i];
+        else if (!strcmp(a, "--batch") && has) B = atoi(argv[++i]);
+        else if (!strcmp(a, "--seq") && has) T = atoi(argv[++i]);
+        else if (!strcmp(a, "--steps") && has) steps = atoi(argv[++i]);
+        else if (!strcmp(a, "--warmup") && has) warmup = atoi(argv[++i]);
+        else if (!strcmp(a, "--threads") && has) threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--scheme") && has) scheme = argv[++i];
+        else if (!strcmp(a, "--qat")) qat = 1;
+        else if (!strcmp(a, "--profile")) profile = 1;
+        else return usage();
+    }
+    if (B < 1 || T < 2 || steps < 1 || warmup < 0) return usage();
+    bq_runtime_set_threads(threads);
+
+    BqBert m;
+    memset(&m, 0, sizeof m);
+    BqRng rng;
+    bq_rng_seed(&rng, 1);
+    char *report = NULL;
+    int st;
+    if (model) {
+        st = bq_model_load_any(&m, model, 2, &rng, &report);
+        free(report);
+    } else {
+        BqBertConfig cfg;
+        base_config(&cfg);
+        st = bq_bert_create(&m, &cfg, 1, &rng);
+    }
+    if (st) {
+        fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
+        return 1;
+    }
+    if (T > m.cfg.max_position_embeddings) T = m.cfg.max_position_embeddings;
+    if (qat) {
+        BqQuantConfig qc;
+        bq_quant_config_default(&qc);
+        snprintf(qc.scheme, sizeof qc.scheme, "%s", scheme);
+        if (bq_quant_create(&m.quant, &m, &qc)) {
+            fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
+            return 1;
+        }
+        m.quant->observe = 1; /* live moving-average observers; the first batch sets the ranges */
+    }
+
+    BqBatch bt;
+    memset(&bt, 0, sizeof bt);
+    bt.B = B;
+    bt.T = T;
+    bt.input_ids = bq_malloc((size_t)B * (size_t)T * sizeof(int32_t));
+    bt.token_type_ids = bq_calloc((size_t)B * (size_t)T, sizeof(int32_t));
+    bt.attention_mask = bq_malloc((size_t)B * (size_t)T * sizeof(float));
+    bt.labels = bq_malloc((size_t)B * sizeof(int32_t));
+    for (int64_t i = 0; i < (int64_t)B * T; i++) {
+        bt.input_ids[i] = 1000 + (int32_t)bq_rng_below(&rng, (uint64_t)(m.cfg.vocab_size - 1000));
+        bt.attention_mask[i] = 1.0f;
+    }
+    for (int b = 0; b < B; b++) bt.labels[b] = (int32_t)bq_rng_below(&rng, 2);
+
+    BqArena act;
+    BqTape tape;
+    BqAdamW opt;
+    BQ_CHECK(bq_arena_init(&act, (size_t)64 << 30, "act") == BQ_OK);
+    BQ_CHECK(bq_tape_init(&tape, 4096) == BQ_OK);
+    bq_adamw_init(&opt, m.params.total, 0.0f);
+    double *times = bq_malloc(sizeof(double) * (size_t)steps);
+    float loss_v = 0;
+    for (int s = 0; s < warmup + steps; s++) {
+        if (s == warmup) {
+            bq_profile_reset();
+            bq_profile_enable(profile);
+        }
+        BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(1, (uint64_t)s)};
+        double t0 = bq_now();
+        bq_profile_mark();
+        BqTensor *logits = NULL, *loss = NULL;
+        if (bq_bert_forward(&m, &ctx, &bt, &logits, &loss) != BQ_OK) {
+            fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
+            return 1;
+        }
+        bq_backward(&ctx, loss);
+        loss_v = loss->data[0];
+        bq_arena_rewind(&act, 0);
+        bq_tape_rewind(&tape);
+        bq_grad_clip(&m.params, 1.0);
+        bq_adamw_step(&opt, &m.params, 5e-5f);
+        memset(m.params.grad, 0, sizeof(float) * (size_t)m.params.total);
+        if (m.quant) bq_quant_step(m.quant);
+        double dt = bq_now() - t0;
+        if (s >= warmup) times[s - warmup] = dt;
+    }
+    bq_profile_enable(0);
+    double *sorted = bq_malloc(sizeof(double) * (size_t)steps);
+    memcpy(sorted, times, sizeof(double) * (size_t)steps);
+    qsort(sorted, (size_t)steps, sizeof(double), cmp_double);
+    double ms = sorted[steps / 2] * 1e3;
+    if (profile) {
+        const BqProfile *p = bq_profile_get();
+        double tf = 0, tb = 0;
+        fprintf(stderr, "%-14s %10s %10s %8s\n", "op (per step)", "fwd ms", "bwd ms", "calls");
+        for (int op = 0; op < BQ_OP_COUNT; op++) {
+            if (!p->fwd_n[op]) continue;
+            fprintf(stderr, "%-14s %10.1f %10.1f %8lld\n", bq_op_name((BqOp)op), p->fwd_s[op] * 1e3 / steps,
+                    p->bwd_s[op] * 1e3 / steps, (long long)(p->fwd_n[op] / steps));
+            tf += p->fwd_s[op], tb += p->bwd_s[op];
+        }
+        fprintf(stderr, "%-14s %10.1f %10.1f   (step %.1f ms: the rest is clip + AdamW + zeroing)\n", "total",
+                tf * 1e3 / steps, tb * 1e3 / steps, ms);
+    }
+    printf("{\"peer\": \"bertqat\", \"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"qat\": %s, "
+           "\"scheme\": \"%s\", \"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, "
+           "\"activation_peak_mib\": %.1f, \"loss\": %.6f, \"runtime\": \"%s\"}\n",
+           model ? model : "bert-base-shape", B, T, bq_runtime_threads(), qat ? "true" : "false",
+           qat ? scheme : "", ms, (double)B * T / (ms / 1e3), (double)bq_peak_rss() / (1 << 20),
+           (double)act.peak / (1 << 20), loss_v, bq_runtime_describe());
+    free(times);
+    free(sorted);
+    free(bt.input_ids);
+    free(bt.token_type_ids);
+    free(bt.attention_mask);
+    free(bt.labels);
+    bq_adamw_free(&opt);
+    bq_tape_free(&tape);
+    bq_arena_free(&act);
+    if (m.quant) bq_quant_free(m.quant), m.quant = NULL;
+    bq_bert_free(&m);
+    return 0;
+}
