@@ -76,11 +76,24 @@ float bq_rng_normal(BqRng *r);              /* standard normal (Box-Muller) */
 uint64_t bq_rng_below(BqRng *r, uint64_t n); /* uniform in [0, n) */
 void bq_rng_shuffle_i32(BqRng *r, int32_t *v, int64_t n); /* Fisher-Yates */
 
-/* Counter-based randomness (splitmix64 of key and index): the value for element i does not depend
- * on which thread computes it, so dropout masks are identical for any thread count. */
+/* Counter-based randomness: the value for element i does not depend on which thread computes it, so
+ * dropout masks are identical for any thread count. bq_hash64 is splitmix64 of key and index (keys,
+ * seeds). bq_hash_uniform is a uniform float in [0, 1) on a 2^-24 grid from two rounds of the 32-bit
+ * MurmurHash3 finaliser over the index and the two halves of the key: 32-bit integer operations only,
+ * so the dropout loop vectorizes. */
 uint64_t bq_hash64(uint64_t key, uint64_t index);
-static inline float bq_hash_uniform(uint64_t key, uint64_t index) {
-    return (float)(bq_hash64(key, index) >> 40) * (1.0f / 16777216.0f);
+static inline __attribute__((always_inline)) uint32_t bq_mix32(uint32_t h) {
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    return h;
+}
+static inline __attribute__((always_inline)) float bq_hash_uniform(uint64_t key, uint64_t index) {
+    uint32_t h = bq_mix32((uint32_t)index ^ (uint32_t)key);
+    h = bq_mix32(h + ((uint32_t)(index >> 32) ^ (uint32_t)(key >> 32)));
+    return (float)(int32_t)(h >> 8) * (1.0f / 16777216.0f);
 }
 
 /* Runtime set-up, called first thing in main() with argv.

@@ -109,9 +109,21 @@ void *bq_arena_alloc(BqArena *a, size_t bytes) {
     return a->base + start;
 }
 
+/* Large blocks are zeroed by all threads (gradient buffers of activations are most of a training
+ * step's memory traffic outside the kernels). */
 void *bq_arena_alloc_zero(BqArena *a, size_t bytes) {
-    void *p = bq_arena_alloc(a, bytes);
-    memset(p, 0, bytes);
+    char *p = bq_arena_alloc(a, bytes);
+    enum { CHUNK = 1 << 18 };
+    if (bytes < 4 * (size_t)CHUNK || omp_in_parallel()) {
+        memset(p, 0, bytes);
+        return p;
+    }
+    int64_t nch = (int64_t)((bytes + CHUNK - 1) / CHUNK);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < nch; c++) {
+        size_t off = (size_t)c * CHUNK, len = off + CHUNK <= bytes ? CHUNK : bytes - off;
+        memset(p + off, 0, len);
+    }
     return p;
 }
 

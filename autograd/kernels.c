@@ -21,6 +21,110 @@
 /* Column block width for reductions over rows (cache line multiples; 64 floats = 256 bytes). */
 #define COLBLK 64
 
+/* Elementwise kernels are compiled three times (baseline x86-64, AVX2, AVX-512F) and the loader picks
+ * the best one the CPU supports (GCC function multi-versioning through an ifunc; clones are chosen by
+ * ISA feature, which works on AMD and Intel alike, unlike "arch=" clones that test the CPU model), so
+ * the portable build still gets 8- or 16-wide loops. The clones differ only in vector width:
+ * floating-point contraction is off (-std=c11) and reductions use fixed lanes, so all give the same
+ * bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(BQ_NO_CLONES)
+#define BQ_VEC __attribute__((target_clones("default", "avx2", "avx512f")))
+#else
+#define BQ_VEC
+#endif
+#define BQ_INLINE static inline __attribute__((always_inline))
+
+/* ---- vectorizable scalar math (branch-free, inlined into the loops above so they vectorize) ---- */
+
+/* Round to nearest, ties to even, for |x| < 2^22, in the default rounding mode: adding and subtracting
+ * 1.5·2^23 leaves exactly the rounded integer (the float spacing there is 1). */
+BQ_INLINE float rne_small(float x) {
+    const float magic = 12582912.0f; /* not folded away: without -ffast-math this is no identity */
+    return (x + magic) - magic;
+}
+
+/* e^x with relative error below 2e-7 for x in [-87.3, 88]; 0 below (the softmax's masked keys),
+ * +inf above. 2^n·e^r with n = rne(x·log2 e), r = x − n·ln 2 in two parts (Cody-Waite), and the degree-7
+ * Taylor polynomial of e^r on |r| <= ln2/2 (truncation error < 3e-9). */
+BQ_INLINE float exp_fast(float x) {
+    float xc = x < -87.3f ? -87.3f : x;
+    xc = xc > 88.0f ? 88.0f : xc;
+    float n = rne_small(xc * 1.44269504088896341f);
+    float r = xc - n * 0.693359375f; /* ln2 high part: exact product for |n| <= 2^10 */
+    r = r - n * -2.12194440e-4f;     /* ln2 = 0.693359375 - 2.12194440e-4 */
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    float y = p * two_n;
+    y = x < -87.3f ? 0.0f : y;
+    return x > 88.0f ? INFINITY : y;
+}
+
+/* erfc(z) for z >= 0 with relative error below 1.2e-7 before rounding (the Chebyshev fit
+ * erfc(z) = t·exp(−z² + P(t)), t = 1/(1 + z/2), of Press et al., Numerical Recipes §6.2). */
+BQ_INLINE float erfc_pos(float z) {
+    float t = 1.0f / (1.0f + 0.5f * z);
+    float p = 0.17087277f;
+    p = p * t - 0.82215223f;
+    p = p * t + 1.48851587f;
+    p = p * t - 1.13520398f;
+    p = p * t + 0.27886807f;
+    p = p * t - 0.18628806f;
+    p = p * t + 0.09678418f;
+    p = p * t + 0.37409196f;
+    p = p * t + 1.00002368f;
+    p = p * t - 1.26551223f;
+    return t * exp_fast(-z * z + p);
+}
+
+/* Reductions over a row with 8 fixed lanes combined in a fixed order: they vectorize, and the result
+ * is the same whatever vector width the running clone has. */
+#define LANES 8
+BQ_INLINE float row_max(const float *x, int64_t n) {
+    float m[LANES];
+    for (int l = 0; l < LANES; l++) m[l] = -INFINITY;
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
+    for (; j < n; j++) m[0] = x[j] > m[0] ? x[j] : m[0];
+    float r = m[0];
+    for (int l = 1; l < LANES; l++) r = m[l] > r ? m[l] : r;
+    return r;
+}
+
+BQ_INLINE float row_sum(const float *x, int64_t n) {
+    float a[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) a[l] += x[j + l];
+    for (; j < n; j++) a[0] += x[j];
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+BQ_INLINE float row_dot(const float *x, const float *y, int64_t n) {
+    float a[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) a[l] += x[j + l] * y[j + l];
+    for (; j < n; j++) a[0] += x[j] * y[j];
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+/* Φ(x), the standard normal CDF, as 1 − erfc/2 or erfc/2 so both tails keep relative precision. */
+BQ_INLINE float normal_cdf(float x) {
+    float h = 0.5f * erfc_pos(fabsf(x) * (float)M_SQRT1_2);
+    return x >= 0.0f ? 1.0f - h : h;
+}
+
+
 /* ---- linear ---- */
 
 void bq_kernel_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int64_t N,
@@ -61,57 +165,66 @@ void bq_kernel_linear_backward(float *dinp, float *dweight, float *dbias, const 
     if (dbias) bq_kernel_colsum_acc(dbias, dout, N, OC);
 }
 
-/* ---- attention: one sgemm per (batch, head) on strided head views (leading dimension H) ---- */
+/* ---- attention: one single-threaded sgemm per (batch, head) on strided head views (leading dimension
+ * H), the (batch, head) pairs spread over the OpenMP threads. Inside a parallel region Debian's OpenMP
+ * OpenBLAS runs each call on the calling thread, so the small products (T×T×d) do not pay for
+ * threading each; every pair writes its own output block, so the result is the same for any thread
+ * count. ---- */
 
 void bq_kernel_attn_scores_forward(float *scores, const float *q, const float *k, int64_t B, int64_t T,
                                    int64_t NH, int64_t d) {
     int64_t H = NH * d;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)d, 1.0f, q + b * T * H + h * d,
-                        (int)H, k + b * T * H + h * d, (int)H, 0.0f, scores + (b * NH + h) * T * T, (int)T);
+#pragma omp parallel for schedule(static) if (B * NH > 1)
+    for (int64_t bh = 0; bh < B * NH; bh++) {
+        int64_t b = bh / NH, h = bh % NH;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)d, 1.0f, q + b * T * H + h * d,
+                    (int)H, k + b * T * H + h * d, (int)H, 0.0f, scores + bh * T * T, (int)T);
+    }
 }
 
 void bq_kernel_attn_scores_backward(float *dq, float *dk, const float *dscores, const float *q, const float *k,
                                     int64_t B, int64_t T, int64_t NH, int64_t d) {
     int64_t H = NH * d;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++) {
-            const float *ds = dscores + (b * NH + h) * T * T;
-            int64_t off = b * T * H + h * d;
-            if (dq) /* dQ_h += dS·K_h */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, ds, (int)T,
-                            k + off, (int)H, 1.0f, dq + off, (int)H);
-            if (dk) /* dK_h += dSᵀ·Q_h */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, ds, (int)T,
-                            q + off, (int)H, 1.0f, dk + off, (int)H);
-        }
+#pragma omp parallel for schedule(static) if (B * NH > 1)
+    for (int64_t bh = 0; bh < B * NH; bh++) {
+        int64_t b = bh / NH, h = bh % NH;
+        const float *ds = dscores + bh * T * T;
+        int64_t off = b * T * H + h * d;
+        if (dq) /* dQ_h += dS·K_h */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, ds, (int)T, k + off,
+                        (int)H, 1.0f, dq + off, (int)H);
+        if (dk) /* dK_h += dSᵀ·Q_h */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, ds, (int)T, q + off,
+                        (int)H, 1.0f, dk + off, (int)H);
+    }
 }
 
 void bq_kernel_attn_context_forward(float *ctx, const float *probs, const float *v, int64_t B, int64_t T,
                                     int64_t NH, int64_t d) {
     int64_t H = NH * d;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++) {
-            int64_t off = b * T * H + h * d;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f,
-                        probs + (b * NH + h) * T * T, (int)T, v + off, (int)H, 0.0f, ctx + off, (int)H);
-        }
+#pragma omp parallel for schedule(static) if (B * NH > 1)
+    for (int64_t bh = 0; bh < B * NH; bh++) {
+        int64_t b = bh / NH, h = bh % NH;
+        int64_t off = b * T * H + h * d;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, probs + bh * T * T,
+                    (int)T, v + off, (int)H, 0.0f, ctx + off, (int)H);
+    }
 }
 
 void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx, const float *probs,
                                      const float *v, int64_t B, int64_t T, int64_t NH, int64_t d) {
     int64_t H = NH * d;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++) {
-            int64_t off = b * T * H + h * d, poff = (b * NH + h) * T * T;
-            if (dprobs) /* dP += dC_h·V_hᵀ */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)d, 1.0f, dctx + off, (int)H,
-                            v + off, (int)H, 1.0f, dprobs + poff, (int)T);
-            if (dv) /* dV_h += Pᵀ·dC_h */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, probs + poff,
-                            (int)T, dctx + off, (int)H, 1.0f, dv + off, (int)H);
-        }
+#pragma omp parallel for schedule(static) if (B * NH > 1)
+    for (int64_t bh = 0; bh < B * NH; bh++) {
+        int64_t b = bh / NH, h = bh % NH;
+        int64_t off = b * T * H + h * d, poff = bh * T * T;
+        if (dprobs) /* dP += dC_h·V_hᵀ */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)d, 1.0f, dctx + off, (int)H,
+                        v + off, (int)H, 1.0f, dprobs + poff, (int)T);
+        if (dv) /* dV_h += Pᵀ·dC_h */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, probs + poff, (int)T,
+                        dctx + off, (int)H, 1.0f, dv + off, (int)H);
+    }
 }
 
 /* ---- elementwise ---- */
@@ -292,19 +405,19 @@ void bq_kernel_layernorm_backward(float *dinp, float *dweight, float *dbias, con
 
 /* ---- activations ---- */
 
-void bq_kernel_gelu_forward(float *out, const float *x, int64_t n) {
-#pragma omp parallel for if (n > PAR_MIN / 4) schedule(static)
-    for (int64_t i = 0; i < n; i++) out[i] = 0.5f * x[i] * (1.0f + erff(x[i] * (float)M_SQRT1_2));
+BQ_VEC void bq_kernel_gelu_forward(float *out, const float *x, int64_t n) {
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * normal_cdf(x[i]);
 }
 
-void bq_kernel_gelu_backward(float *dx, const float *dout, const float *x, int64_t n) {
+/* d/dx x·Φ(x) = Φ(x) + x·φ(x), φ(x) = e^(−x²/2)/√(2π). */
+BQ_VEC void bq_kernel_gelu_backward(float *dx, const float *dout, const float *x, int64_t n) {
     const float inv_sqrt_2pi = 0.3989422804014327f;
-#pragma omp parallel for if (n > PAR_MIN / 4) schedule(static)
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float xi = x[i];
-        float cdf = 0.5f * (1.0f + erff(xi * (float)M_SQRT1_2));
-        float pdf = inv_sqrt_2pi * expf(-0.5f * xi * xi);
-        dx[i] += dout[i] * (cdf + xi * pdf);
+        float pdf = inv_sqrt_2pi * exp_fast(-0.5f * xi * xi);
+        dx[i] += dout[i] * (normal_cdf(xi) + xi * pdf);
     }
 }
 
@@ -320,39 +433,32 @@ void bq_kernel_tanh_backward(float *dx, const float *dout, const float *out, int
 
 /* ---- softmax with additive key mask ---- */
 
-void bq_kernel_softmax_mask_forward(float *out, const float *x, const float *mask, float scale, float mask_value,
-                                    int64_t B, int64_t NH, int64_t T) {
+BQ_VEC void bq_kernel_softmax_mask_forward(float *out, const float *x, const float *mask, float scale,
+                                           float mask_value, int64_t B, int64_t NH, int64_t T) {
     int64_t rows = B * NH * T;
-#pragma omp parallel for if (rows * T > PAR_MIN / 4) schedule(static)
+#pragma omp parallel for if (rows * T > PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * T;
         const float *mr = mask ? mask + (r / (NH * T)) * T : NULL;
         float *y = out + r * T;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < T; j++) {
-            /* (1−m)·mask_value is 0 or mask_value for 0/1 masks; scale·x + (−FLT_MAX) stays finite */
-            float z = scale * xr[j] + (mr ? (1.0f - mr[j]) * mask_value : 0.0f);
-            y[j] = z;
-            if (z > mx) mx = z;
-        }
-        float s = 0.0f;
-        for (int64_t j = 0; j < T; j++) {
-            float e = expf(y[j] - mx);
-            y[j] = e;
-            s += e;
-        }
-        float inv = 1.0f / s;
+        /* (1−m)·mask_value is 0 or mask_value for 0/1 masks; scale·x + (−FLT_MAX) stays finite */
+        if (mr)
+            for (int64_t j = 0; j < T; j++) y[j] = scale * xr[j] + (1.0f - mr[j]) * mask_value;
+        else
+            for (int64_t j = 0; j < T; j++) y[j] = scale * xr[j];
+        float mx = row_max(y, T);
+        for (int64_t j = 0; j < T; j++) y[j] = exp_fast(y[j] - mx);
+        float inv = 1.0f / row_sum(y, T);
         for (int64_t j = 0; j < T; j++) y[j] *= inv;
     }
 }
 
-void bq_kernel_softmax_mask_backward(float *dx, const float *dout, const float *out, float scale, int64_t rows,
-                                     int64_t T) {
+BQ_VEC void bq_kernel_softmax_mask_backward(float *dx, const float *dout, const float *out, float scale,
+                                            int64_t rows, int64_t T) {
 #pragma omp parallel for if (rows * T > PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *dy = dout + r * T, *y = out + r * T;
-        float dot = 0.0f;
-        for (int64_t j = 0; j < T; j++) dot += dy[j] * y[j];
+        float dot = row_dot(dy, y, T);
         float *d = dx + r * T;
         for (int64_t j = 0; j < T; j++) d[j] += scale * y[j] * (dy[j] - dot);
     }
@@ -360,21 +466,22 @@ void bq_kernel_softmax_mask_backward(float *dx, const float *dout, const float *
 
 /* ---- dropout ---- */
 
-void bq_kernel_dropout_forward(float *out, uint8_t *keep, const float *x, float p, uint64_t key, int64_t n) {
+/* Dropped elements are x·0 (as PyTorch's x·mask/(1−p)), kept ones x/(1−p). */
+BQ_VEC void bq_kernel_dropout_forward(float *out, uint8_t *keep, const float *x, float p, uint64_t key,
+                                     int64_t n) {
     float inv = 1.0f / (1.0f - p);
-#pragma omp parallel for if (n > PAR_MIN / 4) schedule(static)
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        uint8_t k = bq_hash_uniform(key, (uint64_t)i) >= p;
-        keep[i] = k;
-        out[i] = k ? x[i] * inv : 0.0f;
+        int k = bq_hash_uniform(key, (uint64_t)i) >= p;
+        keep[i] = (uint8_t)k;
+        out[i] = x[i] * (k ? inv : 0.0f);
     }
 }
 
-void bq_kernel_dropout_backward(float *dx, const float *dout, const uint8_t *keep, float p, int64_t n) {
+BQ_VEC void bq_kernel_dropout_backward(float *dx, const float *dout, const uint8_t *keep, float p, int64_t n) {
     float inv = 1.0f / (1.0f - p);
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        if (keep[i]) dx[i] += dout[i] * inv;
+    for (int64_t i = 0; i < n; i++) dx[i] += dout[i] * (keep[i] ? inv : 0.0f);
 }
 
 /* ---- token selection ---- */
@@ -420,25 +527,31 @@ void bq_kernel_cross_entropy_backward(float *dlogits, float dloss, const float *
 
 /* ---- fake quantization ---- */
 
-void bq_kernel_fakequant_forward(float *out, const float *x, const float *scale, int64_t outer, int64_t nscale,
-                                 int64_t inner, int qmin, int qmax) {
+/* q = clamp(rne(x/s), qmin, qmax) is computed as rne(clamp(x/s, qmin, qmax)): rounding is monotonic
+ * and the bounds are integers, so the two agree, and the clamped value is small enough for rne_small.
+ * A NaN x/s (only possible for s == 0, which the quantizers never produce) stays NaN. */
+BQ_VEC void bq_kernel_fakequant_forward(float *out, const float *x, const float *scale, int64_t outer,
+                                        int64_t nscale, int64_t inner, int qmin, int qmax) {
     int64_t rows = outer * nscale;
     float lo = (float)qmin, hi = (float)qmax;
-#pragma omp parallel for if (rows * inner > PAR_MIN / 4) schedule(static)
+#pragma omp parallel for if (rows * inner > PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         float s = scale[r % nscale];
         const float *xr = x + r * inner;
         float *y = out + r * inner;
         for (int64_t i = 0; i < inner; i++) {
-            /* fmaxf/fminf return the number when x/s is NaN (s == 0), so q stays finite */
-            float q = fminf(fmaxf(nearbyintf(xr[i] / s), lo), hi);
-            y[i] = q * s;
+            float v = xr[i] / s;
+            v = v < lo ? lo : v;
+            v = v > hi ? hi : v;
+            y[i] = rne_small(v) * s;
         }
     }
 }
 
-void bq_kernel_fakequant_backward(float *dx, const float *dout, const float *x, const float *scale,
-                                  int64_t outer, int64_t nscale, int64_t inner, int qmin, int qmax) {
+/* Straight-through estimator: dx += dy where lo <= rne(x/s) <= hi. x/s is clamped to [lo−2, hi+2]
+ * first (which decides the test the same way) so rne_small applies. */
+BQ_VEC void bq_kernel_fakequant_backward(float *dx, const float *dout, const float *x, const float *scale,
+                                         int64_t outer, int64_t nscale, int64_t inner, int qmin, int qmax) {
     int64_t rows = outer * nscale;
     float lo = (float)qmin, hi = (float)qmax;
 #pragma omp parallel for if (rows * inner > PAR_MIN) schedule(static)
@@ -447,8 +560,61 @@ void bq_kernel_fakequant_backward(float *dx, const float *dout, const float *x, 
         const float *xr = x + r * inner, *dy = dout + r * inner;
         float *d = dx + r * inner;
         for (int64_t i = 0; i < inner; i++) {
-            float q = nearbyintf(xr[i] / s); /* NaN (s == 0) fails both tests: no gradient */
-            if (q >= lo && q <= hi) d[i] += dy[i];
+            float v = xr[i] / s; /* NaN (s == 0) fails both tests: no gradient */
+            v = v < lo - 2.0f ? lo - 2.0f : v;
+            v = v > hi + 2.0f ? hi + 2.0f : v;
+            float q = rne_small(v);
+            d[i] += (q >= lo && q <= hi) ? dy[i] : 0.0f;
         }
     }
+}
+
+BQ_VEC void bq_kernel_fakequant_mask_inplace(float *g, const float *x, const float *scale, int64_t outer,
+                                             int64_t nscale, int64_t inner, int qmin, int qmax) {
+    int64_t rows = outer * nscale;
+    float lo = (float)qmin, hi = (float)qmax;
+#pragma omp parallel for if (rows * inner > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float s = scale[r % nscale];
+        const float *xr = x + r * inner;
+        float *d = g + r * inner;
+        for (int64_t i = 0; i < inner; i++) {
+            float v = xr[i] / s;
+            v = v < lo - 2.0f ? lo - 2.0f : v;
+            v = v > hi + 2.0f ? hi + 2.0f : v;
+            float q = rne_small(v);
+            d[i] = (q >= lo && q <= hi) ? d[i] : 0.0f;
+        }
+    }
+}
+
+/* ---- min/max (observers) ---- */
+
+BQ_VEC void bq_kernel_minmax(const float *x, int64_t n, float *mn, float *mx) {
+    enum { CHUNK = 1 << 16 };
+    int64_t nch = (n + CHUNK - 1) / CHUNK;
+    float lo = INFINITY, hi = -INFINITY;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static) reduction(min : lo) reduction(max : hi)
+    for (int64_t c = 0; c < nch; c++) {
+        const float *p = x + c * CHUNK;
+        int64_t len = c * CHUNK + CHUNK <= n ? CHUNK : n - c * CHUNK;
+        float l[LANES], h[LANES];
+        for (int k = 0; k < LANES; k++) l[k] = INFINITY, h[k] = -INFINITY;
+        int64_t j = 0;
+        for (; j + LANES <= len; j += LANES)
+            for (int k = 0; k < LANES; k++) {
+                l[k] = p[j + k] < l[k] ? p[j + k] : l[k];
+                h[k] = p[j + k] > h[k] ? p[j + k] : h[k];
+            }
+        for (; j < len; j++) {
+            l[0] = p[j] < l[0] ? p[j] : l[0];
+            h[0] = p[j] > h[0] ? p[j] : h[0];
+        }
+        for (int k = 0; k < LANES; k++) {
+            lo = l[k] < lo ? l[k] : lo;
+            hi = h[k] > hi ? h[k] : hi;
+        }
+    }
+    *mn = lo;
+    *mx = hi;
 }

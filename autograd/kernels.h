@@ -96,5 +96,11 @@ void bq_kernel_fakequant_forward(float *out, const float *x, const float *scale,
                                  int64_t inner, int qmin, int qmax);
 void bq_kernel_fakequant_backward(float *dx, const float *dout, const float *x, const float *scale,
                                   int64_t outer, int64_t nscale, int64_t inner, int qmin, int qmax);
+/* The straight-through mask applied in place: g[i] = g[i] where qmin <= rne(x/s) <= qmax, else 0. For a
+ * fake-quant op whose output shares its input's gradient buffer (the input has no other consumer). */
+void bq_kernel_fakequant_mask_inplace(float *g, const float *x, const float *scale, int64_t outer, int64_t nscale,
+                                      int64_t inner, int qmin, int qmax);
+/* Minimum and maximum of x (n > 0); NaNs are ignored. Order-independent, so exact for any thread count. */
+void bq_kernel_minmax(const float *x, int64_t n, float *mn, float *mx);
 
 #endif

@@ -471,13 +471,23 @@ static void fq_dims(const BqTensor *x, int64_t nscale, int axis, int64_t *outer,
     *outer = n / (in * nscale);
 }
 
-BqTensor *bq_op_fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t nscale, int axis, int qmin,
-                          int qmax) {
+static BqTensor *fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t nscale, int axis, int qmin,
+                           int qmax, int sole) {
     CONTIG(x);
     BQ_CHECK(scale != NULL && nscale >= 1 && qmin < qmax);
     int64_t outer, inner;
     fq_dims(x, nscale, axis, &outer, &inner);
-    BqTensor *y = new_like(ctx, x);
+    BqTensor *y;
+    if (sole && ctx->tape && x->grad) {
+        y = bq_arena_alloc(ctx->act, sizeof(BqTensor));
+        memset(y, 0, sizeof *y);
+        bq_tensor_set_shape(y, x->ndim, x->shape);
+        y->data = bq_arena_alloc(ctx->act, (size_t)bq_tensor_numel(x) * sizeof(float));
+        y->grad = x->grad;
+    } else {
+        sole = 0;
+        y = new_like(ctx, x);
+    }
     bq_kernel_fakequant_forward(y->data, x->data, scale, outer, nscale, inner, qmin, qmax);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_FAKEQUANT, y);
@@ -485,16 +495,31 @@ BqTensor *bq_op_fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t n
         nd->fparam = scale;
         nd->iparam[0] = outer, nd->iparam[1] = nscale, nd->iparam[2] = inner;
         nd->iparam[3] = (int64_t)(uint32_t)qmin | ((int64_t)(uint32_t)qmax << 32);
+        nd->fval[0] = (float)sole;
     }
     return y;
+}
+
+BqTensor *bq_op_fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t nscale, int axis, int qmin,
+                          int qmax) {
+    return fakequant(ctx, x, scale, nscale, axis, qmin, qmax, 0);
+}
+
+BqTensor *bq_op_fakequant_sole(BqCtx *ctx, BqTensor *x, const float *scale, int64_t nscale, int axis, int qmin,
+                               int qmax) {
+    return fakequant(ctx, x, scale, nscale, axis, qmin, qmax, 1);
 }
 
 static void back_fakequant(BqNode *nd) {
     if (!nd->in[0]->grad) return;
     int qmin = (int)(int32_t)(uint32_t)(nd->iparam[3] & 0xffffffff);
     int qmax = (int)(int32_t)(uint32_t)((uint64_t)nd->iparam[3] >> 32);
-    bq_kernel_fakequant_backward(nd->in[0]->grad, nd->out->grad, nd->in[0]->data, nd->fparam, nd->iparam[0],
-                                 nd->iparam[1], nd->iparam[2], qmin, qmax);
+    if (nd->fval[0] != 0.0f) /* output and input share the gradient buffer */
+        bq_kernel_fakequant_mask_inplace(nd->in[0]->grad, nd->in[0]->data, nd->fparam, nd->iparam[0], nd->iparam[1],
+                                         nd->iparam[2], qmin, qmax);
+    else
+        bq_kernel_fakequant_backward(nd->in[0]->grad, nd->out->grad, nd->in[0]->data, nd->fparam, nd->iparam[0],
+                                     nd->iparam[1], nd->iparam[2], qmin, qmax);
 }
 
 /* ---- backward ---- */

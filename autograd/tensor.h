@@ -125,6 +125,11 @@ BqTensor *bq_op_cross_entropy(BqCtx *ctx, BqTensor *logits, const int32_t *label
  * tests/test_fakequant_ref.c), else 0. */
 BqTensor *bq_op_fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t nscale, int axis, int qmin,
                           int qmax);
+/* The same op for an x whose ONLY consumer is this op (the caller guarantees it): the output shares
+ * x's gradient buffer instead of getting a zeroed one of its own, and the backward masks that buffer
+ * in place. Same values and gradients as bq_op_fakequant, one buffer and two memory passes fewer. */
+BqTensor *bq_op_fakequant_sole(BqCtx *ctx, BqTensor *x, const float *scale, int64_t nscale, int axis, int qmin,
+                               int qmax);
 
 /* Sets loss->grad[0] = 1 and runs every recorded node's backward in reverse order. */
 void bq_backward(BqCtx *ctx, BqTensor *loss);

@@ -21,6 +21,7 @@
 #include <hdf5.h>
 #include <jansson.h>
 
+#include "autograd/kernels.h"
 #include "export/h5io.h"
 #include "layers/bert.h"
 #include "layers/calib.h"
@@ -52,15 +53,20 @@ void bq_quant_update_scale(BqQuantState *qs, BqQuantizer *q) {
     }
 }
 
-/* min and max of n floats */
-static void minmax(const float *x, int64_t n, float *mn, float *mx) {
-    float lo = INFINITY, hi = -INFINITY;
-    for (int64_t i = 0; i < n; i++) {
-        lo = x[i] < lo ? x[i] : lo;
-        hi = x[i] > hi ? x[i] : hi;
+/* min and max of n floats (vectorized, parallel, exact) */
+static void minmax(const float *x, int64_t n, float *mn, float *mx) { bq_kernel_minmax(x, n, mn, mx); }
+
+/* Whether the forward (layers/bert.c) consumes the tensor quantized at `point` only through its
+ * quantizer. True everywhere except at the Linear/residual inputs that read the layer input or the
+ * attention LayerNorm output, which several ops use (qdqbert points Q/K/V_IN, ADD1_RESID, I_IN,
+ * ADD2_RESID). Such sole-consumer points use bq_op_fakequant_sole (shared gradient buffer). */
+static int point_is_sole_consumer(int point) {
+    switch (point) {
+    case BQ_QP_Q_IN: case BQ_QP_K_IN: case BQ_QP_V_IN: case BQ_QP_ADD1_RESID: case BQ_QP_I_IN: case BQ_QP_ADD2_RESID:
+        return 0;
+    default:
+        return 1;
     }
-    *mn = lo;
-    *mx = hi;
 }
 
 /* Moving-average min/max observer step for an activation (PyTorch MovingAverageMinMaxObserver). */
@@ -130,6 +136,7 @@ BqTensor *bq_quant_act(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTen
     }
     /* observers run in training forwards only (evaluation during QAT must not move the ranges) */
     if ((qs->observe && ctx->training && !q->frozen) || !q->initialized) observe_act(qs, q, x);
+    if (!qs->plain_fakequant && point_is_sole_consumer(point)) return bq_op_fakequant_sole(ctx, x, q->scale, 1, -1, -128, 127);
     return bq_op_fakequant(ctx, x, q->scale, 1, -1, -128, 127);
 }
 

@@ -87,6 +87,8 @@ typedef struct BqQuantState {
     int observe;           /* training with live moving-average observers (unfrozen quantizers) */
     BqCalibMode calib;
     int64_t steps_seen;
+    int plain_fakequant;   /* tests: every activation quantizer gets its own gradient buffer (no
+                              bq_op_fakequant_sole), to check the shared-buffer path against it */
 } BqQuantState;
 
 /* The quantizer at (layer, point), or NULL when the scheme puts none there. layer = BQ_QP_LAYER_EMB

@@ -53,15 +53,18 @@ double bq_grad_global_norm(const BqParamTable *t) {
     double s = 0.0;
     const float *g = t->grad;
     int64_t n = t->total;
-    /* Fixed-chunk partial sums so the result does not depend on the thread count. */
-    enum { CH = 65536 };
-    int64_t nch = (n + CH - 1) / CH;
-    for (int64_t c = 0; c < nch; c++) {
-        int64_t lo = c * CH, hi = lo + CH < n ? lo + CH : n;
-        double part = 0.0;
-        for (int64_t j = lo; j < hi; j++) part += (double)g[j] * g[j];
-        s += part;
+    /* 256 fixed blocks summed in parallel, then added in block order: the result does not depend on the
+     * thread count, and nothing is allocated. */
+    enum { NB = 256 };
+    double part[NB];
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int b = 0; b < NB; b++) {
+        int64_t lo = n * b / NB, hi = n * (b + 1) / NB;
+        double acc = 0.0;
+        for (int64_t j = lo; j < hi; j++) acc += (double)g[j] * g[j];
+        part[b] = acc;
     }
+    for (int b = 0; b < NB; b++) s += part[b];
     return sqrt(s);
 }
 

@@ -27,19 +27,25 @@ static void expect(const char *what, int64_t i, float got, float want) {
 /* Runs the op (recorded) on x with scales along axis, seeds out->grad = dy, backward; checks y and dx
  * against the scalar formula element by element. */
 static void check_case(const char *name, float *x, int ndim, const int64_t *shape, const float *scale,
-                       int64_t nscale, int axis, int qmin, int qmax) {
+                       int64_t nscale, int axis, int qmin, int qmax, int sole) {
     BqArena act;
-    bq_arena_init(&act, 1 << 24, "t");
+    bq_arena_init(&act, (size_t)1 << 28, "t");
     BqTape tape;
     bq_tape_init(&tape, 4);
     BqCtx ctx = {.act = &act, .tape = &tape};
     BqTensor X = bq_tensor_wrap(x, NULL, ndim, shape);
     int64_t n = bq_tensor_numel(&X);
     X.grad = bq_arena_alloc_zero(&act, (size_t)n * sizeof(float));
-    BqTensor *y = bq_op_fakequant(&ctx, &X, scale, nscale, axis, qmin, qmax);
+    BqTensor *y = sole ? bq_op_fakequant_sole(&ctx, &X, scale, nscale, axis, qmin, qmax)
+                       : bq_op_fakequant(&ctx, &X, scale, nscale, axis, qmin, qmax);
+    if (sole && y->grad != X.grad) {
+        printf("  FAIL %s: the sole-consumer op did not share the input's gradient buffer\n", name);
+        fails++;
+    }
     BqRng r;
     bq_rng_seed(&r, 5);
-    for (int64_t i = 0; i < n; i++) y->grad[i] = 0.5f + (float)bq_rng_uniform(&r); /* nonzero dy */
+    float *dy = bq_arena_alloc(&act, (size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) y->grad[i] = dy[i] = 0.5f + (float)bq_rng_uniform(&r); /* nonzero dy */
     float one = 0, g = 0;
     int64_t sh1 = 1;
     BqTensor seed = bq_tensor_wrap(&one, &g, 1, &sh1);
@@ -55,10 +61,11 @@ static void check_case(const char *name, float *x, int ndim, const int64_t *shap
         if (q < (float)qmin) q = (float)qmin;
         if (q > (float)qmax) q = (float)qmax;
         expect(name, i, y->data[i], q * s);
-        float want_dx = (nearbyintf(v) >= (float)qmin && nearbyintf(v) <= (float)qmax) ? y->grad[i] : 0.0f;
+        float want_dx = (nearbyintf(v) >= (float)qmin && nearbyintf(v) <= (float)qmax) ? dy[i] : 0.0f;
         expect(name, i, X.grad[i], want_dx);
     }
-    printf("fakequant %s: %lld elements %s\n", name, (long long)n, fails == ok0 ? "exact" : "MISMATCH");
+    printf("fakequant %s%s: %lld elements %s\n", name, sole ? " (sole consumer, shared gradient)" : "", (long long)n,
+           fails == ok0 ? "exact" : "MISMATCH");
     bq_tape_free(&tape);
     bq_arena_free(&act);
 }
@@ -122,10 +129,21 @@ int main(void) {
         a[i] = (k + f) * sa[(i / H) % T];
     }
     int64_t wsh[2] = {OC, C}, ash[3] = {B, T, H};
-    check_case("per-tensor (OC,C)", w, 2, wsh, &st, 1, 0, -128, 127);
-    check_case("per-channel axis 0 (OC,C)", w, 2, wsh, sw, OC, 0, -128, 127);
-    check_case("per-channel axis 1 (B,T,H)", a, 3, ash, sa, T, 1, -128, 127);
-    check_case("per-tensor narrow -127..127", a, 3, ash, &st, 1, 0, -127, 127);
+    for (int sole = 0; sole <= 1; sole++) {
+        check_case("per-tensor (OC,C)", w, 2, wsh, &st, 1, 0, -128, 127, sole);
+        check_case("per-channel axis 0 (OC,C)", w, 2, wsh, sw, OC, 0, -128, 127, sole);
+        check_case("per-channel axis 1 (B,T,H)", a, 3, ash, sa, T, 1, -128, 127, sole);
+        check_case("per-tensor narrow -127..127", a, 3, ash, &st, 1, 0, -127, 127, sole);
+    }
+
+    /* 3. a large tensor, so the OpenMP and vector paths run: every element against the scalar formula,
+     * with ties and saturation mixed in (x/s on a grid of quarters from -200 to 200). */
+    enum { NBIG = 3 * 65536 + 37 };
+    static float big[NBIG];
+    for (int i = 0; i < NBIG; i++) big[i] = ((float)(i % 1601) * 0.25f - 200.0f) * st;
+    int64_t bsh[1] = {NBIG};
+    float sbig = st;
+    for (int sole = 0; sole <= 1; sole++) check_case("large per-tensor", big, 1, bsh, &sbig, 1, 0, -128, 127, sole);
     printf("test_grad_fakequant: max error %.3e, %d mismatches, %s\n", max_err, fails, fails ? "FAIL" : "ok");
     return fails ? 1 : 0;
 }

@@ -233,6 +233,40 @@ static void test_omp_kernels(void) {
     same_bits("gelu forward", y1, y2, (size_t)n * 4);
     same_bits("dropout mask and output", k1, k2, (size_t)n);
     same_bits("", dx1, dx2, (size_t)n * 4);
+    /* gelu backward: Φ(x) + x·φ(x) against erf/exp in double, and thread-count independence */
+    memset(dx1, 0, (size_t)n * 4), memset(dx2, 0, (size_t)n * 4);
+    omp_set_num_threads(1);
+    bq_kernel_gelu_backward(dx1, dy, x, n);
+    omp_set_num_threads(2);
+    bq_kernel_gelu_backward(dx2, dy, x, n);
+    for (int64_t i = 0; i < n; i++) {
+        double xi = x[i];
+        ref[i] = dy[i] * (0.5 * (1 + erf(xi / sqrt(2.0))) + xi * exp(-0.5 * xi * xi) / sqrt(2 * M_PI));
+    }
+    cmp("gelu backward", dx2, ref, n, 1e-3);
+    same_bits("gelu backward", dx1, dx2, (size_t)n * 4);
+    /* gelu over the whole float range that matters, including the tails (x in [-12, 12]) */
+    for (int64_t i = 0; i < n; i++) {
+        y1[i] = -12.0f + 24.0f * (float)i / (float)n;
+        ref[i] = 0.5 * y1[i] * (1 + erf(y1[i] / sqrt(2.0)));
+    }
+    bq_kernel_gelu_forward(y2, y1, n);
+    cmp("gelu forward on [-12, 12]", y2, ref, n, 1e-6);
+
+    /* min/max of the observers: exact, NaN ignored, any thread count */
+    float lo1, hi1, lo2, hi2;
+    x[n / 3] = NAN;
+    omp_set_num_threads(1);
+    bq_kernel_minmax(x, n, &lo1, &hi1);
+    omp_set_num_threads(2);
+    bq_kernel_minmax(x, n, &lo2, &hi2);
+    float rlo = INFINITY, rhi = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        if (!isnan(x[i])) rlo = fminf(rlo, x[i]), rhi = fmaxf(rhi, x[i]);
+    int mm_ok = lo1 == rlo && hi1 == rhi && lo2 == rlo && hi2 == rhi;
+    printf("%-34s %8lld values, %s\n", "minmax", (long long)n, mm_ok ? "exact, 1 and 2 threads" : "FAILED");
+    fails += !mm_ok;
+
     int64_t kept = 0;
     for (int64_t i = 0; i < n; i++) kept += k2[i];
     printf("dropout p=0.1 kept fraction %.4f\n", (double)kept / n);

@@ -1,0 +1,150 @@
+/* A QAT training step of a small random BERT (2 layers, hidden 24, 3 heads, intermediate 40, 3 labels,
+ * dropout on, a padded batch) for both schemes, run twice from the same state: once with every
+ * activation quantizer as a plain fake-quant op (its own gradient buffer, accumulating backward) and
+ * once with the sole-consumer op where the forward allows it (layers/quant.c: shared gradient buffer,
+ * in-place mask). Loss, logits, every parameter gradient and every observer range must be bit-identical,
+ * and the shared path must use less activation memory. Prints the peaks and the max difference. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/tensor.h"
+#include "layers/bert.h"
+#include "layers/quant.h"
+
+static int fails = 0;
+
+static void tiny_config(BqBertConfig *c) {
+    memset(c, 0, sizeof *c);
+    c->vocab_size = 50, c->hidden_size = 24, c->num_hidden_layers = 2, c->num_attention_heads = 3;
+    c->intermediate_size = 40, c->max_position_embeddings = 16, c->type_vocab_size = 2, c->pad_token_id = 0;
+    c->layer_norm_eps = 1e-12f, c->hidden_dropout_prob = 0.1f, c->attention_probs_dropout_prob = 0.1f;
+    c->classifier_dropout = -1.0f, c->initializer_range = 0.2f, c->num_labels = 3;
+    c->id2label = bq_calloc(3, sizeof(char *));
+    for (int i = 0; i < 3; i++) {
+        char b[8];
+        snprintf(b, sizeof b, "l%d", i);
+        c->id2label[i] = bq_strdup(b);
+    }
+}
+
+typedef struct Out {
+    float loss;
+    float logits[12];
+    float *grad;    /* copy of the parameter gradients */
+    float *amax;    /* every quantizer's amax, concatenated */
+    int64_t namax;
+    size_t peak;    /* activation arena peak */
+} Out;
+
+/* Two training steps (observers move on the second) from a fresh model seeded identically. */
+static void run(const char *scheme, int plain, Out *o) {
+    BqBertConfig cfg;
+    tiny_config(&cfg);
+    BqRng rng;
+    bq_rng_seed(&rng, 7);
+    BqBert m;
+    BQ_CHECK(bq_bert_create(&m, &cfg, 1, &rng) == BQ_OK);
+    BqQuantConfig qc;
+    bq_quant_config_default(&qc);
+    snprintf(qc.scheme, sizeof qc.scheme, "%s", scheme);
+    BQ_CHECK(bq_quant_create(&m.quant, &m, &qc) == BQ_OK);
+    m.quant->observe = 1;
+    m.quant->plain_fakequant = plain;
+
+    enum { B = 4, T = 9 };
+    int32_t ids[B * T], types[B * T], labels[B] = {0, 2, 1, 2};
+    float mask[B * T];
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            int len = T - 2 * b, i = b * T + t;
+            ids[i] = t < len ? 1 + (int32_t)bq_rng_below(&rng, 49) : 0;
+            mask[i] = t < len ? 1.0f : 0.0f;
+            types[i] = t >= len / 2 && t < len;
+        }
+    BqBatch bt = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types, .labels = labels};
+    BqArena act;
+    BqTape tape;
+    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "act") == BQ_OK);
+    BQ_CHECK(bq_tape_init(&tape, 64) == BQ_OK);
+    for (int step = 0; step < 2; step++) {
+        memset(m.params.grad, 0, sizeof(float) * (size_t)m.params.total);
+        BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = 1234 + (uint64_t)step};
+        BqTensor *logits = NULL, *loss = NULL;
+        BQ_CHECK(bq_bert_forward(&m, &ctx, &bt, &logits, &loss) == BQ_OK);
+        bq_backward(&ctx, loss);
+        o->loss = loss->data[0];
+        memcpy(o->logits, logits->data, sizeof(float) * B * 3);
+        bq_arena_rewind(&act, 0);
+        bq_tape_rewind(&tape);
+    }
+    o->peak = act.peak;
+    o->grad = bq_malloc(sizeof(float) * (size_t)m.params.total);
+    memcpy(o->grad, m.params.grad, sizeof(float) * (size_t)m.params.total);
+    int64_t na = 0;
+    for (int i = 0; i < m.quant->n; i++) na += m.quant->q[i].nch;
+    o->amax = bq_malloc(sizeof(float) * (size_t)na);
+    na = 0;
+    for (int i = 0; i < m.quant->n; i++) {
+        memcpy(o->amax + na, m.quant->q[i].amax, sizeof(float) * (size_t)m.quant->q[i].nch);
+        na += m.quant->q[i].nch;
+    }
+    o->namax = na;
+    bq_arena_free(&act);
+    bq_tape_free(&tape);
+    bq_quant_free(m.quant);
+    m.quant = NULL;
+    bq_bert_free(&m);
+}
+
+static int64_t count_params(void) {
+    BqBertConfig cfg;
+    tiny_config(&cfg);
+    BqRng rng;
+    bq_rng_seed(&rng, 7);
+    BqBert m;
+    BQ_CHECK(bq_bert_create(&m, &cfg, 0, &rng) == BQ_OK);
+    int64_t n = m.params.total;
+    bq_bert_free(&m);
+    return n;
+}
+
+int main(void) {
+    const char *schemes[] = {"ort", "qdqbert"};
+    int64_t np = count_params();
+    for (int s = 0; s < 2; s++) {
+        Out a, b;
+        run(schemes[s], 1, &a);
+        run(schemes[s], 0, &b);
+        double maxd = fabs((double)a.loss - b.loss);
+        int64_t bad = a.loss != b.loss;
+        for (int i = 0; i < 12; i++) {
+            maxd = fmax(maxd, fabs((double)a.logits[i] - b.logits[i]));
+            bad += a.logits[i] != b.logits[i];
+        }
+        for (int64_t i = 0; i < a.namax && a.namax == b.namax; i++) bad += a.amax[i] != b.amax[i];
+        bad += a.namax != b.namax;
+        int64_t nz = 0;
+        for (int64_t i = 0; i < np; i++) {
+            maxd = fmax(maxd, fabs((double)a.grad[i] - b.grad[i]));
+            bad += memcmp(&a.grad[i], &b.grad[i], sizeof(float)) != 0;
+            nz += a.grad[i] != 0.0f;
+        }
+        printf("%-8s plain vs shared-gradient fake quant: loss %.6f, %lld of %lld gradients non-zero, "
+               "max difference %.3e, %lld values differ; activation peak %zu vs %zu bytes\n",
+               schemes[s], a.loss, (long long)nz, (long long)np, maxd, (long long)bad, a.peak, b.peak);
+        if (bad) fails++;
+        if (nz < np / 2) {
+            printf("FAIL %s: too few non-zero gradients (the step did not train)\n", schemes[s]);
+            fails++;
+        }
+        if (!(b.peak < a.peak)) {
+            printf("FAIL %s: the shared-gradient path did not save activation memory\n", schemes[s]);
+            fails++;
+        }
+        free(a.grad), free(b.grad), free(a.amax), free(b.amax);
+    }
+    printf("test_qat_step: %s\n", fails ? "FAIL" : "ok");
+    return fails ? 1 : 0;
+}
