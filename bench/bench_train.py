@@ -3,8 +3,10 @@ run (same process tree). For each model (all-MiniLM-L6-v2 and a random BERT-base
 times fp32 training steps (forward, backward, AdamW) of both, the QAT step of bertqat (ort scheme,
 live observers) and of PyTorch eager QAT, and prints tokens/s, peak RSS and the ratios.
 
-  BQ_TORCH_PYTHON=/opt/torchenv/bin/python python3 bench/bench_train.py [--threads 2] [--steps 5]
-Each side runs as a child process; peak RSS is that child's ru_maxrss."""
+  BQ_TORCH_PYTHON=/path/to/venv-with-torch/bin/python python3 bench/bench_train.py [--threads 2] [--steps 5]
+Each side runs as a child process (bertqat: build/bench_train_step; PyTorch: bench/peer_train_torch.py);
+peak RSS is that child's ru_maxrss. It prints the BLAS each side uses (bertqat: the OpenBLAS kernel it
+chose; PyTorch: torch.__config__ BLAS_INFO)."""
 import argparse
 import json
 import os
@@ -31,7 +33,8 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--build", default=os.environ.get("BQ_BUILD_DIR", os.path.join(ROOT, "build")))
     ap.add_argument("--minilm", default=os.environ.get("BQ_MODEL_DIR", os.path.join(ROOT, "data/models/all-MiniLM-L6-v2")))
-    ap.add_argument("--torch-python", default=os.environ.get("BQ_TORCH_PYTHON", "/opt/torchenv/bin/python"))
+    ap.add_argument("--torch-python", default=os.environ.get("BQ_TORCH_PYTHON", sys.executable),
+                    help="a Python with torch and transformers (env BQ_TORCH_PYTHON; default: this one)")
     ap.add_argument("--skip-base", action="store_true", help="only all-MiniLM-L6-v2")
     args = ap.parse_args()
     ours = os.path.join(args.build, "bench_train_step")
@@ -44,7 +47,8 @@ def main():
         b_qat, _ = run([ours] + mflag + common + ["--qat"])
         t_fp32, _ = run([args.torch_python, os.path.join(ROOT, "bench/peer_train_torch.py")] + mflag + common)
         t_qat, _ = run([args.torch_python, os.path.join(ROOT, "bench/peer_train_torch.py")] + mflag + common + ["--qat"])
-        print(f"\n== {name}, batch {args.batch}, seq {args.seq}, {args.threads} threads; {b_fp32.get('runtime', '')}")
+        print(f"\n== {name}, batch {args.batch}, seq {args.seq}, {args.threads} threads")
+        print(f"bertqat: {b_fp32.get('runtime', '')}; PyTorch: {t_fp32.get('blas', '')}")
         print(f"{'':28s} {'tokens/s':>10s} {'ms/step':>10s} {'peak RSS MiB':>13s}")
         for label, r in (("bertqat fp32", b_fp32), ("bertqat QAT (ort scheme)", b_qat),
                          (t_fp32["peer"] + " fp32", t_fp32), (t_qat["peer"], t_qat)):

@@ -3,7 +3,7 @@ AdamW) of Hugging Face BertForSequenceClassification on a fixed random batch, op
 fake quantization at the ORT scheme's activation points (--qat), and prints one JSON line.
 
 Run by bench/bench_train.py in the same process tree as bertqat's side; needs PyTorch and
-transformers (developer machines only, never CI): /opt/torchenv/bin/python or any env with both."""
+transformers (developer machines only, never CI): any Python with both (bench_train.py's --torch-python)."""
 import argparse
 import json
 import resource
@@ -22,6 +22,13 @@ def build(args):
                          intermediate_size=3072, num_labels=2)
         model = BertForSequenceClassification(cfg)
     return cfg, model
+
+
+def blas_info():
+    cfg = torch.__config__.show()
+    blas = next((l.split("BLAS_INFO=")[1].split(",")[0] for l in cfg.splitlines() if "BLAS_INFO=" in l), "?")
+    cap = next((l.split(":", 1)[1].strip() for l in cfg.splitlines() if "CPU capability usage" in l), "?")
+    return f"torch {torch.__version__}, BLAS {blas}, CPU capability {cap}, oneDNN {torch.backends.mkldnn.is_available()}"
 
 
 def main():
@@ -68,6 +75,7 @@ def main():
         "ms_per_step": ms, "tokens_per_s": args.batch * args.seq / (ms / 1000.0),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "loss": float(out.loss),
+        "blas": blas_info(),
     }))
 
 

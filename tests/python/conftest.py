@@ -1,7 +1,9 @@
 """Shared helpers for the integration tests: paths to the built binary, the data and the pretrained
-model (env BQ_BUILD_DIR, BERTQAT_DATA, BQ_MODEL_DIR), and run_bq() to call the CLI."""
+model (env BQ_BUILD_DIR, BERTQAT_DATA, BQ_MODEL_DIR), run_bq() to call the CLI, and the small-budget
+fp32 fine-tune that several tests start from (made once per session)."""
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -27,3 +29,22 @@ def run_bq(*args, check=True, timeout=1800, input=None, env=None):
 def bin_path():
     assert os.access(BIN, os.X_OK), f"{BIN} not built"
     return BIN
+
+
+THREADS = os.environ.get("BQ_TEST_THREADS", "2")
+# The small-budget fine-tune (test_finetune_imdb's recipe; test_qat_imdb starts from its checkpoint).
+FINETUNE_ARGS = ["--train-samples", 2000, "--val-fraction", 0.05, "--epochs", 1, "--lr", 1e-4,
+                 "--warmup-ratio", 0.1, "--batch-size", 16, "--max-seq-len", 128, "--seed", 42,
+                 "--threads", THREADS, "--log-every", 10, "--bucket"]
+
+
+@pytest.fixture(scope="session")
+def finetuned(tmp_path_factory, bin_path):
+    """(checkpoint dir, CompletedProcess, seconds) of all-MiniLM-L6-v2 fine-tuned on 2000 IMDB reviews."""
+    if not os.path.isdir(MODEL):
+        pytest.skip(f"pretrained model not found at {MODEL}")
+    assert os.path.exists(IMDB), f"IMDB archive missing: {IMDB}"
+    out = tmp_path_factory.mktemp("finetuned") / "fp32"
+    t0 = time.time()
+    p = run_bq("finetune", "--model", MODEL, "--data", IMDB, "--out", out, *FINETUNE_ARGS, timeout=3600)
+    return out, p, time.time() - t0

@@ -3,26 +3,13 @@
 on 2000 seeded test reviews. Also checks the checkpoint layout, the JSONL training log, `predict` on
 two obvious reviews, and that `--resume` of a finished run is a no-op. Prints the timings."""
 import json
-import os
 import time
 
-import pytest
-
-from conftest import BIN, IMDB, MODEL, run_bq
-
-THREADS = os.environ.get("BQ_TEST_THREADS", "2")
+from conftest import FINETUNE_ARGS, IMDB, MODEL, THREADS, run_bq
 
 
-@pytest.mark.skipif(not os.path.isdir(MODEL), reason=f"pretrained model not found at {MODEL}")
-def test_finetune_imdb(tmp_path, bin_path):
-    assert os.path.exists(IMDB), f"IMDB archive missing: {IMDB}"
-    out = tmp_path / "ft"
-    t0 = time.time()
-    run_bq("finetune", "--model", MODEL, "--data", IMDB, "--out", out, "--train-samples", 2000,
-           "--val-fraction", 0.05, "--epochs", 1, "--lr", 1e-4, "--warmup-ratio", 0.1, "--batch-size", 16,
-           "--max-seq-len", 128, "--seed", 42, "--threads", THREADS, "--log-every", 10, "--bucket",
-           timeout=3600)
-    t_train = time.time() - t0
+def test_finetune_imdb(finetuned):
+    out, _, t_train = finetuned
     for f in ("config.json", "vocab.txt", "model.h5", "training_state.h5", "training_log.jsonl"):
         assert (out / f).exists(), f"{f} missing from the checkpoint"
     cfg = json.loads((out / "config.json").read_text())
@@ -49,7 +36,5 @@ def test_finetune_imdb(tmp_path, bin_path):
 
     # a finished run resumes to a no-op and leaves the weights unchanged
     before = (out / "model.h5").stat().st_size
-    run_bq("finetune", "--model", MODEL, "--data", IMDB, "--out", out, "--train-samples", 2000,
-           "--val-fraction", 0.05, "--epochs", 1, "--lr", 1e-4, "--warmup-ratio", 0.1, "--batch-size", 16,
-           "--max-seq-len", 128, "--seed", 42, "--threads", THREADS, "--bucket", "--resume", timeout=3600)
+    run_bq("finetune", "--model", MODEL, "--data", IMDB, "--out", out, *FINETUNE_ARGS, "--resume", timeout=3600)
     assert (out / "model.h5").stat().st_size == before

@@ -1,5 +1,5 @@
 """PTQ and QAT floors on IMDB at a small budget (all-MiniLM-L6-v2, env BQ_MODEL_DIR):
-1. fp32 fine-tune on 2000 training reviews (seq 128, 1 epoch);
+1. the session's fp32 fine-tune on 2000 training reviews (seq 128, 1 epoch; conftest.finetuned);
 2. `calibrate --calibrator percentile` (128 samples): PTQ accuracy on 1000 test reviews must stay
    within 5 points of the fp32 model's on the same reviews;
 3. `qat` from the fp32 model (1000 reviews, 60 steps, ranges frozen after 40): trains without
@@ -7,15 +7,11 @@
 4. `info` lists the 18·L+1 ort quantizers with ranges.
 Prints accuracies and the QAT/fp32 seconds-per-step ratio (same batch size and sequence length)."""
 import json
-import os
 import re
 import time
 
-import pytest
+from conftest import IMDB, MODEL, THREADS, run_bq
 
-from conftest import IMDB, MODEL, run_bq
-
-THREADS = os.environ.get("BQ_TEST_THREADS", "2")
 COMMON = ["--max-seq-len", 128, "--threads", THREADS, "--seed", 42]
 
 
@@ -25,13 +21,8 @@ def steps_and_seconds(stdout, tag):
     return int(m.group(1)), float(m.group(2))
 
 
-@pytest.mark.skipif(not os.path.isdir(MODEL), reason=f"pretrained model not found at {MODEL}")
-def test_ptq_and_qat_imdb(tmp_path, bin_path):
-    assert os.path.exists(IMDB), f"IMDB archive missing: {IMDB}"
-    fp32 = tmp_path / "fp32"
-    p = run_bq("finetune", "--model", MODEL, "--data", IMDB, "--out", fp32, "--train-samples", 2000,
-               "--val-fraction", 0.05, "--epochs", 1, "--lr", 1e-4, "--warmup-ratio", 0.1, "--batch-size", 16,
-               "--log-every", 20, "--bucket", *COMMON, timeout=3600)
+def test_ptq_and_qat_imdb(tmp_path, finetuned):
+    fp32, p, _ = finetuned
     ft_steps, ft_secs = steps_and_seconds(p.stdout, "finetune")
 
     # PTQ, percentile calibrator
