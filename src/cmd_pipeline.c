@@ -252,7 +252,7 @@ int bq_cmd_pipeline(int argc, char **argv) {
         p.train_samples = 4000, p.eval_samples = 2000, p.max_seq_len = 128, p.batch_size = 32;
         p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
     } else if (!strcmp(p.budget, "full")) {
-        p.train_samples = 0, p.eval_samples = 0, p.max_seq_len = 256, p.batch_size = 32;
+        p.train_samples = 0, p.eval_samples = 0, p.max_seq_len = 128, p.batch_size = 32;
         p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
     } else {
         return bq_err(BQ_EINVAL, "pipeline: --budget must be small or full, got '%s'", p.budget);
