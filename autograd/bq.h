@@ -120,5 +120,7 @@ int bq_rename_durable(const char *tmp_path, const char *final_path);
  * writable, so a command fails in its first second rather than after loading or training. The error
  * names path and the reason (e.g. "out/x.onnx: cannot create: Not a directory"). */
 int bq_check_writable_parent(const char *path);
+/* mkdir -p: creates dir and its missing parents; the error names the first folder that failed. */
+int bq_mkdir_p(const char *dir);
 
 #endif

@@ -292,6 +292,25 @@ int bq_check_writable_parent(const char *path) {
     return st;
 }
 
+int bq_mkdir_p(const char *dir) {
+    char *p = bq_strdup(dir);
+    int st = BQ_OK;
+    for (char *s = p + 1;; s++) {
+        if (*s == '/' || *s == '\0') {
+            char c = *s;
+            *s = '\0';
+            if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+                st = bq_err(BQ_EIO, "%s: cannot create directory: %s", p, strerror(errno));
+                break;
+            }
+            *s = c;
+            if (!c) break;
+        }
+    }
+    free(p);
+    return st;
+}
+
 int bq_rename_durable(const char *tmp_path, const char *final_path) {
     int st = bq_fsync_path(tmp_path);
     if (st) return st;

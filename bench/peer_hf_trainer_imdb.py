@@ -3,13 +3,11 @@
 prints one JSON line (accuracy, precision, recall, F1, timings). Developer machines only (needs torch,
 transformers, accelerate); CI never runs it.
 
-Same examples as bertqat: the training reviews are permuted with bertqat's seeded generator
-(splitmix64-seeded xoshiro256**, Fisher-Yates, as autograd/core.c and datasets/dataset.c do), the last
-ceil(val_fraction * n) of them are held out for validation and the rest are trained on; the test
-reviews are permuted the same way and the first --eval-samples (0: all) are evaluated. Reviews are
-ordered by (label name, numeric id) before permuting, as bertqat's IMDB reader orders them. So bertqat
-and the peer train and evaluate on exactly the same reviews; only the batch order and the dropout
-masks differ (each side uses its own shuffling with the same seed).
+Same examples as bertqat (scripts/imdb_select.py reproduces its selection): the training reviews are
+permuted with bertqat's seeded generator, the last ceil(val_fraction * n) are held out for validation
+and the rest are trained on; the first --eval-samples (0: all) of the permuted test reviews are
+evaluated. So bertqat and the peer train and evaluate on exactly the same reviews; only the batch
+order and the dropout masks differ (each side shuffles with its own generator from the same seed).
 
   python bench/peer_hf_trainer_imdb.py --model data/models/all-MiniLM-L6-v2 \\
       --max-seq-len 128 --batch-size 32 --lr 5e-5 --epochs 1            # the full recipe
@@ -17,87 +15,14 @@ For a machine without the data or network (a GPU box): tokenize here with --enco
 copy the .npz and the model there, and run with --encoded imdb128.npz."""
 import argparse
 import json
-import math
 import os
-import re
-import tarfile
+import sys
 import time
 
 import numpy as np
 
-NAME = re.compile(r"aclImdb/(train|test)/(pos|neg)/(\d+)_\d+\.txt$")
-M64 = (1 << 64) - 1
-
-
-class BqRng:
-    """bertqat's bq_rng (autograd/core.c): xoshiro256** seeded by splitmix64."""
-
-    def __init__(self, seed):
-        x, self.s = seed & M64, []
-        for _ in range(4):
-            x = (x + 0x9E3779B97F4A7C15) & M64
-            z = x
-            z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-            self.s.append(z ^ (z >> 31))
-
-    def u64(self):
-        s = self.s
-        rotl = lambda v, k: ((v << k) | (v >> (64 - k))) & M64
-        r = (rotl((s[1] * 5) & M64, 7) * 9) & M64
-        t = (s[1] << 17) & M64
-        s[2] ^= s[0]
-        s[3] ^= s[1]
-        s[1] ^= s[2]
-        s[0] ^= s[3]
-        s[2] ^= t
-        s[3] = rotl(s[3], 45)
-        return r
-
-    def below(self, n):
-        limit = M64 - (M64 % n)
-        while True:
-            x = self.u64()
-            if x < limit:
-                return x % n
-
-
-def permutation(n, seed):
-    p, r = list(range(n)), BqRng(seed)
-    for i in range(n - 1, 0, -1):
-        j = r.below(i + 1)
-        p[i], p[j] = p[j], p[i]
-    return p
-
-
-def read_imdb(path):
-    splits = {"train": [], "test": []}
-    with tarfile.open(path, "r:*") as tf:
-        for m in tf:
-            g = NAME.search(m.name)
-            if not g or not m.isfile():
-                continue
-            text = tf.extractfile(m).read().decode("utf-8", errors="replace")
-            splits[g.group(1)].append((g.group(2), int(g.group(3)), text, 1 if g.group(2) == "pos" else 0))
-    for k in splits:
-        splits[k].sort(key=lambda r: (r[0], r[1]))
-    return splits
-
-
-def select(args, splits):
-    """bertqat's split recipe: (train rows, val rows, test rows)."""
-    train, test = splits["train"], splits["test"]
-    p = permutation(len(train), args.seed)
-    if args.train_samples:
-        p = p[: args.train_samples]
-    nval = int(math.ceil(args.val_fraction * len(p) - 1e-9))
-    tr = [train[i] for i in p[: len(p) - nval]]
-    va = [train[i] for i in p[len(p) - nval:]]
-    q = permutation(len(test), args.seed)
-    if args.eval_samples:
-        q = q[: args.eval_samples]
-    te = [test[i] for i in q]
-    return tr, va, te
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+from imdb_select import read_imdb, select  # noqa: E402  (bertqat's exact example selection)
 
 
 def encode(args):
@@ -105,10 +30,12 @@ def encode(args):
     from transformers import BertTokenizerFast
     tok = BertTokenizerFast.from_pretrained(args.model)
     out = {}
-    for name, rows in zip(("train", "val", "test"), select(args, read_imdb(args.data))):
-        enc = tok([r[2] for r in rows], truncation=True, max_length=args.max_seq_len, padding="max_length")
+    reviews = read_imdb(args.data)
+    for name in ("train", "val", "test"):
+        rows = select(reviews, name, args.seed, args.eval_samples, args.train_samples, args.val_fraction)
+        enc = tok([r[0] for r in rows], truncation=True, max_length=args.max_seq_len, padding="max_length")
         out[name + "_ids"] = np.asarray(enc["input_ids"], dtype=np.int32)
-        out[name + "_labels"] = np.asarray([r[3] for r in rows], dtype=np.int8)
+        out[name + "_labels"] = np.asarray([r[1] for r in rows], dtype=np.int8)
     out["max_seq_len"] = np.int32(args.max_seq_len)
     return out
 

@@ -260,19 +260,6 @@ static void hw(Hasher *w, const void *p, size_t n) {
     if (fwrite(p, 1, n, w->f) != n) w->err = 1;
 }
 
-static int mkdir_p(const char *dir) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s", dir);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0777) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(tmp, 0777) != 0 && errno != EEXIST) return -1;
-    return 0;
-}
-
 static int cache_write(const char *path, uint64_t key, const Encoded *e) {
     /* per-process temp name: two runs filling the same cache entry never interleave their writes */
     size_t pl = strlen(path) + 32;
@@ -519,7 +506,7 @@ int bq_dataset_load(BqDataset **out, const BqDataSpec *s, const BqTokenizer *tok
         if ((st = build_encoded(&e, s, kind, read_split, nsamples, tok, &d->read_seconds))) goto cleanup;
         d->encode_seconds = bq_now() - t0;
         if (d->cache_path) {
-            if (mkdir_p(cdir) != 0 || cache_write(d->cache_path, key, &e) != BQ_OK) d->cache_write_failed = 1;
+            if (bq_mkdir_p(cdir) != BQ_OK || cache_write(d->cache_path, key, &e) != BQ_OK) d->cache_write_failed = 1;
             bq_err_clear();
         }
     }

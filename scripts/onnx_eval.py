@@ -1,96 +1,117 @@
-"""Evaluates an exported ONNX classifier (bertqat export) on the IMDB test split with ONNX Runtime CPU:
-reads reviews from the aclImdb archive (or an extracted folder), tokenizes with HF `tokenizers`
-(BertWordPieceTokenizer on the checkpoint's vocab.txt, lower-case, head truncation), pads each batch
-to the longest sequence rounded up to a multiple of 16 (as ONNX Runtime's BERT example does), and
-prints accuracy, F1 (positive class 1), and examples/s.
+"""Evaluates an exported ONNX classifier (`bertqat export`) on IMDB with ONNX Runtime CPU, on exactly the
+reviews `bertqat eval` evaluates with the same --split/--samples/--seed (scripts/imdb_select.py), so the
+two accuracies compare like for like. Tokenizes with Hugging Face `tokenizers` from the checkpoint's
+tokenizer files (tokenizer.json when present, else vocab.txt with tokenizer_config.json's
+do_lower_case), head truncation at --max-seq-len; batches of reviews sorted by length, each padded to
+its longest review rounded up to a multiple of 16 (as ONNX Runtime's BERT QAT example pads). Prints
+accuracy, precision, recall, F1 (positive class 1) and examples/s of the ORT runs (tokenization
+excluded), or with --json one object with the keys of `bertqat eval --json`.
 
-  .venv/bin/python scripts/onnx_eval.py --onnx model.onnx --vocab CKPT/vocab.txt \
-      --data /work/shared/data/imdb/aclImdb_train_test.tar.gz [--samples 1000] [--max-seq-len 128]
+  .venv/bin/python scripts/onnx_eval.py --onnx model.onnx --tokenizer CKPT \\
+      --data $BERTQAT_DATA/imdb/aclImdb_train_test.tar.gz [--samples 2000] [--max-seq-len 128] [--json]
 """
 import argparse
+import json
 import os
-import random
-import tarfile
+import sys
 import time
 
 import numpy as np
 import onnxruntime as ort
-from tokenizers import BertWordPieceTokenizer
+from tokenizers import BertWordPieceTokenizer, Tokenizer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from imdb_select import read_imdb, select  # noqa: E402
 
 
-def read_imdb(path, split="test"):
-    """[(text, label)] of one split; label 1 = pos."""
-    out = []
-    if os.path.isdir(path):
-        for lab, name in ((0, "neg"), (1, "pos")):
-            d = os.path.join(path, split, name)
-            if not os.path.isdir(d):
-                d = os.path.join(path, "aclImdb", split, name)
-            for f in sorted(os.listdir(d)):
-                with open(os.path.join(d, f), encoding="utf-8") as fh:
-                    out.append((fh.read(), lab))
-        return out
-    with tarfile.open(path) as tf:
-        for m in tf:
-            if not m.isfile() or not m.name.endswith(".txt"):
-                continue
-            parts = m.name.split("/")
-            if len(parts) < 3 or parts[-3] != split or parts[-2] not in ("pos", "neg"):
-                continue
-            out.append((tf.extractfile(m).read().decode("utf-8"), int(parts[-2] == "pos")))
-    return out
+def load_tokenizer(ckpt, max_len):
+    tj = os.path.join(ckpt, "tokenizer.json")
+    if os.path.exists(tj):
+        tok = Tokenizer.from_file(tj)
+    else:
+        lower = True
+        cfg = os.path.join(ckpt, "tokenizer_config.json")
+        if os.path.exists(cfg):
+            with open(cfg, encoding="utf-8") as f:
+                lower = bool(json.load(f).get("do_lower_case", True))
+        tok = BertWordPieceTokenizer(os.path.join(ckpt, "vocab.txt"), lowercase=lower)
+    tok.no_padding()
+    tok.enable_truncation(max_len)
+    return tok
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--onnx", required=True)
-    ap.add_argument("--vocab", required=True, help="vocab.txt of the exported checkpoint")
+    ap.add_argument("--onnx", "--model", dest="onnx", required=True, help="the .onnx file")
+    ap.add_argument("--tokenizer", help="checkpoint directory with the tokenizer files")
+    ap.add_argument("--vocab", help="vocab.txt of the checkpoint (its directory is --tokenizer)")
     ap.add_argument("--data", required=True, help="aclImdb archive or folder")
-    ap.add_argument("--split", default="test")
-    ap.add_argument("--samples", type=int, default=0, help="random subset (0: all)")
+    ap.add_argument("--split", default="test", choices=("test", "val", "train"))
+    ap.add_argument("--samples", type=int, default=0, help="test reviews, as bertqat eval --samples (0: all)")
+    ap.add_argument("--train-samples", type=int, default=0)
+    ap.add_argument("--val-fraction", type=float, default=0.1)
     ap.add_argument("--max-seq-len", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0: ORT's default)")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    data = read_imdb(a.data, a.split)
+    ckpt = a.tokenizer or (os.path.dirname(a.vocab) if a.vocab else None)
+    if not ckpt:
+        ap.error("--tokenizer (or --vocab) is required")
+    for p in (a.onnx, a.data):
+        if not os.path.exists(p):
+            sys.exit(f"onnx_eval.py: {p}: no such file or directory")
+    data = select(read_imdb(a.data), a.split, a.seed, a.samples if a.split == "test" else 0, a.train_samples,
+                  a.val_fraction)
+    if a.split == "test" and a.samples:
+        data = data[:a.samples]
     if not data:
-        raise SystemExit(f"{a.data}: no {a.split} reviews found")
-    if a.samples and a.samples < len(data):
-        data = random.Random(a.seed).sample(data, a.samples)
-    tok = BertWordPieceTokenizer(a.vocab, lowercase=True)
-    tok.enable_truncation(a.max_seq_len)
+        sys.exit(f"onnx_eval.py: {a.data}: no {a.split} reviews found")
+    tok = load_tokenizer(ckpt, a.max_seq_len)
+    enc = tok.encode_batch([t for t, _ in data])
+    order = sorted(range(len(data)), key=lambda i: len(enc[i].ids))
     so = ort.SessionOptions()
     if a.threads:
         so.intra_op_num_threads = a.threads
     sess = ort.InferenceSession(a.onnx, so, providers=["CPUExecutionProvider"])
     inputs = {i.name: (np.int32 if i.type == "tensor(int32)" else np.int64) for i in sess.get_inputs()}
-    preds, labels, secs = [], [], 0.0
-    for s in range(0, len(data), a.batch_size):
-        chunk = data[s:s + a.batch_size]
-        enc = tok.encode_batch([t for t, _ in chunk])
-        T = max(len(e.ids) for e in enc)
-        T = min(((T + 15) // 16) * 16, max(a.max_seq_len, 16))
-        ids = np.zeros((len(enc), T), np.int64)
+    pred = np.zeros(len(data), np.int64)
+    labels = np.array([l for _, l in data])
+    secs = 0.0
+    for s in range(0, len(order), a.batch_size):
+        idx = order[s:s + a.batch_size]
+        T = max(len(enc[i].ids) for i in idx)
+        T = ((T + 15) // 16) * 16
+        ids = np.zeros((len(idx), T), np.int64)
         mask = np.zeros_like(ids)
-        for r, e in enumerate(enc):
-            n = min(len(e.ids), T)
-            ids[r, :n] = e.ids[:n]
+        for r, i in enumerate(idx):
+            n = len(enc[i].ids)
+            ids[r, :n] = enc[i].ids
             mask[r, :n] = 1
         feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
         feed = {k: v.astype(inputs[k]) for k, v in feed.items() if k in inputs}
         t = time.perf_counter()
         logits = sess.run(None, feed)[0]
         secs += time.perf_counter() - t
-        preds.extend(logits.argmax(1).tolist())
-        labels.extend(l for _, l in chunk)
-    p, y = np.array(preds), np.array(labels)
-    tp, fp, fn = int(((p == 1) & (y == 1)).sum()), int(((p == 1) & (y == 0)).sum()), int(((p == 0) & (y == 1)).sum())
+        pred[idx] = logits.argmax(1)
+    tp, fp, fn = (int(((pred == 1) & (labels == 1)).sum()), int(((pred == 1) & (labels == 0)).sum()),
+                  int(((pred == 0) & (labels == 1)).sum()))
+    tn = len(labels) - tp - fp - fn
     prec = tp / (tp + fp) if tp + fp else 0.0
     rec = tp / (tp + fn) if tp + fn else 0.0
     f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
-    print(f"examples {len(y)}  accuracy {(p == y).mean():.4f}  f1 {f1:.4f}  "
-          f"examples/s {len(y) / secs:.1f} (ORT run time {secs:.2f}s)")
+    acc = float((pred == labels).mean())
+    res = {"model": a.onnx, "data": a.data, "split": a.split, "examples": len(labels), "accuracy": acc,
+           "precision": prec, "recall": rec, "f1": f1, "average": "binary (positive class 1)", "seconds": secs,
+           "examples_per_s": len(labels) / secs, "max_seq_len": a.max_seq_len, "batch_size": a.batch_size,
+           "threads": a.threads or None, "runtime": f"onnxruntime {ort.__version__} CPUExecutionProvider",
+           "labels": ["neg", "pos"], "confusion_matrix": [[tn, fp], [fn, tp]]}
+    if a.json:
+        print(json.dumps(res))
+    else:
+        print(f"examples {len(labels)}  accuracy {acc:.4f}  precision {prec:.4f}  recall {rec:.4f}  f1 {f1:.4f}  "
+              f"examples/s {res['examples_per_s']:.1f} (ORT run time {secs:.2f}s)")
 
 
 if __name__ == "__main__":

@@ -204,12 +204,13 @@ static int stage_eval(const Pipeline *p, const char *name, const char *target, i
     snprintf(path, sizeof path, "%s/%s", p->out, target);
     Argv a = {0};
     if (onnx) {
-        char script[4096], vocab[4096];
+        char script[4096], tokdir[4096];
         snprintf(script, sizeof script, "%s/scripts/onnx_eval.py", BQ_SOURCE_DIR);
-        snprintf(vocab, sizeof vocab, "%s/fp32/vocab.txt", p->out);
+        snprintf(tokdir, sizeof tokdir, "%s/fp32", p->out);
         av_add(&a, p->python), av_add(&a, script);
-        av_add(&a, "--model"), av_add(&a, path);
-        av_add(&a, "--vocab"), av_add(&a, vocab);
+        av_add(&a, "--onnx"), av_add(&a, path);
+        av_add(&a, "--tokenizer"), av_add(&a, tokdir);
+        if (p->threads > 0) av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
     } else {
         av_add(&a, p->self), av_add(&a, "eval");
         av_add(&a, "--model"), av_add(&a, path);
@@ -228,6 +229,8 @@ static int stage_eval(const Pipeline *p, const char *name, const char *target, i
 
 int bq_cmd_pipeline(int argc, char **argv) {
     Pipeline p = {0};
+    Pipeline o = {.train_samples = -1, .eval_samples = -1, .max_seq_len = -1, .batch_size = -1, .epochs = -1,
+                  .qat_epochs = -1, .lr = -1, .qat_lr = -1, .calib_samples = -1};
     p.budget = "small";
     p.python = getenv("BQ_PYTHON");
     p.seed = 42;
@@ -241,6 +244,16 @@ int bq_cmd_pipeline(int argc, char **argv) {
         {"seed", BQ_ARG_INT, &p.seed, "seed for every stage", 0, 0, 2147483647.0},
         {"threads", BQ_ARG_INT, &p.threads, "threads (0: all CPUs)", 0, 0, 1024},
         {"force", BQ_ARG_FLAG, &p.force, "redo stages whose outputs exist", 0, 0, 0},
+        /* overrides of the budget's recipe (< 0: the budget's value) */
+        {"train-samples", BQ_ARG_INT, &o.train_samples, "training reviews incl. validation (0: all; -1: from --budget)", 0, -1, 1e9},
+        {"eval-samples", BQ_ARG_INT, &o.eval_samples, "test reviews evaluated (0: all; -1: from --budget)", 0, -1, 1e9},
+        {"max-seq-len", BQ_ARG_INT, &o.max_seq_len, "tokens per review (-1: from --budget)", 0, -1, 8192},
+        {"batch-size", BQ_ARG_INT, &o.batch_size, "batch size (-1: from --budget)", 0, -1, 65536},
+        {"epochs", BQ_ARG_FLOAT, &o.epochs, "fp32 epochs (-1: from --budget)", 0, -1, 1000},
+        {"qat-epochs", BQ_ARG_FLOAT, &o.qat_epochs, "QAT epochs (-1: from --budget)", 0, -1, 1000},
+        {"lr", BQ_ARG_FLOAT, &o.lr, "fp32 learning rate (-1: from --budget)", 0, -1, 1},
+        {"qat-lr", BQ_ARG_FLOAT, &o.qat_lr, "QAT learning rate (-1: from --budget)", 0, -1, 1},
+        {"calib-samples", BQ_ARG_INT, &o.calib_samples, "calibration examples (-1: from --budget)", 0, -1, 1e9},
     };
     BqArgs args = {.cmd = "pipeline", .usage = "--model DIR --data PATH --out RUN_DIR [options]",
                    .summary = "Fine-tune in fp32, calibrate (PTQ, percentile 99.99), QAT fine-tune, export fp32 and "
@@ -257,12 +270,24 @@ int bq_cmd_pipeline(int argc, char **argv) {
     } else {
         return bq_err(BQ_EINVAL, "pipeline: --budget must be small or full, got '%s'", p.budget);
     }
+    if (o.train_samples >= 0) p.train_samples = o.train_samples;
+    if (o.eval_samples >= 0) p.eval_samples = o.eval_samples;
+    if (o.max_seq_len >= 0) p.max_seq_len = o.max_seq_len;
+    if (o.batch_size >= 0) p.batch_size = o.batch_size;
+    if (o.epochs >= 0) p.epochs = o.epochs;
+    if (o.qat_epochs >= 0) p.qat_epochs = o.qat_epochs;
+    if (o.lr >= 0) p.lr = o.lr;
+    if (o.qat_lr >= 0) p.qat_lr = o.qat_lr;
+    if (o.calib_samples >= 0) p.calib_samples = o.calib_samples;
+    if (p.max_seq_len < 8 || p.batch_size < 1 || p.epochs <= 0 || p.qat_epochs <= 0 || p.lr <= 0 || p.qat_lr <= 0 ||
+        p.calib_samples < 1)
+        return bq_err(BQ_EINVAL, "pipeline: --max-seq-len >= 8, --batch-size >= 1, --epochs/--qat-epochs/--lr/--qat-lr "
+                                 "> 0 and --calib-samples >= 1 are required");
     char cfg[4096];
     snprintf(cfg, sizeof cfg, "%s/config.json", p.model);
     if (!file_exists(cfg)) return bq_err(BQ_EIO, "pipeline: --model %s: no config.json there", p.model);
     if (!file_exists(p.data)) return bq_err(BQ_EIO, "pipeline: --data %s: no such file or directory", p.data);
-    if (mkdir(p.out, 0777) != 0 && errno != EEXIST)
-        return bq_err(BQ_EIO, "pipeline: --out %s: cannot create: %s", p.out, strerror(errno));
+    if ((st = bq_mkdir_p(p.out))) return bq_err_ctx(st, "pipeline: --out");
     ssize_t n = readlink("/proc/self/exe", p.self, sizeof p.self - 1);
     if (n <= 0) return bq_err(BQ_EIO, "pipeline: cannot locate the bertqat executable");
     p.self[n] = '\0';

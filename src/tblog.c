@@ -68,28 +68,9 @@ static int write_record(BqTbWriter *w, const Bqtb__Event *ev) {
     return ok ? BQ_OK : bq_err(BQ_EIO, "%s: write failed: %s", w->path, strerror(errno));
 }
 
-static int mkdir_p(const char *dir) {
-    char *p = bq_strdup(dir);
-    int st = BQ_OK;
-    for (char *s = p + 1;; s++) {
-        if (*s == '/' || *s == '\0') {
-            char c = *s;
-            *s = '\0';
-            if (mkdir(p, 0777) != 0 && errno != EEXIST) {
-                st = bq_err(BQ_EIO, "%s: cannot create directory: %s", p, strerror(errno));
-                break;
-            }
-            *s = c;
-            if (!c) break;
-        }
-    }
-    free(p);
-    return st;
-}
-
 int bq_tb_open(BqTbWriter **out, const char *logdir) {
     *out = NULL;
-    int st = mkdir_p(logdir);
+    int st = bq_mkdir_p(logdir);
     if (st) return st;
     char host[128] = "localhost";
     gethostname(host, sizeof host - 1);

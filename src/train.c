@@ -113,21 +113,6 @@ typedef struct Run {
     int saved_any;
 } Run;
 
-/* mkdir -p */
-static int make_dirs(const char *dir) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", dir);
-    for (char *s = buf + 1;; s++) {
-        char c = *s;
-        if (c == '/' || c == 0) {
-            *s = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST) return bq_err(BQ_EIO, "%s: cannot create: %s", buf, strerror(errno));
-            if (!c) return BQ_OK;
-            *s = c;
-        }
-    }
-}
-
 static int save_ckpt(Run *r) {
     /* The ckpt writer carries training_log.jsonl over from the old directory. */
     int st = bq_ckpt_save(r->m, r->out, r->tc->vocab_dir, &r->ts);
@@ -216,7 +201,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
      * (not resumed) run starts a fresh log. */
     struct stat sb_out;
     created_out = stat(out_dir, &sb_out) != 0;
-    if ((st = make_dirs(out_dir))) goto cleanup;
+    if ((st = bq_mkdir_p(out_dir))) goto cleanup;
     snprintf(logpath, sizeof logpath, "%s/training_log.jsonl", out_dir);
     if (!tc->resume) remove(logpath);
     if ((st = bq_progress_open(&r.prog, tc->tag, logpath, tc->logdir, total, tc->quiet))) goto cleanup;
