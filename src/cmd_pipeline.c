@@ -84,14 +84,15 @@ static int run_child(const char *stage, char **argv, const char *out_path) {
     return BQ_OK;
 }
 
-static int mark_done(const Pipeline *p, const char *stage) {
+/* The marker holds "<unix time at the end> <seconds the stage took in its last run>". */
+static int mark_done(const Pipeline *p, const char *stage, double t0) {
     char path[4096], tmp[4200];
     snprintf(path, sizeof path, "%s/.done-%s", p->out, stage);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (!f) return bq_err(BQ_EIO, "%s: cannot write: %s", tmp, strerror(errno));
-    fprintf(f, "%ld\n", (long)time(NULL));
-    fclose(f);
+    fprintf(f, "%ld %.1f\n", (long)time(NULL), bq_now() - t0);
+    if (fclose(f) != 0) return bq_err(BQ_EIO, "%s: write failed", tmp);
     return bq_rename_durable(tmp, path);
 }
 
@@ -146,6 +147,7 @@ static int stage_train(const Pipeline *p, const char *stage, const char *cmd, co
     snprintf(from_dir, sizeof from_dir, "%s", from);
     snprintf(state, sizeof state, "%s/training_state.h5", out);
     snprintf(logdir, sizeof logdir, "%s/tb/%s", p->out, stage);
+    double t0 = bq_now();
     Argv a = {0};
     av_add(&a, p->self), av_add(&a, cmd);
     av_add(&a, "--model"), av_add(&a, from_dir);
@@ -153,11 +155,12 @@ static int stage_train(const Pipeline *p, const char *stage, const char *cmd, co
     int is_qat = !strcmp(cmd, "qat");
     av_common_train(&a, p, is_qat ? p->qat_epochs : p->epochs, is_qat ? p->qat_lr : p->lr);
     av_add(&a, "--logdir"), av_add(&a, logdir);
+    av_add(&a, "--evals-per-epoch"), av_add(&a, "5");
     if (is_qat) av_add(&a, "--calib-samples"), av_addf(&a, "%.0f", p->calib_samples);
     if (!p->force && file_exists(state)) av_add(&a, "--resume");
     int st = run_child(stage, a.v, NULL);
     av_free(&a);
-    return st ? st : mark_done(p, stage);
+    return st ? st : mark_done(p, stage, t0);
 }
 
 static int stage_calibrate(const Pipeline *p) {
@@ -165,6 +168,7 @@ static int stage_calibrate(const Pipeline *p) {
     char from[4096], out[4096];
     snprintf(from, sizeof from, "%s/fp32", p->out);
     snprintf(out, sizeof out, "%s/ptq", p->out);
+    double t0 = bq_now();
     Argv a = {0};
     av_add(&a, p->self), av_add(&a, "calibrate");
     av_add(&a, "--model"), av_add(&a, from);
@@ -178,7 +182,7 @@ static int stage_calibrate(const Pipeline *p) {
     av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
     int st = run_child("ptq", a.v, NULL);
     av_free(&a);
-    return st ? st : mark_done(p, "ptq");
+    return st ? st : mark_done(p, "ptq", t0);
 }
 
 static int stage_export(const Pipeline *p, const char *ckpt, const char *name) {
@@ -187,13 +191,14 @@ static int stage_export(const Pipeline *p, const char *ckpt, const char *name) {
     if (is_done(p, stage)) return BQ_OK;
     snprintf(from, sizeof from, "%s/%s", p->out, ckpt);
     snprintf(out, sizeof out, "%s/%s.onnx", p->out, name);
+    double t0 = bq_now();
     Argv a = {0};
     av_add(&a, p->self), av_add(&a, "export");
     av_add(&a, "--model"), av_add(&a, from);
     av_add(&a, "--out"), av_add(&a, out);
     int st = run_child(stage, a.v, NULL);
     av_free(&a);
-    return st ? st : mark_done(p, stage);
+    return st ? st : mark_done(p, stage, t0);
 }
 
 static int stage_eval(const Pipeline *p, const char *name, const char *target, int onnx) {
@@ -202,6 +207,7 @@ static int stage_eval(const Pipeline *p, const char *name, const char *target, i
     snprintf(json, sizeof json, "%s/eval-%s.json", p->out, name);
     if (is_done(p, stage) && file_exists(json)) return BQ_OK;
     snprintf(path, sizeof path, "%s/%s", p->out, target);
+    double t0 = bq_now();
     Argv a = {0};
     if (onnx) {
         char script[4096], tokdir[4096];
@@ -224,7 +230,7 @@ static int stage_eval(const Pipeline *p, const char *name, const char *target, i
     av_add(&a, "--json");
     int st = run_child(stage, a.v, json);
     av_free(&a);
-    return st ? st : mark_done(p, stage);
+    return st ? st : mark_done(p, stage, t0);
 }
 
 int bq_cmd_pipeline(int argc, char **argv) {
@@ -292,6 +298,7 @@ int bq_cmd_pipeline(int argc, char **argv) {
     if (n <= 0) return bq_err(BQ_EIO, "pipeline: cannot locate the bertqat executable");
     p.self[n] = '\0';
     if (p.threads <= 0) p.threads = bq_runtime_threads();
+    bq_runtime_set_threads(p.threads); /* so the report's runtime line names the stages' thread count */
     int have_python = p.python && *p.python && access(p.python, X_OK) == 0;
     double t0 = bq_now();
 
@@ -313,18 +320,27 @@ int bq_cmd_pipeline(int argc, char **argv) {
     }
 
     BqReportRow rows[5] = {
-        {"fp32", "eval-fp32.json", "fp32", "fp32/training_log.jsonl", 0},
-        {"PTQ (percentile 99.99)", "eval-ptq.json", "ptq", NULL, 0},
-        {"QAT", "eval-qat.json", "qat", "qat/training_log.jsonl", 0},
-        {"ONNX fp32 (ONNX Runtime)", "eval-onnx-fp32.json", "fp32.onnx", NULL, 0},
-        {"ONNX int8 Q/DQ (ONNX Runtime)", "eval-onnx-int8.json", "qat-int8.onnx", NULL, 0},
+        {"fp32", "eval-fp32.json", "fp32", "fp32/training_log.jsonl", 0, -1},
+        {"PTQ (percentile 99.99)", "eval-ptq.json", "ptq", NULL, 0, -1},
+        {"QAT", "eval-qat.json", "qat", "qat/training_log.jsonl", 0, -1},
+        {"ONNX fp32 (ONNX Runtime)", "eval-onnx-fp32.json", "fp32.onnx", NULL, 0, 0},
+        {"ONNX int8 Q/DQ of QAT (ONNX Runtime)", "eval-onnx-int8.json", "qat-int8.onnx", NULL, 0, 2},
     };
     for (int i = 0; i < 5; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", p.out, rows[i].artifact);
         rows[i].size_bytes = path_size(path);
     }
+    char recipe[640], ntrain[32] = "all", ntest[32] = "all";
+    if (p.train_samples) snprintf(ntrain, sizeof ntrain, "%d", p.train_samples);
+    if (p.eval_samples) snprintf(ntest, sizeof ntest, "%d", p.eval_samples);
+    snprintf(recipe, sizeof recipe,
+             "%s training reviews (10%% held out for validation, 5 evaluations per epoch, best kept), %s test "
+             "reviews; max_seq_len %d, batch %d; fp32: %g epoch(s) at lr %g; PTQ: percentile 99.99 on %d examples; "
+             "QAT (ort scheme, from the fp32 model): %g epoch(s) at lr %g; seed %d; %d thread(s)",
+             ntrain, ntest, p.max_seq_len, p.batch_size, p.epochs, p.lr, p.calib_samples, p.qat_epochs, p.qat_lr,
+             p.seed, p.threads);
     BqReportInfo info = {.model = p.model, .data = p.data, .budget = p.budget, .seconds = bq_now() - t0,
-                         .runtime = bq_runtime_describe(), .onnx_skipped = !have_python};
+                         .runtime = bq_runtime_describe(), .recipe = recipe, .onnx_skipped = !have_python};
     return bq_report_write(p.out, rows, have_python ? 5 : 3, &info);
 }

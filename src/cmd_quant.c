@@ -233,7 +233,7 @@ int bq_cmd_qat(int argc, char **argv) {
     const char *model = NULL, *data = NULL, *out = NULL, *truncation = "head", *logdir = NULL;
     double epochs = 1, lr = 2e-5, warmup_ratio = 0.0, weight_decay = 0.0, max_grad_norm = 1.0, val_fraction = 0.1,
            dropout = -1;
-    int batch_size = 32, grad_accum = 1, max_seq_len = 128, seed = 42, eval_every = 0, save_best = 0, threads = 0,
+    int batch_size = 32, grad_accum = 1, max_seq_len = 128, seed = 42, eval_every = 0, evals_per_epoch = 0, save_best = 0, threads = 0,
         train_samples = 0, eval_samples = 0, log_every = 10, resume = 0, bucket = 0, max_steps = 0, no_save_best = 0;
     QuantOpts q;
     quant_opts_default(&q, "max");
@@ -255,6 +255,7 @@ int bq_cmd_qat(int argc, char **argv) {
         {"max-grad-norm", BQ_ARG_FLOAT, &max_grad_norm, "global gradient-norm clip (0: off)", 0, 0, 1e9},
         {"seed", BQ_ARG_INT, &seed, "seed for data selection, shuffling, dropout and calibration", 0, 0, 2147483647},
         {"eval-every", BQ_ARG_INT, &eval_every, "evaluate every N optimizer steps (0: each epoch end)", 0, 0, 1e9},
+        {"evals-per-epoch", BQ_ARG_INT, &evals_per_epoch, "without --eval-every: evaluations per epoch (0: 1)", 0, 0, 1e6},
         {"no-save-best", BQ_ARG_FLAG, &no_save_best, "final model = last step, not the best evaluation", 0, 0, 0},
         {"save-best", BQ_ARG_FLAG, &save_best, "final model = best validation accuracy (default)", 0, 0, 0},
         {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
@@ -367,6 +368,7 @@ int bq_cmd_qat(int argc, char **argv) {
     tc.grad_accum = grad_accum;
     tc.seed = (uint64_t)seed;
     tc.eval_every = eval_every;
+    tc.evals_per_epoch = evals_per_epoch;
     tc.save_best = !no_save_best;
     tc.log_every = log_every;
     tc.resume = resume;

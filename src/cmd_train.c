@@ -16,7 +16,7 @@
 typedef struct FtOpts {
     const char *model, *data, *out, *truncation, *logdir;
     double epochs, lr, warmup_ratio, weight_decay, max_grad_norm, val_fraction, dropout;
-    int batch_size, grad_accum, max_seq_len, seed, eval_every, save_best, threads, train_samples,
+    int batch_size, grad_accum, max_seq_len, seed, eval_every, evals_per_epoch, save_best, threads, train_samples,
         eval_samples, log_every, resume, bucket, max_steps, no_save_best;
 } FtOpts;
 
@@ -49,6 +49,7 @@ int bq_cmd_finetune(int argc, char **argv) {
         {"max-grad-norm", BQ_ARG_FLOAT, &o.max_grad_norm, "global gradient-norm clip (0: off)", 0, 0, 1e9},
         {"seed", BQ_ARG_INT, &o.seed, "seed for data selection, shuffling, dropout and init", 0, 0, 2147483647},
         {"eval-every", BQ_ARG_INT, &o.eval_every, "evaluate every N optimizer steps (0: each epoch end)", 0, 0, 1e9},
+        {"evals-per-epoch", BQ_ARG_INT, &o.evals_per_epoch, "without --eval-every: evaluations per epoch (0: 1)", 0, 0, 1e6},
         {"no-save-best", BQ_ARG_FLAG, &o.no_save_best, "final model = last step, not the best evaluation", 0, 0, 0},
         {"save-best", BQ_ARG_FLAG, &o.save_best, "final model = best validation accuracy (default)", 0, 0, 0},
         {"threads", BQ_ARG_INT, &o.threads, "threads (0: all cores)", 0, 0, 4096},
@@ -157,6 +158,7 @@ int bq_cmd_finetune(int argc, char **argv) {
     tc.grad_accum = o.grad_accum;
     tc.seed = (uint64_t)o.seed;
     tc.eval_every = o.eval_every;
+    tc.evals_per_epoch = o.evals_per_epoch;
     tc.save_best = !o.no_save_best;
     tc.log_every = o.log_every;
     tc.resume = o.resume;

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/utsname.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "autograd/bq.h"
 
@@ -141,6 +142,25 @@ static Metrics read_metrics(const char *run_dir, const char *name) {
     return m;
 }
 
+/* "model name" of /proc/cpuinfo, or the machine name from uname. */
+static void cpu_model(char *buf, size_t n) {
+    snprintf(buf, n, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10)) continue;
+        char *c = strchr(line, ':');
+        if (!c) break;
+        c++;
+        while (*c == ' ' || *c == '\t') c++;
+        c[strcspn(c, "\n")] = 0;
+        snprintf(buf, n, "%s", c);
+        break;
+    }
+    fclose(f);
+}
+
 static void human_size(char *buf, size_t n, int64_t b) {
     if (b <= 0) snprintf(buf, n, "-");
     else if (b >= 1 << 20) snprintf(buf, n, "%.1f MiB", (double)b / (1 << 20));
@@ -181,26 +201,66 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
     struct utsname u;
     uname(&u);
     time_t now = time(NULL);
-    char date[64];
+    char date[64], cpu[128];
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+    cpu_model(cpu, sizeof cpu);
     fprintf(f, "# bertqat pipeline report\n\n");
-    fprintf(f, "- date: %s; machine: %s %s, %s\n- model: `%s`; data: `%s`; budget: %s\n- wall time of this run: %.0f s\n\n",
-            date, u.nodename, u.machine, info->runtime, info->model, info->data, info->budget, info->seconds);
-    const char *hdr = "| stage | accuracy | F1 | model size | examples/s |\n|---|---|---|---|---|\n";
+    fprintf(f, "- date: %s; machine: %s, %ld CPUs, %s %s; %s\n", date, cpu, sysconf(_SC_NPROCESSORS_ONLN), u.sysname,
+            u.machine, info->runtime);
+    fprintf(f, "- model: `%s`; data: `%s`; budget: %s\n", info->model, info->data, info->budget);
+    if (info->recipe) fprintf(f, "- recipe: %s\n", info->recipe);
+    fprintf(f, "- wall time of this invocation: %.0f s (stages done earlier are skipped; their times are below)\n\n",
+            info->seconds);
+    const char *hdr = "| stage | accuracy | vs fp32 | F1 | examples | model size | examples/s |\n"
+                      "|---|---|---|---|---|---|---|\n";
     fputs(hdr, f);
-    printf("\n%-32s %9s %7s %11s %11s\n", "stage", "accuracy", "F1", "size", "examples/s");
+    printf("\n%-32s %9s %8s %7s %9s %11s %11s\n", "stage", "accuracy", "vs fp32", "F1", "examples", "size",
+           "examples/s");
+    double base = NAN;
     for (int i = 0; i < nrows; i++) {
         Metrics m = read_metrics(run_dir, rows[i].eval_json);
-        char size[32];
+        char size[32], delta[32] = "";
         human_size(size, sizeof size, rows[i].size_bytes);
+        if (m.ok && i == 0) base = m.acc;
+        if (m.ok && i > 0 && !isnan(base)) snprintf(delta, sizeof delta, "%+.2f pt", 100.0 * (m.acc - base));
         if (m.ok) {
-            fprintf(f, "| %s | %.4f | %.4f | %s | %.1f |\n", rows[i].label, m.acc, m.f1, size, m.eps);
-            printf("%-32s %9.4f %7.4f %11s %11.1f\n", rows[i].label, m.acc, m.f1, size, m.eps);
+            fprintf(f, "| %s | %.4f | %s | %.4f | %ld | %s | %.1f |\n", rows[i].label, m.acc, delta, m.f1, m.n, size,
+                    m.eps);
+            printf("%-32s %9.4f %8s %7.4f %9ld %11s %11.1f\n", rows[i].label, m.acc, delta, m.f1, m.n, size, m.eps);
         } else {
-            fprintf(f, "| %s | (no result) | | %s | |\n", rows[i].label, size);
+            fprintf(f, "| %s | (no result) | | | | %s | |\n", rows[i].label, size);
             printf("%-32s %9s\n", rows[i].label, "(no result)");
         }
     }
+    int npar = 0;
+    for (int i = 0; i < nrows; i++) { /* exports against the checkpoints they came from */
+        if (rows[i].same_as < 0 || rows[i].same_as >= nrows) continue;
+        Metrics a = read_metrics(run_dir, rows[i].eval_json), b = read_metrics(run_dir, rows[rows[i].same_as].eval_json);
+        if (!a.ok || !b.ok) continue;
+        fprintf(f, "%s%s vs %s: %+.2f pt accuracy on the same %ld reviews", npar++ ? "; " : "\n", rows[i].label,
+                rows[rows[i].same_as].label, 100.0 * (a.acc - b.acc), a.n);
+    }
+    if (npar) fprintf(f, ".\n");
+    fprintf(f, "\nexamples/s: inference only (bertqat eval for checkpoints with fake quantization simulated in fp32; "
+               "ONNX Runtime CPU for the .onnx files), tokenization excluded.\n");
+    /* stage times from the markers the pipeline writes (RUN_DIR/.done-<stage>: "<end> <seconds>") */
+    static const char *stages[] = {"fp32", "ptq", "qat", "export-fp32", "export-qat-int8", "eval-fp32", "eval-ptq",
+                                   "eval-qat", "eval-onnx-fp32", "eval-onnx-int8"};
+    int any = 0;
+    for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {
+        char mp[4096];
+        snprintf(mp, sizeof mp, "%s/.done-%s", run_dir, stages[i]);
+        FILE *mf = fopen(mp, "r");
+        if (!mf) continue;
+        long end = 0;
+        double secs = -1;
+        int k = fscanf(mf, "%ld %lf", &end, &secs);
+        fclose(mf);
+        if (k != 2) continue;
+        fprintf(f, "%s%s %.0f s", any ? ", " : "\nStage wall times: ", stages[i], secs);
+        any = 1;
+    }
+    if (any) fprintf(f, ".\n");
     if (info->onnx_skipped)
         fprintf(f, "\nONNX Runtime evaluation was skipped: no Python with onnxruntime was given (--python).\n");
     fprintf(f, "\n## Training curves\n\n![training loss](curves-loss.svg)\n\n![validation accuracy](curves-eval.svg)\n");

@@ -12,10 +12,12 @@ typedef struct BqReportRow {
     const char *artifact;  /* checkpoint dir or .onnx file in RUN_DIR, for the size column */
     const char *train_log; /* JSONL training log in RUN_DIR, or NULL */
     int64_t size_bytes;
+    int same_as;           /* index of the row this one must agree with (an export and its checkpoint), or -1 */
 } BqReportRow;
 
 typedef struct BqReportInfo {
     const char *model, *data, *budget, *runtime;
+    const char *recipe;    /* one line: sample counts, sequence length, epochs, learning rates, threads */
     double seconds;
     int onnx_skipped;
 } BqReportInfo;

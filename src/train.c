@@ -165,6 +165,9 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
     int64_t steps_per_epoch = (nb + tc->grad_accum - 1) / tc->grad_accum;
     int64_t total = tc->max_steps > 0 ? tc->max_steps : (int64_t)ceil(tc->epochs * (double)steps_per_epoch);
     if (total < 1) total = 1;
+    int64_t eval_every = tc->eval_every;
+    if (eval_every == 0 && tc->evals_per_epoch > 0)
+        eval_every = (steps_per_epoch + tc->evals_per_epoch - 1) / tc->evals_per_epoch;
 
     r.ts.opt = &r.opt;
     r.ts.total_steps = total;
@@ -290,7 +293,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
                     t_log = now;
                     ex_since_log = 0;
                 }
-                int do_eval = tc->eval_every > 0 && r.ts.step % tc->eval_every == 0 && r.ts.step < total;
+                int do_eval = eval_every > 0 && r.ts.step % eval_every == 0 && r.ts.step < total;
                 if (do_eval) {
                     int improved;
                     if ((st = run_eval(&r, epoch_f, &improved))) goto cleanup;
@@ -308,7 +311,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
             if (end_of_epoch) {
                 r.ts.epoch++;
                 r.ts.batch_cursor = 0;
-                if (tc->eval_every == 0 && r.ts.step < total) {
+                if (eval_every == 0 && r.ts.step < total) {
                     int improved;
                     if ((st = run_eval(&r, (double)r.ts.epoch, &improved))) goto cleanup;
                     if ((st = save_ckpt(&r))) goto cleanup;

@@ -38,6 +38,7 @@ typedef struct BqTrainConfig {
     int grad_accum;         /* micro-batches per optimizer step (>= 1) */
     uint64_t seed;
     int64_t eval_every;     /* optimizer steps between evaluations; 0: at the end of each epoch */
+    int evals_per_epoch;    /* > 0 (and eval_every == 0): evaluate every ceil(steps per epoch / this) steps */
     int save_best;          /* keep the parameters with the best validation accuracy; final = best */
     int64_t log_every;      /* optimizer steps between log lines (>= 1) */
     int resume;             /* continue from out_dir/training_state.h5 */
