@@ -548,8 +548,17 @@ BQ_VEC void bq_kernel_fakequant_forward(float *out, const float *x, const float 
     }
 }
 
-/* Straight-through estimator: dx += dy where lo <= rne(x/s) <= hi. x/s is clamped to [lo−2, hi+2]
- * first (which decides the test the same way) so rne_small applies. */
+/* Straight-through estimator mask: lo <= rne(x/s) <= hi. x/s is clamped to [lo−2, hi+2] first (which
+ * decides the test the same way) so rne_small applies; a NaN (s == 0) fails both tests. */
+BQ_INLINE int ste_pass(float x, float s, float lo, float hi) {
+    float v = x / s;
+    v = v < lo - 2.0f ? lo - 2.0f : v;
+    v = v > hi + 2.0f ? hi + 2.0f : v;
+    float q = rne_small(v);
+    return q >= lo && q <= hi;
+}
+
+/* dx += dy where the mask passes. */
 BQ_VEC void bq_kernel_fakequant_backward(float *dx, const float *dout, const float *x, const float *scale,
                                          int64_t outer, int64_t nscale, int64_t inner, int qmin, int qmax) {
     int64_t rows = outer * nscale;
@@ -559,16 +568,11 @@ BQ_VEC void bq_kernel_fakequant_backward(float *dx, const float *dout, const flo
         float s = scale[r % nscale];
         const float *xr = x + r * inner, *dy = dout + r * inner;
         float *d = dx + r * inner;
-        for (int64_t i = 0; i < inner; i++) {
-            float v = xr[i] / s; /* NaN (s == 0) fails both tests: no gradient */
-            v = v < lo - 2.0f ? lo - 2.0f : v;
-            v = v > hi + 2.0f ? hi + 2.0f : v;
-            float q = rne_small(v);
-            d[i] += (q >= lo && q <= hi) ? dy[i] : 0.0f;
-        }
+        for (int64_t i = 0; i < inner; i++) d[i] += ste_pass(xr[i], s, lo, hi) ? dy[i] : 0.0f;
     }
 }
 
+/* g = 0 where the mask fails (g is both the output's and the input's gradient). */
 BQ_VEC void bq_kernel_fakequant_mask_inplace(float *g, const float *x, const float *scale, int64_t outer,
                                              int64_t nscale, int64_t inner, int qmin, int qmax) {
     int64_t rows = outer * nscale;
@@ -578,13 +582,7 @@ BQ_VEC void bq_kernel_fakequant_mask_inplace(float *g, const float *x, const flo
         float s = scale[r % nscale];
         const float *xr = x + r * inner;
         float *d = g + r * inner;
-        for (int64_t i = 0; i < inner; i++) {
-            float v = xr[i] / s;
-            v = v < lo - 2.0f ? lo - 2.0f : v;
-            v = v > hi + 2.0f ? hi + 2.0f : v;
-            float q = rne_small(v);
-            d[i] = (q >= lo && q <= hi) ? d[i] : 0.0f;
-        }
+        for (int64_t i = 0; i < inner; i++) d[i] = ste_pass(xr[i], s, lo, hi) ? d[i] : 0.0f;
     }
 }
 
