@@ -15,6 +15,7 @@ int bq_progress_open(BqProgress *p, const char *tag, const char *jsonl_path, con
     p->tty = !quiet && isatty(fileno(stderr));
     p->t0 = bq_now();
     p->total_steps = total_steps;
+    p->first_step = -1;
     if (jsonl_path) snprintf(p->jsonl_path, sizeof p->jsonl_path, "%s", jsonl_path);
     if (logdir) {
         int st = bq_tb_open(&p->tb, logdir);
@@ -37,34 +38,38 @@ static void end_bar(BqProgress *p) {
 }
 
 void bq_progress_step(BqProgress *p, int64_t step, double epoch, double loss, double lr, double grad_norm,
-                      double examples_per_s) {
+                      double examples_per_s, double tokens_per_s) {
     char line[512];
-    double el = bq_now() - p->t0;
+    double now = bq_now(), el = now - p->t0;
     snprintf(line, sizeof line,
              "{\"type\":\"train\",\"step\":%lld,\"epoch\":%.4f,\"loss\":%.7g,\"lr\":%.6g,\"grad_norm\":%.6g,"
-             "\"examples_per_s\":%.2f,\"elapsed_s\":%.2f}",
-             (long long)step, epoch, loss, lr, grad_norm, examples_per_s, el);
+             "\"examples_per_s\":%.2f,\"tokens_per_s\":%.1f,\"elapsed_s\":%.2f}",
+             (long long)step, epoch, loss, lr, grad_norm, examples_per_s, tokens_per_s, el);
     jsonl_append(p, line);
     if (p->tb) {
         bq_tb_scalar(p->tb, "train/loss", (float)loss, step);
         bq_tb_scalar(p->tb, "train/learning_rate", (float)lr, step);
         bq_tb_scalar(p->tb, "train/grad_norm", (float)grad_norm, step);
+        bq_tb_scalar(p->tb, "train/tokens_per_s", (float)tokens_per_s, step);
     }
+    if (p->first_step < 0) p->first_step = step, p->t_first = now;
     if (p->quiet) return;
-    double eta = step > 0 ? el / step * (double)(p->total_steps - step) : 0;
+    /* ETA from this process's own pace (from its first logged step on, once there is one to go by) */
+    double eta = step > p->first_step ? (now - p->t_first) / (double)(step - p->first_step) * (double)(p->total_steps - step)
+                 : step > 0 ? el / (double)step * (double)(p->total_steps - step) : 0;
     if (p->tty) {
         int width = 24, fill = p->total_steps > 0 ? (int)(width * step / p->total_steps) : 0;
         char bar[32];
         for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
         bar[width] = 0;
-        fprintf(stderr, "\r[%s] [%s] %lld/%lld loss %.4f lr %.2e %.1f ex/s eta %.0fs   ", p->tag, bar,
-                (long long)step, (long long)p->total_steps, loss, lr, examples_per_s, eta);
+        fprintf(stderr, "\r[%s] [%s] %lld/%lld epoch %.2f loss %.4f lr %.2e %.0f tok/s eta %.0fs   ", p->tag, bar,
+                (long long)step, (long long)p->total_steps, epoch, loss, lr, tokens_per_s, eta);
         fflush(stderr);
         p->bar_open = 1;
     } else {
-        fprintf(stderr, "[%s] step %lld/%lld epoch %.2f loss %.4f lr %.3e grad_norm %.3f %.1f ex/s eta %.0fs\n",
+        fprintf(stderr, "[%s] step %lld/%lld epoch %.2f loss %.4f lr %.3e grad_norm %.3f %.1f ex/s %.0f tok/s eta %.0fs\n",
                 p->tag, (long long)step, (long long)p->total_steps, epoch, loss, lr, grad_norm, examples_per_s,
-                eta);
+                tokens_per_s, eta);
     }
 }
 

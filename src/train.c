@@ -223,7 +223,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
     handlers = 1;
 
     double t_log = bq_now();
-    int64_t ex_since_log = 0;
+    int64_t ex_since_log = 0, tok_since_log = 0;
     double loss_acc = 0; /* sum of micro-batch losses since the last optimizer step */
     int micro = 0;
     int stopped = 0;
@@ -263,6 +263,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
                 bq_arena_rewind(&act, mark);
                 loss_acc += lv;
                 ex_since_log += b->B;
+                tok_since_log += b->B * b->T;
                 micro++;
                 r.ts.batch_cursor++;
             }
@@ -288,16 +289,19 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
                 if (tc->on_step && (st = tc->on_step(tc->user, m, r.ts.step, step_loss))) goto cleanup;
                 if (r.ts.step % (tc->log_every > 0 ? tc->log_every : 1) == 0 || r.ts.step == total) {
                     double now = bq_now();
-                    bq_progress_step(&r.prog, r.ts.step, epoch_f, step_loss, lr, gnorm,
-                                     ex_since_log / (now - t_log > 1e-9 ? now - t_log : 1e-9));
+                    double dt = now - t_log > 1e-9 ? now - t_log : 1e-9;
+                    bq_progress_step(&r.prog, r.ts.step, epoch_f, step_loss, lr, gnorm, ex_since_log / dt,
+                                     tok_since_log / dt);
                     t_log = now;
-                    ex_since_log = 0;
+                    ex_since_log = tok_since_log = 0;
                 }
                 int do_eval = eval_every > 0 && r.ts.step % eval_every == 0 && r.ts.step < total;
                 if (do_eval) {
                     int improved;
+                    double te = bq_now();
                     if ((st = run_eval(&r, epoch_f, &improved))) goto cleanup;
                     if ((st = save_ckpt(&r))) goto cleanup;
+                    t_log += bq_now() - te; /* the training speed logged next leaves evaluation out */
                 }
                 if (g_stop_signal || (tc->interrupt_at_step > 0 && r.ts.step == tc->interrupt_at_step)) {
                     if ((st = save_ckpt(&r))) goto cleanup;
