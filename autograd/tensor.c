@@ -478,6 +478,10 @@ static BqTensor *fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t 
     int64_t outer, inner;
     fq_dims(x, nscale, axis, &outer, &inner);
     BqTensor *y;
+    if (sole && !ctx->tape) { /* inference: nothing else reads x, so quantize it in place */
+        bq_kernel_fakequant_forward(x->data, x->data, scale, outer, nscale, inner, qmin, qmax);
+        return x;
+    }
     if (sole && ctx->tape && x->grad) {
         y = bq_arena_alloc(ctx->act, sizeof(BqTensor));
         memset(y, 0, sizeof *y);

@@ -127,7 +127,8 @@ BqTensor *bq_op_fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t n
                           int qmax);
 /* The same op for an x whose ONLY consumer is this op (the caller guarantees it): the output shares
  * x's gradient buffer instead of getting a zeroed one of its own, and the backward masks that buffer
- * in place. Same values and gradients as bq_op_fakequant, one buffer and two memory passes fewer. */
+ * in place; without a tape (inference) x itself is quantized in place and returned. Same values and
+ * gradients as bq_op_fakequant, one buffer and two memory passes fewer. */
 BqTensor *bq_op_fakequant_sole(BqCtx *ctx, BqTensor *x, const float *scale, int64_t nscale, int axis, int qmin,
                                int qmax);
 

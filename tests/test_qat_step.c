@@ -2,7 +2,8 @@
  * dropout on, a padded batch) for both schemes, run twice from the same state: once with every
  * activation quantizer as a plain fake-quant op (its own gradient buffer, accumulating backward) and
  * once with the sole-consumer op where the forward allows it (layers/quant.c: shared gradient buffer,
- * in-place mask). Loss, logits, every parameter gradient and every observer range must be bit-identical,
+ * in-place mask; in place without a tape). Loss, training and inference logits, every parameter gradient
+ * and every observer range must be bit-identical,
  * and the shared path must use less activation memory. Prints the peaks and the max difference. */
 #include <math.h>
 #include <stdio.h>
@@ -32,6 +33,7 @@ static void tiny_config(BqBertConfig *c) {
 typedef struct Out {
     float loss;
     float logits[12];
+    float eval_logits[12]; /* inference forward (no tape) after the steps */
     float *grad;    /* copy of the parameter gradients */
     int64_t nparams;
     float *amax;    /* every quantizer's amax, concatenated */
@@ -81,6 +83,13 @@ static void run(const char *scheme, int plain, Out *o) {
         bq_tape_rewind(&tape);
     }
     o->peak = act.peak;
+    {
+        BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
+        BqTensor *logits = NULL;
+        BQ_CHECK(bq_bert_forward(&m, &ctx, &bt, &logits, NULL) == BQ_OK);
+        memcpy(o->eval_logits, logits->data, sizeof(float) * B * 3);
+        bq_arena_rewind(&act, 0);
+    }
     o->nparams = m.params.total;
     o->grad = bq_malloc(sizeof(float) * (size_t)m.params.total);
     memcpy(o->grad, m.params.grad, sizeof(float) * (size_t)m.params.total);
@@ -111,7 +120,9 @@ int main(void) {
         int64_t bad = a.loss != b.loss;
         for (int i = 0; i < 12; i++) {
             maxd = fmax(maxd, fabs((double)a.logits[i] - b.logits[i]));
+            maxd = fmax(maxd, fabs((double)a.eval_logits[i] - b.eval_logits[i]));
             bad += a.logits[i] != b.logits[i];
+            bad += a.eval_logits[i] != b.eval_logits[i];
         }
         for (int64_t i = 0; i < a.namax && a.namax == b.namax; i++) bad += a.amax[i] != b.amax[i];
         bad += a.namax != b.namax;
