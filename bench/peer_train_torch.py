@@ -51,6 +51,7 @@ def main():
         model.classifier.qconfig = None
         model.bert.pooler.qconfig = None
         model.bert.embeddings.qconfig = None
+        model.train()  # from_pretrained returns eval mode; prepare_qat wants training mode
         torch.ao.quantization.prepare_qat(model, inplace=True)
     model.train()
     g = torch.Generator().manual_seed(1)
