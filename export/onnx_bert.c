@@ -2,7 +2,17 @@
  * BertForSequenceClassification (transformers models/bert/modeling_bert.py) as ONNX Runtime's
  * transformer optimizer expects it (onnxruntime/python/tools/transformers fusion_embedlayer,
  * fusion_attention, fusion_skiplayernorm, fusion_gelu, fusion_qordered_*; DESIGN.md §7).
- * Node names are "/<HF module path with '/'>/<Op>" and outputs "<node>_output_0" like PyTorch's. */
+ * Node names are "/<HF module path with '/'>/<Op>" and outputs "<node>_output_0" like PyTorch's.
+ *
+ * CPU layout (ONNX Runtime CPU, onnxruntime/core/optimizer/qdq_transformer): on x86 the QDQ
+ * selectors refuse int8 activations (QDQIsInt8Allowed() is false off ARM) and QDQS8ToU8Transformer
+ * rewrites an int8 Q→DQ pair to uint8 only when the Q has a single consumer, so a quantized tensor
+ * read by several nodes (Q/K/V and the residual) kept its fp32 MatMuls. The CPU layout writes
+ * activation Q/DQ as uint8 with zero point 128 — the same values, clamp(rne(x/s), -128, 127) + 128 —
+ * which every MatMul selector accepts whatever the fan-out (EnsureUniqueDQForNodeUnit gives each
+ * consumer its DQ). Weights: 7-bit ones stay int8 (U8S8 kernels, exact for |w| <= 64); 8-bit ones
+ * are written as uint8 w + 128 with zero point 128 so ORT picks its U8U8 kernels, since its x86 U8S8
+ * kernels without VNNI add pairs of u8·s8 products into saturating int16. */
 #include "export/onnx_bert.h"
 
 #include <float.h>
@@ -33,7 +43,8 @@ typedef struct Ex {
     BqOnnxStats *st;
     QdqMemo *memo;
     int nmemo, cmemo;
-    const char *zp;   /* shared int8 zero point 0 */
+    const char *zp;   /* shared activation zero point: int8 0, or uint8 128 in the CPU layout */
+    int cpu;          /* CPU layout */
     int status;       /* first error */
 } Ex;
 
@@ -118,31 +129,37 @@ static const char *linear(Ex *e, const char *x, const char *path, const BqTensor
         free(t);
     } else {
         BQ_CHECK(wq->is_weight && (wq->nch == 1 || wq->nch == N));
+        const float qmin = (float)bq_quant_qmin(wq), qmax = (float)bq_quant_qmax(wq);
+        /* CPU layout, 8-bit weights: uint8 w + 128, zero point 128 (ORT's exact U8U8 kernels) */
+        const int u8 = e->cpu && wq->bits == 8;
         int8_t *t = bq_malloc((size_t)(K * N));
         for (int64_t n = 0; n < N; n++) {
             float s = wq->scale[wq->nch == 1 ? 0 : n];
             for (int64_t k = 0; k < K; k++) {
-                /* the fake-quant kernel's arithmetic: clamp(nearbyint(w / s), -128, 127) */
-                float q = fminf(fmaxf(nearbyintf(W[n * K + k] / s), -128.f), 127.f);
+                /* the fake-quant kernel's arithmetic: clamp(nearbyint(w / s), qmin, qmax) */
+                float q = fminf(fmaxf(nearbyintf(W[n * K + k] / s), qmin), qmax);
                 t[k * N + n] = (int8_t)q;
             }
         }
         FMT(name, "%s_quantized", wname);
-        const char *qi = bq_onnx_init_int8(e->g, name, 2, dims, t);
+        if (u8) {
+            uint8_t *tu = (uint8_t *)t;
+            for (int64_t i = 0; i < K * N; i++) tu[i] = (uint8_t)(t[i] + 128);
+        }
+        const char *qi = u8 ? bq_onnx_init_uint8(e->g, name, 2, dims, (const uint8_t *)t)
+                            : bq_onnx_init_int8(e->g, name, 2, dims, t);
         free(t);
         const char *sc, *zp;
         FMT(name, "%s_scale", wname);
-        if (wq->nch == 1) {
-            sc = bq_onnx_init_scalar_float(e->g, name, wq->scale[0]);
-            zp = e->zp;
-        } else {
-            int64_t n1 = N;
-            sc = bq_onnx_init_float(e->g, name, 1, &n1, wq->scale);
-            int8_t *z = bq_calloc((size_t)N, 1);
-            FMT(name, "%s_zero_point", wname);
-            zp = bq_onnx_init_int8(e->g, name, 1, &n1, z);
-            free(z);
-        }
+        int64_t n1 = wq->nch;
+        sc = wq->nch == 1 ? bq_onnx_init_scalar_float(e->g, name, wq->scale[0])
+                          : bq_onnx_init_float(e->g, name, 1, &n1, wq->scale);
+        FMT(name, "%s_zero_point", wname);
+        uint8_t *z = bq_malloc((size_t)wq->nch);
+        memset(z, u8 ? 128 : 0, (size_t)wq->nch);
+        zp = u8 ? bq_onnx_init_uint8(e->g, name, wq->nch == 1 ? 0 : 1, &n1, z)
+                : bq_onnx_init_int8(e->g, name, wq->nch == 1 ? 0 : 1, &n1, (const int8_t *)z);
+        free(z);
         FMT(name, "%s/weight/DequantizeLinear", path);
         Onnx__NodeProto *n = opn(e, "DequantizeLinear", name, 3, (const char *const[]){qi, sc, zp});
         if (wq->nch != 1) bq_onnx_attr_int(e->g, n, "axis", 1);
@@ -232,13 +249,13 @@ static const char *encoder_layer(Ex *e, int l, const char *x, const char *mask_a
         dst = linear(e, in, pp, W, B, wn, bn, qat(e, l, WP));                                      \
     } while (0)
 
-    /* BertSelfAttention */
-    const char *q, *k, *v;
-    LIN(q, qdq(e, x, qat(e, l, BQ_QP_Q_IN)), "attention/self/query", &L->q_w, &L->q_b, BQ_QP_W_Q);
+    /* BertSelfAttention; xa: the query/key/value input (quantized once by the cpu scheme) */
+    const char *q, *k, *v, *xa = qdq(e, x, qat(e, l, BQ_QP_QKV_IN));
+    LIN(q, qdq(e, xa, qat(e, l, BQ_QP_Q_IN)), "attention/self/query", &L->q_w, &L->q_b, BQ_QP_W_Q);
     q = qdq(e, q, qat(e, l, BQ_QP_Q_OUT));
-    LIN(k, qdq(e, x, qat(e, l, BQ_QP_K_IN)), "attention/self/key", &L->k_w, &L->k_b, BQ_QP_W_K);
+    LIN(k, qdq(e, xa, qat(e, l, BQ_QP_K_IN)), "attention/self/key", &L->k_w, &L->k_b, BQ_QP_W_K);
     k = qdq(e, k, qat(e, l, BQ_QP_K_OUT));
-    LIN(v, qdq(e, x, qat(e, l, BQ_QP_V_IN)), "attention/self/value", &L->v_w, &L->v_b, BQ_QP_W_V);
+    LIN(v, qdq(e, xa, qat(e, l, BQ_QP_V_IN)), "attention/self/value", &L->v_w, &L->v_b, BQ_QP_W_V);
     v = qdq(e, v, qat(e, l, BQ_QP_V_OUT));
     FMT(p, "/bert/encoder/layer.%d/attention/self/query", l);
     const char *qh = qdq(e, split_heads(e, q, p, perm_qv), qat(e, l, BQ_QP_MM1_Q));  /* (B,NH,T,d) */
@@ -310,6 +327,8 @@ int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *
     if (opt->qdq && !qs) return bq_err(BQ_EINVAL, "--qdq on: the model has no quantizers (an fp32 checkpoint)");
     const BqBertConfig *c = &m->cfg;
     Ex e = {.m = m, .qs = qs, .opt = opt, .st = stats};
+    /* the cpu scheme exists for ORT CPU: its only layout is the CPU layout */
+    e.cpu = opt->qdq && (opt->cpu_layout || !strcmp(qs->cfg.scheme, "cpu"));
     e.g = bq_onnx_graph_new("bertqat_bert_for_sequence_classification");
     int st = BQ_OK;
     float *wordfold = NULL;
@@ -321,7 +340,9 @@ int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *
     bq_onnx_input(e.g, "input_ids", itype, 2, dyn, dp);
     bq_onnx_input(e.g, "attention_mask", itype, 2, dyn, dp);
     if (opt->token_type_ids) bq_onnx_input(e.g, "token_type_ids", itype, 2, dyn, dp);
-    if (opt->qdq) e.zp = bq_onnx_init_scalar_int8(e.g, "zero_point_int8", 0);
+    if (opt->qdq)
+        e.zp = e.cpu ? bq_onnx_init_scalar_uint8(e.g, "zero_point_uint8", 128)
+                     : bq_onnx_init_scalar_int8(e.g, "zero_point_int8", 0);
 
     /* BertEmbeddings: LayerNorm(word[ids] + type[types] + position[0..T)) */
     const char *P = "/bert/embeddings";
@@ -428,7 +449,8 @@ int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *
         bq_onnx_metadata(e.g, name, c->id2label[i]);
     }
     bq_onnx_metadata(e.g, "quantization", opt->qdq ? qs->cfg.scheme : "none");
-    if (opt->cpu_layout) stats->dequantize_linear += bq_onnx_unique_dq(e.g);
+    if (opt->qdq) bq_onnx_metadata(e.g, "qdq_layout", e.cpu ? "cpu" : "default");
+    stats->cpu_layout = e.cpu;
     stats->nodes = bq_onnx_graph_node_count(e.g);
     st = bq_onnx_save(e.g, opt->opset, path);
 

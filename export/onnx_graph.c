@@ -91,6 +91,9 @@ const char *bq_onnx_init_float(BqOnnxGraph *g, const char *name, int ndim, const
 const char *bq_onnx_init_int8(BqOnnxGraph *g, const char *name, int ndim, const int64_t *dims, const int8_t *data) {
     return add_init(g, name, BQ_ONNX_INT8, ndim, dims, data, 1);
 }
+const char *bq_onnx_init_uint8(BqOnnxGraph *g, const char *name, int ndim, const int64_t *dims, const uint8_t *data) {
+    return add_init(g, name, BQ_ONNX_UINT8, ndim, dims, data, 1);
+}
 const char *bq_onnx_init_int64(BqOnnxGraph *g, const char *name, int ndim, const int64_t *dims, const int64_t *data) {
     return add_init(g, name, BQ_ONNX_INT64, ndim, dims, data, sizeof(int64_t));
 }
@@ -99,6 +102,9 @@ const char *bq_onnx_init_scalar_float(BqOnnxGraph *g, const char *name, float v)
 }
 const char *bq_onnx_init_scalar_int8(BqOnnxGraph *g, const char *name, int8_t v) {
     return bq_onnx_init_int8(g, name, 0, NULL, &v);
+}
+const char *bq_onnx_init_scalar_uint8(BqOnnxGraph *g, const char *name, uint8_t v) {
+    return bq_onnx_init_uint8(g, name, 0, NULL, &v);
 }
 const char *bq_onnx_init_vec_int64(BqOnnxGraph *g, const char *name, int n, const int64_t *v) {
     int64_t d = n;
@@ -208,84 +214,6 @@ void bq_onnx_metadata(BqOnnxGraph *g, const char *key, const char *value) {
     e->key = gstr(g, key);
     e->value = gstr(g, value);
     push((void ***)&g->meta, &g->nmeta, &g->cmeta, e);
-}
-
-/* copy of initializer `name` as "<name>_dup<k>" (returns the new name; `name` if it is no initializer) */
-static const char *copy_init(BqOnnxGraph *g, const char *name, int k) {
-    for (size_t i = 0; i < g->gp.n_initializer; i++) {
-        Onnx__TensorProto *t = g->gp.initializer[i];
-        if (strcmp(t->name, name)) continue;
-        size_t l = strlen(name) + 32;
-        char *nn = galloc(g, l);
-        snprintf(nn, l, "%s_dup%d", name, k);
-        size_t n = 1;
-        for (size_t d = 0; d < t->n_dims; d++) n *= (size_t)t->dims[d];
-        return add_init(g, nn, t->data_type, (int)t->n_dims, t->dims, t->raw_data.data, t->raw_data.len / n);
-    }
-    return name;
-}
-
-int bq_onnx_unique_dq(BqOnnxGraph *g) {
-    int made = 0;
-    for (size_t i = 0; i < g->gp.n_node; i++) {
-        Onnx__NodeProto *dq = g->gp.node[i];
-        if (strcmp(dq->op_type, "DequantizeLinear")) continue;
-        const char *out = dq->output[0];
-        int k = 0;
-        for (size_t c = i + 1; c < g->gp.n_node; c++) {
-            Onnx__NodeProto *n = g->gp.node[c];
-            for (size_t j = 0; j < n->n_input; j++) {
-                if (strcmp(n->input[j], out)) continue;
-                if (k++ == 0) continue; /* the first consumer keeps the original */
-                size_t len = strlen(dq->name) + 32, olen = strlen(out) + 32;
-                char *name = galloc(g, len), *oname = galloc(g, olen);
-                snprintf(name, len, "%s_%d", dq->name, k - 1);
-                snprintf(oname, olen, "%s_%d", out, k - 1);
-                /* a DQ fed by a QuantizeLinear gets its own Q too: ORT's x86 int8→uint8 rewrite and
-                 * QDQ node units want a Q → DQ → consumer chain without fan-out */
-                Onnx__NodeProto *qn = NULL;
-                for (size_t a = 0; a < i && !qn; a++)
-                    if (!strcmp(g->gp.node[a]->op_type, "QuantizeLinear") && !strcmp(g->gp.node[a]->output[0], dq->input[0]))
-                        qn = g->gp.node[a];
-                const char **ins = galloc(g, sizeof(char *) * dq->n_input);
-                for (size_t a = 0; a < dq->n_input; a++) ins[a] = dq->input[a];
-                /* a copy of the scale under a new name: ORT's common-subexpression elimination would
-                 * otherwise merge the clones back into one shared Q/DQ */
-                const char *scale_copy = copy_init(g, dq->input[1], k - 1);
-                int added = 0;
-                if (qn) {
-                    size_t ql = strlen(qn->name) + 32, qo = strlen(qn->output[0]) + 32;
-                    char *qname = galloc(g, ql), *qout = galloc(g, qo);
-                    snprintf(qname, ql, "%s_%d", qn->name, k - 1);
-                    snprintf(qout, qo, "%s_%d", qn->output[0], k - 1);
-                    const char **qins = galloc(g, sizeof(char *) * qn->n_input);
-                    for (size_t a = 0; a < qn->n_input; a++) qins[a] = qn->input[a];
-                    if (qn->n_input > 1 && !strcmp(qn->input[1], dq->input[1])) qins[1] = scale_copy;
-                    Onnx__NodeProto *qc = bq_onnx_node(g, "QuantizeLinear", qname, (int)qn->n_input, qins, 1,
-                                                       (const char *const[]){qout});
-                    qc->n_attribute = qn->n_attribute;
-                    qc->attribute = qn->attribute;
-                    ins[0] = qc->output[0];
-                    added++;
-                }
-                ins[1] = scale_copy;
-                Onnx__NodeProto *cl = bq_onnx_node(g, "DequantizeLinear", name, (int)dq->n_input, ins, 1,
-                                                   (const char *const[]){oname});
-                cl->n_attribute = dq->n_attribute;
-                cl->attribute = dq->attribute; /* shared, owned by the pool */
-                added++;
-                /* bq_onnx_node appended the clones at the end: move them right after dq */
-                size_t tail = g->gp.n_node - (size_t)added;
-                Onnx__NodeProto *moved[2] = {g->gp.node[tail], added == 2 ? g->gp.node[tail + 1] : NULL};
-                memmove(&g->gp.node[i + 1 + added], &g->gp.node[i + 1], sizeof *g->gp.node * (tail - i - 1));
-                for (int a = 0; a < added; a++) g->gp.node[i + 1 + a] = moved[a];
-                c += (size_t)added;
-                n->input[j] = cl->output[0];
-                made++;
-            }
-        }
-    }
-    return made;
 }
 
 int bq_onnx_graph_node_count(const BqOnnxGraph *g) { return (int)g->gp.n_node; }

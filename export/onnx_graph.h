@@ -21,10 +21,12 @@ void bq_onnx_graph_free(BqOnnxGraph *g);
  * the graph. */
 const char *bq_onnx_init_float(BqOnnxGraph *g, const char *name, int ndim, const int64_t *dims, const float *data);
 const char *bq_onnx_init_int8(BqOnnxGraph *g, const char *name, int ndim, const int64_t *dims, const int8_t *data);
+const char *bq_onnx_init_uint8(BqOnnxGraph *g, const char *name, int ndim, const int64_t *dims, const uint8_t *data);
 const char *bq_onnx_init_int64(BqOnnxGraph *g, const char *name, int ndim, const int64_t *dims, const int64_t *data);
 /* Scalar / 1-D shortcuts. */
 const char *bq_onnx_init_scalar_float(BqOnnxGraph *g, const char *name, float v);
 const char *bq_onnx_init_scalar_int8(BqOnnxGraph *g, const char *name, int8_t v);
+const char *bq_onnx_init_scalar_uint8(BqOnnxGraph *g, const char *name, uint8_t v);
 const char *bq_onnx_init_vec_int64(BqOnnxGraph *g, const char *name, int n, const int64_t *v);
 
 /* A node op_type (domain "" = ai.onnx) with nin inputs ("" = omitted optional input) and nout outputs.
@@ -46,12 +48,6 @@ void bq_onnx_metadata(BqOnnxGraph *g, const char *key, const char *value);
  * to path.tmp and renames it over path (bq_rename_durable); on error nothing is left at path.tmp.
  * Errors: BQ_EIO naming the path. */
 int bq_onnx_save(BqOnnxGraph *g, int opset, const char *path);
-
-/* Gives every consumer of a DequantizeLinear output its own DequantizeLinear (and its own
- * QuantizeLinear when the DQ reads one; clones placed right after the original DQ, outputs
- * "<name>_<k>"), the layout ONNX Runtime's CPU QDQ
- * transformer needs to turn each MatMul into an integer kernel. Same values; returns clones made. */
-int bq_onnx_unique_dq(BqOnnxGraph *g);
 
 /* Number of nodes so far (for tests and reports). */
 int bq_onnx_graph_node_count(const BqOnnxGraph *g);

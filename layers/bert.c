@@ -232,12 +232,13 @@ static BqTensor *layer_forward(BqBert *m, BqCtx *ctx, int l, BqTensor *x, const 
     const int nh = c->num_attention_heads;
     const float scale = 1.0f / sqrtf((float)(c->hidden_size / nh));
 
-    /* BertSelfAttention */
-    BqTensor *q = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_Q_IN, x), qweight(qs, ctx, l, BQ_QP_W_Q, &L->q_w), &L->q_b);
+    /* BertSelfAttention; xa: the query/key/value input, quantized once by the cpu scheme */
+    BqTensor *xa = qact(qs, ctx, l, BQ_QP_QKV_IN, x);
+    BqTensor *q = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_Q_IN, xa), qweight(qs, ctx, l, BQ_QP_W_Q, &L->q_w), &L->q_b);
     q = qact(qs, ctx, l, BQ_QP_Q_OUT, q);
-    BqTensor *k = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_K_IN, x), qweight(qs, ctx, l, BQ_QP_W_K, &L->k_w), &L->k_b);
+    BqTensor *k = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_K_IN, xa), qweight(qs, ctx, l, BQ_QP_W_K, &L->k_w), &L->k_b);
     k = qact(qs, ctx, l, BQ_QP_K_OUT, k);
-    BqTensor *v = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_V_IN, x), qweight(qs, ctx, l, BQ_QP_W_V, &L->v_w), &L->v_b);
+    BqTensor *v = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_V_IN, xa), qweight(qs, ctx, l, BQ_QP_W_V, &L->v_w), &L->v_b);
     v = qact(qs, ctx, l, BQ_QP_V_OUT, v);
     BqTensor *s = bq_op_attn_scores(ctx, qact(qs, ctx, l, BQ_QP_MM1_Q, q), qact(qs, ctx, l, BQ_QP_MM1_K, k), nh);
     s = qact(qs, ctx, l, BQ_QP_SCORES, s);                                      /* (B,NH,T,T) */

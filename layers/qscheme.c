@@ -5,7 +5,12 @@
  *     encoder layer, plus bert.embeddings.LayerNorm.output_quantizer;
  *   qdqbert (HF QDQBERT / pytorch-quantization, TensorRT): input + weight quantizer of each of the 6
  *     Linears, matmul_{q,k,a,v}_input_quantizer of the two attention matmuls, and
- *     add_{local,residual}_input_quantizer of the two residual adds. */
+ *     add_{local,residual}_input_quantizer of the two residual adds;
+ *   cpu (aimed at ONNX Runtime's CPU integer kernels, README "Quantization"): only what ORT CPU turns
+ *     into integer GEMMs — the input of each Linear (query/key/value read one tensor, so one
+ *     attention.self.input_quantizer) and the 6 weights at 7 bits (layers/quant.h says why); the
+ *     attention matmuls, residual adds, LayerNorm and GELU stay fp32 (int8 versions measured no
+ *     faster on ORT CPU, bench/bench_onnx.py). */
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
@@ -63,6 +68,26 @@ static const PointDef qdq_points[] = {
     {BQ_QP_ADD2_RESID, "output.add_residual_input_quantizer"},
 };
 
+static const PointDef cpu_points[] = {
+    {BQ_QP_W_Q, "attention.self.query.weight_quantizer"},
+    {BQ_QP_W_K, "attention.self.key.weight_quantizer"},
+    {BQ_QP_W_V, "attention.self.value.weight_quantizer"},
+    {BQ_QP_W_AO, "attention.output.dense.weight_quantizer"},
+    {BQ_QP_W_I, "intermediate.dense.weight_quantizer"},
+    {BQ_QP_W_O, "output.dense.weight_quantizer"},
+    {BQ_QP_QKV_IN, "attention.self.input_quantizer"},
+    {BQ_QP_AO_IN, "attention.output.dense.input_quantizer"},
+    {BQ_QP_I_IN, "intermediate.dense.input_quantizer"},
+    {BQ_QP_O_IN, "output.dense.input_quantizer"},
+};
+
+int bq_quant_scheme_weight_bits(const char *scheme) { return strcmp(scheme, "cpu") == 0 ? 7 : 8; }
+
+int bq_quant_scheme_check(const char *scheme, const char *flag_or_key) {
+    if (!strcmp(scheme, "ort") || !strcmp(scheme, "qdqbert") || !strcmp(scheme, "cpu")) return BQ_OK;
+    return bq_err(BQ_EINVAL, "%s: '%s' is not one of ort, qdqbert, cpu", flag_or_key, scheme);
+}
+
 /* 1 when name is excluded: some comma-separated entry e of `exclude` equals a dotted prefix of
  * name, with or without name's leading "bert." ("encoder.layer.1" keeps layer 1, not layer 10). */
 static int is_excluded(const char *exclude, const char *name) {
@@ -84,12 +109,14 @@ static int is_excluded(const char *exclude, const char *name) {
     return 0;
 }
 
-static void quantizer_init(BqQuantizer *q, const char *name, int layer, int point, int is_weight, int64_t nch) {
+static void quantizer_init(BqQuantizer *q, const char *name, int layer, int point, int is_weight, int64_t nch,
+                           int bits) {
     memset(q, 0, sizeof *q);
     snprintf(q->name, sizeof q->name, "%s", name);
     q->layer = layer;
     q->point = point;
     q->is_weight = is_weight;
+    q->bits = bits;
     q->axis = nch > 1 ? 0 : -1;
     q->nch = nch;
     q->amax = bq_calloc((size_t)nch, sizeof(float));
@@ -121,9 +148,14 @@ int bq_quant_create(BqQuantState **out, const BqBert *m, const BqQuantConfig *cf
         defs = qdq_points;
         ndefs = (int)(sizeof qdq_points / sizeof qdq_points[0]);
         emb = 0;
+    } else if (strcmp(cfg->scheme, "cpu") == 0) {
+        defs = cpu_points;
+        ndefs = (int)(sizeof cpu_points / sizeof cpu_points[0]);
+        emb = 0;
     } else {
-        return bq_err(BQ_EINVAL, "--scheme: '%s' is not one of ort, qdqbert", cfg->scheme);
+        return bq_quant_scheme_check(cfg->scheme, "--scheme");
     }
+    const int wbits = bq_quant_scheme_weight_bits(cfg->scheme);
     if (!(cfg->averaging_constant > 0.0f && cfg->averaging_constant <= 1.0f))
         return bq_err(BQ_EINVAL, "averaging_constant: %g is not in (0, 1]", cfg->averaging_constant);
     int L = m->cfg.num_hidden_layers;
@@ -138,7 +170,7 @@ int bq_quant_create(BqQuantState **out, const BqBert *m, const BqQuantConfig *cf
     if (emb) {
         snprintf(name, sizeof name, "bert.embeddings.LayerNorm.output_quantizer");
         if (!is_excluded(cfg->exclude, name)) {
-            quantizer_init(&qs->q[qs->n], name, BQ_QP_LAYER_EMB, -1, 0, 1);
+            quantizer_init(&qs->q[qs->n], name, BQ_QP_LAYER_EMB, -1, 0, 1, 8);
             qs->slot[nslots - 1] = qs->n++;
         }
     }
@@ -157,7 +189,7 @@ int bq_quant_create(BqQuantState **out, const BqBert *m, const BqQuantConfig *cf
                 }
             }
             int64_t nch = is_w && !cfg->per_tensor_weights ? weight_rows(&m->cfg, pt) : 1;
-            quantizer_init(&qs->q[qs->n], name, l, pt, is_w, nch);
+            quantizer_init(&qs->q[qs->n], name, l, pt, is_w, nch, is_w ? wbits : 8);
             qs->slot[l * BQ_QP_LAYER_COUNT + pt] = qs->n++;
         }
     }

@@ -1,7 +1,8 @@
 /* Fake-quantization hooks, observers and calibration of a QAT/PTQ BERT (layers/quant.h).
  *
  * Convention: symmetric int8, zero point 0, scale = amax/127, q = clamp(rne(x/scale), -128, 127),
- * i.e. ONNX QuantizeLinear with an int8 zero point of 0.
+ * i.e. ONNX QuantizeLinear with an int8 zero point of 0 (7-bit weights of the cpu scheme: amax/63,
+ * [-64, 63]; layers/quant.h says why).
  * Observers follow the QConfig of ONNX Runtime's bert_imdb_finetune_qat example, which uses PyTorch's
  * default_weight_fake_quant for activations (MovingAverageMinMaxObserver, per tensor, symmetric) and
  * default_per_channel_weight_fake_quant for weights (MovingAveragePerChannelMinMaxObserver, axis 0):
@@ -48,7 +49,7 @@ void bq_quant_update_scale(BqQuantState *qs, BqQuantizer *q) {
         if (qs && qs->cfg.clip_gelu > 0.0f && !q->is_weight && q->point == BQ_QP_GELU_OUT && a > qs->cfg.clip_gelu)
             a = qs->cfg.clip_gelu;
         q->amax[c] = a;
-        float s = a / 127.0f;
+        float s = a / (float)bq_quant_qmax(q);
         q->scale[c] = s > BQ_SCALE_FLOOR ? s : BQ_SCALE_FLOOR;
     }
 }
@@ -59,10 +60,12 @@ static void minmax(const float *x, int64_t n, float *mn, float *mx) { bq_kernel_
 /* Whether the forward (layers/bert.c) consumes the tensor quantized at `point` only through its
  * quantizer. True everywhere except at the Linear/residual inputs that read the layer input or the
  * attention LayerNorm output, which several ops use (qdqbert points Q/K/V_IN, ADD1_RESID, I_IN,
- * ADD2_RESID). Such sole-consumer points use bq_op_fakequant_sole (shared gradient buffer). */
+ * ADD2_RESID; the cpu scheme's QKV_IN and I_IN). Such sole-consumer points use bq_op_fakequant_sole
+ * (shared gradient buffer). A new point must be added here unless its tensor has no other reader. */
 static int point_is_sole_consumer(int point) {
     switch (point) {
-    case BQ_QP_Q_IN: case BQ_QP_K_IN: case BQ_QP_V_IN: case BQ_QP_ADD1_RESID: case BQ_QP_I_IN: case BQ_QP_ADD2_RESID:
+    case BQ_QP_Q_IN: case BQ_QP_K_IN: case BQ_QP_V_IN: case BQ_QP_QKV_IN: case BQ_QP_ADD1_RESID: case BQ_QP_I_IN:
+    case BQ_QP_ADD2_RESID:
         return 0;
     default:
         return 1;
@@ -136,8 +139,9 @@ BqTensor *bq_quant_act(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTen
     }
     /* observers run in training forwards only (evaluation during QAT must not move the ranges) */
     if ((qs->observe && ctx->training && !q->frozen) || !q->initialized) observe_act(qs, q, x);
-    if (!qs->plain_fakequant && point_is_sole_consumer(point)) return bq_op_fakequant_sole(ctx, x, q->scale, 1, -1, -128, 127);
-    return bq_op_fakequant(ctx, x, q->scale, 1, -1, -128, 127);
+    if (!qs->plain_fakequant && point_is_sole_consumer(point))
+        return bq_op_fakequant_sole(ctx, x, q->scale, 1, -1, bq_quant_qmin(q), bq_quant_qmax(q));
+    return bq_op_fakequant(ctx, x, q->scale, 1, -1, bq_quant_qmin(q), bq_quant_qmax(q));
 }
 
 BqTensor *bq_quant_weight(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTensor *w) {
@@ -149,7 +153,7 @@ BqTensor *bq_quant_weight(BqQuantState *qs, BqCtx *ctx, int layer, int point, Bq
         return w;
     }
     if ((qs->observe && ctx->training && !q->frozen) || !q->initialized) observe_weight(qs, q, w, 0);
-    return bq_op_fakequant(ctx, w, q->scale, q->nch, q->nch == 1 ? -1 : 0, -128, 127);
+    return bq_op_fakequant(ctx, w, q->scale, q->nch, q->nch == 1 ? -1 : 0, bq_quant_qmin(q), bq_quant_qmax(q));
 }
 
 void bq_quant_freeze(BqQuantState *qs, int frozen) {
@@ -237,6 +241,7 @@ json_t *bq_quant_config_to_json(const BqQuantConfig *cfg) {
     json_t *j = json_object();
     json_object_set_new(j, "scheme", json_string(cfg->scheme));
     json_object_set_new(j, "bits", json_integer(8));
+    json_object_set_new(j, "weight_bits", json_integer(bq_quant_scheme_weight_bits(cfg->scheme)));
     json_object_set_new(j, "symmetric", json_true());
     json_object_set_new(j, "per_tensor_weights", json_boolean(cfg->per_tensor_weights));
     json_object_set_new(j, "fuse_qkv", json_boolean(cfg->fuse_qkv));
@@ -273,17 +278,21 @@ int bq_quant_config_from_json(BqQuantConfig *cfg, json_t *j) {
     bq_quant_config_default(cfg);
     if (!json_is_object(j)) return bq_err(BQ_EFORMAT, "quant config: not a JSON object");
     double pt = cfg->per_tensor_weights, fq = cfg->fuse_qkv, cg = cfg->clip_gelu, ac = cfg->averaging_constant;
-    double fa = (double)cfg->freeze_after, bits = 8;
+    double fa = (double)cfg->freeze_after, bits = 8, wbits = -1;
     int rc;
     if ((rc = json_get_str(j, "scheme", cfg->scheme, sizeof cfg->scheme)) ||
         (rc = json_get_str(j, "exclude", cfg->exclude, sizeof cfg->exclude)) ||
         (rc = json_get_num(j, "per_tensor_weights", &pt)) || (rc = json_get_num(j, "fuse_qkv", &fq)) ||
         (rc = json_get_num(j, "clip_gelu", &cg)) || (rc = json_get_num(j, "averaging_constant", &ac)) ||
-        (rc = json_get_num(j, "freeze_after", &fa)) || (rc = json_get_num(j, "bits", &bits)))
+        (rc = json_get_num(j, "freeze_after", &fa)) || (rc = json_get_num(j, "bits", &bits)) ||
+        (rc = json_get_num(j, "weight_bits", &wbits)))
         return rc;
     if (bits != 8) return bq_err(BQ_EFORMAT, "quant config: bits %g is not supported (int8 only)", bits);
-    if (strcmp(cfg->scheme, "ort") != 0 && strcmp(cfg->scheme, "qdqbert") != 0)
+    if (bq_quant_scheme_check(cfg->scheme, "quant config: scheme"))
         return bq_err(BQ_EFORMAT, "quant config: unknown scheme \"%s\"", cfg->scheme);
+    if (wbits != -1 && wbits != bq_quant_scheme_weight_bits(cfg->scheme))
+        return bq_err(BQ_EFORMAT, "quant config: weight_bits %g, but scheme %s quantizes weights to %d bits", wbits,
+                      cfg->scheme, bq_quant_scheme_weight_bits(cfg->scheme));
     if (!(ac > 0.0 && ac <= 1.0)) return bq_err(BQ_EFORMAT, "quant config: averaging_constant %g not in (0,1]", ac);
     cfg->per_tensor_weights = pt != 0.0;
     cfg->fuse_qkv = fq != 0.0;
@@ -380,7 +389,7 @@ int bq_quant_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path
         if (!st) st = h5_write_vec(g, path, q->name, "observer_min", q->is_weight ? q->ch_min : &omin, q->is_weight ? q->nch : 1);
         if (!st) st = h5_write_vec(g, path, q->name, "observer_max", q->is_weight ? q->ch_max : &omax, q->is_weight ? q->nch : 1);
         if (!st) st = h5_attr_i64(g, path, q->name, "axis", q->axis);
-        if (!st) st = h5_attr_i64(g, path, q->name, "bits", 8);
+        if (!st) st = h5_attr_i64(g, path, q->name, "bits", q->bits);
         if (!st) st = h5_attr_i64(g, path, q->name, "frozen", q->frozen);
         if (!st) st = h5_attr_i64(g, path, q->name, "initialized", q->initialized);
         if (!st) st = h5_attr_str(g, path, q->name, "scheme", qs->cfg.scheme);
@@ -410,8 +419,9 @@ int bq_quant_load_hdf5(BqBert *m, int64_t file_id, const char *path) {
         if (h5_attr_get_i64(g, "axis", &axis) || axis != q->axis)
             st = bq_err(BQ_EFORMAT, "%s: /quant/%s: axis %lld, the config expects %d", path, q->name, (long long)axis,
                         q->axis);
-        else if (h5_attr_get_i64(g, "bits", &bits) == 0 && bits != 8)
-            st = bq_err(BQ_EFORMAT, "%s: /quant/%s: %lld bits (int8 only)", path, q->name, (long long)bits);
+        else if (h5_attr_get_i64(g, "bits", &bits) == 0 && bits != q->bits)
+            st = bq_err(BQ_EFORMAT, "%s: /quant/%s: %lld bits, the scheme %s expects %d", path, q->name, (long long)bits,
+                        qs->cfg.scheme, q->bits);
         if (!st) st = h5_read_vec(g, path, q->name, "amax", q->amax, q->nch);
         if (!st) st = h5_read_vec(g, path, q->name, "scale", q->scale, q->nch);
         if (!st && H5Lexists(g, "observer_min", H5P_DEFAULT) > 0) {

@@ -5,7 +5,10 @@
  *
  * Convention (written into checkpoints and exported unchanged): symmetric int8 with zero point 0,
  * scale = amax / 127, q = clamp(rne(x / scale), -128, 127) — exactly ONNX QuantizeLinear with an int8
- * zero point of 0, so ONNX Runtime computes what training simulated. */
+ * zero point of 0, so ONNX Runtime computes what training simulated. The `cpu` scheme's weights are
+ * 7-bit on the same rule (scale = amax / 63, q in [-64, 63]): ONNX Runtime's x86 U8S8 kernels
+ * (AVX2/AVX-512 without VNNI) add u8·s8 products in pairs into saturating int16, which is exact only
+ * while |w| <= 64 (onnxruntime_session_options_config_keys.h, session.x64quantprecision). */
 #ifndef BQ_QUANT_H
 #define BQ_QUANT_H
 
@@ -34,6 +37,8 @@ typedef enum BqQPoint {
     BQ_QP_MM2_P, BQ_QP_MM2_V,                /* both inputs of probs·V */
     BQ_QP_ADD1_LOCAL, BQ_QP_ADD1_RESID,      /* attention.output residual add: dense out, residual */
     BQ_QP_ADD2_LOCAL, BQ_QP_ADD2_RESID,      /* output residual add: dense out, residual */
+    /* cpu scheme activation */
+    BQ_QP_QKV_IN,                            /* the one input of query/key/value (quantized once) */
     /* weights */
     BQ_QP_W_Q, BQ_QP_W_K, BQ_QP_W_V, BQ_QP_W_AO, BQ_QP_W_I, BQ_QP_W_O,
     BQ_QP_LAYER_COUNT
@@ -54,9 +59,11 @@ typedef struct BqQuantizer {
     int point;             /* BqQPoint, or -1 for the embeddings LN output */
     int is_weight;
     int axis;              /* -1: per tensor; 0: per output channel of a (out,in) weight */
+    int bits;              /* 8, or 7 for the cpu scheme's weights: q in [-2^(bits-1), 2^(bits-1)-1],
+                              scale = amax / (2^(bits-1) - 1) */
     int64_t nch;           /* number of scales (1 when per tensor) */
     float *amax;           /* (nch) */
-    float *scale;          /* (nch) = amax / 127, floored at a tiny positive value */
+    float *scale;          /* (nch) = amax / 127 (amax / 63 at 7 bits), floored at a tiny positive value */
     int initialized;       /* a range has been set */
     int frozen;            /* ranges no longer updated */
     float run_min, run_max;/* moving-average observer state (activations) */
@@ -68,7 +75,7 @@ typedef struct BqQuantizer {
 } BqQuantizer;
 
 typedef struct BqQuantConfig {
-    char scheme[16];       /* "ort" | "qdqbert" */
+    char scheme[16];       /* "ort" | "qdqbert" | "cpu" */
     int per_tensor_weights;
     int fuse_qkv;          /* one shared range for Q, K and V outputs (or inputs) */
     float clip_gelu;       /* > 0: cap the GELU-output amax at this value */
@@ -90,6 +97,15 @@ typedef struct BqQuantState {
     int plain_fakequant;   /* tests: every activation quantizer gets its own gradient buffer (no
                               bq_op_fakequant_sole), to check the shared-buffer path against it */
 } BqQuantState;
+
+/* Integer range of a quantizer: [qmin, qmax] = [-2^(bits-1), 2^(bits-1) - 1]. */
+static inline int bq_quant_qmax(const BqQuantizer *q) { return (1 << (q->bits - 1)) - 1; }
+static inline int bq_quant_qmin(const BqQuantizer *q) { return -(1 << (q->bits - 1)); }
+
+/* Bits of the weight quantizers of a scheme: 7 for "cpu", 8 otherwise. */
+int bq_quant_scheme_weight_bits(const char *scheme);
+/* BQ_OK when scheme is one of ort, qdqbert, cpu; else a BQ_EINVAL error naming flag_or_key. */
+int bq_quant_scheme_check(const char *scheme, const char *flag_or_key);
 
 /* The quantizer at (layer, point), or NULL when the scheme puts none there. layer = BQ_QP_LAYER_EMB
  * with point -1 is the embeddings' LayerNorm output. */

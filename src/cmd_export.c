@@ -144,7 +144,7 @@ int bq_cmd_export(int argc, char **argv) {
         {"opset", BQ_ARG_INT, &opset, "ONNX opset (LayerNormalization op from 17)", 0, 13, 21},
         {"no-token-type-ids", BQ_ARG_FLAG, &no_types, "no token_type_ids input (all type 0)", 0, 0, 0},
         {"input-int32", BQ_ARG_FLAG, &int32, "int32 inputs instead of int64", 0, 0, 0},
-        {"cpu-layout", BQ_ARG_FLAG, &cpu, "one DequantizeLinear per consumer: ORT CPU makes every quantized MatMul an integer kernel (the transformer optimizer's QOrdered fusions want the default shared DQ)", 0, 0, 0},
+        {"cpu-layout", BQ_ARG_FLAG, &cpu, "Q/DQ for ONNX Runtime CPU: uint8 activations (zero point 128, same values) so every quantized Linear becomes an integer kernel; 8-bit weights as uint8 (exact U8U8 kernels). Always on for --scheme cpu checkpoints; the default int8 layout is what the transformer optimizer's QOrdered fusions need", 0, 0, 0},
         {"num-labels", BQ_ARG_INT, &num_labels, "labels for an HF directory (0: from its config)", 0, 0, 1000},
         {"dump-logits", BQ_ARG_STR, &dump, "also write a random batch and bertqat's logits as JSON", 0, 0, 0},
         {"dump-batch", BQ_ARG_INT, &dump_b, "rows of the --dump-logits batch", 0, 1, 4096},
@@ -180,8 +180,9 @@ int bq_cmd_export(int argc, char **argv) {
                        .input_int32 = int32, .cpu_layout = cpu};
     BqOnnxStats s;
     if ((st = bq_onnx_export_bert(&m, m.quant, &o, out, &s))) goto cleanup;
-    fprintf(stderr, "export: %s: opset %d, %s, %d nodes, %d QuantizeLinear, %d DequantizeLinear, %d int8 weights\n",
-            out, opset, o.qdq ? "Q/DQ" : "fp32", s.nodes, s.quantize_linear, s.dequantize_linear, s.int8_weights);
+    fprintf(stderr, "export: %s: opset %d, %s, %d nodes, %d QuantizeLinear, %d DequantizeLinear, %d quantized weights\n",
+            out, opset, !o.qdq ? "fp32" : s.cpu_layout ? "Q/DQ (CPU layout)" : "Q/DQ", s.nodes, s.quantize_linear,
+            s.dequantize_linear, s.int8_weights);
     if (dump) {
         if (!o.qdq && m.quant) { /* fp32 export of a quantized checkpoint: compare with the fp32 forward */
             BqQuantState *qs = m.quant;

@@ -8,7 +8,8 @@
  * qat: the `finetune` training loop (src/train.h, same flags) on the fake-quantized model. When the
  *   input has no ranges it is first calibrated (--calibrator, default max); then the moving-average
  *   observers (c = 0.01) run in every training forward until --freeze-ranges-after steps.
- * The quantization convention (symmetric int8, zero point 0, scale = amax/127) is in layers/quant.h. */
+ * The quantization convention (symmetric int8, zero point 0, scale = amax/127; the cpu scheme's weights
+ * 7-bit, amax/63) is in layers/quant.h. */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -42,7 +43,7 @@ static void quant_opts_default(QuantOpts *q, const char *calibrator) {
 }
 
 #define QUANT_SPECS(q)                                                                                          \
-    {"scheme", BQ_ARG_STR, &(q).scheme, "quantizer placement: ort (ONNX Runtime example) or qdqbert", 0, 0, 0}, \
+    {"scheme", BQ_ARG_STR, &(q).scheme, "quantizer placement: ort (ONNX Runtime example), qdqbert or cpu (ORT CPU integer kernels)", 0, 0, 0}, \
     {"calibrator", BQ_ARG_STR, &(q).calibrator, "max, percentile, mse or entropy", 0, 0, 0},                     \
     {"percentile", BQ_ARG_FLOAT, &(q).percentile, "percentile calibrator: percent of |x| kept", 0, 50, 100},     \
     {"calib-samples", BQ_ARG_INT, &(q).calib_samples, "training examples for calibration", 0, 1, 1e9},         \
@@ -53,7 +54,8 @@ static void quant_opts_default(QuantOpts *q, const char *calibrator) {
 
 static int quant_config_from_opts(BqQuantConfig *cfg, const QuantOpts *o) {
     bq_quant_config_default(cfg);
-    if (strcmp(o->scheme, "ort") != 0 && strcmp(o->scheme, "qdqbert") != 0) return bq_err(BQ_EINVAL, "--scheme: '%s' is not one of ort, qdqbert", o->scheme);
+    int st = bq_quant_scheme_check(o->scheme, "--scheme");
+    if (st) return st;
     if (strlen(o->exclude) >= sizeof cfg->exclude) return bq_err(BQ_EINVAL, "--exclude: list is too long");
     strcpy(cfg->scheme, o->scheme);
     strcpy(cfg->exclude, o->exclude);
@@ -427,13 +429,15 @@ int bq_cmd_info(int argc, char **argv) {
         goto cleanup;
     }
     const BqQuantConfig *qc = &m.quant->cfg;
-    printf("quantization scheme %s, int8 symmetric (zero point 0, scale = amax/127), weights %s%s", qc->scheme,
-           qc->per_tensor_weights ? "per tensor" : "per channel", qc->fuse_qkv ? ", fused QKV" : "");
+    int wb = bq_quant_scheme_weight_bits(qc->scheme);
+    printf("quantization scheme %s, int8 symmetric (zero point 0, scale = amax/127), weights %s%s%s", qc->scheme,
+           wb == 7 ? "int7 (scale = amax/63) " : "", qc->per_tensor_weights ? "per tensor" : "per channel",
+           qc->fuse_qkv ? ", fused QKV" : "");
     if (qc->clip_gelu > 0) printf(", GELU clip %g", qc->clip_gelu);
     printf(", exclude \"%s\"; %d quantizers, %d with ranges\n", qc->exclude, m.quant->n,
            bq_quant_count_initialized(m.quant));
-    printf("%-72s %-8s %5s %12s %12s %12s %s\n", "quantizer", "granul.", "nch", "amax min", "amax max", "scale min",
-           "state");
+    printf("%-72s %-8s %5s %4s %12s %12s %12s %s\n", "quantizer", "granul.", "nch", "bits", "amax min", "amax max",
+           "scale min", "state");
     for (int i = 0; i < m.quant->n; i++) {
         const BqQuantizer *q = &m.quant->q[i];
         float amin = FLT_MAX, amax = 0.0f, smin = FLT_MAX;
@@ -442,8 +446,8 @@ int bq_cmd_info(int argc, char **argv) {
             amax = fmaxf(amax, q->amax[k]);
             smin = fminf(smin, q->scale[k]);
         }
-        printf("%-72s %-8s %5lld %12.6g %12.6g %12.6g %s\n", q->name, q->nch > 1 ? "channel" : "tensor",
-               (long long)q->nch, amin, amax, smin,
+        printf("%-72s %-8s %5lld %4d %12.6g %12.6g %12.6g %s\n", q->name, q->nch > 1 ? "channel" : "tensor",
+               (long long)q->nch, q->bits, amin, amax, smin,
                !q->initialized ? "no range" : q->frozen ? "frozen" : "observing");
     }
 cleanup:

@@ -1,10 +1,12 @@
-/* ONNX export (export/onnx_bert.c) of a tiny random BERT, fp32 and Q/DQ (ort and qdqbert schemes),
- * opsets 13 and 17: parsed back with protobuf-c and checked for structure: inputs/outputs, opset and
- * IR version, op counts (MatMul, LayerNormalization vs its decomposition, Erf, Softmax), the int8
- * [K,N] weights with per-channel DequantizeLinear(axis 1) reproducing the fake-quantized weights, one
- * Q/DQ per quantized activation, the shared DQ of the embeddings output (Q/K/V MatMuls + residual),
- * topological order, and the error path (unwritable output: error, no file).
- * `test_onnx_export --write DIR` also saves the three models as native checkpoints DIR/{fp32,ort,qdqbert}
+/* ONNX export (export/onnx_bert.c) of a tiny random BERT, fp32 and Q/DQ (ort, qdqbert and cpu
+ * schemes; default and CPU layouts), opsets 13 and 17: parsed back with protobuf-c and checked for
+ * structure: inputs/outputs, opset and IR version, op counts (MatMul, LayerNormalization vs its
+ * decomposition, Erf, Softmax), the [K,N] weights with per-channel DequantizeLinear(axis 1)
+ * reproducing the fake-quantized weights (int8; 7-bit values for the cpu scheme; uint8 w + 128 with
+ * zero point 128 for 8-bit weights in the CPU layout), activation zero points (int8 0, or uint8 128 in
+ * the CPU layout), one Q/DQ per quantized activation, the shared DQ of the embeddings output (Q/K/V
+ * MatMuls + residual), topological order, and the error path (unwritable output: error, no file).
+ * `test_onnx_export --write DIR` also saves the models as native checkpoints DIR/{fp32,ort,qdqbert,cpu}
  * for tests/python/test_onnx_export.py. */
 #include <math.h>
 #include <stdio.h>
@@ -137,8 +139,8 @@ static int topo_ok(const Onnx__GraphProto *g) {
     return 1;
 }
 
-static void check_export(BqBert *m, BqQuantState *qs, int opset, const char *path) {
-    BqOnnxOptions o = {.opset = opset, .qdq = qs != NULL, .token_type_ids = 1};
+static void check_export(BqBert *m, BqQuantState *qs, int opset, int cpu_layout, const char *path) {
+    BqOnnxOptions o = {.opset = opset, .qdq = qs != NULL, .token_type_ids = 1, .cpu_layout = cpu_layout};
     BqOnnxStats s;
     int st = bq_onnx_export_bert(m, qs, &o, path, &s);
     EXPECT(st == BQ_OK, "%s: export failed: %s", path, bq_errmsg());
@@ -169,8 +171,21 @@ static void check_export(BqBert *m, BqQuantState *qs, int opset, const char *pat
         for (int i = 0; i < qs->n; i++) acts += !qs->q[i].is_weight;
         EXPECT(ndq == nq + 6 * L, "DQ %d = Q %d + %d weights", ndq, nq, 6 * L);
         EXPECT(s.int8_weights == 6 * L, "int8 weights %d", s.int8_weights);
+        const int cpu = cpu_layout || !strcmp(qs->cfg.scheme, "cpu");
+        EXPECT(s.cpu_layout == cpu, "stats.cpu_layout %d", s.cpu_layout);
         if (!strcmp(qs->cfg.scheme, "ort")) EXPECT(nq == acts && nq == 12 * L + 1, "ort Q %d, quantizers %d", nq, acts);
+        else if (!strcmp(qs->cfg.scheme, "cpu")) EXPECT(nq == acts && nq == 4 * L, "cpu Q %d, quantizers %d", nq, acts);
         else EXPECT(nq <= acts && nq > 0, "qdqbert Q %d, quantizers %d", nq, acts);
+        /* activation Q/DQ zero points: int8 0, or uint8 128 in the CPU layout (the same values) */
+        for (size_t i = 0; i < g->n_node; i++) {
+            const Onnx__NodeProto *n = g->node[i];
+            if (strcmp(n->op_type, "QuantizeLinear")) continue;
+            const Onnx__TensorProto *zp = init_named(g, n->input[2]);
+            EXPECT(zp && zp->n_dims == 0 && zp->raw_data.len == 1, "Q zero point");
+            if (zp && zp->raw_data.len == 1)
+                EXPECT(cpu ? zp->data_type == 2 && zp->raw_data.data[0] == 128 : zp->data_type == 3 && zp->raw_data.data[0] == 0,
+                       "%s: zero point type %d value %d", n->name, zp->data_type, zp->raw_data.data[0]);
+        }
         /* no two QuantizeLinear of the same tensor with the same scale */
         for (size_t i = 0; i < g->n_node; i++)
             for (size_t j = i + 1; j < g->n_node; j++) {
@@ -180,30 +195,43 @@ static void check_export(BqBert *m, BqQuantState *qs, int opset, const char *pat
                 const Onnx__TensorProto *sa = init_named(g, a->input[1]), *sb = init_named(g, b->input[1]);
                 EXPECT(memcmp(sa->raw_data.data, sb->raw_data.data, 4) != 0, "duplicate Q/DQ of %s", a->input[0]);
             }
-        /* weights: int8 [K,N] raw_data, DQ axis 1 with scale [N], q*s within s/2 of W */
+        /* weights: int8 (uint8 + 128 for 8-bit weights in the CPU layout) [K,N] raw_data, DQ axis 1 with
+         * scale [N] and zero point [N], q*s within s/2 of W, q inside the quantizer's bits */
         const BqTensor *W = &m->layers[0].q_w;
         int64_t N = W->shape[0], K = W->shape[1];
         const Onnx__TensorProto *wq = init_named(g, "bert.encoder.layer.0.attention.self.query.weight_quantized");
         const Onnx__TensorProto *ws = init_named(g, "bert.encoder.layer.0.attention.self.query.weight_scale");
         EXPECT(wq && ws, "query weight initializers");
+        BqQuantizer *wqz = bq_quant_at(qs, 0, BQ_QP_W_Q);
+        const int u8w = cpu && wqz->bits == 8;
+        const Onnx__TensorProto *wz = init_named(g, "bert.encoder.layer.0.attention.self.query.weight_zero_point");
+        EXPECT(wz && wz->n_dims == 1 && wz->dims[0] == N && wz->data_type == (u8w ? 2 : 3), "weight zero point");
+        for (size_t i = 0; wz && i < wz->raw_data.len; i++)
+            EXPECT(wz->raw_data.data[i] == (u8w ? 128 : 0), "weight zero point value");
+        EXPECT(wqz->bits == (strcmp(qs->cfg.scheme, "cpu") ? 8 : 7), "%s weight bits %d", qs->cfg.scheme, wqz->bits);
         if (wq && ws) {
-            EXPECT(wq->data_type == 3 && wq->n_dims == 2 && wq->dims[0] == K && wq->dims[1] == N &&
+            EXPECT(wq->data_type == (u8w ? 2 : 3) && wq->n_dims == 2 && wq->dims[0] == K && wq->dims[1] == N &&
                        wq->raw_data.len == (size_t)(K * N), "int8 [K,N] raw_data");
             EXPECT(ws->n_dims == 1 && ws->dims[0] == N, "scale [N]");
-            const int8_t *q = (const int8_t *)wq->raw_data.data;
             const float *sc = (const float *)ws->raw_data.data;
-            BqQuantizer *wqz = bq_quant_at(qs, 0, BQ_QP_W_Q);
             double e = 0;
+            int qlo = 0, qhi = 0;
             for (int64_t n = 0; n < N; n++) {
                 EXPECT(sc[n] == wqz->scale[n], "scale %lld", (long long)n);
                 for (int64_t k = 0; k < K; k++) {
-                    double d = fabs((double)q[k * N + n] * sc[n] - W->data[n * K + k]);
+                    uint8_t raw = wq->raw_data.data[k * N + n];
+                    int qv = u8w ? (int)raw - 128 : (int)(int8_t)raw;
+                    qlo = qv < qlo ? qv : qlo;
+                    qhi = qv > qhi ? qv : qhi;
+                    double d = fabs((double)qv * sc[n] - W->data[n * K + k]);
                     if (d > e) e = d;
                     EXPECT(d <= sc[n] * 0.5 + 1e-7, "weight (%lld,%lld) off by %g", (long long)n, (long long)k, d);
                 }
             }
+            EXPECT(qlo >= bq_quant_qmin(wqz) && qhi <= bq_quant_qmax(wqz) && qhi == bq_quant_qmax(wqz),
+                   "weight values [%d, %d] for %d bits", qlo, qhi, wqz->bits);
             if (e > max_err) max_err = e;
-            printf("%s: max |dequantized weight - weight| %.3g\n", path, e);
+            printf("%s: max |dequantized weight - weight| %.3g, values [%d, %d]\n", path, e, qlo, qhi);
             const Onnx__NodeProto *dq = NULL;
             for (size_t i = 0; i < g->n_node; i++)
                 if (!strcmp(g->node[i]->input[0], wq->name)) dq = g->node[i];
@@ -211,6 +239,19 @@ static void check_export(BqBert *m, BqQuantState *qs, int opset, const char *pat
                        !strcmp(dq->attribute[0]->name, "axis") && dq->attribute[0]->i == 1, "weight DQ axis 1");
             if (dq) {
                 EXPECT(consumers(g, dq->output[0]) == 1, "weight DQ consumers");
+            }
+        }
+        if (!strcmp(qs->cfg.scheme, "cpu")) {
+            /* layer input: one DQ read by the Q, K, V MatMuls; the residual Add reads the fp32 tensor */
+            const Onnx__NodeProto *mmq = producer(g, "/bert/encoder/layer.1/attention/self/query/MatMul_output_0");
+            const Onnx__NodeProto *res = producer(g, "/bert/encoder/layer.1/attention/output/Add_output_0");
+            EXPECT(mmq && res, "query MatMul, residual Add");
+            if (mmq && res) {
+                const Onnx__NodeProto *dq = producer(g, mmq->input[0]);
+                EXPECT(dq && !strcmp(dq->op_type, "DequantizeLinear"), "query MatMul reads a DQ");
+                EXPECT(consumers(g, mmq->input[0]) == 3, "QKV DQ consumers %d", consumers(g, mmq->input[0]));
+                const Onnx__NodeProto *r = producer(g, res->input[1]);
+                EXPECT(r && strcmp(r->op_type, "DequantizeLinear") != 0, "residual reads fp32");
             }
         }
         if (!strcmp(qs->cfg.scheme, "ort")) {
@@ -244,9 +285,9 @@ int main(int argc, char **argv) {
 
     /* fp32, opsets 13 and 17 */
     snprintf(path, sizeof path, "%s/fp32_13.onnx", dir);
-    check_export(&m, NULL, 13, path);
+    check_export(&m, NULL, 13, 0, path);
     snprintf(path, sizeof path, "%s/fp32_17.onnx", dir);
-    check_export(&m, NULL, 17, path);
+    check_export(&m, NULL, 17, 0, path);
     if (write_dir) save_ckpt(&m, write_dir, "fp32");
 
     /* errors: opset range, Q/DQ without quantizers, unwritable output */
@@ -262,8 +303,8 @@ int main(int argc, char **argv) {
     printf("unwritable path -> %s\n", bq_errmsg());
 
     /* Q/DQ for each scheme */
-    const char *schemes[2] = {"ort", "qdqbert"};
-    for (int s = 0; s < 2; s++) {
+    const char *schemes[3] = {"ort", "qdqbert", "cpu"};
+    for (int s = 0; s < 3; s++) {
         BqQuantConfig cfg;
         bq_quant_config_default(&cfg);
         snprintf(cfg.scheme, sizeof cfg.scheme, "%s", schemes[s]);
@@ -279,9 +320,11 @@ int main(int argc, char **argv) {
         init_ranges(&m);
         EXPECT(bq_quant_count_initialized(qs) == qs->n, "ranges set");
         snprintf(path, sizeof path, "%s/%s_13.onnx", dir, schemes[s]);
-        check_export(&m, qs, 13, path);
+        check_export(&m, qs, 13, 0, path);
         snprintf(path, sizeof path, "%s/%s_17.onnx", dir, schemes[s]);
-        check_export(&m, qs, 17, path);
+        check_export(&m, qs, 17, 0, path);
+        snprintf(path, sizeof path, "%s/%s_13_cpu.onnx", dir, schemes[s]);
+        check_export(&m, qs, 13, 1, path);
         if (write_dir) save_ckpt(&m, write_dir, schemes[s]);
         m.quant = NULL;
         bq_quant_free(qs);

@@ -1,5 +1,5 @@
 /* A QAT training step of a small random BERT (2 layers, hidden 24, 3 heads, intermediate 40, 3 labels,
- * dropout on, a padded batch) for both schemes, run twice from the same state: once with every
+ * dropout on, a padded batch) for every scheme (ort, qdqbert, cpu), run twice from the same state: once with every
  * activation quantizer as a plain fake-quant op (its own gradient buffer, accumulating backward) and
  * once with the sole-consumer op where the forward allows it (layers/quant.c: shared gradient buffer,
  * in-place mask; in place without a tape). Loss, training and inference logits, every parameter gradient
@@ -110,8 +110,8 @@ static void run(const char *scheme, int plain, Out *o) {
 }
 
 int main(void) {
-    const char *schemes[] = {"ort", "qdqbert"};
-    for (int s = 0; s < 2; s++) {
+    const char *schemes[] = {"ort", "qdqbert", "cpu"};
+    for (int s = 0; s < 3; s++) {
         Out a, b;
         run(schemes[s], 1, &a);
         run(schemes[s], 0, &b);

@@ -1,7 +1,7 @@
-/* Quantizer placement tables (layers/qscheme.c, ../shared/DESIGN.md §4): counts per layer for the ort
- * and qdqbert schemes, names and positions of representative points, per-channel sizes, --fuse-qkv
- * sharing, --exclude matching (layer 1 vs layer 10), --per-tensor, --clip-gelu, and the scale rule
- * scale = amax/127. */
+/* Quantizer placement tables (layers/qscheme.c, ../shared/DESIGN.md §4): counts per layer for the ort,
+ * qdqbert and cpu schemes, names and positions of representative points, per-channel sizes, bits
+ * (8; 7 for the cpu scheme's weights), --fuse-qkv sharing, --exclude matching (layer 1 vs layer 10),
+ * --per-tensor, --clip-gelu, and the scale rule scale = amax/127 (amax/63 at 7 bits). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -108,6 +108,37 @@ int main(void) {
                0, "%s", name_at(qs, 5, BQ_QP_ADD2_RESID));
     bq_quant_free(qs);
 
+    /* cpu: one Q/K/V input + 3 Linear inputs, 6 weights at 7 bits = 10 per layer */
+    strcpy(cfg.scheme, "cpu");
+    EXPECT(bq_quant_create(&qs, &m, &cfg) == BQ_OK, "create cpu");
+    EXPECT(qs->n == 10 * L, "cpu count %d want %d", qs->n, 10 * L);
+    EXPECT(bq_quant_at(qs, BQ_QP_LAYER_EMB, -1) == NULL, "cpu has no embedding quantizer");
+    for (int l = 0; l < L; l++) {
+        EXPECT(count_layer(qs, l, 1) == 6 && count_layer(qs, l, 0) == 4, "cpu layer %d", l);
+        for (int p = 0; p < BQ_QP_LAYER_COUNT; p++) {
+            int want = p == BQ_QP_QKV_IN || p == BQ_QP_AO_IN || p == BQ_QP_I_IN || p == BQ_QP_O_IN || p >= BQ_QP_W_Q;
+            BqQuantizer *q = bq_quant_at(qs, l, p);
+            EXPECT((q != NULL) == want, "cpu layer %d point %d presence", l, p);
+            if (q) EXPECT(q->bits == (q->is_weight ? 7 : 8) && q->layer == l && q->point == p, "cpu %s bits %d", q->name, q->bits);
+        }
+    }
+    EXPECT(strcmp(name_at(qs, 2, BQ_QP_QKV_IN), "bert.encoder.layer.2.attention.self.input_quantizer") == 0, "%s",
+           name_at(qs, 2, BQ_QP_QKV_IN));
+    EXPECT(strcmp(name_at(qs, 2, BQ_QP_O_IN), "bert.encoder.layer.2.output.dense.input_quantizer") == 0, "%s",
+           name_at(qs, 2, BQ_QP_O_IN));
+    EXPECT(strcmp(name_at(qs, 2, BQ_QP_W_I), "bert.encoder.layer.2.intermediate.dense.weight_quantizer") == 0, "%s",
+           name_at(qs, 2, BQ_QP_W_I));
+    {
+        BqQuantizer *w = bq_quant_at(qs, 1, BQ_QP_W_I), *a = bq_quant_at(qs, 1, BQ_QP_I_IN);
+        EXPECT(w->nch == 48 && w->axis == 0 && bq_quant_qmin(w) == -64 && bq_quant_qmax(w) == 63, "7-bit weight range");
+        EXPECT(bq_quant_qmin(a) == -128 && bq_quant_qmax(a) == 127, "8-bit activation range");
+        w->amax[0] = 6.3f;
+        bq_quant_update_scale(qs, w);
+        EXPECT(w->scale[0] == 6.3f / 63.0f, "7-bit scale %g", w->scale[0]);
+    }
+    EXPECT(bq_quant_scheme_weight_bits("cpu") == 7 && bq_quant_scheme_weight_bits("ort") == 8, "weight bits");
+    bq_quant_free(qs);
+
     /* --fuse-qkv: K and V share Q's quantizer */
     bq_quant_config_default(&cfg);
     cfg.fuse_qkv = 1;
@@ -144,8 +175,8 @@ int main(void) {
 
     /* unknown scheme is an input error naming the flag */
     strcpy(cfg.scheme, "tflite");
-    EXPECT(bq_quant_create(&qs, &m, &cfg) == BQ_EINVAL && strstr(bq_errmsg(), "--scheme"), "bad scheme: %s",
-           bq_errmsg());
+    EXPECT(bq_quant_create(&qs, &m, &cfg) == BQ_EINVAL && strstr(bq_errmsg(), "--scheme") && strstr(bq_errmsg(), "cpu"),
+           "bad scheme: %s", bq_errmsg());
 
     printf("test_qplacement: %d failures (max error 0 expected)\n", failures);
     return failures ? 1 : 0;
