@@ -27,7 +27,7 @@
 extern char **environ;
 
 typedef struct Pipeline {
-    const char *model, *data, *out, *budget, *python, *vocab;
+    const char *model, *data, *out, *budget, *python, *vocab, *scheme;
     int force, threads, seed;
     int train_samples, eval_samples, max_seq_len, batch_size, calib_samples;
     double epochs, qat_epochs, lr, qat_lr;
@@ -157,6 +157,7 @@ static int stage_train(const Pipeline *p, const char *stage, const char *cmd, co
     av_add(&a, "--logdir"), av_add(&a, logdir);
     av_add(&a, "--evals-per-epoch"), av_add(&a, "5");
     if (is_qat) av_add(&a, "--calib-samples"), av_addf(&a, "%.0f", p->calib_samples);
+    if (is_qat) av_add(&a, "--scheme"), av_add(&a, p->scheme);
     if (!p->force && file_exists(state)) av_add(&a, "--resume");
     int st = run_child(stage, a.v, NULL);
     av_free(&a);
@@ -174,6 +175,7 @@ static int stage_calibrate(const Pipeline *p) {
     av_add(&a, "--model"), av_add(&a, from);
     av_add(&a, "--data"), av_add(&a, p->data);
     av_add(&a, "--out"), av_add(&a, out);
+    av_add(&a, "--scheme"), av_add(&a, p->scheme);
     av_add(&a, "--calibrator"), av_add(&a, "percentile");
     av_add(&a, "--percentile"), av_add(&a, "99.99");
     av_add(&a, "--calib-samples"), av_addf(&a, "%.0f", p->calib_samples);
@@ -185,7 +187,7 @@ static int stage_calibrate(const Pipeline *p) {
     return st ? st : mark_done(p, "ptq", t0);
 }
 
-static int stage_export(const Pipeline *p, const char *ckpt, const char *name) {
+static int stage_export(const Pipeline *p, const char *ckpt, const char *name, int cpu_layout) {
     char stage[64], from[4096], out[4096];
     snprintf(stage, sizeof stage, "export-%s", name);
     if (is_done(p, stage)) return BQ_OK;
@@ -196,6 +198,7 @@ static int stage_export(const Pipeline *p, const char *ckpt, const char *name) {
     av_add(&a, p->self), av_add(&a, "export");
     av_add(&a, "--model"), av_add(&a, from);
     av_add(&a, "--out"), av_add(&a, out);
+    if (cpu_layout) av_add(&a, "--cpu-layout");
     int st = run_child(stage, a.v, NULL);
     av_free(&a);
     return st ? st : mark_done(p, stage, t0);
@@ -238,6 +241,7 @@ int bq_cmd_pipeline(int argc, char **argv) {
     Pipeline o = {.train_samples = -1, .eval_samples = -1, .max_seq_len = -1, .batch_size = -1, .epochs = -1,
                   .qat_epochs = -1, .lr = -1, .qat_lr = -1, .calib_samples = -1};
     p.budget = "small";
+    p.scheme = "ort";
     p.python = getenv("BQ_PYTHON");
     p.seed = 42;
     p.threads = 0;
@@ -246,10 +250,11 @@ int bq_cmd_pipeline(int argc, char **argv) {
         {"data", BQ_ARG_STR, &p.data, "IMDB archive or aclImdb folder (or CSV/JSONL)", 1, 0, 0},
         {"out", BQ_ARG_STR, &p.out, "run directory (created; stages already done are skipped)", 1, 0, 0},
         {"budget", BQ_ARG_STR, &p.budget, "small (a few thousand reviews, seq 128) or full (IMDB recipe)", 0, 0, 0},
-        {"python", BQ_ARG_STR, &p.python, "Python with onnxruntime for the ONNX evaluation (env BQ_PYTHON)", 0, 0, 0},
+        {"python", BQ_ARG_STR, &p.python, "Python with onnxruntime for the ONNX evaluation (env BQ_PYTHON; else the source tree's .venv)", 0, 0, 0},
         {"seed", BQ_ARG_INT, &p.seed, "seed for every stage", 0, 0, 2147483647.0},
         {"threads", BQ_ARG_INT, &p.threads, "threads (0: all CPUs)", 0, 0, 1024},
         {"force", BQ_ARG_FLAG, &p.force, "redo stages whose outputs exist", 0, 0, 0},
+        {"scheme", BQ_ARG_STR, &p.scheme, "quantization scheme of PTQ and QAT: ort, qdqbert or cpu", 0, 0, 0},
         /* overrides of the budget's recipe (< 0: the budget's value) */
         {"train-samples", BQ_ARG_INT, &o.train_samples, "training reviews incl. validation (0: all; -1: from --budget)", 0, -1, 1e9},
         {"eval-samples", BQ_ARG_INT, &o.eval_samples, "test reviews evaluated (0: all; -1: from --budget)", 0, -1, 1e9},
@@ -276,6 +281,9 @@ int bq_cmd_pipeline(int argc, char **argv) {
     } else {
         return bq_err(BQ_EINVAL, "pipeline: --budget must be small or full, got '%s'", p.budget);
     }
+    if (strcmp(p.scheme, "ort") && strcmp(p.scheme, "qdqbert") && strcmp(p.scheme, "cpu"))
+        return bq_err(BQ_EINVAL, "--scheme: '%s' is not one of ort, qdqbert, cpu", p.scheme);
+    int cpu_scheme = !strcmp(p.scheme, "cpu");
     if (o.train_samples >= 0) p.train_samples = o.train_samples;
     if (o.eval_samples >= 0) p.eval_samples = o.eval_samples;
     if (o.max_seq_len >= 0) p.max_seq_len = o.max_seq_len;
@@ -299,6 +307,9 @@ int bq_cmd_pipeline(int argc, char **argv) {
     p.self[n] = '\0';
     if (p.threads <= 0) p.threads = bq_runtime_threads();
     bq_runtime_set_threads(p.threads); /* so the report's runtime line names the stages' thread count */
+    char venv_python[4200];
+    snprintf(venv_python, sizeof venv_python, "%s/.venv/bin/python", BQ_SOURCE_DIR);
+    if ((!p.python || !*p.python) && access(venv_python, X_OK) == 0) p.python = venv_python; /* scripts/setup_env.sh's */
     int have_python = p.python && *p.python && access(p.python, X_OK) == 0;
     double t0 = bq_now();
 
@@ -307,26 +318,41 @@ int bq_cmd_pipeline(int argc, char **argv) {
     if ((st = stage_train(&p, "fp32", "finetune", p.model))) return st;
     if ((st = stage_calibrate(&p))) return st;
     if ((st = stage_train(&p, "qat", "qat", fp32_dir))) return st;
-    if ((st = stage_export(&p, "fp32", "fp32"))) return st;
-    if ((st = stage_export(&p, "qat", "qat-int8"))) return st;
+    if ((st = stage_export(&p, "fp32", "fp32", 0))) return st;
+    /* int8: the CPU layout for ONNX Runtime CPU (integer kernels, exact on CPUs without VNNI), and for
+     * the ort/qdqbert schemes also the default layout that the transformer optimizer's QOrdered
+     * fusions (CUDA) want */
+    if ((st = stage_export(&p, "qat", "qat-int8-cpu", 1))) return st;
+    if (!cpu_scheme && (st = stage_export(&p, "qat", "qat-int8", 0))) return st;
     if ((st = stage_eval(&p, "fp32", "fp32", 0))) return st;
     if ((st = stage_eval(&p, "ptq", "ptq", 0))) return st;
     if ((st = stage_eval(&p, "qat", "qat", 0))) return st;
     if (have_python) {
         if ((st = stage_eval(&p, "onnx-fp32", "fp32.onnx", 1))) return st;
-        if ((st = stage_eval(&p, "onnx-int8", "qat-int8.onnx", 1))) return st;
+        if ((st = stage_eval(&p, "onnx-int8-cpu", "qat-int8-cpu.onnx", 1))) return st;
+        if (!cpu_scheme && (st = stage_eval(&p, "onnx-int8", "qat-int8.onnx", 1))) return st;
     } else {
         fprintf(stderr, "[pipeline] no Python with onnxruntime (--python); ONNX Runtime evaluation skipped\n");
     }
 
-    BqReportRow rows[5] = {
-        {"fp32", "eval-fp32.json", "fp32", "fp32/training_log.jsonl", 0, -1},
-        {"PTQ (percentile 99.99)", "eval-ptq.json", "ptq", NULL, 0, -1},
-        {"QAT", "eval-qat.json", "qat", "qat/training_log.jsonl", 0, -1},
-        {"ONNX fp32 (ONNX Runtime)", "eval-onnx-fp32.json", "fp32.onnx", NULL, 0, 0},
-        {"ONNX int8 Q/DQ of QAT (ONNX Runtime)", "eval-onnx-int8.json", "qat-int8.onnx", NULL, 0, 2},
+    char ptq_label[64], qat_label[64];
+    snprintf(ptq_label, sizeof ptq_label, "PTQ (%s scheme, percentile 99.99)", p.scheme);
+    snprintf(qat_label, sizeof qat_label, "QAT (%s scheme)", p.scheme);
+    BqReportRow rows[6] = {
+        {"fp32", "eval-fp32.json", "fp32", "fp32/training_log.jsonl", 0, -1, NULL},
+        {ptq_label, "eval-ptq.json", "ptq", NULL, 0, -1, NULL},
+        {qat_label, "eval-qat.json", "qat", "qat/training_log.jsonl", 0, -1, NULL},
+        {"ONNX fp32 (ORT CPU)", "eval-onnx-fp32.json", "fp32.onnx", NULL, 0, 0, NULL},
+        {"ONNX int8 QAT, CPU layout (ORT CPU)", "eval-onnx-int8-cpu.json", "qat-int8-cpu.onnx", NULL,
+         0, 2, NULL},
+        {"ONNX int8 QAT, default layout (ORT CPU)", "eval-onnx-int8.json", "qat-int8.onnx", NULL, 0,
+         2, "the layout for onnxruntime.transformers.optimizer's QOrdered fusions (CUDA kernels). ONNX Runtime CPU "
+            "runs most of its Linears in fp32 behind dequantized weights, and on x86 CPUs without VNNI its u8×s8 "
+            "integer kernel saturates 16-bit sums, so on such CPUs its accuracy can differ from the checkpoint's "
+            "(README, ONNX export). The CPU layout row is the exact CPU deployment."},
     };
-    for (int i = 0; i < 5; i++) {
+    int nrows = !have_python ? 3 : cpu_scheme ? 5 : 6;
+    for (int i = 0; i < nrows; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", p.out, rows[i].artifact);
         rows[i].size_bytes = path_size(path);
@@ -337,10 +363,10 @@ int bq_cmd_pipeline(int argc, char **argv) {
     snprintf(recipe, sizeof recipe,
              "%s training reviews (10%% held out for validation, 5 evaluations per epoch, best kept), %s test "
              "reviews; max_seq_len %d, batch %d; fp32: %g epoch(s) at lr %g; PTQ: percentile 99.99 on %d examples; "
-             "QAT (ort scheme, from the fp32 model): %g epoch(s) at lr %g; seed %d; %d thread(s)",
-             ntrain, ntest, p.max_seq_len, p.batch_size, p.epochs, p.lr, p.calib_samples, p.qat_epochs, p.qat_lr,
-             p.seed, p.threads);
+             "QAT (%s scheme, from the fp32 model): %g epoch(s) at lr %g; seed %d; %d thread(s)",
+             ntrain, ntest, p.max_seq_len, p.batch_size, p.epochs, p.lr, p.calib_samples, p.scheme, p.qat_epochs,
+             p.qat_lr, p.seed, p.threads);
     BqReportInfo info = {.model = p.model, .data = p.data, .budget = p.budget, .seconds = bq_now() - t0,
                          .runtime = bq_runtime_describe(), .recipe = recipe, .onnx_skipped = !have_python};
-    return bq_report_write(p.out, rows, have_python ? 5 : 3, &info);
+    return bq_report_write(p.out, rows, nrows, &info);
 }

@@ -214,7 +214,7 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
     const char *hdr = "| stage | accuracy | vs fp32 | F1 | examples | model size | examples/s |\n"
                       "|---|---|---|---|---|---|---|\n";
     fputs(hdr, f);
-    printf("\n%-32s %9s %8s %7s %9s %11s %11s\n", "stage", "accuracy", "vs fp32", "F1", "examples", "size",
+    printf("\n%-40s %9s %8s %7s %9s %11s %11s\n", "stage", "accuracy", "vs fp32", "F1", "examples", "size",
            "examples/s");
     double base = NAN;
     for (int i = 0; i < nrows; i++) {
@@ -226,10 +226,10 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
         if (m.ok) {
             fprintf(f, "| %s | %.4f | %s | %.4f | %ld | %s | %.1f |\n", rows[i].label, m.acc, delta, m.f1, m.n, size,
                     m.eps);
-            printf("%-32s %9.4f %8s %7.4f %9ld %11s %11.1f\n", rows[i].label, m.acc, delta, m.f1, m.n, size, m.eps);
+            printf("%-40s %9.4f %8s %7.4f %9ld %11s %11.1f\n", rows[i].label, m.acc, delta, m.f1, m.n, size, m.eps);
         } else {
             fprintf(f, "| %s | (no result) | | | | %s | |\n", rows[i].label, size);
-            printf("%-32s %9s\n", rows[i].label, "(no result)");
+            printf("%-40s %9s\n", rows[i].label, "(no result)");
         }
     }
     int npar = 0;
@@ -241,11 +241,14 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
                 rows[rows[i].same_as].label, 100.0 * (a.acc - b.acc), a.n);
     }
     if (npar) fprintf(f, ".\n");
+    for (int i = 0; i < nrows; i++)
+        if (rows[i].note) fprintf(f, "\n%s: %s\n", rows[i].label, rows[i].note);
     fprintf(f, "\nexamples/s: inference only (bertqat eval for checkpoints with fake quantization simulated in fp32; "
                "ONNX Runtime CPU for the .onnx files), tokenization excluded.\n");
     /* stage times from the markers the pipeline writes (RUN_DIR/.done-<stage>: "<end> <seconds>") */
-    static const char *stages[] = {"fp32", "ptq", "qat", "export-fp32", "export-qat-int8", "eval-fp32", "eval-ptq",
-                                   "eval-qat", "eval-onnx-fp32", "eval-onnx-int8"};
+    static const char *stages[] = {"fp32", "ptq", "qat", "export-fp32", "export-qat-int8-cpu", "export-qat-int8",
+                                   "eval-fp32", "eval-ptq", "eval-qat", "eval-onnx-fp32", "eval-onnx-int8-cpu",
+                                   "eval-onnx-int8"};
     int any = 0;
     for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {
         char mp[4096];

@@ -13,6 +13,7 @@ typedef struct BqReportRow {
     const char *train_log; /* JSONL training log in RUN_DIR, or NULL */
     int64_t size_bytes;
     int same_as;           /* index of the row this one must agree with (an export and its checkpoint), or -1 */
+    const char *note;      /* printed under the table, or NULL */
 } BqReportRow;
 
 typedef struct BqReportInfo {
