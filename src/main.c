@@ -58,7 +58,9 @@ int main(int argc, char **argv) {
         st = COMMANDS[i].run(argc - 1, argv + 1);
         if (st) {
             fprintf(stderr, "bertqat %s: %s\n", cmd, bq_errmsg());
-            return st == BQ_EINVAL ? 2 : 1;
+            /* 2: bad flags or arguments; 5: NaN/Inf during training; 6: interrupted, resumable state saved;
+             * 1: anything else (files, data, memory) */
+            return st == BQ_EINVAL ? 2 : st == BQ_ENUMERIC ? 5 : st == BQ_EINTR ? 6 : 1;
         }
         return 0;
     }
