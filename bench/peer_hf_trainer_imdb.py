@@ -15,6 +15,7 @@ For a machine without the data or network (a GPU box): tokenize here with --enco
 copy the .npz and the model there, and run with --encoded imdb128.npz."""
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -65,6 +66,8 @@ def main():
     ap.add_argument("--train-samples", type=int, default=0)
     ap.add_argument("--eval-samples", type=int, default=0)
     ap.add_argument("--val-fraction", type=float, default=0.1)
+    ap.add_argument("--evals-per-epoch", type=int, default=5,
+                    help="validation evaluations per epoch, best model kept (bertqat pipeline's recipe); 0: final model")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -79,7 +82,7 @@ def main():
         return
     import torch
     import transformers
-    from transformers import BertForSequenceClassification, Trainer, TrainingArguments
+    from transformers import BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
     torch.set_num_threads(args.threads)
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 arithmetic, as bertqat
     torch.backends.cudnn.allow_tf32 = False
@@ -104,12 +107,34 @@ def main():
                     "token_type_ids": torch.zeros_like(ids), "labels": self.labels[i]}
 
     model = BertForSequenceClassification.from_pretrained(args.model, num_labels=2)
+    steps = math.ceil(len(data["train_labels"]) / args.batch_size) * args.epochs
+    kw = dict(save_strategy="no")
+    callbacks = []
+    if args.evals_per_epoch > 0 and len(data["val_labels"]):
+        # bertqat's --evals-per-epoch K with --save-best: evaluate every ceil(steps per epoch / K) steps and at
+        # the last step, keep the parameters of the best validation accuracy (HF load_best_model_at_end;
+        # ties keep the earlier, as bertqat does)
+        every = math.ceil(math.ceil(len(data["train_labels"]) / args.batch_size) / args.evals_per_epoch)
+        kw = dict(eval_strategy="steps", eval_steps=every, save_strategy="steps", save_steps=every,
+                  load_best_model_at_end=True, metric_for_best_model="accuracy", greater_is_better=True,
+                  save_total_limit=2)
+
+        class EvalAtEnd(TrainerCallback):
+            def on_step_end(self, a, state, control, **_):
+                if state.global_step == state.max_steps:
+                    control.should_evaluate = control.should_save = True
+
+        callbacks.append(EvalAtEnd())
     targs = TrainingArguments(
         output_dir=args.out, num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=128, learning_rate=args.lr, warmup_ratio=args.warmup_ratio,
         weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, seed=args.seed, logging_steps=100,
-        save_strategy="no", report_to=[], use_cpu=not use_cuda, dataloader_num_workers=0)
-    trainer = Trainer(model=model, args=targs, train_dataset=Split("train"))
+        report_to=[], use_cpu=not use_cuda, dataloader_num_workers=0, **kw)
+    trainer = Trainer(model=model, args=targs, train_dataset=Split("train"),
+                      eval_dataset=Split("val") if callbacks else None, callbacks=callbacks,
+                      compute_metrics=lambda p: metrics(np.argmax(p.predictions, -1), p.label_ids))
+    print(f"{steps:.0f} optimizer steps" + (f", evaluation every {kw['eval_steps']} steps and at the end, best kept"
+                                           if callbacks else ", final model evaluated"), flush=True)
     t0 = time.time()
     trainer.train()
     t_train = time.time() - t0
@@ -126,6 +151,8 @@ def main():
         "train_examples": int(len(data["train_labels"])), "val_examples": int(len(data["val_labels"])),
         "test_examples": int(len(data["test_labels"])), "max_seq_len": args.max_seq_len,
         "batch_size": args.batch_size, "lr": args.lr, "epochs": args.epochs, "seed": args.seed,
+        "evals_per_epoch": args.evals_per_epoch, "best_step": trainer.state.best_global_step
+        if hasattr(trainer.state, "best_global_step") else None, "best_val_accuracy": trainer.state.best_metric,
         "val": res.get("val"), "test": res.get("test"),
         "encode_seconds": round(t_encode, 1), "train_seconds": round(t_train, 1), "eval_seconds": round(t_eval, 1)}))
 
