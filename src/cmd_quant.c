@@ -6,8 +6,10 @@
  *   chosen calibrator (layers/calib.c) and each weight range to its per-channel max, freezes, and
  *   saves a native checkpoint (export/ckpt.h) carrying the ranges.
  * qat: the `finetune` training loop (src/train.h, same flags) on the fake-quantized model. When the
- *   input has no ranges it is first calibrated (--calibrator, default max); then the moving-average
- *   observers (c = 0.01) run in every training forward until --freeze-ranges-after steps.
+ *   input has no ranges it is first calibrated (--calibrator, default max); then either the
+ *   moving-average observers (c = 0.01) run in every training forward until --freeze-ranges-after
+ *   steps (--ranges observe, ONNX Runtime's example), or the ranges stay as calibrated and only the
+ *   weights learn (--ranges fixed, pytorch-quantization / QDQBERT).
  * The quantization convention (symmetric int8, zero point 0, scale = amax/127; the cpu scheme's weights
  * 7-bit, amax/63) is in layers/quant.h. */
 #include <float.h>
@@ -237,6 +239,7 @@ int bq_cmd_qat(int argc, char **argv) {
            dropout = -1;
     int batch_size = 32, grad_accum = 1, max_seq_len = 128, seed = 42, eval_every = 0, evals_per_epoch = 0, save_best = 0, threads = 0,
         train_samples = 0, eval_samples = 0, log_every = 10, resume = 0, bucket = 0, max_steps = 0, no_save_best = 0;
+    const char *ranges = "observe";
     QuantOpts q;
     quant_opts_default(&q, "max");
     const BqArgSpec specs[] = {
@@ -246,6 +249,8 @@ int bq_cmd_qat(int argc, char **argv) {
         QUANT_SPECS(q),
         {"freeze-ranges-after", BQ_ARG_INT, &q.freeze_after, "freeze every range after N optimizer steps (0: never)",
          0, 0, 1e9},
+        {"ranges", BQ_ARG_STR, &ranges, "observe: moving-average min/max observers (ONNX Runtime example); fixed: the "
+         "calibrated (or PTQ input's) ranges never move (pytorch-quantization)", 0, 0, 0},
         {"epochs", BQ_ARG_FLOAT, &epochs, "training epochs (fractional allowed)", 0, 0.001, 1000},
         {"max-steps", BQ_ARG_INT, &max_steps, "optimizer steps (> 0 overrides --epochs)", 0, 0, 1e9},
         {"lr", BQ_ARG_FLOAT, &lr, "peak learning rate (AdamW)", 0, 0, 1},
@@ -291,6 +296,9 @@ int bq_cmd_qat(int argc, char **argv) {
     if ((st = parse_trunc(truncation, &trunc)) || (st = bq_calibrator_parse(&method, q.calibrator)) ||
         (st = quant_config_from_opts(&qcfg, &q)))
         return st;
+    if (strcmp(ranges, "observe") && strcmp(ranges, "fixed"))
+        return bq_err(BQ_EINVAL, "--ranges: '%s' is not observe or fixed", ranges);
+    int fixed = !strcmp(ranges, "fixed");
     bq_runtime_set_threads(threads);
     snprintf(vocab, sizeof vocab, "%s/vocab.txt", model);
     if ((st = bq_tokenizer_load(&tok, vocab, NULL))) goto cleanup;
@@ -351,9 +359,11 @@ int bq_cmd_qat(int argc, char **argv) {
     } else if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &btrain, q.calib_samples, "qat"))) {
         goto cleanup;
     }
-    bq_quant_freeze(m.quant, 0);
-    m.quant->observe = 1;
+    bq_quant_freeze(m.quant, fixed);
+    m.quant->observe = !fixed;
     m.quant->steps_seen = 0;
+    fprintf(stderr, "[qat] ranges: %s\n", fixed ? "fixed (calibrated ranges, weights learn around them)"
+                                              : "moving-average observers (c = 0.01)");
 
     BqBatchSource strain, sval;
     BqBatcherSource bs_train, bs_val;
