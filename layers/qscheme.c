@@ -24,13 +24,17 @@ typedef struct PointDef {
     const char *suffix; /* after "bert.encoder.layer.<L>." */
 } PointDef;
 
-static const PointDef ort_points[] = {
-    {BQ_QP_W_Q, "attention.self.query.weight_quantizer"},
-    {BQ_QP_W_K, "attention.self.key.weight_quantizer"},
-    {BQ_QP_W_V, "attention.self.value.weight_quantizer"},
-    {BQ_QP_W_AO, "attention.output.dense.weight_quantizer"},
-    {BQ_QP_W_I, "intermediate.dense.weight_quantizer"},
+/* Every scheme quantizes the weights of the 6 encoder Linears. */
+#define WEIGHT_POINTS \
+    {BQ_QP_W_Q, "attention.self.query.weight_quantizer"}, \
+    {BQ_QP_W_K, "attention.self.key.weight_quantizer"}, \
+    {BQ_QP_W_V, "attention.self.value.weight_quantizer"}, \
+    {BQ_QP_W_AO, "attention.output.dense.weight_quantizer"}, \
+    {BQ_QP_W_I, "intermediate.dense.weight_quantizer"}, \
     {BQ_QP_W_O, "output.dense.weight_quantizer"},
+
+static const PointDef ort_points[] = {
+    WEIGHT_POINTS
     {BQ_QP_Q_OUT, "attention.self.query.output_quantizer"},
     {BQ_QP_K_OUT, "attention.self.key.output_quantizer"},
     {BQ_QP_V_OUT, "attention.self.value.output_quantizer"},
@@ -46,12 +50,7 @@ static const PointDef ort_points[] = {
 };
 
 static const PointDef qdq_points[] = {
-    {BQ_QP_W_Q, "attention.self.query.weight_quantizer"},
-    {BQ_QP_W_K, "attention.self.key.weight_quantizer"},
-    {BQ_QP_W_V, "attention.self.value.weight_quantizer"},
-    {BQ_QP_W_AO, "attention.output.dense.weight_quantizer"},
-    {BQ_QP_W_I, "intermediate.dense.weight_quantizer"},
-    {BQ_QP_W_O, "output.dense.weight_quantizer"},
+    WEIGHT_POINTS
     {BQ_QP_Q_IN, "attention.self.query.input_quantizer"},
     {BQ_QP_K_IN, "attention.self.key.input_quantizer"},
     {BQ_QP_V_IN, "attention.self.value.input_quantizer"},
@@ -69,12 +68,7 @@ static const PointDef qdq_points[] = {
 };
 
 static const PointDef cpu_points[] = {
-    {BQ_QP_W_Q, "attention.self.query.weight_quantizer"},
-    {BQ_QP_W_K, "attention.self.key.weight_quantizer"},
-    {BQ_QP_W_V, "attention.self.value.weight_quantizer"},
-    {BQ_QP_W_AO, "attention.output.dense.weight_quantizer"},
-    {BQ_QP_W_I, "intermediate.dense.weight_quantizer"},
-    {BQ_QP_W_O, "output.dense.weight_quantizer"},
+    WEIGHT_POINTS
     {BQ_QP_QKV_IN, "attention.self.input_quantizer"},
     {BQ_QP_AO_IN, "attention.output.dense.input_quantizer"},
     {BQ_QP_I_IN, "intermediate.dense.input_quantizer"},
