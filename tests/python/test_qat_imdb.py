@@ -4,7 +4,8 @@
    within 5 points of the fp32 model's on the same reviews;
 3. `qat` from the fp32 model (1000 reviews, 60 steps, ranges frozen after 40): trains without
    NaN/Inf and `eval` on 1000 test reviews reaches >= 0.78;
-4. `info` lists the 18·L+1 ort quantizers with ranges.
+4. `info` lists the 18·L+1 ort quantizers with ranges;
+5. `qat --ranges fixed` from the PTQ model (4 steps) leaves every range exactly as PTQ set it.
 Prints accuracies and the QAT/fp32 seconds-per-step ratio (same batch size and sequence length)."""
 import json
 import re
@@ -19,6 +20,12 @@ def steps_and_seconds(stdout, tag):
     m = re.search(tag + r": (\d+) steps in ([0-9.]+)s", stdout)
     assert m, stdout
     return int(m.group(1)), float(m.group(2))
+
+
+def quantizer_ranges(info_stdout):
+    """{quantizer name: (amax min, amax max)} from `bertqat info`."""
+    return {m.group(1): (m.group(2), m.group(3))
+            for m in re.finditer(r"^(bert\.\S+_quantizer)\s+\S+\s+\d+\s+\d+\s+(\S+)\s+(\S+)", info_stdout, flags=re.M)}
 
 
 def test_ptq_and_qat_imdb(tmp_path, finetuned):
@@ -57,6 +64,18 @@ def test_ptq_and_qat_imdb(tmp_path, finetuned):
     names = re.findall(r"^bert\.\S+_quantizer", p.stdout, flags=re.M)
     assert len(names) == 18 * layers + 1, p.stdout
     assert "no range" not in p.stdout, p.stdout
+
+    # QAT from the PTQ model with --ranges fixed (the pipeline's recipe): the weights learn, every
+    # range stays exactly the PTQ model's
+    fixed = tmp_path / "qat_fixed"
+    p = run_bq("qat", "--model", ptq, "--data", IMDB, "--out", fixed, "--ranges", "fixed", "--train-samples", 200,
+               "--val-fraction", 0.1, "--max-steps", 4, "--lr", 2e-5, "--batch-size", 16, *COMMON, timeout=3600)
+    assert "ranges: fixed" in p.stderr, p.stderr
+    ranges_ptq = quantizer_ranges(run_bq("info", ptq).stdout)
+    ranges_fixed = quantizer_ranges(run_bq("info", fixed).stdout)
+    assert len(ranges_ptq) == 18 * layers + 1 and ranges_fixed == ranges_ptq
+    p = run_bq("qat", "--model", ptq, "--data", IMDB, "--out", tmp_path / "bad", "--ranges", "learn", check=False)
+    assert p.returncode != 0 and "--ranges" in p.stderr and not (tmp_path / "bad").exists(), p.stderr
 
     ratio = (qat_secs / qat_steps) / (ft_secs / ft_steps)
     print(f"\nfp32 {acc_fp32:.4f}  ptq(percentile 99.99) {acc_ptq:.4f}  qat {acc_qat:.4f} on 1000 test reviews; "
