@@ -1,0 +1,49 @@
+"""`bertqat pipeline` end to end at a tiny budget (all-MiniLM-L6-v2, env BQ_MODEL_DIR; 96 training and
+64 test reviews at seq 32): every stage runs (fp32 fine-tune, PTQ, QAT from the PTQ model with fixed
+ranges, three ONNX exports, six evaluations with ONNX Runtime through this Python), the report has a
+row per stage, the fp32 ONNX export scores exactly the checkpoint's accuracy, and a second run of the
+same command skips every finished stage."""
+import json
+import os
+import sys
+
+import pytest
+
+from conftest import IMDB, MODEL, THREADS, run_bq
+
+STAGES = ["fp32", "ptq", "qat", "export-fp32", "export-qat-int8-cpu", "export-qat-int8", "eval-fp32", "eval-ptq",
+          "eval-qat", "eval-onnx-fp32", "eval-onnx-int8-cpu", "eval-onnx-int8"]
+
+
+def test_pipeline_tiny(tmp_path, bin_path):
+    if not os.path.isdir(MODEL):
+        pytest.fail(f"pretrained model not found at {MODEL} (scripts/test.sh fetches it)")
+    out = tmp_path / "run"
+    args = ["pipeline", "--model", MODEL, "--data", IMDB, "--out", out, "--budget", "small", "--train-samples", 96,
+            "--eval-samples", 64, "--max-seq-len", 32, "--batch-size", 16, "--calib-samples", 16, "--threads",
+            THREADS, "--python", sys.executable]
+    p = run_bq(*args, timeout=3600)
+    log = p.stderr
+    assert f"qat --model {out}/ptq" in log and "--ranges fixed" in log and "ranges: fixed" in log, log[-3000:]
+    for stage in STAGES:
+        assert (out / f".done-{stage}").exists(), stage
+    for f in ("fp32.onnx", "qat-int8-cpu.onnx", "qat-int8.onnx", "report.md", "curves-loss.svg", "curves-eval.svg"):
+        assert (out / f).stat().st_size > 0, f
+    acc = {}
+    for name in ("fp32", "ptq", "qat", "onnx-fp32", "onnx-int8-cpu", "onnx-int8"):
+        r = json.loads((out / f"eval-{name}.json").read_text())
+        assert r["examples"] == 64, (name, r)
+        acc[name] = r["accuracy"]
+    print(f"\naccuracy on 64 test reviews: {acc}")
+    assert acc["onnx-fp32"] == acc["fp32"], acc
+    report = (out / "report.md").read_text()
+    for row in ("| fp32 |", "| PTQ (ort scheme", "| QAT (ort scheme)", "| ONNX fp32 (ORT CPU)",
+                "| ONNX int8 QAT, CPU layout", "| ONNX int8 QAT, default layout"):
+        assert row in report, (row, report)
+
+    # the same command again: every stage is done, only the report is written
+    p = run_bq(*args, timeout=600)
+    assert "qat: done already" in p.stderr, p.stderr[-3000:]
+    for cmd in ("finetune --model", "qat --model", "calibrate --model", "export --model", "eval --model", "onnx_eval.py"):
+        assert cmd not in p.stderr, (cmd, p.stderr[-3000:])
+    assert (out / "report.md").exists()
