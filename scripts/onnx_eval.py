@@ -55,6 +55,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0: ORT's default)")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--predictions", help="write index, label, predicted label, its probability per review (TSV, "
+                    "as bertqat eval --predictions)")
     a = ap.parse_args()
     ckpt = a.tokenizer or (os.path.dirname(a.vocab) if a.vocab else None)
     if not ckpt:
@@ -77,6 +79,7 @@ def main():
     sess = ort.InferenceSession(a.onnx, so, providers=["CPUExecutionProvider"])
     inputs = {i.name: (np.int32 if i.type == "tensor(int32)" else np.int64) for i in sess.get_inputs()}
     pred = np.zeros(len(data), np.int64)
+    prob = np.zeros(len(data), np.float64)
     labels = np.array([l for _, l in data])
     secs = 0.0
     for s in range(0, len(order), a.batch_size):
@@ -95,6 +98,8 @@ def main():
         logits = sess.run(None, feed)[0]
         secs += time.perf_counter() - t
         pred[idx] = logits.argmax(1)
+        z = np.exp(logits - logits.max(1, keepdims=True))
+        prob[idx] = z.max(1) / z.sum(1)
     tp, fp, fn = (int(((pred == 1) & (labels == 1)).sum()), int(((pred == 1) & (labels == 0)).sum()),
                   int(((pred == 0) & (labels == 1)).sum()))
     tn = len(labels) - tp - fp - fn
@@ -107,6 +112,11 @@ def main():
            "examples_per_s": len(labels) / secs, "max_seq_len": a.max_seq_len, "batch_size": a.batch_size,
            "threads": a.threads or None, "runtime": f"onnxruntime {ort.__version__} CPUExecutionProvider",
            "labels": ["neg", "pos"], "confusion_matrix": [[tn, fp], [fn, tp]]}
+    if a.predictions:
+        with open(a.predictions + ".tmp", "w") as f:
+            for i in range(len(labels)):
+                f.write(f"{i}\t{labels[i]}\t{pred[i]}\t{prob[i]:.6f}\n")
+        os.replace(a.predictions + ".tmp", a.predictions)
     if a.json:
         print(json.dumps(res))
     else:

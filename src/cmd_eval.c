@@ -1,11 +1,13 @@
 /* `bertqat eval` (accuracy, precision, recall, F1, confusion matrix, throughput of a checkpoint on a
  * labelled split) and `bertqat predict` (label and probability per text, from arguments or stdin
  * lines). Metric definitions: src/metrics.h (sklearn semantics). */
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "autograd/bq.h"
 #include "datasets/dataset.h"
@@ -33,8 +35,25 @@ static const char *label_name(const BqBert *m, int k, char *buf, size_t n) {
     return buf;
 }
 
+/* --predictions: one line per example, "index<TAB>label<TAB>predicted<TAB>probability of predicted", index
+ * being the example's position in the evaluated selection (scripts/onnx_eval.py writes the same). */
+typedef struct PredWriter {
+    FILE *f;
+    int C;
+} PredWriter;
+
+static void pred_write(void *user, const BqBatch *b, const float *probs) {
+    PredWriter *w = user;
+    for (int64_t i = 0; i < b->B; i++) {
+        const float *p = probs + i * w->C;
+        int k = 0;
+        for (int j = 1; j < w->C; j++) k = p[j] > p[k] ? j : k;
+        fprintf(w->f, "%lld\t%d\t%d\t%.6f\n", (long long)b->example_index[i], b->labels[i], k, p[k]);
+    }
+}
+
 int bq_cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *data = NULL, *split = "test", *truncation = "head";
+    const char *model = NULL, *data = NULL, *split = "test", *truncation = "head", *predictions = NULL;
     int samples = 0, max_seq_len = 128, batch_size = 64, threads = 0, json = 0, seed = 42;
     double val_fraction = 0.1;
     int train_samples = 0;
@@ -51,6 +70,8 @@ int bq_cmd_eval(int argc, char **argv) {
         {"train-samples", BQ_ARG_INT, &train_samples, "for --split val/train: as in finetune", 0, 0, 1e9},
         {"truncation", BQ_ARG_STR, &truncation, "head, tail or head_tail", 0, 0, 0},
         {"json", BQ_ARG_FLAG, &json, "print one JSON object instead of a table", 0, 0, 0},
+        {"predictions", BQ_ARG_STR, &predictions, "write index, label, predicted label, its probability per example "
+         "(TSV) to this file", 0, 0, 0},
     };
     BqArgs args = {.cmd = "eval", .usage = "--model CKPT --data PATH [options]",
                    .summary = "Evaluate a checkpoint: accuracy, precision, recall, F1, confusion matrix, examples/s.",
@@ -73,6 +94,8 @@ int bq_cmd_eval(int argc, char **argv) {
     BqArena act = {0};
     BqConfusion conf = {0};
     char *report = NULL;
+    char pred_tmp[4200] = "";
+    PredWriter pw = {0};
     char vocab[4200];
     snprintf(vocab, sizeof vocab, "%s/vocab.txt", model);
     if ((st = bq_tokenizer_load(&tok, vocab, NULL))) goto cleanup;
@@ -106,9 +129,26 @@ int bq_cmd_eval(int argc, char **argv) {
     BqBatcherSource bs;
     bq_batch_source_batcher(&src, &bs, &bt);
     bq_confusion_init(&conf, m.cfg.num_labels);
+    if (predictions) {
+        snprintf(pred_tmp, sizeof pred_tmp, "%s.tmp", predictions);
+        if (!(pw.f = fopen(pred_tmp, "w"))) {
+            st = bq_err(BQ_EIO, "--predictions %s: %s", predictions, strerror(errno));
+            goto cleanup;
+        }
+        pw.C = m.cfg.num_labels;
+    }
     double t0 = bq_now();
-    if ((st = bq_evaluate(&m, &src, &act, &conf, 0, NULL, NULL))) goto cleanup;
+    if ((st = bq_evaluate(&m, &src, &act, &conf, 0, pw.f ? pred_write : NULL, &pw))) goto cleanup;
     double secs = bq_now() - t0;
+    if (pw.f) {
+        int bad = fflush(pw.f) != 0 || fsync(fileno(pw.f)) != 0;
+        bad |= fclose(pw.f) != 0;
+        pw.f = NULL;
+        if (bad || rename(pred_tmp, predictions) != 0) {
+            st = bq_err(BQ_EIO, "--predictions %s: write failed: %s", predictions, strerror(errno));
+            goto cleanup;
+        }
+    }
     BqMetrics mt = bq_metrics_compute(&conf);
     double eps = mt.n / (secs > 1e-9 ? secs : 1e-9);
     int C = m.cfg.num_labels;
@@ -160,6 +200,8 @@ int bq_cmd_eval(int argc, char **argv) {
     }
 
 cleanup:
+    if (pw.f) fclose(pw.f);
+    if (st && pred_tmp[0]) remove(pred_tmp);
     free(report);
     if (conf.cm) bq_confusion_free(&conf);
     if (bt.ds) bq_batcher_free(&bt);

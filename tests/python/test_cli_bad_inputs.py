@@ -65,6 +65,7 @@ def cases(d):
         ("finetune unwritable out", ["finetune", "--model", m, "--data", data, "--out", d / "notadir" / "x", "--train-samples", "64", "--eval-samples", "32"], ["notadir"], d / "notadir" / "x"),
         ("eval missing model", ["eval", "--model", d / "nope", "--data", data], ["nope"], None),
         ("eval bad split", ["eval", "--model", m, "--data", data, "--split", "dev"], ["--split"], None),
+        ("eval predictions unwritable", ["eval", "--model", m, "--data", data, "--predictions", d / "notadir" / "p.tsv"], ["--predictions", "notadir"], d / "notadir" / "p.tsv"),
         ("predict missing model", ["predict", "--model", d / "nope", "hello"], ["nope"], None),
         ("calibrate bad calibrator", ["calibrate", "--model", m, "--data", data, "--out", d / "c1", "--calibrator", "magic"], ["--calibrator"], d / "c1"),
         ("calibrate bad percentile", ["calibrate", "--model", m, "--data", data, "--out", d / "c2", "--calibrator", "percentile", "--percentile", "120"], ["--percentile"], d / "c2"),

@@ -1,10 +1,12 @@
 """`bertqat pipeline` end to end at a tiny budget (all-MiniLM-L6-v2, env BQ_MODEL_DIR; 96 training and
 64 test reviews at seq 32): every stage runs (fp32 fine-tune, PTQ, QAT from the PTQ model with fixed
 ranges, three ONNX exports, six evaluations with ONNX Runtime through this Python), the report has a
-row per stage, the fp32 ONNX export scores exactly the checkpoint's accuracy, and a second run of the
-same command skips every finished stage."""
+row per stage, the fp32 ONNX export scores exactly the checkpoint's accuracy and predicts every review
+as it does (`--predictions` of both evaluators), and a second run of the same command skips every
+finished stage."""
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -40,6 +42,24 @@ def test_pipeline_tiny(tmp_path, bin_path):
     for row in ("| fp32 |", "| PTQ (ort scheme", "| QAT (ort scheme)", "| ONNX fp32 (ORT CPU)",
                 "| ONNX int8 QAT, CPU layout", "| ONNX int8 QAT, default layout"):
         assert row in report, (row, report)
+
+    # per-review predictions: bertqat eval and scripts/onnx_eval.py list the same reviews in the same
+    # positions; the fp32 export predicts every review as the checkpoint does
+    def predictions(path):
+        rows = [line.split("\t") for line in path.read_text().splitlines()]
+        return {int(r[0]): (int(r[1]), int(r[2]), float(r[3])) for r in rows}
+
+    common = ["--data", IMDB, "--split", "test", "--samples", 64, "--max-seq-len", 32, "--seed", 42]
+    run_bq("eval", "--model", out / "fp32", "--threads", THREADS, "--predictions", tmp_path / "bq.tsv", *common)
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
+                          "onnx_eval.py")
+    subprocess.run([sys.executable, script, "--onnx", out / "fp32.onnx", "--tokenizer", out / "fp32",
+                    "--predictions", tmp_path / "ort.tsv", *map(str, common)], check=True, capture_output=True)
+    bq, ort = predictions(tmp_path / "bq.tsv"), predictions(tmp_path / "ort.tsv")
+    assert sorted(bq) == list(range(64)) and sorted(ort) == list(range(64))
+    dp = max(abs(bq[i][2] - ort[i][2]) for i in bq)
+    print(f"fp32 checkpoint vs ONNX fp32 on 64 reviews: max |probability difference| {dp:.2e}")
+    assert all(bq[i][:2] == ort[i][:2] for i in bq) and dp < 1e-4, (bq, ort)
 
     # the same command again: every stage is done, only the report is written
     p = run_bq(*args, timeout=600)
