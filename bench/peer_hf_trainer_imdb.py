@@ -107,14 +107,15 @@ def main():
                     "token_type_ids": torch.zeros_like(ids), "labels": self.labels[i]}
 
     model = BertForSequenceClassification.from_pretrained(args.model, num_labels=2)
-    steps = math.ceil(len(data["train_labels"]) / args.batch_size) * args.epochs
+    steps_per_epoch = math.ceil(len(data["train_labels"]) / args.batch_size)
+    steps = steps_per_epoch * args.epochs
     kw = dict(save_strategy="no")
     callbacks = []
     if args.evals_per_epoch > 0 and len(data["val_labels"]):
         # bertqat's --evals-per-epoch K with --save-best: evaluate every ceil(steps per epoch / K) steps and at
         # the last step, keep the parameters of the best validation accuracy (HF load_best_model_at_end;
         # ties keep the earlier, as bertqat does)
-        every = math.ceil(math.ceil(len(data["train_labels"]) / args.batch_size) / args.evals_per_epoch)
+        every = math.ceil(steps_per_epoch / args.evals_per_epoch)
         kw = dict(eval_strategy="steps", eval_steps=every, save_strategy="steps", save_steps=every,
                   load_best_model_at_end=True, metric_for_best_model="accuracy", greater_is_better=True,
                   save_total_limit=2)

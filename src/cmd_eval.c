@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "autograd/bq.h"
 #include "datasets/dataset.h"
@@ -84,6 +83,7 @@ int bq_cmd_eval(int argc, char **argv) {
     if (!strcmp(truncation, "tail")) trunc = BQ_TRUNC_TAIL;
     else if (!strcmp(truncation, "head_tail") || !strcmp(truncation, "head-tail")) trunc = BQ_TRUNC_HEAD_TAIL;
     else if (strcmp(truncation, "head")) return bq_err(BQ_EINVAL, "--truncation: '%s' is not head, tail or head_tail", truncation);
+    if (predictions && (st = bq_check_writable_parent(predictions))) return bq_err_ctx(st, "--predictions");
     bq_runtime_set_threads(threads);
 
     BqTokenizer *tok = NULL;
@@ -141,13 +141,13 @@ int bq_cmd_eval(int argc, char **argv) {
     if ((st = bq_evaluate(&m, &src, &act, &conf, 0, pw.f ? pred_write : NULL, &pw))) goto cleanup;
     double secs = bq_now() - t0;
     if (pw.f) {
-        int bad = fflush(pw.f) != 0 || fsync(fileno(pw.f)) != 0;
-        bad |= fclose(pw.f) != 0;
+        int bad = fclose(pw.f) != 0;
         pw.f = NULL;
-        if (bad || rename(pred_tmp, predictions) != 0) {
+        if (bad) {
             st = bq_err(BQ_EIO, "--predictions %s: write failed: %s", predictions, strerror(errno));
             goto cleanup;
         }
+        if ((st = bq_rename_durable(pred_tmp, predictions))) goto cleanup;
     }
     BqMetrics mt = bq_metrics_compute(&conf);
     double eps = mt.n / (secs > 1e-9 ? secs : 1e-9);

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import IMDB, MODEL, THREADS, run_bq
+from conftest import IMDB, MODEL, ROOT, THREADS, run_bq
 
 STAGES = ["fp32", "ptq", "qat", "export-fp32", "export-qat-int8-cpu", "export-qat-int8", "eval-fp32", "eval-ptq",
           "eval-qat", "eval-onnx-fp32", "eval-onnx-int8-cpu", "eval-onnx-int8"]
@@ -51,9 +51,7 @@ def test_pipeline_tiny(tmp_path, bin_path):
 
     common = ["--data", IMDB, "--split", "test", "--samples", 64, "--max-seq-len", 32, "--seed", 42]
     run_bq("eval", "--model", out / "fp32", "--threads", THREADS, "--predictions", tmp_path / "bq.tsv", *common)
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
-                          "onnx_eval.py")
-    subprocess.run([sys.executable, script, "--onnx", out / "fp32.onnx", "--tokenizer", out / "fp32",
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "onnx_eval.py"), "--onnx", out / "fp32.onnx", "--tokenizer", out / "fp32",
                     "--predictions", tmp_path / "ort.tsv", *map(str, common)], check=True, capture_output=True)
     bq, ort = predictions(tmp_path / "bq.tsv"), predictions(tmp_path / "ort.tsv")
     assert sorted(bq) == list(range(64)) and sorted(ort) == list(range(64))
