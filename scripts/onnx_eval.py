@@ -55,6 +55,10 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="ORT intra-op threads (0: ORT's default)")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--graph-opt", choices=("all", "extended", "basic", "none"), default="all",
+                    help="ORT graph optimization level (none: the plain Q/DQ graph, every op as written)")
+    ap.add_argument("--session-config", action="append", default=[], metavar="KEY=VALUE",
+                    help="ORT session config entry, e.g. session.x64quantprecision=1 (repeatable)")
     ap.add_argument("--predictions", help="write index, label, predicted label, its probability per review (TSV, "
                     "as bertqat eval --predictions)")
     a = ap.parse_args()
@@ -76,6 +80,15 @@ def main():
     so = ort.SessionOptions()
     if a.threads:
         so.intra_op_num_threads = a.threads
+    so.graph_optimization_level = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                                   "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                                   "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+                                   "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}[a.graph_opt]
+    for kv in a.session_config:
+        if "=" not in kv:
+            ap.error(f"--session-config {kv}: expected KEY=VALUE")
+        k, v = kv.split("=", 1)
+        so.add_session_config_entry(k, v)
     sess = ort.InferenceSession(a.onnx, so, providers=["CPUExecutionProvider"])
     inputs = {i.name: (np.int32 if i.type == "tensor(int32)" else np.int64) for i in sess.get_inputs()}
     pred = np.zeros(len(data), np.int64)

@@ -2,7 +2,8 @@
 64 test reviews at seq 32): every stage runs (fp32 fine-tune, PTQ, QAT from the PTQ model with fixed
 ranges, three ONNX exports, six evaluations with ONNX Runtime through this Python), the report has a
 row per stage, the fp32 ONNX export scores exactly the checkpoint's accuracy and predicts every review
-as it does (`--predictions` of both evaluators), and a second run of the same command skips every
+as it does (`--predictions` of both evaluators, ORT with and without its graph optimizations, compared
+by scripts/compare_predictions.py), and a second run of the same command skips every
 finished stage."""
 import json
 import os
@@ -58,6 +59,24 @@ def test_pipeline_tiny(tmp_path, bin_path):
     dp = max(abs(bq[i][2] - ort[i][2]) for i in bq)
     print(f"fp32 checkpoint vs ONNX fp32 on 64 reviews: max |probability difference| {dp:.2e}")
     assert all(bq[i][:2] == ort[i][:2] for i in bq) and dp < 1e-4, (bq, ort)
+
+    # the same through ORT with its graph optimizations off, compared by scripts/compare_predictions.py;
+    # one predicted label flipped must fail --min-agree 100, a file of other reviews must be refused
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "onnx_eval.py"), "--onnx", out / "fp32.onnx", "--tokenizer", out / "fp32",
+                    "--graph-opt", "none", "--predictions", tmp_path / "none.tsv", *map(str, common)], check=True,
+                   capture_output=True)
+    cmp = [sys.executable, os.path.join(ROOT, "scripts", "compare_predictions.py")]
+    c = subprocess.run(cmp + [tmp_path / "bq.tsv", tmp_path / "none.tsv", "--min-agree", "100"], capture_output=True, text=True)
+    assert c.returncode == 0 and "labels agree 100.00% (0 differ" in c.stdout, c.stdout + c.stderr
+    rows = (tmp_path / "none.tsv").read_text().splitlines()
+    i, y, pr, pb = rows[0].split("\t")
+    (tmp_path / "flip.tsv").write_text("\n".join([f"{i}\t{y}\t{1 - int(pr)}\t{pb}"] + rows[1:]) + "\n")
+    c = subprocess.run(cmp + [tmp_path / "bq.tsv", tmp_path / "flip.tsv", "--min-agree", "100", "--list"],
+                       capture_output=True, text=True)
+    assert c.returncode == 1 and "1 differ" in c.stdout and c.stdout.splitlines()[1] == i, c.stdout + c.stderr
+    (tmp_path / "short.tsv").write_text("\n".join(rows[1:]) + "\n")
+    c = subprocess.run(cmp + [tmp_path / "bq.tsv", tmp_path / "short.tsv"], capture_output=True, text=True)
+    assert c.returncode != 0 and "different reviews" in c.stderr, c.stdout + c.stderr
 
     # the same command again: every stage is done, only the report is written
     p = run_bq(*args, timeout=600)
