@@ -5,7 +5,8 @@ The files are the TSVs written by `bertqat eval --predictions` and `scripts/onnx
 (index, true label, predicted label, probability of the predicted label), over the same reviews. Prints
 how many predicted labels agree, each side's accuracy, and the spread of |p_A(pos) - p_B(pos)|; with
 --list, the indices of the reviews whose labels differ. Exits 1 when the files do not list the same
-reviews with the same true labels, or when --min-agree is given and the agreement is below it.
+reviews with the same true labels, when --min-agree is given and the agreement is below it, or when
+--max-dp is given and some |p_A(pos) - p_B(pos)| is not below it.
 """
 import argparse
 import sys
@@ -40,6 +41,8 @@ def main():
     ap.add_argument("--list", action="store_true", help="print the indices of the reviews whose labels differ")
     ap.add_argument("--min-agree", type=float, default=None, metavar="PCT",
                     help="exit 1 unless at least PCT percent of the labels agree")
+    ap.add_argument("--max-dp", type=float, default=None, metavar="X",
+                    help="exit 1 unless every |p_A(pos) - p_B(pos)| is below X")
     a = ap.parse_args()
     A, B = load(a.a), load(a.b)
     if sorted(A) != sorted(B):
@@ -58,8 +61,13 @@ def main():
           f"p99 {np.quantile(d, 0.99):.4f} max {d.max():.4f}")
     if a.list:
         print(" ".join(str(k) for k in keys[la != lb]))
+    fails = []
     if a.min_agree is not None and agree < a.min_agree:
-        print(f"FAIL: labels agree on {agree:.2f}% < {a.min_agree}%", file=sys.stderr)
+        fails.append(f"labels agree on {agree:.2f}% < {a.min_agree}%")
+    if a.max_dp is not None and not d.max() < a.max_dp:
+        fails.append(f"max |dp(pos)| {d.max():.3g} >= {a.max_dp}")
+    if fails:
+        print("FAIL: " + "; ".join(fails), file=sys.stderr)
         sys.exit(1)
 
 

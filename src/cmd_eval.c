@@ -45,8 +45,7 @@ static void pred_write(void *user, const BqBatch *b, const float *probs) {
     PredWriter *w = user;
     for (int64_t i = 0; i < b->B; i++) {
         const float *p = probs + i * w->C;
-        int k = 0;
-        for (int j = 1; j < w->C; j++) k = p[j] > p[k] ? j : k;
+        int k = bq_argmax(p, w->C);
         fprintf(w->f, "%lld\t%d\t%d\t%.6f\n", (long long)b->example_index[i], b->labels[i], k, p[k]);
     }
 }
@@ -275,10 +274,8 @@ int bq_cmd_predict(int argc, char **argv) {
         BqTensor *logits = NULL;
         if ((st = bq_bert_forward(&m, &ctx, &b, &logits, NULL))) goto cleanup;
         const float *z = logits->data;
-        int arg = 0;
-        double mx = z[0], s = 0;
-        for (int k = 1; k < C; k++)
-            if (z[k] > mx) mx = z[k], arg = k;
+        int arg = bq_argmax(z, C);
+        double mx = z[arg], s = 0;
         for (int k = 0; k < C; k++) s += exp(z[k] - mx);
         double prob = 1.0 / s;
         char nb[32];

@@ -32,15 +32,20 @@ void bq_confusion_add(BqConfusion *c, int truth, int pred) {
     c->n++;
 }
 
+int bq_argmax(const float *z, int n) {
+    int k = 0;
+    for (int j = 1; j < n; j++)
+        if (z[j] > z[k]) k = j;
+    return k;
+}
+
 void bq_confusion_add_logits(BqConfusion *c, const float *logits, const int32_t *labels, int64_t B) {
     int C = c->nclass;
     for (int64_t b = 0; b < B; b++) {
         if (labels[b] < 0) continue;
         const float *z = logits + b * C;
-        int arg = 0;
-        float mx = z[0];
-        for (int j = 1; j < C; j++)
-            if (z[j] > mx) mx = z[j], arg = j;
+        int arg = bq_argmax(z, C);
+        float mx = z[arg];
         double se = 0;
         for (int j = 0; j < C; j++) se += exp((double)z[j] - mx);
         c->loss_sum += log(se) - ((double)z[labels[b]] - mx);

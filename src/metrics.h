@@ -21,6 +21,8 @@ typedef struct BqMetrics {
 void bq_confusion_init(BqConfusion *c, int nclass);
 void bq_confusion_free(BqConfusion *c);
 void bq_confusion_reset(BqConfusion *c);
+/* Index of the largest of z[0..n) (the first one on ties); n >= 1. */
+int bq_argmax(const float *z, int n);
 /* Adds B rows of logits (B, nclass) with labels (B) in [0, nclass): argmax prediction (first maximum
  * on ties) and the example's cross-entropy. Rows with label < 0 are skipped. */
 void bq_confusion_add_logits(BqConfusion *c, const float *logits, const int32_t *labels, int64_t B);
