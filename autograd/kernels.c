@@ -256,60 +256,6 @@ void bq_kernel_add_backward(float *da, float *db, const float *dout, int64_t n, 
     }
 }
 
-void bq_kernel_mul_forward(float *out, const float *a, const float *b, int64_t n, int64_t C, int bcast) {
-    if (!bcast) {
-#pragma omp parallel for if (n > PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < n; i++) out[i] = a[i] * b[i];
-        return;
-    }
-    int64_t rows = n / C;
-#pragma omp parallel for if (n > PAR_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < C; c++) out[r * C + c] = a[r * C + c] * b[c];
-}
-
-void bq_kernel_mul_backward(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n,
-                            int64_t C, int bcast) {
-    int64_t rows = bcast ? n / C : 1;
-    if (da) {
-        if (bcast) {
-#pragma omp parallel for if (n > PAR_MIN) schedule(static)
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t c = 0; c < C; c++) da[r * C + c] += dout[r * C + c] * b[c];
-        } else {
-#pragma omp parallel for if (n > PAR_MIN) schedule(static)
-            for (int64_t i = 0; i < n; i++) da[i] += dout[i] * b[i];
-        }
-    }
-    if (db) {
-        if (bcast) { /* column blocks, rows in order: deterministic */
-            int64_t nblk = (C + COLBLK - 1) / COLBLK;
-#pragma omp parallel for if (n > PAR_MIN) schedule(static)
-            for (int64_t blk = 0; blk < nblk; blk++) {
-                int64_t c0 = blk * COLBLK, c1 = c0 + COLBLK < C ? c0 + COLBLK : C;
-                float acc[COLBLK];
-                for (int64_t c = c0; c < c1; c++) acc[c - c0] = 0.0f;
-                for (int64_t r = 0; r < rows; r++)
-                    for (int64_t c = c0; c < c1; c++) acc[c - c0] += dout[r * C + c] * a[r * C + c];
-                for (int64_t c = c0; c < c1; c++) db[c] += acc[c - c0];
-            }
-        } else {
-#pragma omp parallel for if (n > PAR_MIN) schedule(static)
-            for (int64_t i = 0; i < n; i++) db[i] += dout[i] * a[i];
-        }
-    }
-}
-
-void bq_kernel_scale_forward(float *out, const float *x, float s, int64_t n) {
-#pragma omp parallel for if (n > PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) out[i] = s * x[i];
-}
-
-void bq_kernel_scale_backward(float *dx, const float *dout, float s, int64_t n) {
-#pragma omp parallel for if (n > PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) dx[i] += s * dout[i];
-}
-
 /* ---- embedding ---- */
 
 void bq_kernel_embedding_forward(float *out, const float *table, const int32_t *ids, int64_t N, int64_t H) {

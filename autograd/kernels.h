@@ -39,11 +39,6 @@ void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx
  * over the rows of a (n = rows·C). */
 void bq_kernel_add_forward(float *out, const float *a, const float *b, int64_t n, int64_t C, int bcast);
 void bq_kernel_add_backward(float *da, float *db, const float *dout, int64_t n, int64_t C, int bcast);
-void bq_kernel_mul_forward(float *out, const float *a, const float *b, int64_t n, int64_t C, int bcast);
-void bq_kernel_mul_backward(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n,
-                            int64_t C, int bcast);
-void bq_kernel_scale_forward(float *out, const float *x, float s, int64_t n);
-void bq_kernel_scale_backward(float *dx, const float *dout, float s, int64_t n);
 /* dst[c] += Σ_r src[r,c] over a (rows,C) array; rows summed in order (deterministic). */
 void bq_kernel_colsum_acc(float *dst, const float *src, int64_t rows, int64_t C);
 

@@ -25,7 +25,7 @@ const BqProfile *bq_profile_get(void) { return &g_prof; }
 const char *bq_op_name(BqOp op) {
     static const char *const names[BQ_OP_COUNT] = {
         [BQ_OP_LINEAR] = "linear", [BQ_OP_ATTN_SCORES] = "attn_scores", [BQ_OP_ATTN_CONTEXT] = "attn_context",
-        [BQ_OP_ADD] = "add", [BQ_OP_MUL] = "mul", [BQ_OP_SCALE] = "scale", [BQ_OP_EMBEDDING] = "embedding",
+        [BQ_OP_ADD] = "add", [BQ_OP_EMBEDDING] = "embedding",
         [BQ_OP_LAYERNORM] = "layernorm", [BQ_OP_GELU] = "gelu", [BQ_OP_TANH] = "tanh",
         [BQ_OP_SOFTMAX_MASK] = "softmax_mask", [BQ_OP_DROPOUT] = "dropout", [BQ_OP_SELECT_TOKEN] = "select_token",
         [BQ_OP_CROSS_ENTROPY] = "cross_entropy", [BQ_OP_FAKEQUANT] = "fakequant",
@@ -117,18 +117,6 @@ BqTensor bq_tensor_wrap(float *data, float *grad, int ndim, const int64_t *shape
     t.data = data;
     t.grad = grad;
     return t;
-}
-
-BqTensor *bq_tensor_reshape(BqCtx *ctx, const BqTensor *t, int ndim, const int64_t *shape) {
-    BQ_CHECK(bq_tensor_is_contiguous(t));
-    BqTensor *v = bq_arena_alloc(ctx->act, sizeof(BqTensor));
-    memset(v, 0, sizeof *v);
-    bq_tensor_set_shape(v, ndim, shape);
-    BQ_CHECK(bq_tensor_numel(v) == bq_tensor_numel(t));
-    v->data = t->data;
-    v->grad = t->grad;
-    v->name = t->name;
-    return v;
 }
 
 /* ---- helpers ---- */
@@ -234,51 +222,22 @@ static int binary_bcast(const BqTensor *a, const BqTensor *b) {
     return 1;
 }
 
-static BqTensor *binary_op(BqCtx *ctx, BqOp op, BqTensor *a, BqTensor *b) {
+BqTensor *bq_op_add(BqCtx *ctx, BqTensor *a, BqTensor *b) {
     int bc = binary_bcast(a, b);
     int64_t n = bq_tensor_numel(a), C = last_dim(a);
     BqTensor *y = new_like(ctx, a);
-    if (op == BQ_OP_ADD)
-        bq_kernel_add_forward(y->data, a->data, b->data, n, C, bc);
-    else
-        bq_kernel_mul_forward(y->data, a->data, b->data, n, C, bc);
+    bq_kernel_add_forward(y->data, a->data, b->data, n, C, bc);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, op, y);
+        BqNode *nd = tape_push(ctx, BQ_OP_ADD, y);
         nd->in[0] = a, nd->in[1] = b;
         nd->iparam[0] = n, nd->iparam[1] = C, nd->iparam[2] = bc;
     }
     return y;
 }
 
-BqTensor *bq_op_add(BqCtx *ctx, BqTensor *a, BqTensor *b) { return binary_op(ctx, BQ_OP_ADD, a, b); }
-BqTensor *bq_op_mul(BqCtx *ctx, BqTensor *a, BqTensor *b) { return binary_op(ctx, BQ_OP_MUL, a, b); }
-
 static void back_add(BqNode *nd) {
     bq_kernel_add_backward(nd->in[0]->grad, nd->in[1]->grad, nd->out->grad, nd->iparam[0], nd->iparam[1],
                            (int)nd->iparam[2]);
-}
-
-static void back_mul(BqNode *nd) {
-    bq_kernel_mul_backward(nd->in[0]->grad, nd->in[1]->grad, nd->out->grad, nd->in[0]->data, nd->in[1]->data,
-                           nd->iparam[0], nd->iparam[1], (int)nd->iparam[2]);
-}
-
-BqTensor *bq_op_scale(BqCtx *ctx, BqTensor *x, float s) {
-    CONTIG(x);
-    BqTensor *y = new_like(ctx, x);
-    int64_t n = bq_tensor_numel(x);
-    bq_kernel_scale_forward(y->data, x->data, s, n);
-    if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_SCALE, y);
-        nd->in[0] = x;
-        nd->iparam[0] = n;
-        nd->fval[0] = s;
-    }
-    return y;
-}
-
-static void back_scale(BqNode *nd) {
-    if (nd->in[0]->grad) bq_kernel_scale_backward(nd->in[0]->grad, nd->out->grad, nd->fval[0], nd->iparam[0]);
 }
 
 BqTensor *bq_op_embedding(BqCtx *ctx, BqTensor *table, const int32_t *ids, int64_t B, int64_t T) {
@@ -535,8 +494,6 @@ static const BackFn g_backward[BQ_OP_COUNT] = {
     [BQ_OP_ATTN_SCORES] = back_attn_scores,
     [BQ_OP_ATTN_CONTEXT] = back_attn_context,
     [BQ_OP_ADD] = back_add,
-    [BQ_OP_MUL] = back_mul,
-    [BQ_OP_SCALE] = back_scale,
     [BQ_OP_EMBEDDING] = back_embedding,
     [BQ_OP_LAYERNORM] = back_layernorm,
     [BQ_OP_GELU] = back_gelu,

@@ -33,8 +33,6 @@ typedef enum BqOp {
     BQ_OP_ATTN_SCORES,   /* s[b,h,i,j] = Σ_d q[b,i,h,d]·k[b,j,h,d] */
     BQ_OP_ATTN_CONTEXT,  /* c[b,i,h,d] = Σ_j p[b,h,i,j]·v[b,j,h,d] */
     BQ_OP_ADD,           /* y = a + b */
-    BQ_OP_MUL,           /* y = a ⊙ b */
-    BQ_OP_SCALE,         /* y = s·x */
     BQ_OP_EMBEDDING,     /* y[n,:] = table[ids[n],:] */
     BQ_OP_LAYERNORM,     /* y = (x−μ)/√(σ²+eps)·w + b over the last axis */
     BQ_OP_GELU,          /* y = x·Φ(x), exact erf form */
@@ -88,8 +86,6 @@ void bq_tensor_set_shape(BqTensor *t, int ndim, const int64_t *shape);
 BqTensor *bq_tensor_new(BqCtx *ctx, int ndim, const int64_t *shape);
 /* A tensor over caller-owned memory (parameters): data and grad (may be NULL) are not copied. */
 BqTensor bq_tensor_wrap(float *data, float *grad, int ndim, const int64_t *shape);
-/* A view sharing data and grad with t, reshaped (t must be contiguous). */
-BqTensor *bq_tensor_reshape(BqCtx *ctx, const BqTensor *t, int ndim, const int64_t *shape);
 
 /* ---- recorded ops (each returns its output, allocated in ctx->act) ---- */
 
@@ -101,8 +97,6 @@ BqTensor *bq_op_attn_scores(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads);
 BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nheads);
 /* Same shapes, or b of shape (last dim of a) broadcast over the leading dims. */
 BqTensor *bq_op_add(BqCtx *ctx, BqTensor *a, BqTensor *b);
-BqTensor *bq_op_mul(BqCtx *ctx, BqTensor *a, BqTensor *b);
-BqTensor *bq_op_scale(BqCtx *ctx, BqTensor *x, float s);
 /* table (V,H), ids (B·T) in [0,V) (checked by the caller) → (B,T,H). */
 BqTensor *bq_op_embedding(BqCtx *ctx, BqTensor *table, const int32_t *ids, int64_t B, int64_t T);
 /* x (...,H), w and b (H). */

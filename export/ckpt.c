@@ -17,10 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#if __has_include("export/hf_load.h")
 #include "export/hf_load.h"
-#define BQ_HAVE_HF_LOAD 1
-#endif
 
 #define PATH_MAX_LEN 4400
 
@@ -489,10 +486,5 @@ int bq_model_load_any(BqBert *m, const char *dir, int num_labels, BqRng *rng, ch
                         num_labels);
         return st;
     }
-#ifdef BQ_HAVE_HF_LOAD
     return bq_hf_load(m, dir, num_labels, rng, report);
-#else
-    (void)rng;
-    return bq_err(BQ_EINVAL, "%s: not a native checkpoint (no model.h5) and this build has no HF loader", dir);
-#endif
 }

@@ -4,9 +4,6 @@
 #ifndef BQ_HF_LOAD_H
 #define BQ_HF_LOAD_H
 
-/* Tells export/ckpt.c that bq_hf_load exists (it compiled a fallback before this module landed). */
-#define BQ_HAVE_HF_LOAD 1
-
 #include "autograd/bq.h"
 #include "layers/bert.h"
 

@@ -23,7 +23,6 @@
 #include <jansson.h>
 
 #include "autograd/kernels.h"
-#include "export/h5io.h"
 #include "layers/bert.h"
 #include "layers/calib.h"
 
@@ -446,7 +445,3 @@ int bq_quant_load_hdf5(BqBert *m, int64_t file_id, const char *path) {
     H5Gclose(root);
     return st;
 }
-
-/* The same through export/h5io.h's handle. */
-int bq_quant_save(const BqQuantState *qs, BqH5 *h5) { return bq_quant_save_hdf5(qs, bq_h5_hid(h5), bq_h5_path(h5)); }
-int bq_quant_load(BqBert *m, BqH5 *h5) { return bq_quant_load_hdf5(m, bq_h5_hid(h5), bq_h5_path(h5)); }

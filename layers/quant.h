@@ -121,7 +121,6 @@ BqTensor *bq_quant_weight(BqQuantState *qs, BqCtx *ctx, int layer, int point, Bq
 /* ---- additions (qat helper): life cycle, calibration, persistence (layers/quant.c, qscheme.c) ---- */
 
 struct BqBert;
-struct BqH5;
 struct json_t;
 
 typedef enum BqCalibrator {
@@ -164,16 +163,12 @@ int bq_quant_calib_finish(BqQuantState *qs, BqCalibrator method, double percenti
 struct json_t *bq_quant_config_to_json(const BqQuantConfig *cfg);
 int bq_quant_config_from_json(BqQuantConfig *cfg, struct json_t *j);
 
-/* Ranges in an HDF5 checkpoint: /quant/<name>/{amax, scale} with attributes axis, bits, scheme,
- * frozen. load requires m->quant to exist (built from the config) and fills every quantizer found;
- * a quantizer missing from the file is an error naming it. */
-int bq_quant_save(const BqQuantState *qs, struct BqH5 *h5);
-int bq_quant_load(struct BqBert *m, struct BqH5 *h5);
-/* The same on an open HDF5 file handle (hid_t, an int64_t in HDF5 >= 1.10), for export/ckpt.c which
- * uses the HDF5 C API directly; `path` names the file in messages. Besides amax and scale each
- * group holds observer_min/observer_max (the moving-average state, so QAT resumes exactly) and the
- * attribute initialized. load fills m->quant (already built from config.json); a missing quantizer
- * group or a shape mismatch is a BQ_EFORMAT error naming the file and quantizer. */
+/* Ranges in an HDF5 checkpoint, on an open file handle (hid_t, an int64_t in HDF5 >= 1.10) of
+ * export/ckpt.c; `path` names the file in messages. Layout: /quant/<name>/{amax, scale} with
+ * attributes axis, bits, scheme, frozen, initialized, and observer_min/observer_max (the
+ * moving-average state, so QAT resumes exactly). load requires m->quant to exist (built from
+ * config.json) and fills every quantizer; a missing quantizer group or a shape mismatch is a
+ * BQ_EFORMAT error naming the file and quantizer. */
 int bq_quant_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path);
 int bq_quant_load_hdf5(struct BqBert *m, int64_t file_id, const char *path);
 

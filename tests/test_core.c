@@ -51,13 +51,28 @@ int main(void) {
     ctx.tape = &tape;
     BqTensor *tg = bq_tensor_new(&ctx, 3, sh);
     EXPECT(tg->grad != NULL && tg->grad[23] == 0.0f);
-    int64_t sh2[2] = {6, 4};
-    BqTensor *r = bq_tensor_reshape(&ctx, tg, 2, sh2);
-    EXPECT(r->data == tg->data && r->grad == tg->grad && r->shape[0] == 6 && r->stride[0] == 4);
-    /* the tape grows past its initial capacity */
+    /* a wrapped tensor shares the caller's memory and gets contiguous strides */
+    float wdata[6] = {1, 2, 3, 4, 5, 6}, wgrad[6] = {0};
+    int64_t sh2[2] = {2, 3};
+    BqTensor w = bq_tensor_wrap(wdata, wgrad, 2, sh2);
+    EXPECT(w.data == wdata && w.grad == wgrad && bq_tensor_numel(&w) == 6 && w.stride[0] == 3 && w.stride[1] == 1);
+    /* The tape grows past its initial capacity and records one node per op. Five broadcast adds of the
+     * (4) vector v = w's first row give tg + 5·v; bq_backward seeds the gradient of element 0 of the
+     * (2,3,4) output, so tg's gradient is one-hot at 0 and v's is 5 at 0 (accumulated over the adds),
+     * and the rest of w's gradient buffer stays untouched. */
+    int64_t sh1[1] = {4};
+    BqTensor v = bq_tensor_wrap(wdata, wgrad, 1, sh1);
     BqTensor *x = tg;
-    for (int i = 0; i < 5; i++) x = bq_op_scale(&ctx, x, 2.0f);
-    EXPECT(tape.n == 5 && tape.cap >= 5);
+    for (int i = 0; i < 24; i++) tg->data[i] = (float)i;
+    for (int i = 0; i < 5; i++) x = bq_op_add(&ctx, x, &v);
+    EXPECT(tape.n == 5 && tape.cap >= 5 && tape.nodes[4].op == BQ_OP_ADD && x->ndim == 3 && x->shape[2] == 4);
+    for (int i = 0; i < 24; i++) EXPECT(x->data[i] == (float)i + 5.0f * wdata[i % 4]);
+    bq_backward(&ctx, x);
+    EXPECT(tg->grad[0] == 1.0f && wgrad[0] == 5.0f);
+    int stray = 0;
+    for (int i = 1; i < 24; i++) stray += tg->grad[i] != 0.0f;
+    for (int i = 1; i < 6; i++) stray += wgrad[i] != 0.0f;
+    EXPECT(stray == 0);
     bq_tape_free(&tape);
     bq_arena_free(&a);
 

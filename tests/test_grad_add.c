@@ -1,7 +1,7 @@
 /* Gradient check of bq_op_add: same shapes, and a bias of shape (H) broadcast over (B,T,H). */
 #include <stdio.h>
 
-#include "autograd/gradcheck.h"
+#include "tests/gradcheck.h"
 
 enum { B = 2, T = 5, H = 6, N = B * T * H };
 static float a[N], ga[N], b[N], gb[N];

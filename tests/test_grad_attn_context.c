@@ -2,7 +2,7 @@
  * head-merged into (B,T,H); B=2, T=5, H=6, NH=2. */
 #include <stdio.h>
 
-#include "autograd/gradcheck.h"
+#include "tests/gradcheck.h"
 
 enum { B = 2, T = 5, H = 6, NH = 2, NV = B * T * H, NP = B * NH * T * T };
 static float p[NP], gp[NP], v[NV], gv[NV];

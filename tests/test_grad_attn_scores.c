@@ -2,7 +2,7 @@
  * strided views of (B,T,H); B=2, T=5, H=6, NH=2 (d=3). */
 #include <stdio.h>
 
-#include "autograd/gradcheck.h"
+#include "tests/gradcheck.h"
 
 enum { B = 2, T = 5, H = 6, NH = 2, N = B * T * H };
 static float q[N], gq[N], k[N], gk[N];

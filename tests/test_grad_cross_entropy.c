@@ -3,7 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "autograd/gradcheck.h"
+#include "tests/gradcheck.h"
 
 enum { B = 3, C = 5, N = B * C };
 static float z[N], gz[N];

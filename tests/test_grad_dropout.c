@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "autograd/gradcheck.h"
+#include "tests/gradcheck.h"
 
 enum { B = 2, T = 5, H = 6, N = B * T * H, NBIG = 20000 };
 static float x[N], gx[N];

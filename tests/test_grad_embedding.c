@@ -2,7 +2,7 @@
  * (gradient must stay untouched). */
 #include <stdio.h>
 
-#include "autograd/gradcheck.h"
+#include "tests/gradcheck.h"
 
 enum { V = 7, H = 6, B = 2, T = 5 };
 static float tab[V * H], gtab[V * H];

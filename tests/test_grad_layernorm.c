@@ -3,7 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "autograd/gradcheck.h"
+#include "tests/gradcheck.h"
 
 enum { B = 2, T = 5, H = 6, N = B * T * H };
 static float x[N], gx[N], w[H], gw[H], b[H], gb[H];

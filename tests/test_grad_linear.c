@@ -2,7 +2,7 @@
  * bias, and with a frozen weight (NULL grad) which must be skipped. */
 #include <stdio.h>
 
-#include "autograd/gradcheck.h"
+#include "tests/gradcheck.h"
 
 enum { N = 2 * 5, C = 6, OC = 7 };
 static float x[N * C], gx[N * C], w[OC * C], gw[OC * C], b[OC], gb[OC];

@@ -1,7 +1,7 @@
 /* Gradient check of bq_op_select_token: (B,T,H) → (B,H) at token t (t = 0 and t = T−1). */
 #include <stdio.h>
 
-#include "autograd/gradcheck.h"
+#include "tests/gradcheck.h"
 
 enum { B = 2, T = 5, H = 6, N = B * T * H };
 static float x[N], gx[N];

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "autograd/gradcheck.h"
+#include "tests/gradcheck.h"
 
 enum { B = 2, NH = 2, T = 5, N = B * NH * T * T };
 static float x[N], gx[N];

@@ -2,7 +2,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "autograd/gradcheck.h"
+#include "tests/gradcheck.h"
 
 enum { B = 2, H = 7, N = B * H };
 static float x[N], gx[N];

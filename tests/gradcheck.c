@@ -1,7 +1,7 @@
 /* Central-difference gradient checking (contract in gradcheck.h). Reference: the standard
  * finite-difference gradient check (cs231n notes; torch.autograd.gradcheck uses the same
  * atol + rtol·|num| acceptance form). */
-#include "autograd/gradcheck.h"
+#include "tests/gradcheck.h"
 
 #include <math.h>
 #include <stdio.h>
