@@ -20,6 +20,7 @@
 #include "layers/bert.h"
 #include "layers/quant.h"
 #include "src/optim.h"
+#include "src/train.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -120,6 +121,7 @@ int main(int argc, char **argv) {
         bt.attention_mask[i] = 1.0f;
     }
     for (int b = 0; b < B; b++) bt.labels[b] = (int32_t)bq_rng_below(&rng, 2);
+    BqBertInput in = bq_batch_input(&bt);
 
     BqArena act;
     BqTape tape;
@@ -138,7 +140,7 @@ int main(int argc, char **argv) {
         double t0 = bq_now();
         bq_profile_mark();
         BqTensor *logits = NULL, *loss = NULL;
-        if (bq_bert_forward(&m, &ctx, &bt, &logits, &loss) != BQ_OK) {
+        if (bq_bert_forward(&m, &ctx, &in, &logits, &loss) != BQ_OK) {
             fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
             return 1;
         }

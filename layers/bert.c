@@ -272,10 +272,10 @@ static BqTensor *layer_forward(BqBert *m, BqCtx *ctx, int l, BqTensor *x, const 
     return qact(qs, ctx, l, BQ_QP_OUT_LN, o);
 }
 
-int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBatch *batch, BqTensor **logits, BqTensor **loss) {
-    BQ_CHECK(m && ctx && ctx->act && batch && logits);
+int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits, BqTensor **loss) {
+    BQ_CHECK(m && ctx && ctx->act && in && logits);
     const BqBertConfig *c = &m->cfg;
-    const int64_t B = batch->B, T = batch->T;
+    const int64_t B = in->B, T = in->T;
     *logits = NULL;
     if (loss) *loss = NULL;
 
@@ -284,47 +284,47 @@ int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBatch *batch, BqTensor **logi
     if (T > c->max_position_embeddings)
         return bq_err(BQ_EINVAL, "batch: sequence length %lld exceeds max_position_embeddings %d", (long long)T,
                       c->max_position_embeddings);
-    BQ_CHECK(batch->input_ids);
+    BQ_CHECK(in->input_ids);
     for (int64_t i = 0; i < B * T; i++) {
-        if (batch->input_ids[i] < 0 || batch->input_ids[i] >= c->vocab_size)
+        if (in->input_ids[i] < 0 || in->input_ids[i] >= c->vocab_size)
             return bq_err(BQ_EFORMAT, "batch: token id %d at (%lld,%lld) is outside the vocabulary of %d",
-                          batch->input_ids[i], (long long)(i / T), (long long)(i % T), c->vocab_size);
-        if (batch->token_type_ids &&
-            (batch->token_type_ids[i] < 0 || batch->token_type_ids[i] >= c->type_vocab_size))
+                          in->input_ids[i], (long long)(i / T), (long long)(i % T), c->vocab_size);
+        if (in->token_type_ids &&
+            (in->token_type_ids[i] < 0 || in->token_type_ids[i] >= c->type_vocab_size))
             return bq_err(BQ_EFORMAT, "batch: token type %d at (%lld,%lld) is outside type_vocab_size %d",
-                          batch->token_type_ids[i], (long long)(i / T), (long long)(i % T), c->type_vocab_size);
+                          in->token_type_ids[i], (long long)(i / T), (long long)(i % T), c->type_vocab_size);
     }
-    int labelled = batch->labels != NULL;
+    int labelled = in->labels != NULL;
     for (int64_t b = 0; labelled && b < B; b++) {
-        if (batch->labels[b] < 0) labelled = 0;
-        else if (batch->labels[b] >= c->num_labels)
-            return bq_err(BQ_EFORMAT, "batch: label %d of example %lld is not below num_labels %d", batch->labels[b],
+        if (in->labels[b] < 0) labelled = 0;
+        else if (in->labels[b] >= c->num_labels)
+            return bq_err(BQ_EFORMAT, "batch: label %d of example %lld is not below num_labels %d", in->labels[b],
                           (long long)b, c->num_labels);
     }
 
-    /* ids of positions and (when the batch has none) token types, in the activation arena: the
+    /* ids of positions and (when the input has none) token types, in the activation arena: the
      * embedding backward reads them after this function returns */
     int32_t *pos_ids = bq_arena_alloc(ctx->act, (size_t)(B * T) * sizeof(int32_t));
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++) pos_ids[b * T + t] = (int32_t)t;
-    const int32_t *type_ids = batch->token_type_ids;
+    const int32_t *type_ids = in->token_type_ids;
     if (!type_ids) type_ids = bq_arena_alloc_zero(ctx->act, (size_t)(B * T) * sizeof(int32_t));
 
     /* BertEmbeddings: LayerNorm(word + token_type + position), HF's summation order */
-    BqTensor *x = bq_op_embedding(ctx, &m->word_emb, batch->input_ids, B, T);
+    BqTensor *x = bq_op_embedding(ctx, &m->word_emb, in->input_ids, B, T);
     x = bq_op_add(ctx, x, bq_op_embedding(ctx, &m->type_emb, type_ids, B, T));
     x = bq_op_add(ctx, x, bq_op_embedding(ctx, &m->pos_emb, pos_ids, B, T));
     x = bq_op_layernorm(ctx, x, &m->emb_ln_w, &m->emb_ln_b, c->layer_norm_eps);
     x = qact(m->quant, ctx, BQ_QP_LAYER_EMB, -1, x);
     x = bq_op_dropout(ctx, x, c->hidden_dropout_prob);
 
-    for (int l = 0; l < c->num_hidden_layers; l++) x = layer_forward(m, ctx, l, x, batch->attention_mask);
+    for (int l = 0; l < c->num_hidden_layers; l++) x = layer_forward(m, ctx, l, x, in->attention_mask);
 
     /* BertPooler: tanh(dense(x[:, 0])); then dropout and the classifier */
     BqTensor *pooled = bq_op_tanh(ctx, bq_op_linear(ctx, bq_op_select_token(ctx, x, 0), &m->pool_w, &m->pool_b));
     float cls_p = c->classifier_dropout >= 0 ? c->classifier_dropout : c->hidden_dropout_prob;
     pooled = bq_op_dropout(ctx, pooled, cls_p);
     *logits = bq_op_linear(ctx, pooled, &m->cls_w, &m->cls_b); /* (B, num_labels) */
-    if (loss && labelled) *loss = bq_op_cross_entropy(ctx, *logits, batch->labels);
+    if (loss && labelled) *loss = bq_op_cross_entropy(ctx, *logits, in->labels);
     return BQ_OK;
 }

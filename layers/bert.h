@@ -11,7 +11,6 @@
 #include <stdint.h>
 
 #include "autograd/tensor.h"
-#include "datasets/batch.h"
 
 #define BQ_NAME_MAX 128
 
@@ -87,9 +86,20 @@ typedef struct BqBert {
 int bq_bert_create(BqBert *m, const BqBertConfig *cfg, int with_grad, BqRng *rng);
 void bq_bert_free(BqBert *m);
 
-/* Forward pass of BertForSequenceClassification on a batch: logits (B, num_labels); when the batch
- * has labels (all >= 0) and loss != NULL, also the mean cross-entropy loss (shape (1)). Records on
- * ctx->tape when set. Fake quantization happens at the placement points of m->quant, if any. */
-int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBatch *batch, BqTensor **logits, BqTensor **loss);
+/* What the model reads of a batch: shapes (B,T) row-major, the same fields as datasets/batch.h's
+ * BqBatch (src/train.h converts). Nothing is owned; everything must outlive the backward pass. */
+typedef struct BqBertInput {
+    int64_t B, T;
+    const int32_t *input_ids;      /* (B,T), each in [0, vocab_size) */
+    const float *attention_mask;   /* (B,T) 1 = token, 0 = padding; NULL: no padding */
+    const int32_t *token_type_ids; /* (B,T), or NULL: all 0 */
+    const int32_t *labels;         /* (B), or NULL; a label < 0 (unlabeled) disables the loss */
+} BqBertInput;
+
+/* Forward pass of BertForSequenceClassification: logits (B, num_labels); when the input has labels
+ * (all >= 0) and loss != NULL, also the mean cross-entropy loss (shape (1)). Records on ctx->tape
+ * when set. Fake quantization happens at the placement points of m->quant, if any. Bad ids, types,
+ * labels or lengths are BQ_EINVAL/BQ_EFORMAT errors. */
+int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits, BqTensor **loss);
 
 #endif

@@ -272,7 +272,8 @@ int bq_cmd_predict(int argc, char **argv) {
                      .labels = &label, .example_index = &ex};
         BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
         BqTensor *logits = NULL;
-        if ((st = bq_bert_forward(&m, &ctx, &b, &logits, NULL))) goto cleanup;
+        BqBertInput in = bq_batch_input(&b);
+        if ((st = bq_bert_forward(&m, &ctx, &in, &logits, NULL))) goto cleanup;
         const float *z = logits->data;
         int arg = bq_argmax(z, C);
         double mx = z[arg], s = 0;

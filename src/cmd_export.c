@@ -85,7 +85,7 @@ static int dump_logits(BqBert *m, const char *path, int B, int T, int seed, int 
 run:
     if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
     if (m->quant) m->quant->observe = 0;
-    BqBatch batch = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types};
+    BqBertInput batch = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types};
     BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
     BqTensor *logits = NULL;
     if ((st = bq_bert_forward(m, &ctx, &batch, &logits, NULL))) goto cleanup;

@@ -94,7 +94,8 @@ static int calibrate_model(BqBert *m, const BqQuantConfig *qcfg, BqCalibrator me
     while (seen < samples && bq_batcher_next(calib, &b)) {
         size_t mark = bq_arena_mark(&act);
         BqTensor *logits = NULL;
-        if ((st = bq_bert_forward(m, &ctx, &b, &logits, NULL))) goto cleanup;
+        BqBertInput in = bq_batch_input(&b);
+        if ((st = bq_bert_forward(m, &ctx, &in, &logits, NULL))) goto cleanup;
         bq_arena_rewind(&act, mark);
         seen += b.B;
     }

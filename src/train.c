@@ -52,7 +52,8 @@ int bq_evaluate(BqBert *m, BqBatchSource *src, BqArena *act, BqConfusion *conf, 
         size_t mark = bq_arena_mark(act);
         BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
         BqTensor *logits = NULL;
-        st = bq_bert_forward(m, &ctx, b, &logits, NULL);
+        BqBertInput in = bq_batch_input(b);
+        st = bq_bert_forward(m, &ctx, &in, &logits, NULL);
         if (st) {
             bq_arena_rewind(act, mark);
             return st;
@@ -248,7 +249,8 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
                 int64_t k = r.ts.step * tc->grad_accum + micro; /* global micro-batch index */
                 BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(r.ts.seed, (uint64_t)k)};
                 BqTensor *logits = NULL, *loss = NULL;
-                if ((st = bq_bert_forward(m, &ctx, b, &logits, &loss))) goto cleanup;
+                BqBertInput in = bq_batch_input(b);
+                if ((st = bq_bert_forward(m, &ctx, &in, &logits, &loss))) goto cleanup;
                 BQ_CHECK(loss);
                 float lv = loss->data[0];
                 if (!isfinite(lv)) {

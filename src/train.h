@@ -17,6 +17,12 @@
 #include "layers/bert.h"
 #include "src/metrics.h"
 
+/* The model's view of a batch (layers/bert.h does not know datasets/). */
+static inline BqBertInput bq_batch_input(const BqBatch *b) {
+    return (BqBertInput){.B = b->B, .T = b->T, .input_ids = b->input_ids, .attention_mask = b->attention_mask,
+                         .token_type_ids = b->token_type_ids, .labels = b->labels};
+}
+
 /* Where batches come from. The trainer never owns the batches: `next` hands out a batch that stays
  * valid until the following call. */
 typedef struct BqBatchSource {

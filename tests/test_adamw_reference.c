@@ -14,6 +14,7 @@
 #include "autograd/tensor.h"
 #include "layers/bert.h"
 #include "src/optim.h"
+#include "src/train.h"
 
 typedef struct StFile {
     char *buf;       /* whole file */
@@ -146,6 +147,7 @@ int main(void) {
     memcpy(batch.token_type_ids, types, bt * sizeof(int32_t));
     memcpy(batch.attention_mask, mask, bt * sizeof(float));
     memcpy(batch.labels, labels, (size_t)batch.B * sizeof(int32_t));
+    BqBertInput in = bq_batch_input(&batch);
 
     BqArena act;
     BqTape tape;
@@ -160,7 +162,7 @@ int main(void) {
         memset(pt->grad, 0, sizeof(float) * (size_t)pt->total);
         BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = 1};
         BqTensor *logits = NULL, *loss = NULL;
-        if (bq_bert_forward(&m, &ctx, &batch, &logits, &loss) != BQ_OK || !loss) {
+        if (bq_bert_forward(&m, &ctx, &in, &logits, &loss) != BQ_OK || !loss) {
             fprintf(stderr, "FAIL forward: %s\n", bq_errmsg());
             return 1;
         }

@@ -21,6 +21,7 @@
 #include "autograd/bq.h"
 #include "autograd/tensor.h"
 #include "layers/bert.h"
+#include "src/train.h"
 
 typedef struct StFile {
     char *buf;       /* whole file */
@@ -197,13 +198,14 @@ int main(void) {
     memcpy(batch.token_type_ids, types, bt * sizeof(int32_t));
     memcpy(batch.attention_mask, mask, bt * sizeof(float));
     memcpy(batch.labels, labels, (size_t)batch.B * sizeof(int32_t));
+    BqBertInput in = bq_batch_input(&batch);
 
     BQ_CHECK(bq_arena_init(&act, (size_t)1 << 28, "act") == BQ_OK);
     BQ_CHECK(bq_tape_init(&tape, 4096) == BQ_OK);
     BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = 42, .rng_count = 0};
 
     BqTensor *logits = NULL, *loss = NULL;
-    if (bq_bert_forward(&m, &ctx, &batch, &logits, &loss) != BQ_OK || !logits || !loss) {
+    if (bq_bert_forward(&m, &ctx, &in, &logits, &loss) != BQ_OK || !logits || !loss) {
         fprintf(stderr, "FAIL forward: %s\n", bq_errmsg());
         return 1;
     }
@@ -256,7 +258,7 @@ int main(void) {
     bq_tape_rewind(&tape);
     BqCtx ectx = {.act = &act, .tape = NULL, .training = 0};
     BqTensor *elog = NULL, *eloss = NULL;
-    if (bq_bert_forward(&m, &ectx, &batch, &elog, &eloss) != BQ_OK || !elog) {
+    if (bq_bert_forward(&m, &ectx, &in, &elog, &eloss) != BQ_OK || !elog) {
         fprintf(stderr, "FAIL eval forward: %s\n", bq_errmsg());
         fails++;
     } else {

@@ -16,6 +16,7 @@
 #include "autograd/bq.h"
 #include "autograd/tensor.h"
 #include "layers/bert.h"
+#include "src/train.h"
 
 static int g_fails = 0;
 #define EXPECT(cond, ...)                                   \
@@ -54,6 +55,12 @@ static BqBertConfig make_cfg(int vocab, int hidden, int layers, int heads, int i
     return c;
 }
 
+/* bq_bert_forward on a batch of datasets/batch.h (which the tests below mutate in place). */
+static int forward_batch(BqBert *m, BqCtx *ctx, const BqBatch *bt, BqTensor **logits, BqTensor **loss) {
+    BqBertInput in = bq_batch_input(bt);
+    return bq_bert_forward(m, ctx, &in, logits, loss);
+}
+
 /* lengths[b] tokens, the rest padding (id 0, mask 0, type 0); random ids in [1, vocab). */
 static void batch_make(BqBatch *bt, int64_t B, int64_t T, const int *lengths, int vocab, BqRng *rng) {
     memset(bt, 0, sizeof *bt);
@@ -84,7 +91,7 @@ static float eval_loss(BqBert *m, BqArena *act, const BqBatch *bt) {
     size_t mark = bq_arena_mark(act);
     BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
     BqTensor *logits, *loss;
-    BQ_CHECK(bq_bert_forward(m, &ctx, bt, &logits, &loss) == BQ_OK && loss);
+    BQ_CHECK(forward_batch(m, &ctx, bt, &logits, &loss) == BQ_OK && loss);
     float v = loss->data[0];
     bq_arena_rewind(act, mark);
     return v;
@@ -184,7 +191,7 @@ static void run_case(const char *label, BqBertConfig cfg, int64_t B, int64_t T, 
     /* training forward + backward */
     BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = 1};
     BqTensor *logits = NULL, *loss = NULL;
-    rc = bq_bert_forward(&m, &ctx, &bt, &logits, &loss);
+    rc = forward_batch(&m, &ctx, &bt, &logits, &loss);
     EXPECT(rc == BQ_OK && logits && loss, "forward: %s", bq_errmsg());
     if (rc || !logits || !loss) goto cleanup;
     EXPECT(logits->ndim == 2 && logits->shape[0] == B && logits->shape[1] == C, "logits shape");
@@ -234,7 +241,7 @@ static void run_case(const char *label, BqBertConfig cfg, int64_t B, int64_t T, 
     {
         BqCtx ectx = {.act = &act, .tape = NULL, .training = 0};
         BqTensor *el, *eloss;
-        EXPECT(bq_bert_forward(&m, &ectx, &bt, &el, &eloss) == BQ_OK, "eval forward");
+        EXPECT(forward_batch(&m, &ectx, &bt, &el, &eloss) == BQ_OK, "eval forward");
         double e = 0;
         for (int64_t i = 0; i < B * C; i++) e = fmax(e, fabs(el->data[i] - train_logits[i]));
         printf("  eval vs train logits: max abs diff %.3e\n", e);
@@ -254,7 +261,7 @@ static void run_case(const char *label, BqBertConfig cfg, int64_t B, int64_t T, 
             bq_arena_rewind(&act, mark0);
             BqCtx ectx = {.act = &act, .tape = NULL, .training = 0};
             BqTensor *l1, *loss1;
-            EXPECT(bq_bert_forward(&m, &ectx, &one, &l1, &loss1) == BQ_OK, "forward of one");
+            EXPECT(forward_batch(&m, &ectx, &one, &l1, &loss1) == BQ_OK, "forward of one");
             for (int j = 0; j < C; j++) e = fmax(e, fabs(l1->data[j] - train_logits[b * C + j]));
         }
         printf("  padded vs unpadded logits: max abs diff %.3e\n", e);
@@ -268,7 +275,7 @@ static void run_case(const char *label, BqBertConfig cfg, int64_t B, int64_t T, 
         int32_t keep = bt.labels[0];
         bt.labels[0] = -1;
         BqTensor *l1, *loss1 = (BqTensor *)1;
-        EXPECT(bq_bert_forward(&m, &ectx, &bt, &l1, &loss1) == BQ_OK && l1 && loss1 == NULL, "unlabeled batch");
+        EXPECT(forward_batch(&m, &ectx, &bt, &l1, &loss1) == BQ_OK && l1 && loss1 == NULL, "unlabeled batch");
         bt.labels[0] = keep;
     }
 
@@ -279,21 +286,21 @@ static void run_case(const char *label, BqBertConfig cfg, int64_t B, int64_t T, 
         int32_t keep = bt.input_ids[0];
         bt.input_ids[0] = vocab;
         bq_err_clear();
-        rc = bq_bert_forward(&m, &ectx, &bt, &l1, &loss1);
+        rc = forward_batch(&m, &ectx, &bt, &l1, &loss1);
         EXPECT(rc == BQ_EFORMAT && strstr(bq_errmsg(), "vocabulary"), "id out of range: %d %s", rc, bq_errmsg());
         bt.input_ids[0] = -3;
-        EXPECT(bq_bert_forward(&m, &ectx, &bt, &l1, &loss1) == BQ_EFORMAT, "negative id");
+        EXPECT(forward_batch(&m, &ectx, &bt, &l1, &loss1) == BQ_EFORMAT, "negative id");
         bt.input_ids[0] = keep;
         bt.token_type_ids[0] = 2;
-        EXPECT(bq_bert_forward(&m, &ectx, &bt, &l1, &loss1) == BQ_EFORMAT, "type out of range");
+        EXPECT(forward_batch(&m, &ectx, &bt, &l1, &loss1) == BQ_EFORMAT, "type out of range");
         bt.token_type_ids[0] = 0;
         bt.labels[0] = C;
-        EXPECT(bq_bert_forward(&m, &ectx, &bt, &l1, &loss1) == BQ_EFORMAT, "label out of range");
+        EXPECT(forward_batch(&m, &ectx, &bt, &l1, &loss1) == BQ_EFORMAT, "label out of range");
         bt.labels[0] = 0;
         BqBatch longb = bt;
         longb.B = 1;
         longb.T = m.cfg.max_position_embeddings + 1;
-        EXPECT(bq_bert_forward(&m, &ectx, &longb, &l1, &loss1) == BQ_EINVAL, "T > max_position_embeddings");
+        EXPECT(forward_batch(&m, &ectx, &longb, &l1, &loss1) == BQ_EINVAL, "T > max_position_embeddings");
     }
     free(train_logits);
 

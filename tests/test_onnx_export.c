@@ -79,7 +79,7 @@ static void init_ranges(BqBert *m) {
     }
     BqArena act = {0};
     BQ_CHECK(bq_arena_init(&act, (size_t)1 << 28, "act") == BQ_OK);
-    BqBatch b = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types};
+    BqBertInput b = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types};
     BqCtx ctx = {.act = &act};
     BqTensor *logits;
     BQ_CHECK(bq_bert_forward(m, &ctx, &b, &logits, NULL) == BQ_OK);

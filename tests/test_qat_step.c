@@ -66,7 +66,7 @@ static void run(const char *scheme, int plain, Out *o) {
             mask[i] = t < len ? 1.0f : 0.0f;
             types[i] = t >= len / 2 && t < len;
         }
-    BqBatch bt = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types, .labels = labels};
+    BqBertInput bt = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types, .labels = labels};
     BqArena act;
     BqTape tape;
     BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "act") == BQ_OK);
