@@ -13,6 +13,7 @@ if [ ! -d "$BERTQAT_DATA/imdb" ]; then
     exit 1
 fi
 
+scripts/check_includes.sh
 echo "== build (Release)"
 bq_build build
 echo "== C tests"
