@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "export/hf_load.h"
+#include "layers/h5sum.h"
 
 #define PATH_MAX_LEN 4400
 
@@ -77,8 +78,16 @@ cleanup:
 
 /* ---- HDF5 helpers ---- */
 
+/* HDF5 1.10 file format: besides each tensor's Fletcher-32 checksum (layers/h5sum.h), its metadata
+ * (superblock, object headers with the attributes and each tensor's single-chunk index) carries
+ * checksums, so a corrupted byte there is also an error rather than a silently different tensor.
+ * Readers need HDF5 >= 1.10. */
 static hid_t h5_create(const char *path) {
-    return H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    H5Pclose(fapl);
+    return f;
 }
 
 static int h5_write_f32(hid_t f, const char *file, const char *name, const float *data, int ndim,
@@ -88,11 +97,13 @@ static int h5_write_f32(hid_t f, const char *file, const char *name, const float
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
     H5Pset_create_intermediate_group(lcpl, 1);
     hid_t sp = H5Screate_simple(ndim, dims, NULL);
-    hid_t ds = H5Dcreate2(f, name, H5T_IEEE_F32LE, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t dcpl = bq_h5sum_dcpl(ndim, dims); /* chunked, Fletcher-32: corrupt data fails the read */
+    hid_t ds = H5Dcreate2(f, name, H5T_IEEE_F32LE, sp, lcpl, dcpl, H5P_DEFAULT);
     int st = BQ_OK;
     if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
         st = bq_err(BQ_EIO, "%s: cannot write dataset %s", file, name);
     if (ds >= 0) H5Dclose(ds);
+    H5Pclose(dcpl);
     H5Sclose(sp);
     H5Pclose(lcpl);
     return st;
@@ -120,8 +131,7 @@ static int h5_read_f32(hid_t f, const char *file, const char *name, float *data,
                         (long long)dims[i], (long long)shape[i]);
             goto cleanup;
         }
-    if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-        st = bq_err(BQ_EFORMAT, "%s: cannot read dataset %s", file, name);
+    st = bq_h5sum_read_f32(ds, file, name, data);
 cleanup:
     H5Sclose(sp);
     H5Dclose(ds);

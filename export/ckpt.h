@@ -4,6 +4,8 @@
  *   DIR/vocab.txt            (+ tokenizer_config.json, special_tokens_map.json when present) copied
  *   DIR/model.h5             /params/<HF name> float32 datasets; root attribute format_version;
  *                            /quant/... written by the QAT module when m->quant is set
+ *   Every float32 tensor of the .h5 files is checksummed (Fletcher-32, layers/h5sum.h) and the files
+ *   use the HDF5 1.10 format, whose metadata is checksummed too: corruption is a load error.
  *   DIR/training_state.h5    /adam/m/<name>, /adam/v/<name>, /best/<name> (best parameters when
  *                            tracked); attributes step, epoch, batch_cursor, total_steps,
  *                            warmup_steps, lr, seed, adam_step, best_accuracy, best_step, rng

@@ -25,6 +25,7 @@
 #include "autograd/kernels.h"
 #include "layers/bert.h"
 #include "layers/calib.h"
+#include "layers/h5sum.h"
 
 #define BQ_SCALE_FLOOR 1.1920928955078125e-07f /* torch.finfo(float32).eps, PyTorch's scale floor */
 
@@ -309,11 +310,13 @@ static int h5_write_vec(hid_t g, const char *path, const char *qname, const char
                         int64_t n) {
     hsize_t dim = (hsize_t)n;
     hid_t sp = H5Screate_simple(1, &dim, NULL);
-    hid_t ds = H5Dcreate2(g, ds_name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t dcpl = bq_h5sum_dcpl(1, &dim); /* chunked, Fletcher-32: corrupt ranges fail the read */
+    hid_t ds = H5Dcreate2(g, ds_name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     int st = BQ_OK;
     if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)
         st = bq_err(BQ_EIO, "%s: cannot write /quant/%s/%s", path, qname, ds_name);
     if (ds >= 0) H5Dclose(ds);
+    H5Pclose(dcpl);
     H5Sclose(sp);
     return st;
 }
@@ -329,8 +332,11 @@ static int h5_read_vec(hid_t g, const char *path, const char *qname, const char 
     if (H5Sget_simple_extent_ndims(sp) != 1 || H5Sget_simple_extent_dims(sp, &dim, NULL) < 0 || (int64_t)dim != n)
         st = bq_err(BQ_EFORMAT, "%s: /quant/%s/%s has %lld values, expected %lld", path, qname, ds_name,
                     (long long)dim, (long long)n);
-    else if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)
-        st = bq_err(BQ_EFORMAT, "%s: cannot read /quant/%s/%s", path, qname, ds_name);
+    else {
+        char tensor[256];
+        snprintf(tensor, sizeof tensor, "/quant/%s/%s", qname, ds_name);
+        st = bq_h5sum_read_f32(ds, path, tensor, v);
+    }
     H5Sclose(sp);
     H5Dclose(ds);
     return st;

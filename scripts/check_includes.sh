@@ -42,7 +42,8 @@ for dir in "${order[@]}"; do
             echo "$file:$line: $dir/ must not include \"$inc\" (order: $arrow)" >&2
             bad=1
         fi
-    done < <(grep -rnE --include='*.c' --include='*.h' '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$dir" | sort -t: -k1,1 -k2,2n)
+    done < <(grep -rnE --include='*.c' --include='*.h' '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$dir" |
+             sort -t: -k1,1 -k2,2n)
 done
 if [ "$bad" = 1 ]; then
     echo "check_includes: include order violated (see above)" >&2

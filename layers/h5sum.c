@@ -1,0 +1,60 @@
+/* Checksummed float32 tensors in HDF5 (contract in layers/h5sum.h). HDF5 C API: H5Pset_chunk,
+ * H5Pset_fletcher32 (the checksum is verified by every H5Dread while error detection is on, HDF5's
+ * default), H5Pget_filter2. */
+#include "layers/h5sum.h"
+
+#include "autograd/bq.h"
+
+/* HDF5 stores a chunk's size in 32 bits: a chunk must stay below 4 GiB. */
+#define CHUNK_MAX_BYTES 0xffffffffull
+
+hid_t bq_h5sum_dcpl(int ndim, const hsize_t *dims) {
+    BQ_CHECK(ndim >= 1 && ndim <= H5S_MAX_RANK);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    BQ_CHECK(dcpl >= 0);
+    hsize_t chunk[H5S_MAX_RANK];
+    unsigned long long bytes = sizeof(float);
+    for (int i = 0; i < ndim; i++) {
+        if (dims[i] == 0) return dcpl;
+        chunk[i] = dims[i];
+        bytes *= dims[i];
+    }
+    for (int i = 0; bytes > CHUNK_MAX_BYTES; ) {
+        if (chunk[i] == 1) {
+            i++;
+            continue;
+        }
+        bytes = bytes / chunk[i] * ((chunk[i] + 1) / 2);
+        chunk[i] = (chunk[i] + 1) / 2;
+    }
+    BQ_CHECK(H5Pset_chunk(dcpl, ndim, chunk) >= 0 && H5Pset_fletcher32(dcpl) >= 0);
+    return dcpl;
+}
+
+/* 1 when ds was written with the Fletcher-32 filter. Walks the filter list (H5Pget_filter_by_id2
+ * would push an HDF5 error for an absent filter). */
+static int has_checksum(hid_t ds) {
+    hid_t dcpl = H5Dget_create_plist(ds);
+    if (dcpl < 0) return 0;
+    int n = H5Pget_nfilters(dcpl), found = 0;
+    for (int i = 0; i < n && !found; i++) {
+        unsigned flags = 0, cd[4];
+        size_t ncd = 4;
+        found = H5Pget_filter2(dcpl, (unsigned)i, &flags, &ncd, cd, 0, NULL, NULL) == H5Z_FILTER_FLETCHER32;
+    }
+    H5Pclose(dcpl);
+    return found;
+}
+
+int bq_h5sum_read_f32(hid_t ds, const char *file, const char *tensor, float *dst) {
+    hid_t type = H5Dget_type(ds);
+    int st = BQ_OK;
+    if (type < 0 || H5Tequal(type, H5T_IEEE_F32LE) <= 0)
+        st = bq_err(BQ_EFORMAT, "%s: tensor %s: stored type is not little-endian float32 (file corrupt?)", file,
+                    tensor);
+    else if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
+        st = has_checksum(ds) ? bq_err(BQ_EFORMAT, "%s: tensor %s: checksum mismatch (file corrupt)", file, tensor)
+                              : bq_err(BQ_EFORMAT, "%s: tensor %s: cannot read (file corrupt?)", file, tensor);
+    if (type >= 0) H5Tclose(type);
+    return st;
+}
