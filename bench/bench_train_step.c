@@ -100,8 +100,7 @@ int main(int argc, char **argv) {
     if (qat) {
         BqQuantConfig qc;
         bq_quant_config_default(&qc);
-        snprintf(qc.scheme, sizeof qc.scheme, "%s", scheme);
-        if (bq_quant_create(&m.quant, &m, &qc)) {
+        if (bq_scheme_parse(&qc.scheme, scheme, "--scheme") || bq_quant_create(&m.quant, &m, &qc)) {
             fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
             return 1;
         }

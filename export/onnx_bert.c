@@ -1,7 +1,7 @@
 /* BERT → ONNX (export/onnx_bert.h). Graph shape follows torch.onnx.export of HF
  * BertForSequenceClassification (transformers models/bert/modeling_bert.py) as ONNX Runtime's
  * transformer optimizer expects it (onnxruntime/python/tools/transformers fusion_embedlayer,
- * fusion_attention, fusion_skiplayernorm, fusion_gelu, fusion_qordered_*; DESIGN.md §7).
+ * fusion_attention, fusion_skiplayernorm, fusion_gelu, fusion_qordered_*; docs/design.md §7).
  * Node names are "/<HF module path with '/'>/<Op>" and outputs "<node>_output_0" like PyTorch's.
  *
  * CPU layout (ONNX Runtime CPU, onnxruntime/core/optimizer/qdq_transformer): on x86 the QDQ
@@ -45,6 +45,7 @@ typedef struct Ex {
     int nmemo, cmemo;
     const char *zp;   /* shared activation zero point: int8 0, or uint8 128 in the CPU layout */
     int cpu;          /* CPU layout */
+    unsigned char *placed; /* (qs->n) quantizers the graph has used, to check none was left out */
     int status;       /* first error */
 } Ex;
 
@@ -79,6 +80,7 @@ static const char *cints(Ex *e, const char *path, const char *what, int n, const
 static BqQuantizer *qat(Ex *e, int layer, int point) {
     if (!e->qs || !e->opt->qdq) return NULL;
     BqQuantizer *q = bq_quant_at(e->qs, layer, point);
+    if (q) e->placed[q - e->qs->q] = 1;
     if (q && !q->initialized && !e->status)
         e->status = bq_err(BQ_EINVAL, "%s: quantizer has no range (calibrate or train the QAT model first)", q->name);
     return q;
@@ -328,7 +330,8 @@ int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *
     const BqBertConfig *c = &m->cfg;
     Ex e = {.m = m, .qs = qs, .opt = opt, .st = stats};
     /* the cpu scheme exists for ORT CPU: its only layout is the CPU layout */
-    e.cpu = opt->qdq && (opt->cpu_layout || !strcmp(qs->cfg.scheme, "cpu"));
+    e.cpu = opt->qdq && (opt->cpu_layout || qs->cfg.scheme == BQ_SCHEME_CPU);
+    if (opt->qdq) e.placed = bq_calloc((size_t)qs->n + 1, 1);
     e.g = bq_onnx_graph_new("bertqat_bert_for_sequence_classification");
     int st = BQ_OK;
     float *wordfold = NULL;
@@ -412,6 +415,9 @@ int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *
     const char *mask_add = op(&e, "Mul", "/bert/Mul", 2, (const char *const[]){sb, cfloat(&e, Pm, "Constant_min", -FLT_MAX)});
 
     for (int l = 0; l < c->num_hidden_layers; l++) x = encoder_layer(&e, l, x, mask_add);
+    /* every quantizer of the table (BQ_QPOINTS filtered by the scheme) must have its place in the
+     * graph, else the export would silently differ from the model that was trained */
+    for (int i = 0; opt->qdq && i < qs->n; i++) BQ_CHECK(e.placed[i] && "a quantizer has no place in the ONNX graph");
     if (e.status) {
         st = e.status;
         goto cleanup;
@@ -448,7 +454,7 @@ int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *
         FMT(name, "id2label.%d", i);
         bq_onnx_metadata(e.g, name, c->id2label[i]);
     }
-    bq_onnx_metadata(e.g, "quantization", opt->qdq ? qs->cfg.scheme : "none");
+    bq_onnx_metadata(e.g, "quantization", opt->qdq ? bq_scheme_name(qs->cfg.scheme) : "none");
     if (opt->qdq) bq_onnx_metadata(e.g, "qdq_layout", e.cpu ? "cpu" : "default");
     stats->cpu_layout = e.cpu;
     stats->nodes = bq_onnx_graph_node_count(e.g);
@@ -456,6 +462,7 @@ int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *
 
 cleanup:
     free(wordfold);
+    free(e.placed);
     free(e.memo);
     bq_onnx_graph_free(e.g);
     return st;

@@ -74,9 +74,9 @@ double bq_calib_amax_percentile(const BqHistogram *h, double percentile) {
 double bq_calib_amax_mse(const BqHistogram *h, int64_t start_bin) {
     int64_t nb = h->nbins;
     if (nb == 0) return 0.0;
-    if (start_bin >= nb - 1) return (double)nb * h->width; /* too few bins: keep the full range */
+    if (start_bin >= nb) return (double)nb * h->width; /* no candidate centre: keep the full range */
     double best = INFINITY, best_amax = 0.0;
-    for (int64_t i = start_bin; i < nb - 1; i++) {
+    for (int64_t i = start_bin; i < nb; i++) { /* every centre up to and including the last bin's */
         double amax = ((double)i * h->width + (double)(i + 1) * h->width) / 2.0;
         double scale = amax / 127.0, err = 0.0;
         for (int64_t j = 0; j < nb; j++) {

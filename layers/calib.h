@@ -25,8 +25,10 @@ void bq_hist_collect(BqHistogram *h, const float *x, int64_t n);
 
 /* amax = edge[idx], idx = first bin whose cumulative fraction >= percentile/100 (searchsorted). */
 double bq_calib_amax_percentile(const BqHistogram *h, double percentile);
-/* amax = centre of bin i in [start_bin, nbins-1) minimising mean_j count_j·(fq(c_j) − c_j)², where
- * fq quantizes to int8 with scale amax/127 (round half to even); the first minimum. */
+/* amax = centre c_i of bin i, for every i in [start_bin, nbins) (the last bin's centre included, as
+ * pytorch-quantization's _compute_amax_mse searches), minimising mean_j count_j·(fq(c_j) − c_j)²
+ * over all nbins bins, where fq quantizes to int8 with scale amax/127 (round half to even); the
+ * first minimum. start_bin >= nbins leaves no candidate: the full range nbins·width is returned. */
 double bq_calib_amax_mse(const BqHistogram *h, int64_t start_bin);
 /* amax = edge[i], i in [start_bin, nbins], minimising KL(P‖Q) of the histogram clipped at i (tail
  * folded into the last bin) against its 128-level quantized version; the last minimum. */

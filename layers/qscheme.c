@@ -1,6 +1,7 @@
-/* Quantizer placement tables per scheme (../shared/DESIGN.md §4) and the quantizer state's life
- * cycle. Names are the Hugging Face module path plus a role, so checkpoints and exported graphs say
- * which module a range belongs to:
+/* Quantizer placement per scheme (docs/design.md §4) and the quantizer state's life cycle. A scheme's
+ * table is the list of points BQ_QPOINTS (layers/quant.h) filtered by the scheme's bit, in list order,
+ * repeated for every encoder layer. Names are the Hugging Face module path plus a role, so
+ * checkpoints and exported graphs say which module a range belongs to:
  *   ort (ONNX Runtime bert_imdb_finetune_qat): 6 per-channel weights and 12 per-tensor activations per
  *     encoder layer, plus bert.embeddings.LayerNorm.output_quantizer;
  *   qdqbert (HF QDQBERT / pytorch-quantization, TensorRT): input + weight quantizer of each of the 6
@@ -19,68 +20,30 @@
 #include "layers/calib.h"
 #include "layers/quant.h"
 
-typedef struct PointDef {
-    int point;
-    const char *suffix; /* after "bert.encoder.layer.<L>." */
-} PointDef;
-
-/* Every scheme quantizes the weights of the 6 encoder Linears. */
-#define WEIGHT_POINTS \
-    {BQ_QP_W_Q, "attention.self.query.weight_quantizer"}, \
-    {BQ_QP_W_K, "attention.self.key.weight_quantizer"}, \
-    {BQ_QP_W_V, "attention.self.value.weight_quantizer"}, \
-    {BQ_QP_W_AO, "attention.output.dense.weight_quantizer"}, \
-    {BQ_QP_W_I, "intermediate.dense.weight_quantizer"}, \
-    {BQ_QP_W_O, "output.dense.weight_quantizer"},
-
-static const PointDef ort_points[] = {
-    WEIGHT_POINTS
-    {BQ_QP_Q_OUT, "attention.self.query.output_quantizer"},
-    {BQ_QP_K_OUT, "attention.self.key.output_quantizer"},
-    {BQ_QP_V_OUT, "attention.self.value.output_quantizer"},
-    {BQ_QP_SCORES, "attention.self.matmul_qk.output_quantizer"},
-    {BQ_QP_PROBS, "attention.self.softmax.output_quantizer"},
-    {BQ_QP_CONTEXT, "attention.self.matmul_av.output_quantizer"},
-    {BQ_QP_ATTN_RESID, "attention.output.residual_add.output_quantizer"},
-    {BQ_QP_ATTN_LN, "attention.output.LayerNorm.output_quantizer"},
-    {BQ_QP_INTER_OUT, "intermediate.dense.output_quantizer"},
-    {BQ_QP_GELU_OUT, "intermediate.intermediate_act_fn.output_quantizer"},
-    {BQ_QP_OUT_RESID, "output.residual_add.output_quantizer"},
-    {BQ_QP_OUT_LN, "output.LayerNorm.output_quantizer"},
+const BqQPointDef bq_qpoint_defs[BQ_QP_LAYER_COUNT] = {
+#define BQ_QP_DEF_(point, role, is_weight, sole, schemes) [BQ_QP_##point] = {role, is_weight, sole, schemes},
+    BQ_QPOINTS(BQ_QP_DEF_)
+#undef BQ_QP_DEF_
 };
 
-static const PointDef qdq_points[] = {
-    WEIGHT_POINTS
-    {BQ_QP_Q_IN, "attention.self.query.input_quantizer"},
-    {BQ_QP_K_IN, "attention.self.key.input_quantizer"},
-    {BQ_QP_V_IN, "attention.self.value.input_quantizer"},
-    {BQ_QP_AO_IN, "attention.output.dense.input_quantizer"},
-    {BQ_QP_I_IN, "intermediate.dense.input_quantizer"},
-    {BQ_QP_O_IN, "output.dense.input_quantizer"},
-    {BQ_QP_MM1_Q, "attention.self.matmul_q_input_quantizer"},
-    {BQ_QP_MM1_K, "attention.self.matmul_k_input_quantizer"},
-    {BQ_QP_MM2_P, "attention.self.matmul_a_input_quantizer"},
-    {BQ_QP_MM2_V, "attention.self.matmul_v_input_quantizer"},
-    {BQ_QP_ADD1_LOCAL, "attention.output.add_local_input_quantizer"},
-    {BQ_QP_ADD1_RESID, "attention.output.add_residual_input_quantizer"},
-    {BQ_QP_ADD2_LOCAL, "output.add_local_input_quantizer"},
-    {BQ_QP_ADD2_RESID, "output.add_residual_input_quantizer"},
-};
+static const char *const scheme_names[BQ_SCHEME_COUNT] = {
+    [BQ_SCHEME_ORT] = "ort", [BQ_SCHEME_QDQBERT] = "qdqbert", [BQ_SCHEME_CPU] = "cpu"};
 
-static const PointDef cpu_points[] = {
-    WEIGHT_POINTS
-    {BQ_QP_QKV_IN, "attention.self.input_quantizer"},
-    {BQ_QP_AO_IN, "attention.output.dense.input_quantizer"},
-    {BQ_QP_I_IN, "intermediate.dense.input_quantizer"},
-    {BQ_QP_O_IN, "output.dense.input_quantizer"},
-};
-
-int bq_quant_scheme_weight_bits(const char *scheme) { return strcmp(scheme, "cpu") == 0 ? 7 : 8; }
-
-int bq_quant_scheme_check(const char *scheme, const char *flag_or_key) {
-    if (!strcmp(scheme, "ort") || !strcmp(scheme, "qdqbert") || !strcmp(scheme, "cpu")) return BQ_OK;
-    return bq_err(BQ_EINVAL, "%s: '%s' is not one of ort, qdqbert, cpu", flag_or_key, scheme);
+int bq_scheme_parse(BqScheme *out, const char *s, const char *flag_or_key) {
+    for (int i = 0; i < BQ_SCHEME_COUNT; i++)
+        if (strcmp(s, scheme_names[i]) == 0) {
+            *out = (BqScheme)i;
+            return BQ_OK;
+        }
+    return bq_err(BQ_EINVAL, "%s: '%s' is not one of ort, qdqbert, cpu", flag_or_key, s);
 }
+
+const char *bq_scheme_name(BqScheme s) {
+    BQ_CHECK((unsigned)s < BQ_SCHEME_COUNT);
+    return scheme_names[s];
+}
+
+int bq_quant_scheme_weight_bits(BqScheme s) { return s == BQ_SCHEME_CPU ? 7 : 8; }
 
 /* 1 when name is excluded: some comma-separated entry e of `exclude` equals a dotted prefix of
  * name, with or without name's leading "bert." ("encoder.layer.1" keeps layer 1, not layer 10). */
@@ -132,23 +95,8 @@ static int64_t weight_rows(const BqBertConfig *c, int point) {
 
 int bq_quant_create(BqQuantState **out, const BqBert *m, const BqQuantConfig *cfg) {
     *out = NULL;
-    const PointDef *defs;
-    int ndefs, emb;
-    if (strcmp(cfg->scheme, "ort") == 0) {
-        defs = ort_points;
-        ndefs = (int)(sizeof ort_points / sizeof ort_points[0]);
-        emb = 1;
-    } else if (strcmp(cfg->scheme, "qdqbert") == 0) {
-        defs = qdq_points;
-        ndefs = (int)(sizeof qdq_points / sizeof qdq_points[0]);
-        emb = 0;
-    } else if (strcmp(cfg->scheme, "cpu") == 0) {
-        defs = cpu_points;
-        ndefs = (int)(sizeof cpu_points / sizeof cpu_points[0]);
-        emb = 0;
-    } else {
-        return bq_quant_scheme_check(cfg->scheme, "--scheme");
-    }
+    BQ_CHECK((unsigned)cfg->scheme < BQ_SCHEME_COUNT); /* set only through bq_scheme_parse */
+    const unsigned bit = BQ_SCHEME_BIT(cfg->scheme);
     const int wbits = bq_quant_scheme_weight_bits(cfg->scheme);
     if (!(cfg->averaging_constant > 0.0f && cfg->averaging_constant <= 1.0f))
         return bq_err(BQ_EINVAL, "averaging_constant: %g is not in (0, 1]", cfg->averaging_constant);
@@ -159,19 +107,22 @@ int bq_quant_create(BqQuantState **out, const BqBert *m, const BqQuantConfig *cf
     int nslots = L * BQ_QP_LAYER_COUNT + 1;
     qs->slot = bq_malloc((size_t)nslots * sizeof(int));
     for (int i = 0; i < nslots; i++) qs->slot[i] = -1;
-    qs->q = bq_calloc((size_t)(L * ndefs + 1), sizeof(BqQuantizer));
+    qs->q = bq_calloc((size_t)(L * BQ_QP_LAYER_COUNT + 1), sizeof(BqQuantizer));
     char name[sizeof qs->q[0].name];
-    if (emb) {
-        snprintf(name, sizeof name, "bert.embeddings.LayerNorm.output_quantizer");
+    if (BQ_QP_EMB_SCHEMES & bit) {
+        snprintf(name, sizeof name, "%s", BQ_QP_EMB_NAME);
         if (!is_excluded(cfg->exclude, name)) {
             quantizer_init(&qs->q[qs->n], name, BQ_QP_LAYER_EMB, -1, 0, 1, 8);
             qs->slot[nslots - 1] = qs->n++;
         }
     }
     for (int l = 0; l < L; l++) {
-        for (int d = 0; d < ndefs; d++) {
-            int pt = defs[d].point, is_w = pt >= BQ_QP_W_Q;
-            snprintf(name, sizeof name, "bert.encoder.layer.%d.%s", l, defs[d].suffix);
+        /* the scheme's points in BQ_QPOINTS order, which is the order checkpoints list them in */
+        for (int pt = 0; pt < BQ_QP_LAYER_COUNT; pt++) {
+            const BqQPointDef *def = &bq_qpoint_defs[pt];
+            if (!(def->schemes & bit)) continue;
+            const int is_w = def->is_weight;
+            snprintf(name, sizeof name, "bert.encoder.layer.%d.%s", l, def->role);
             if (is_excluded(cfg->exclude, name)) continue;
             /* --fuse-qkv: key and value share the query's quantizer (one range over Q, K, V) */
             if (cfg->fuse_qkv && (pt == BQ_QP_K_OUT || pt == BQ_QP_V_OUT || pt == BQ_QP_K_IN || pt == BQ_QP_V_IN)) {

@@ -58,18 +58,12 @@ void bq_quant_update_scale(BqQuantState *qs, BqQuantizer *q) {
 static void minmax(const float *x, int64_t n, float *mn, float *mx) { bq_kernel_minmax(x, n, mn, mx); }
 
 /* Whether the forward (layers/bert.c) consumes the tensor quantized at `point` only through its
- * quantizer. True everywhere except at the Linear/residual inputs that read the layer input or the
- * attention LayerNorm output, which several ops use (qdqbert points Q/K/V_IN, ADD1_RESID, I_IN,
- * ADD2_RESID; the cpu scheme's QKV_IN and I_IN). Such sole-consumer points use bq_op_fakequant_sole
- * (shared gradient buffer). A new point must be added here unless its tensor has no other reader. */
+ * quantizer: the `sole` column of BQ_QPOINTS (layers/quant.h), BQ_QP_EMB_SOLE for point -1. Such
+ * points use bq_op_fakequant_sole (shared gradient buffer). */
 static int point_is_sole_consumer(int point) {
-    switch (point) {
-    case BQ_QP_Q_IN: case BQ_QP_K_IN: case BQ_QP_V_IN: case BQ_QP_QKV_IN: case BQ_QP_ADD1_RESID: case BQ_QP_I_IN:
-    case BQ_QP_ADD2_RESID:
-        return 0;
-    default:
-        return 1;
-    }
+    if (point == -1) return BQ_QP_EMB_SOLE;
+    BQ_CHECK(point >= 0 && point < BQ_QP_LAYER_COUNT);
+    return bq_qpoint_defs[point].sole;
 }
 
 /* Moving-average min/max observer step for an activation (PyTorch MovingAverageMinMaxObserver). */
@@ -217,7 +211,7 @@ int bq_quant_calib_finish(BqQuantState *qs, BqCalibrator method, double percenti
 
 void bq_quant_config_default(BqQuantConfig *cfg) {
     memset(cfg, 0, sizeof *cfg);
-    strcpy(cfg->scheme, "ort");
+    cfg->scheme = BQ_SCHEME_ORT;
     cfg->averaging_constant = 0.01f;
     strcpy(cfg->exclude, "classifier,pooler");
 }
@@ -239,7 +233,7 @@ const char *bq_calibrator_name(BqCalibrator c) { return (unsigned)c < 4 ? calib_
 
 json_t *bq_quant_config_to_json(const BqQuantConfig *cfg) {
     json_t *j = json_object();
-    json_object_set_new(j, "scheme", json_string(cfg->scheme));
+    json_object_set_new(j, "scheme", json_string(bq_scheme_name(cfg->scheme)));
     json_object_set_new(j, "bits", json_integer(8));
     json_object_set_new(j, "weight_bits", json_integer(bq_quant_scheme_weight_bits(cfg->scheme)));
     json_object_set_new(j, "symmetric", json_true());
@@ -280,7 +274,9 @@ int bq_quant_config_from_json(BqQuantConfig *cfg, json_t *j) {
     double pt = cfg->per_tensor_weights, fq = cfg->fuse_qkv, cg = cfg->clip_gelu, ac = cfg->averaging_constant;
     double fa = (double)cfg->freeze_after, bits = 8, wbits = -1;
     int rc;
-    if ((rc = json_get_str(j, "scheme", cfg->scheme, sizeof cfg->scheme)) ||
+    char scheme[16];
+    snprintf(scheme, sizeof scheme, "%s", bq_scheme_name(cfg->scheme));
+    if ((rc = json_get_str(j, "scheme", scheme, sizeof scheme)) ||
         (rc = json_get_str(j, "exclude", cfg->exclude, sizeof cfg->exclude)) ||
         (rc = json_get_num(j, "per_tensor_weights", &pt)) || (rc = json_get_num(j, "fuse_qkv", &fq)) ||
         (rc = json_get_num(j, "clip_gelu", &cg)) || (rc = json_get_num(j, "averaging_constant", &ac)) ||
@@ -288,11 +284,10 @@ int bq_quant_config_from_json(BqQuantConfig *cfg, json_t *j) {
         (rc = json_get_num(j, "weight_bits", &wbits)))
         return rc;
     if (bits != 8) return bq_err(BQ_EFORMAT, "quant config: bits %g is not supported (int8 only)", bits);
-    if (bq_quant_scheme_check(cfg->scheme, "quant config: scheme"))
-        return bq_err(BQ_EFORMAT, "quant config: unknown scheme \"%s\"", cfg->scheme);
+    if (bq_scheme_parse(&cfg->scheme, scheme, "quant config: scheme")) return BQ_EFORMAT;
     if (wbits != -1 && wbits != bq_quant_scheme_weight_bits(cfg->scheme))
         return bq_err(BQ_EFORMAT, "quant config: weight_bits %g, but scheme %s quantizes weights to %d bits", wbits,
-                      cfg->scheme, bq_quant_scheme_weight_bits(cfg->scheme));
+                      bq_scheme_name(cfg->scheme), bq_quant_scheme_weight_bits(cfg->scheme));
     if (!(ac > 0.0 && ac <= 1.0)) return bq_err(BQ_EFORMAT, "quant config: averaging_constant %g not in (0,1]", ac);
     cfg->per_tensor_weights = pt != 0.0;
     cfg->fuse_qkv = fq != 0.0;
@@ -380,7 +375,7 @@ int bq_quant_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path
     int st = BQ_OK;
     hid_t root = H5Gcreate2(f, "/quant", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (root < 0) return bq_err(BQ_EIO, "%s: cannot create group /quant", path);
-    if ((st = h5_attr_str(root, path, "", "scheme", qs->cfg.scheme))) goto cleanup;
+    if ((st = h5_attr_str(root, path, "", "scheme", bq_scheme_name(qs->cfg.scheme)))) goto cleanup;
     for (int i = 0; i < qs->n && !st; i++) {
         const BqQuantizer *q = &qs->q[i];
         hid_t g = H5Gcreate2(root, q->name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
@@ -397,7 +392,7 @@ int bq_quant_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path
         if (!st) st = h5_attr_i64(g, path, q->name, "bits", q->bits);
         if (!st) st = h5_attr_i64(g, path, q->name, "frozen", q->frozen);
         if (!st) st = h5_attr_i64(g, path, q->name, "initialized", q->initialized);
-        if (!st) st = h5_attr_str(g, path, q->name, "scheme", qs->cfg.scheme);
+        if (!st) st = h5_attr_str(g, path, q->name, "scheme", bq_scheme_name(qs->cfg.scheme));
         H5Gclose(g);
     }
 cleanup:
@@ -416,7 +411,7 @@ int bq_quant_load_hdf5(BqBert *m, int64_t file_id, const char *path) {
     for (int i = 0; i < qs->n && !st; i++) {
         BqQuantizer *q = &qs->q[i];
         if (H5Lexists(root, q->name, H5P_DEFAULT) <= 0) {
-            st = bq_err(BQ_EFORMAT, "%s: /quant/%s is missing (scheme %s)", path, q->name, qs->cfg.scheme);
+            st = bq_err(BQ_EFORMAT, "%s: /quant/%s is missing (scheme %s)", path, q->name, bq_scheme_name(qs->cfg.scheme));
             break;
         }
         hid_t g = H5Gopen2(root, q->name, H5P_DEFAULT);
@@ -426,7 +421,7 @@ int bq_quant_load_hdf5(BqBert *m, int64_t file_id, const char *path) {
                         q->axis);
         else if (h5_attr_get_i64(g, "bits", &bits) == 0 && bits != q->bits)
             st = bq_err(BQ_EFORMAT, "%s: /quant/%s: %lld bits, the scheme %s expects %d", path, q->name, (long long)bits,
-                        qs->cfg.scheme, q->bits);
+                        bq_scheme_name(qs->cfg.scheme), q->bits);
         if (!st) st = h5_read_vec(g, path, q->name, "amax", q->amax, q->nch);
         if (!st) st = h5_read_vec(g, path, q->name, "scale", q->scale, q->nch);
         if (!st && H5Lexists(g, "observer_min", H5P_DEFAULT) > 0) {

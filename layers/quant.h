@@ -1,5 +1,5 @@
 /* Fake-quantization state of a QAT/PTQ BERT: named quantizers at placement points chosen by a scheme
- * (../shared/DESIGN.md §4), their observers/calibrators, and the hook the model forward calls at each
+ * (docs/design.md §4), their observers/calibrators, and the hook the model forward calls at each
  * point. The ONNX exporter asks the same table which points carry a quantizer, so the exported Q/DQ
  * graph is the graph that was trained.
  *
@@ -16,36 +16,91 @@
 
 #include "autograd/tensor.h"
 
-/* Placement points inside one encoder layer. Activation points quantize a tensor the forward
- * produces; weight points quantize a Linear's weight (per output channel unless per-tensor). */
+/* Quantization schemes: where quantizers sit (layers/qscheme.c). Checkpoints (config.json "scheme")
+ * and ONNX metadata store the name, bq_scheme_name(). */
+typedef enum BqScheme { BQ_SCHEME_ORT, BQ_SCHEME_QDQBERT, BQ_SCHEME_CPU } BqScheme;
+#define BQ_SCHEME_COUNT 3
+/* Bit of a scheme in the scheme masks of BQ_QPOINTS. */
+#define BQ_SCHEME_BIT(s) (1u << (s))
+#define BQ_ORT BQ_SCHEME_BIT(BQ_SCHEME_ORT)
+#define BQ_QDQ BQ_SCHEME_BIT(BQ_SCHEME_QDQBERT)
+#define BQ_CPU BQ_SCHEME_BIT(BQ_SCHEME_CPU)
+
+/* The quantization points inside one encoder layer (docs/design.md §4), one line each:
+ *   X(point, role, is_weight, sole, schemes)
+ * point: the BqQPoint name; role: the Hugging Face module path after "bert.encoder.layer.<L>." plus
+ * the quantizer role, written into checkpoints (/quant/<name>) and ONNX node/initializer names;
+ * is_weight: 1 quantizes a Linear's weight (per output channel unless per-tensor), 0 a tensor the
+ * forward (layers/bert.c) produces; sole: 1 when the forward reads that activation only through its
+ * quantizer, so bq_quant_act may use bq_op_fakequant_sole (shared gradient buffer); 0 where other ops
+ * read the same tensor (the layer input and the attention LayerNorm output feed several Linears or a
+ * residual) and for weights, which never take that path; schemes: mask of the schemes placing it.
+ * The order of this list is the order of a layer's quantizers in every scheme's table (checkpoints
+ * and `bertqat info` list them so): never reorder it; add a point by adding one line (and its call
+ * in layers/bert.c and export/onnx_bert.c, which checks that every quantizer it is given is placed). */
+#define BQ_QPOINTS(X)                                                                                     \
+    /* weights of the 6 encoder Linears, every scheme */                                                  \
+    X(W_Q, "attention.self.query.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU)                       \
+    X(W_K, "attention.self.key.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU)                         \
+    X(W_V, "attention.self.value.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU)                       \
+    X(W_AO, "attention.output.dense.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU)                    \
+    X(W_I, "intermediate.dense.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU)                         \
+    X(W_O, "output.dense.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU)                               \
+    /* ort: outputs of ops (ONNX Runtime bert_imdb_finetune_qat) */                                       \
+    X(Q_OUT, "attention.self.query.output_quantizer", 0, 1, BQ_ORT)         /* after bias */              \
+    X(K_OUT, "attention.self.key.output_quantizer", 0, 1, BQ_ORT)                                         \
+    X(V_OUT, "attention.self.value.output_quantizer", 0, 1, BQ_ORT)                                       \
+    X(SCORES, "attention.self.matmul_qk.output_quantizer", 0, 1, BQ_ORT)    /* Q·Kᵀ, before 1/√d */       \
+    X(PROBS, "attention.self.softmax.output_quantizer", 0, 1, BQ_ORT)       /* before dropout */          \
+    X(CONTEXT, "attention.self.matmul_av.output_quantizer", 0, 1, BQ_ORT)   /* before head merge */       \
+    X(ATTN_RESID, "attention.output.residual_add.output_quantizer", 0, 1, BQ_ORT) /* before LN */         \
+    X(ATTN_LN, "attention.output.LayerNorm.output_quantizer", 0, 1, BQ_ORT)                               \
+    X(INTER_OUT, "intermediate.dense.output_quantizer", 0, 1, BQ_ORT)       /* before GELU */             \
+    X(GELU_OUT, "intermediate.intermediate_act_fn.output_quantizer", 0, 1, BQ_ORT)                        \
+    X(OUT_RESID, "output.residual_add.output_quantizer", 0, 1, BQ_ORT)      /* before LN */               \
+    X(OUT_LN, "output.LayerNorm.output_quantizer", 0, 1, BQ_ORT)                                          \
+    /* qdqbert: inputs of the Linears (HF QDQBERT); cpu: one Q/K/V input, the other Linear inputs */      \
+    X(Q_IN, "attention.self.query.input_quantizer", 0, 0, BQ_QDQ)                                         \
+    X(K_IN, "attention.self.key.input_quantizer", 0, 0, BQ_QDQ)                                           \
+    X(V_IN, "attention.self.value.input_quantizer", 0, 0, BQ_QDQ)                                         \
+    X(QKV_IN, "attention.self.input_quantizer", 0, 0, BQ_CPU)               /* quantized once */          \
+    X(AO_IN, "attention.output.dense.input_quantizer", 0, 1, BQ_QDQ | BQ_CPU)                             \
+    X(I_IN, "intermediate.dense.input_quantizer", 0, 0, BQ_QDQ | BQ_CPU)                                  \
+    X(O_IN, "output.dense.input_quantizer", 0, 1, BQ_QDQ | BQ_CPU)                                        \
+    /* qdqbert: both inputs of the two attention matmuls and of the two residual adds */                  \
+    X(MM1_Q, "attention.self.matmul_q_input_quantizer", 0, 1, BQ_QDQ)                                     \
+    X(MM1_K, "attention.self.matmul_k_input_quantizer", 0, 1, BQ_QDQ)                                     \
+    X(MM2_P, "attention.self.matmul_a_input_quantizer", 0, 1, BQ_QDQ)                                     \
+    X(MM2_V, "attention.self.matmul_v_input_quantizer", 0, 1, BQ_QDQ)                                     \
+    X(ADD1_LOCAL, "attention.output.add_local_input_quantizer", 0, 1, BQ_QDQ)    /* dense output */       \
+    X(ADD1_RESID, "attention.output.add_residual_input_quantizer", 0, 0, BQ_QDQ) /* layer input */        \
+    X(ADD2_LOCAL, "output.add_local_input_quantizer", 0, 1, BQ_QDQ)                                       \
+    X(ADD2_RESID, "output.add_residual_input_quantizer", 0, 0, BQ_QDQ)      /* attention LN out */
+
 typedef enum BqQPoint {
-    /* ort scheme activations (DESIGN.md §4, rows 7-18) */
-    BQ_QP_Q_OUT, BQ_QP_K_OUT, BQ_QP_V_OUT,   /* query/key/value Linear outputs, after bias */
-    BQ_QP_SCORES,                            /* Q·Kᵀ before 1/√d and the mask */
-    BQ_QP_PROBS,                             /* softmax output, before attention dropout */
-    BQ_QP_CONTEXT,                           /* probs·V, before the head merge */
-    BQ_QP_ATTN_RESID,                        /* attention.output dense + bias + residual, before LN */
-    BQ_QP_ATTN_LN,                           /* attention.output.LayerNorm output */
-    BQ_QP_INTER_OUT,                         /* intermediate.dense output, before GELU */
-    BQ_QP_GELU_OUT,                          /* GELU output */
-    BQ_QP_OUT_RESID,                         /* output dense + bias + residual, before LN */
-    BQ_QP_OUT_LN,                            /* output.LayerNorm output */
-    /* qdqbert scheme activations */
-    BQ_QP_Q_IN, BQ_QP_K_IN, BQ_QP_V_IN,      /* inputs of query/key/value Linears */
-    BQ_QP_AO_IN, BQ_QP_I_IN, BQ_QP_O_IN,     /* inputs of attention.output/intermediate/output dense */
-    BQ_QP_MM1_Q, BQ_QP_MM1_K,                /* both inputs of Q·Kᵀ */
-    BQ_QP_MM2_P, BQ_QP_MM2_V,                /* both inputs of probs·V */
-    BQ_QP_ADD1_LOCAL, BQ_QP_ADD1_RESID,      /* attention.output residual add: dense out, residual */
-    BQ_QP_ADD2_LOCAL, BQ_QP_ADD2_RESID,      /* output residual add: dense out, residual */
-    /* cpu scheme activation */
-    BQ_QP_QKV_IN,                            /* the one input of query/key/value (quantized once) */
-    /* weights */
-    BQ_QP_W_Q, BQ_QP_W_K, BQ_QP_W_V, BQ_QP_W_AO, BQ_QP_W_I, BQ_QP_W_O,
+#define BQ_QP_ENUM_(point, role, is_weight, sole, schemes) BQ_QP_##point,
+    BQ_QPOINTS(BQ_QP_ENUM_)
+#undef BQ_QP_ENUM_
     BQ_QP_LAYER_COUNT
 } BqQPoint;
 
-/* The one point outside the encoder layers: the embeddings' LayerNorm output (ort scheme). */
+/* One row of BQ_QPOINTS. */
+typedef struct BqQPointDef {
+    const char *role;
+    int is_weight;
+    int sole;
+    unsigned schemes;
+} BqQPointDef;
+/* (BQ_QP_LAYER_COUNT) rows of BQ_QPOINTS indexed by BqQPoint (layers/qscheme.c). */
+extern const BqQPointDef bq_qpoint_defs[BQ_QP_LAYER_COUNT];
+
+/* The one point outside the encoder layers, its own row of the same columns: the embeddings'
+ * LayerNorm output (layer BQ_QP_LAYER_EMB, point -1), read only through its quantizer, placed by the
+ * ort scheme only, first in its table. */
 #define BQ_QP_LAYER_EMB (-1)
+#define BQ_QP_EMB_NAME "bert.embeddings.LayerNorm.output_quantizer"
+#define BQ_QP_EMB_SOLE 1
+#define BQ_QP_EMB_SCHEMES BQ_ORT
 
 typedef enum BqCalibMode {
     BQ_CALIB_OFF = 0,      /* use current ranges (frozen, or moving-average observer in training) */
@@ -75,7 +130,7 @@ typedef struct BqQuantizer {
 } BqQuantizer;
 
 typedef struct BqQuantConfig {
-    char scheme[16];       /* "ort" | "qdqbert" | "cpu" */
+    BqScheme scheme;       /* config.json "scheme": bq_scheme_name() */
     int per_tensor_weights;
     int fuse_qkv;          /* one shared range for Q, K and V outputs (or inputs) */
     float clip_gelu;       /* > 0: cap the GELU-output amax at this value */
@@ -102,10 +157,13 @@ typedef struct BqQuantState {
 static inline int bq_quant_qmax(const BqQuantizer *q) { return (1 << (q->bits - 1)) - 1; }
 static inline int bq_quant_qmin(const BqQuantizer *q) { return -(1 << (q->bits - 1)); }
 
-/* Bits of the weight quantizers of a scheme: 7 for "cpu", 8 otherwise. */
-int bq_quant_scheme_weight_bits(const char *scheme);
-/* BQ_OK when scheme is one of ort, qdqbert, cpu; else a BQ_EINVAL error naming flag_or_key. */
-int bq_quant_scheme_check(const char *scheme, const char *flag_or_key);
+/* Parses a scheme name ("ort", "qdqbert", "cpu"); anything else is a BQ_EINVAL error naming
+ * flag_or_key and listing the valid names. */
+int bq_scheme_parse(BqScheme *out, const char *s, const char *flag_or_key);
+/* "ort", "qdqbert" or "cpu". */
+const char *bq_scheme_name(BqScheme s);
+/* Bits of the weight quantizers of a scheme: 7 for cpu, 8 otherwise. */
+int bq_quant_scheme_weight_bits(BqScheme s);
 
 /* The quantizer at (layer, point), or NULL when the scheme puts none there. layer = BQ_QP_LAYER_EMB
  * with point -1 is the embeddings' LayerNorm output. */
@@ -130,7 +188,7 @@ typedef enum BqCalibrator {
     BQ_CALIBRATOR_ENTROPY = 3,    /* histogram, amax minimising KL divergence (TensorRT) */
 } BqCalibrator;
 
-/* Defaults: scheme "ort", per-channel weights, no fusion, no clip, averaging 0.01,
+/* Defaults: scheme ort, per-channel weights, no fusion, no clip, averaging 0.01,
  * exclude "classifier,pooler", freeze_after 0. */
 void bq_quant_config_default(BqQuantConfig *cfg);
 /* Parses "max|percentile|mse|entropy"; errors name the flag value. */

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "autograd/bq.h"
+#include "layers/quant.h"
 #include "src/args.h"
 #include "src/cli.h"
 #include "src/report.h"
@@ -284,9 +285,9 @@ int bq_cmd_pipeline(int argc, char **argv) {
     } else {
         return bq_err(BQ_EINVAL, "pipeline: --budget must be small or full, got '%s'", p.budget);
     }
-    if (strcmp(p.scheme, "ort") && strcmp(p.scheme, "qdqbert") && strcmp(p.scheme, "cpu"))
-        return bq_err(BQ_EINVAL, "--scheme: '%s' is not one of ort, qdqbert, cpu", p.scheme);
-    int cpu_scheme = !strcmp(p.scheme, "cpu");
+    BqScheme scheme;
+    if ((st = bq_scheme_parse(&scheme, p.scheme, "--scheme"))) return st;
+    int cpu_scheme = scheme == BQ_SCHEME_CPU;
     if (o.train_samples >= 0) p.train_samples = o.train_samples;
     if (o.eval_samples >= 0) p.eval_samples = o.eval_samples;
     if (o.max_seq_len >= 0) p.max_seq_len = o.max_seq_len;

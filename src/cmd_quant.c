@@ -56,10 +56,9 @@ static void quant_opts_default(QuantOpts *q, const char *calibrator) {
 
 static int quant_config_from_opts(BqQuantConfig *cfg, const QuantOpts *o) {
     bq_quant_config_default(cfg);
-    int st = bq_quant_scheme_check(o->scheme, "--scheme");
+    int st = bq_scheme_parse(&cfg->scheme, o->scheme, "--scheme");
     if (st) return st;
     if (strlen(o->exclude) >= sizeof cfg->exclude) return bq_err(BQ_EINVAL, "--exclude: list is too long");
-    strcpy(cfg->scheme, o->scheme);
     strcpy(cfg->exclude, o->exclude);
     cfg->per_tensor_weights = o->per_tensor;
     cfg->fuse_qkv = o->fuse_qkv;
@@ -105,7 +104,7 @@ static int calibrate_model(BqBert *m, const BqQuantConfig *qcfg, BqCalibrator me
     }
     if ((st = bq_quant_calib_finish(m->quant, method, percentile))) goto cleanup;
     fprintf(stderr, "[%s] calibrated %d quantizers (%s, scheme %s) on %lld examples in %.1fs\n", tag, m->quant->n,
-            bq_calibrator_name(method), qcfg->scheme, (long long)seen, bq_now() - t0);
+            bq_calibrator_name(method), bq_scheme_name(qcfg->scheme), (long long)seen, bq_now() - t0);
 cleanup:
     if (act.base) bq_arena_free(&act);
     return st;
@@ -217,7 +216,7 @@ int bq_cmd_calibrate(int argc, char **argv) {
     if ((st = bq_ckpt_save(&m, out, model, NULL))) goto cleanup;
     printf("calibrate: %d quantizers, calibrator %s", m.quant->n, bq_calibrator_name(method));
     if (method == BQ_CALIBRATOR_PERCENTILE) printf(" %.4g", q.percentile);
-    printf(", scheme %s; checkpoint %s\n", qcfg.scheme, out);
+    printf(", scheme %s; checkpoint %s\n", bq_scheme_name(qcfg.scheme), out);
     if (eval_samples > 0)
         printf("calibrate: accuracy on %lld test examples: fp32 %.4f, ptq %.4f\n", (long long)dtest->n, acc_fp32,
                acc_ptq);
@@ -355,7 +354,7 @@ int bq_cmd_qat(int argc, char **argv) {
     /* Ranges: keep a PTQ input's (its config wins; --freeze-ranges-after still applies), else calibrate. */
     if (m.quant && bq_quant_count_initialized(m.quant) == m.quant->n) {
         fprintf(stderr, "[qat] starting from the input's %d calibrated quantizers (scheme %s)\n", m.quant->n,
-                m.quant->cfg.scheme);
+                bq_scheme_name(m.quant->cfg.scheme));
         m.quant->cfg.freeze_after = qcfg.freeze_after;
     } else if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &btrain, q.calib_samples, "qat"))) {
         goto cleanup;
@@ -396,7 +395,7 @@ int bq_cmd_qat(int argc, char **argv) {
            res.steps > 0 ? res.seconds / (double)res.steps : 0.0, res.last_loss);
     if (res.best_accuracy >= 0)
         printf(", best validation accuracy %.4f (step %lld)", res.best_accuracy, (long long)res.best_step);
-    printf("; %d quantizers (scheme %s)%s; checkpoint %s\n", m.quant->n, m.quant->cfg.scheme,
+    printf("; %d quantizers (scheme %s)%s; checkpoint %s\n", m.quant->n, bq_scheme_name(m.quant->cfg.scheme),
            m.quant->q[0].frozen ? ", frozen" : "", out);
 
 cleanup:
@@ -441,7 +440,7 @@ int bq_cmd_info(int argc, char **argv) {
     }
     const BqQuantConfig *qc = &m.quant->cfg;
     int wb = bq_quant_scheme_weight_bits(qc->scheme);
-    printf("quantization scheme %s, int8 symmetric (zero point 0, scale = amax/127), weights %s%s%s", qc->scheme,
+    printf("quantization scheme %s, int8 symmetric (zero point 0, scale = amax/127), weights %s%s%s", bq_scheme_name(qc->scheme),
            wb == 7 ? "int7 (scale = amax/63) " : "", qc->per_tensor_weights ? "per tensor" : "per channel",
            qc->fuse_qkv ? ", fused QKV" : "");
     if (qc->clip_gelu > 0) printf(", GELU clip %g", qc->clip_gelu);

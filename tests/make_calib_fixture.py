@@ -1,9 +1,11 @@
 """Writes tests/fixtures/calib/: activation batches and the amax that a NumPy implementation of the
 pytorch-quantization HistogramCalibrator math (calib/histogram.py: collect with equal-width bins grown
 on demand, _compute_amax_percentile/_mse/_entropy) computes for them. tests/test_calib.c checks the C
-calibrators (layers/calib.c) against these numbers to 1e-6 relative.
+calibrators (layers/calib.c) against these numbers to 1e-6 relative. The MSE reference (amax_mse) is
+written from the definition as whole-array NumPy, independently of the C loop; the "saturated" case
+puts the MSE optimum at the last bin's centre, which a search stopping one bin short misses.
 
-Run: /work/main/.venv/bin/python tests/make_calib_fixture.py   (numpy only)
+Run: .venv/bin/python tests/make_calib_fixture.py   (numpy only)
 
 Files: data.bin (float32 little-endian, all batches of all cases back to back) and expected.json
 ({"nbins0": 2048, "cases": [{"name", "batches": [n0, n1, ...], "max", "percentile": {p: amax},
@@ -54,16 +56,23 @@ def amax_percentile(h, p):
 
 
 def amax_mse(h, start=128):
-    e = h.edges()
-    c = (e[:-1] + e[1:]) / 2.0
-    best, arg = np.inf, None
-    for i in range(start, len(c) - 1):
-        scale = c[i] / 127.0
-        q = np.clip(np.round(c / scale), -128, 127) * scale  # np.round: half to even
-        mse = np.sum((q - c) ** 2 * h.count) / len(c)
-        if mse < best:
-            best, arg = mse, i
-    return c[arg]
+    """MSE calibration from its definition (pytorch-quantization _compute_amax_mse): the candidate
+    ranges are the centres of bins start..last, the last bin included; each candidate amax
+    fake-quantizes every bin centre to int8 (scale amax/127, round half to even, clamp to
+    [-128, 127]); the error of a candidate is the count-weighted squared error averaged over all
+    bins; the answer is the candidate of least error (the first on ties, as np.argmin).
+    Written as whole-array NumPy, candidates × bins, without reference to layers/calib.c."""
+    nb = len(h.count)
+    centres = (np.arange(nb, dtype=np.float64) + 0.5) * h.width
+    cand = centres[start:]
+    errs = []
+    for lo in range(0, len(cand), 256):  # 256 candidates at a time keeps the matrix small
+        amax = cand[lo:lo + 256, None]
+        scale = amax / 127.0
+        fq = np.clip(np.round(centres[None, :] / scale), -128, 127) * scale
+        errs.append(np.mean((fq - centres[None, :]) ** 2 * h.count[None, :], axis=1))
+    errs = np.concatenate(errs)
+    return float(cand[int(np.argmin(errs))])
 
 
 def amax_entropy(h, start=128, nq=128):
@@ -97,6 +106,9 @@ def main():
     gelu_like = [np.concatenate([np.zeros(3000), rng.normal(0, 0.8, 1000)])] + [
         np.maximum(x, -0.17) for x in g]
     cases.append(("zeros_then_gelu", gelu_like))
+    # saturated activations (a clipped tensor): a spike of |x| = max in the last bin, so clipping
+    # below the last bin's centre costs more than rounding and the MSE range is that last centre
+    cases.append(("saturated", [np.clip(rng.normal(0, 2.0, 4000), -3.0, 3.0) for _ in range(3)]))
     os.makedirs(OUT, exist_ok=True)
     blobs, meta = [], []
     for name, batches in cases:

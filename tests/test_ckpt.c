@@ -180,7 +180,7 @@ int main(void) {
     EXPECT(st == BQ_OK && mq.quant, "quant load: %s", bq_errmsg());
     int64_t qd = 0;
     if (!st && mq.quant) {
-        EXPECT(mq.quant->n == m.quant->n && !strcmp(mq.quant->cfg.scheme, m.quant->cfg.scheme), "quant table differs");
+        EXPECT(mq.quant->n == m.quant->n && mq.quant->cfg.scheme == m.quant->cfg.scheme, "quant table differs");
         for (int i = 0; i < m.quant->n && i < mq.quant->n; i++) {
             const BqQuantizer *a = &m.quant->q[i], *b = &mq.quant->q[i];
             for (int64_t c = 0; c < a->nch; c++)

@@ -171,10 +171,10 @@ static void check_export(BqBert *m, BqQuantState *qs, int opset, int cpu_layout,
         for (int i = 0; i < qs->n; i++) acts += !qs->q[i].is_weight;
         EXPECT(ndq == nq + 6 * L, "DQ %d = Q %d + %d weights", ndq, nq, 6 * L);
         EXPECT(s.int8_weights == 6 * L, "int8 weights %d", s.int8_weights);
-        const int cpu = cpu_layout || !strcmp(qs->cfg.scheme, "cpu");
+        const int cpu = cpu_layout || qs->cfg.scheme == BQ_SCHEME_CPU;
         EXPECT(s.cpu_layout == cpu, "stats.cpu_layout %d", s.cpu_layout);
-        if (!strcmp(qs->cfg.scheme, "ort")) EXPECT(nq == acts && nq == 12 * L + 1, "ort Q %d, quantizers %d", nq, acts);
-        else if (!strcmp(qs->cfg.scheme, "cpu")) EXPECT(nq == acts && nq == 4 * L, "cpu Q %d, quantizers %d", nq, acts);
+        if (qs->cfg.scheme == BQ_SCHEME_ORT) EXPECT(nq == acts && nq == 12 * L + 1, "ort Q %d, quantizers %d", nq, acts);
+        else if (qs->cfg.scheme == BQ_SCHEME_CPU) EXPECT(nq == acts && nq == 4 * L, "cpu Q %d, quantizers %d", nq, acts);
         else EXPECT(nq <= acts && nq > 0, "qdqbert Q %d, quantizers %d", nq, acts);
         /* activation Q/DQ zero points: int8 0, or uint8 128 in the CPU layout (the same values) */
         for (size_t i = 0; i < g->n_node; i++) {
@@ -208,7 +208,7 @@ static void check_export(BqBert *m, BqQuantState *qs, int opset, int cpu_layout,
         EXPECT(wz && wz->n_dims == 1 && wz->dims[0] == N && wz->data_type == (u8w ? 2 : 3), "weight zero point");
         for (size_t i = 0; wz && i < wz->raw_data.len; i++)
             EXPECT(wz->raw_data.data[i] == (u8w ? 128 : 0), "weight zero point value");
-        EXPECT(wqz->bits == (strcmp(qs->cfg.scheme, "cpu") ? 8 : 7), "%s weight bits %d", qs->cfg.scheme, wqz->bits);
+        EXPECT(wqz->bits == (qs->cfg.scheme == BQ_SCHEME_CPU ? 7 : 8), "%s weight bits %d", bq_scheme_name(qs->cfg.scheme), wqz->bits);
         if (wq && ws) {
             EXPECT(wq->data_type == (u8w ? 2 : 3) && wq->n_dims == 2 && wq->dims[0] == K && wq->dims[1] == N &&
                        wq->raw_data.len == (size_t)(K * N), "int8 [K,N] raw_data");
@@ -241,7 +241,7 @@ static void check_export(BqBert *m, BqQuantState *qs, int opset, int cpu_layout,
                 EXPECT(consumers(g, dq->output[0]) == 1, "weight DQ consumers");
             }
         }
-        if (!strcmp(qs->cfg.scheme, "cpu")) {
+        if (qs->cfg.scheme == BQ_SCHEME_CPU) {
             /* layer input: one DQ read by the Q, K, V MatMuls; the residual Add reads the fp32 tensor */
             const Onnx__NodeProto *mmq = producer(g, "/bert/encoder/layer.1/attention/self/query/MatMul_output_0");
             const Onnx__NodeProto *res = producer(g, "/bert/encoder/layer.1/attention/output/Add_output_0");
@@ -254,7 +254,7 @@ static void check_export(BqBert *m, BqQuantState *qs, int opset, int cpu_layout,
                 EXPECT(r && strcmp(r->op_type, "DequantizeLinear") != 0, "residual reads fp32");
             }
         }
-        if (!strcmp(qs->cfg.scheme, "ort")) {
+        if (qs->cfg.scheme == BQ_SCHEME_ORT) {
             /* embeddings output: one DQ read by the Q, K, V MatMuls and the residual Add */
             const Onnx__NodeProto *mmq = producer(g, "/bert/encoder/layer.0/attention/self/query/MatMul_output_0");
             EXPECT(mmq != NULL, "query MatMul");
@@ -307,7 +307,7 @@ int main(int argc, char **argv) {
     for (int s = 0; s < 3; s++) {
         BqQuantConfig cfg;
         bq_quant_config_default(&cfg);
-        snprintf(cfg.scheme, sizeof cfg.scheme, "%s", schemes[s]);
+        BQ_CHECK(bq_scheme_parse(&cfg.scheme, schemes[s], "scheme") == BQ_OK);
         BqQuantState *qs = NULL;
         EXPECT(bq_quant_create(&qs, &m, &cfg) == BQ_OK, "quant create %s", schemes[s]);
         if (!qs) continue;

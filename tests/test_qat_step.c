@@ -51,7 +51,7 @@ static void run(const char *scheme, int plain, Out *o) {
     BQ_CHECK(bq_bert_create(&m, &cfg, 1, &rng) == BQ_OK);
     BqQuantConfig qc;
     bq_quant_config_default(&qc);
-    snprintf(qc.scheme, sizeof qc.scheme, "%s", scheme);
+    BQ_CHECK(bq_scheme_parse(&qc.scheme, scheme, "scheme") == BQ_OK);
     BQ_CHECK(bq_quant_create(&m.quant, &m, &qc) == BQ_OK);
     m.quant->observe = 1;
     m.quant->plain_fakequant = plain;

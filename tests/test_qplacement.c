@@ -1,7 +1,9 @@
-/* Quantizer placement tables (layers/qscheme.c, ../shared/DESIGN.md §4): counts per layer for the ort,
- * qdqbert and cpu schemes, names and positions of representative points, per-channel sizes, bits
- * (8; 7 for the cpu scheme's weights), --fuse-qkv sharing, --exclude matching (layer 1 vs layer 10),
- * --per-tensor, --clip-gelu, and the scale rule scale = amax/127 (amax/63 at 7 bits). */
+/* Quantizer placement tables (BQ_QPOINTS in layers/quant.h, layers/qscheme.c, docs/design.md §4): the
+ * full ordered list of names of layer 0 for the ort, qdqbert and cpu schemes pinned as checkpoints
+ * and ONNX graphs have them, counts per layer, positions of representative points, per-channel sizes,
+ * bits (8; 7 for the cpu scheme's weights), the sole-consumer column, --fuse-qkv sharing, --exclude
+ * matching (layer 1 vs layer 10), --per-tensor, --clip-gelu, the scale rule scale = amax/127
+ * (amax/63 at 7 bits), and scheme names parsed in one place (bq_scheme_parse/bq_scheme_name). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -39,6 +41,50 @@ static const char *name_at(BqQuantState *qs, int l, int p) {
     return q ? q->name : "(none)";
 }
 
+/* The quantizers of the embeddings and encoder layer 0 in table order, as every checkpoint written
+ * so far lists them; a change here breaks reading old checkpoints and the ONNX names. */
+static const char *const want_ort[] = {
+    "bert.embeddings.LayerNorm.output_quantizer",
+    "attention.self.query.weight_quantizer", "attention.self.key.weight_quantizer",
+    "attention.self.value.weight_quantizer", "attention.output.dense.weight_quantizer",
+    "intermediate.dense.weight_quantizer", "output.dense.weight_quantizer",
+    "attention.self.query.output_quantizer", "attention.self.key.output_quantizer",
+    "attention.self.value.output_quantizer", "attention.self.matmul_qk.output_quantizer",
+    "attention.self.softmax.output_quantizer", "attention.self.matmul_av.output_quantizer",
+    "attention.output.residual_add.output_quantizer", "attention.output.LayerNorm.output_quantizer",
+    "intermediate.dense.output_quantizer", "intermediate.intermediate_act_fn.output_quantizer",
+    "output.residual_add.output_quantizer", "output.LayerNorm.output_quantizer", NULL};
+static const char *const want_qdq[] = {
+    "attention.self.query.weight_quantizer", "attention.self.key.weight_quantizer",
+    "attention.self.value.weight_quantizer", "attention.output.dense.weight_quantizer",
+    "intermediate.dense.weight_quantizer", "output.dense.weight_quantizer",
+    "attention.self.query.input_quantizer", "attention.self.key.input_quantizer",
+    "attention.self.value.input_quantizer", "attention.output.dense.input_quantizer",
+    "intermediate.dense.input_quantizer", "output.dense.input_quantizer",
+    "attention.self.matmul_q_input_quantizer", "attention.self.matmul_k_input_quantizer",
+    "attention.self.matmul_a_input_quantizer", "attention.self.matmul_v_input_quantizer",
+    "attention.output.add_local_input_quantizer", "attention.output.add_residual_input_quantizer",
+    "output.add_local_input_quantizer", "output.add_residual_input_quantizer", NULL};
+static const char *const want_cpu[] = {
+    "attention.self.query.weight_quantizer", "attention.self.key.weight_quantizer",
+    "attention.self.value.weight_quantizer", "attention.output.dense.weight_quantizer",
+    "intermediate.dense.weight_quantizer", "output.dense.weight_quantizer",
+    "attention.self.input_quantizer", "attention.output.dense.input_quantizer",
+    "intermediate.dense.input_quantizer", "output.dense.input_quantizer", NULL};
+
+/* The first quantizers of qs are want[] (layer-0 roles prefixed with "bert.encoder.layer.0."). */
+static void expect_order(BqQuantState *qs, const char *const *want, const char *scheme) {
+    int i = 0;
+    for (; want[i]; i++) {
+        char full[200];
+        snprintf(full, sizeof full, "%s%s", strncmp(want[i], "bert.", 5) ? "bert.encoder.layer.0." : "", want[i]);
+        EXPECT(i < qs->n && strcmp(qs->q[i].name, full) == 0, "%s quantizer %d: %s, want %s", scheme, i,
+               i < qs->n ? qs->q[i].name : "(none)", full);
+    }
+    EXPECT(qs->n > i && strncmp(qs->q[i].name, "bert.encoder.layer.1.", 21) == 0, "%s: layer 0 has extra quantizers",
+           scheme);
+}
+
 int main(void) {
     const int L = 12;
     BqBert m;
@@ -50,11 +96,12 @@ int main(void) {
     bq_quant_config_default(&cfg);
     EXPECT(bq_quant_create(&qs, &m, &cfg) == BQ_OK, "create ort");
     EXPECT(qs->n == 18 * L + 1, "ort count %d want %d", qs->n, 18 * L + 1);
+    expect_order(qs, want_ort, "ort");
     for (int l = 0; l < L; l++) {
         EXPECT(count_layer(qs, l, 1) == 6, "ort layer %d weights %d", l, count_layer(qs, l, 1));
         EXPECT(count_layer(qs, l, 0) == 12, "ort layer %d acts %d", l, count_layer(qs, l, 0));
         for (int p = 0; p < BQ_QP_LAYER_COUNT; p++) {
-            int want = p <= BQ_QP_OUT_LN || p >= BQ_QP_W_Q;
+            int want = p <= BQ_QP_OUT_LN; /* the 6 weights, then the 12 ort activations */
             EXPECT((bq_quant_at(qs, l, p) != NULL) == want, "ort layer %d point %d presence", l, p);
         }
     }
@@ -91,9 +138,10 @@ int main(void) {
     bq_quant_free(qs);
 
     /* qdqbert: input + weight of 6 Linears, 4 matmul inputs, 4 residual-add inputs = 20 per layer */
-    strcpy(cfg.scheme, "qdqbert");
+    cfg.scheme = BQ_SCHEME_QDQBERT;
     EXPECT(bq_quant_create(&qs, &m, &cfg) == BQ_OK, "create qdqbert");
     EXPECT(qs->n == 20 * L, "qdqbert count %d want %d", qs->n, 20 * L);
+    expect_order(qs, want_qdq, "qdqbert");
     EXPECT(bq_quant_at(qs, BQ_QP_LAYER_EMB, -1) == NULL, "qdqbert has no embedding quantizer");
     for (int l = 0; l < L; l++) {
         EXPECT(count_layer(qs, l, 1) == 6 && count_layer(qs, l, 0) == 14, "qdqbert layer %d", l);
@@ -109,14 +157,15 @@ int main(void) {
     bq_quant_free(qs);
 
     /* cpu: one Q/K/V input + 3 Linear inputs, 6 weights at 7 bits = 10 per layer */
-    strcpy(cfg.scheme, "cpu");
+    cfg.scheme = BQ_SCHEME_CPU;
     EXPECT(bq_quant_create(&qs, &m, &cfg) == BQ_OK, "create cpu");
     EXPECT(qs->n == 10 * L, "cpu count %d want %d", qs->n, 10 * L);
+    expect_order(qs, want_cpu, "cpu");
     EXPECT(bq_quant_at(qs, BQ_QP_LAYER_EMB, -1) == NULL, "cpu has no embedding quantizer");
     for (int l = 0; l < L; l++) {
         EXPECT(count_layer(qs, l, 1) == 6 && count_layer(qs, l, 0) == 4, "cpu layer %d", l);
         for (int p = 0; p < BQ_QP_LAYER_COUNT; p++) {
-            int want = p == BQ_QP_QKV_IN || p == BQ_QP_AO_IN || p == BQ_QP_I_IN || p == BQ_QP_O_IN || p >= BQ_QP_W_Q;
+            int want = p == BQ_QP_QKV_IN || p == BQ_QP_AO_IN || p == BQ_QP_I_IN || p == BQ_QP_O_IN || p <= BQ_QP_W_O;
             BqQuantizer *q = bq_quant_at(qs, l, p);
             EXPECT((q != NULL) == want, "cpu layer %d point %d presence", l, p);
             if (q) EXPECT(q->bits == (q->is_weight ? 7 : 8) && q->layer == l && q->point == p, "cpu %s bits %d", q->name, q->bits);
@@ -136,7 +185,9 @@ int main(void) {
         bq_quant_update_scale(qs, w);
         EXPECT(w->scale[0] == 6.3f / 63.0f, "7-bit scale %g", w->scale[0]);
     }
-    EXPECT(bq_quant_scheme_weight_bits("cpu") == 7 && bq_quant_scheme_weight_bits("ort") == 8, "weight bits");
+    EXPECT(bq_quant_scheme_weight_bits(BQ_SCHEME_CPU) == 7 && bq_quant_scheme_weight_bits(BQ_SCHEME_ORT) == 8 &&
+               bq_quant_scheme_weight_bits(BQ_SCHEME_QDQBERT) == 8,
+           "weight bits");
     bq_quant_free(qs);
 
     /* --fuse-qkv: K and V share Q's quantizer */
@@ -173,10 +224,28 @@ int main(void) {
     EXPECT(io->amax[0] == 25.0f, "intermediate output not clipped");
     bq_quant_free(qs);
 
-    /* unknown scheme is an input error naming the flag */
-    strcpy(cfg.scheme, "tflite");
-    EXPECT(bq_quant_create(&qs, &m, &cfg) == BQ_EINVAL && strstr(bq_errmsg(), "--scheme") && strstr(bq_errmsg(), "cpu"),
+    /* the sole-consumer column: false exactly where another op reads the same tensor (layers/bert.c) */
+    for (int p = 0; p < BQ_QP_LAYER_COUNT; p++) {
+        int shared = p == BQ_QP_Q_IN || p == BQ_QP_K_IN || p == BQ_QP_V_IN || p == BQ_QP_QKV_IN || p == BQ_QP_I_IN ||
+                     p == BQ_QP_ADD1_RESID || p == BQ_QP_ADD2_RESID;
+        if (!bq_qpoint_defs[p].is_weight)
+            EXPECT(bq_qpoint_defs[p].sole == !shared, "point %s sole %d", bq_qpoint_defs[p].role, bq_qpoint_defs[p].sole);
+    }
+
+    /* scheme names: one parser, names round trip, an unknown one is an input error naming the flag
+     * and listing the valid names */
+    const char *names[] = {"ort", "qdqbert", "cpu"};
+    for (int s = 0; s < BQ_SCHEME_COUNT; s++) {
+        BqScheme sc = (BqScheme)-1;
+        EXPECT(bq_scheme_parse(&sc, names[s], "--scheme") == BQ_OK && (int)sc == s && !strcmp(bq_scheme_name(sc), names[s]),
+               "scheme %s", names[s]);
+    }
+    BqScheme sc = BQ_SCHEME_CPU;
+    EXPECT(bq_scheme_parse(&sc, "tflite", "--scheme") == BQ_EINVAL && strstr(bq_errmsg(), "--scheme") &&
+               strstr(bq_errmsg(), "tflite") && strstr(bq_errmsg(), "ort, qdqbert, cpu") && sc == BQ_SCHEME_CPU,
            "bad scheme: %s", bq_errmsg());
+    EXPECT(bq_scheme_parse(&sc, "ORT", "quant config: scheme") == BQ_EINVAL && strstr(bq_errmsg(), "quant config: scheme"),
+           "scheme names are case-sensitive: %s", bq_errmsg());
 
     printf("test_qplacement: %d failures (max error 0 expected)\n", failures);
     return failures ? 1 : 0;

@@ -40,7 +40,7 @@ static int round_trip(BqBert *m, BqQuantState *qs, const char *path) {
     f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     int bad = 0;
     if (bq_quant_load_hdf5(m, f, path)) {
-        printf("FAIL load (%s): %s\n", qs->cfg.scheme, bq_errmsg());
+        printf("FAIL load (%s): %s\n", bq_scheme_name(qs->cfg.scheme), bq_errmsg());
         bad++;
     }
     H5Fclose(f);
@@ -53,7 +53,7 @@ static int round_trip(BqBert *m, BqQuantState *qs, const char *path) {
         bad += a->frozen != b->frozen || a->initialized != b->initialized || a->bits != b->bits;
         if (!a->is_weight) bad += a->run_min != b->run_min || a->run_max != b->run_max;
     }
-    if (bad) printf("FAIL round trip (%s): %d mismatches\n", qs->cfg.scheme, bad);
+    if (bad) printf("FAIL round trip (%s): %d mismatches\n", bq_scheme_name(qs->cfg.scheme), bad);
     m->quant = NULL;
     bq_quant_free(q2);
     return bad;
@@ -75,7 +75,7 @@ int main(void) {
 
     /* cpu scheme (7-bit weights): round trip, then its file into an ort-shaped table must fail */
     BqQuantConfig cc = c;
-    strcpy(cc.scheme, "cpu");
+    cc.scheme = BQ_SCHEME_CPU;
     if (bq_quant_create(&q3, &m, &cc)) return 1;
     fill(q3);
     bad += round_trip(&m, q3, path);
@@ -101,7 +101,7 @@ int main(void) {
     }
     bq_quant_free(q3);
     /* qdqbert table: its quantizers are missing from an ort file */
-    strcpy(c3.scheme, "qdqbert");
+    c3.scheme = BQ_SCHEME_QDQBERT;
     c3.per_tensor_weights = 0;
     bq_quant_create(&q3, &m, &c3);
     m.quant = q3;
@@ -137,7 +137,7 @@ int main(void) {
     /* config JSON round trip */
     BqQuantConfig cj, back;
     bq_quant_config_default(&cj);
-    strcpy(cj.scheme, "qdqbert");
+    cj.scheme = BQ_SCHEME_QDQBERT;
     cj.fuse_qkv = 1;
     cj.per_tensor_weights = 1;
     cj.clip_gelu = 10.0f;
@@ -158,10 +158,10 @@ int main(void) {
         bad++;
     }
     json_object_del(j, "weight_bits");
-    strcpy(cj.scheme, "cpu");
+    cj.scheme = BQ_SCHEME_CPU;
     json_t *jc = bq_quant_config_to_json(&cj);
     if (json_integer_value(json_object_get(jc, "weight_bits")) != 7 || bq_quant_config_from_json(&back, jc) ||
-        strcmp(back.scheme, "cpu")) {
+        back.scheme != BQ_SCHEME_CPU) {
         printf("FAIL cpu config JSON: %s\n", bq_errmsg());
         bad++;
     }
