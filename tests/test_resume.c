@@ -212,7 +212,7 @@ int main(void) {
     BqAdamW o;
     bq_adamw_init(&o, mc.params.total, 0);
     BqTrainState ts = {.opt = &o};
-    st = bq_ckpt_load(&md, outC, &ts);
+    st = bq_train_state_load(&md, outC, &ts);
     EXPECT(st == BQ_OK && ts.step == 6, "last good checkpoint: %d step %lld %s", st, (long long)ts.step, bq_errmsg());
     free(ts.best_params);
     bq_adamw_free(&o);
