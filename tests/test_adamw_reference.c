@@ -13,7 +13,7 @@
 #include "autograd/bq.h"
 #include "autograd/tensor.h"
 #include "layers/bert.h"
-#include "src/optim.h"
+#include "src/train.h"
 
 typedef struct StFile {
     char *buf;       /* whole file */
@@ -153,24 +153,31 @@ int main(void) {
     BQ_CHECK(bq_tape_init(&tape, 4096) == BQ_OK);
     BqAdamW opt;
     bq_adamw_init(&opt, pt->total, 0.01f);
+    /* bq_train_step + bq_train_apply at a constant lr (total_steps 0), no clipping, no accumulation. */
+    BqTrainConfig tc;
+    bq_train_config_default(&tc);
+    tc.lr = 1e-3;
+    tc.max_grad_norm = 0;
+    tc.grad_accum = 1;
+    BqTrainState ts = {.opt = &opt};
+    memset(pt->grad, 0, sizeof(float) * (size_t)pt->total);
     double worst_loss = 0;
     for (int k = 0; k < 5; k++) {
-        bq_arena_rewind(&act, 0);
-        bq_tape_rewind(&tape);
-        memset(pt->grad, 0, sizeof(float) * (size_t)pt->total);
         BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = 1};
-        BqTensor *logits = NULL, *loss = NULL;
-        if (bq_bert_forward(&m, &ctx, &batch, &logits, &loss) != BQ_OK || !loss) {
-            fprintf(stderr, "FAIL forward: %s\n", bq_errmsg());
+        float lv;
+        if (bq_train_step(&m, &ctx, &batch, &ts, &lv, NULL) != BQ_OK) {
+            fprintf(stderr, "FAIL step %d: %s\n", k, bq_errmsg());
             return 1;
         }
-        double e = fabs((double)loss->data[0] - exp_losses[k]);
+        double e = fabs((double)lv - exp_losses[k]);
         if (!(e <= worst_loss)) worst_loss = e;
         int bad = !(e <= 1e-5);
-        printf("step %d loss %.7f torch %.7f err %.3g%s\n", k, loss->data[0], exp_losses[k], e, bad ? "  FAIL" : "");
+        printf("step %d loss %.7f torch %.7f err %.3g%s\n", k, lv, exp_losses[k], e, bad ? "  FAIL" : "");
         fails += bad;
-        bq_backward(&ctx, loss);
-        bq_adamw_step(&opt, pt, 1e-3f);
+        if (bq_train_apply(&m, &tc, &ts, NULL, NULL) != BQ_OK) {
+            fprintf(stderr, "FAIL apply %d: %s\n", k, bq_errmsg());
+            return 1;
+        }
     }
     double worst_p = 0;
     for (int i = 0; i < pt->n; i++) {

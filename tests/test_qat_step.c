@@ -13,6 +13,7 @@
 #include "autograd/tensor.h"
 #include "layers/bert.h"
 #include "layers/quant.h"
+#include "src/train.h"
 
 static int fails = 0;
 
@@ -41,7 +42,8 @@ typedef struct Out {
     size_t peak;    /* activation arena peak */
 } Out;
 
-/* Two training steps (observers move on the second) from a fresh model seeded identically. */
+/* Two training steps (bq_train_step: forward with tape and backward; observers move on the second)
+ * from a fresh model seeded identically; the gradients of the second are kept. */
 static void run(const char *scheme, int plain, Out *o) {
     BqBertConfig cfg;
     tiny_config(&cfg);
@@ -71,16 +73,11 @@ static void run(const char *scheme, int plain, Out *o) {
     BqTape tape;
     BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "act") == BQ_OK);
     BQ_CHECK(bq_tape_init(&tape, 64) == BQ_OK);
+    BqTrainState ts = {0};
     for (int step = 0; step < 2; step++) {
         memset(m.params.grad, 0, sizeof(float) * (size_t)m.params.total);
         BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = 1234 + (uint64_t)step};
-        BqTensor *logits = NULL, *loss = NULL;
-        BQ_CHECK(bq_bert_forward(&m, &ctx, &bt, &logits, &loss) == BQ_OK);
-        bq_backward(&ctx, loss);
-        o->loss = loss->data[0];
-        memcpy(o->logits, logits->data, sizeof(float) * B * 3);
-        bq_arena_rewind(&act, 0);
-        bq_tape_rewind(&tape);
+        BQ_CHECK(bq_train_step(&m, &ctx, &bt, &ts, &o->loss, o->logits) == BQ_OK);
     }
     o->peak = act.peak;
     {
