@@ -14,22 +14,8 @@
 #include "layers/bert.h"
 #include "layers/quant.h"
 #include "src/train.h"
+#include "tests/test_util.h"
 
-static int fails = 0;
-
-static void tiny_config(BqBertConfig *c) {
-    memset(c, 0, sizeof *c);
-    c->vocab_size = 50, c->hidden_size = 24, c->num_hidden_layers = 2, c->num_attention_heads = 3;
-    c->intermediate_size = 40, c->max_position_embeddings = 16, c->type_vocab_size = 2, c->pad_token_id = 0;
-    c->layer_norm_eps = 1e-12f, c->hidden_dropout_prob = 0.1f, c->attention_probs_dropout_prob = 0.1f;
-    c->classifier_dropout = -1.0f, c->initializer_range = 0.2f, c->num_labels = 3;
-    c->id2label = bq_calloc(3, sizeof(char *));
-    for (int i = 0; i < 3; i++) {
-        char b[8];
-        snprintf(b, sizeof b, "l%d", i);
-        c->id2label[i] = bq_strdup(b);
-    }
-}
 
 typedef struct Out {
     float loss;
@@ -45,8 +31,7 @@ typedef struct Out {
 /* Two training steps (bq_train_step: forward with tape and backward; observers move on the second)
  * from a fresh model seeded identically; the gradients of the second are kept. */
 static void run(const char *scheme, int plain, Out *o) {
-    BqBertConfig cfg;
-    tiny_config(&cfg);
+    BqBertConfig cfg = bq_test_config(50, 24, 2, 3, 40, 16, 3, 0.1f, 0.2f);
     BqRng rng;
     bq_rng_seed(&rng, 7);
     BqBert m;

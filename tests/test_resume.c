@@ -12,22 +12,12 @@
 
 #include "export/ckpt.h"
 #include "src/train.h"
+#include "tests/test_util.h"
 
 #define NB 5      /* micro-batches per epoch */
 #define BS 4
 #define TT 9
 #define STEPS 12
-
-static int fails = 0;
-#define EXPECT(c, ...)                                    \
-    do {                                                  \
-        if (!(c)) {                                       \
-            fprintf(stderr, "FAIL line %d: ", __LINE__);  \
-            fprintf(stderr, __VA_ARGS__);                 \
-            fprintf(stderr, "\n");                        \
-            fails++;                                      \
-        }                                                 \
-    } while (0)
 
 /* Synthetic data: NB fixed batches; epoch e visits them in an order shuffled by hash(seed, e). The
  * label is a function of the first token so the model can learn something. */
@@ -85,15 +75,6 @@ static int s_next(void *c, const BqBatch **out) {
     return BQ_OK;
 }
 
-static void tiny_config(BqBertConfig *c) {
-    memset(c, 0, sizeof *c);
-    c->vocab_size = 40, c->hidden_size = 16, c->num_hidden_layers = 2, c->num_attention_heads = 2;
-    c->intermediate_size = 24, c->max_position_embeddings = 32, c->type_vocab_size = 2;
-    c->pad_token_id = 0, c->layer_norm_eps = 1e-12f, c->hidden_dropout_prob = 0.1f;
-    c->attention_probs_dropout_prob = 0.1f, c->classifier_dropout = -1, c->initializer_range = 0.2f;
-    c->num_labels = 3;
-}
-
 typedef struct Rec {
     double loss[STEPS + 1];
     int nan_at;   /* inject NaN into the classifier after this step (0: never) */
@@ -107,8 +88,7 @@ static int on_step(void *user, BqBert *m, int64_t step, double loss) {
 }
 
 static void make_model(BqBert *m) {
-    BqBertConfig cfg;
-    tiny_config(&cfg);
+    BqBertConfig cfg = bq_test_config(40, 16, 2, 2, 24, 32, 3, 0.1f, 0.2f);
     BqRng rng;
     bq_rng_seed(&rng, 11);
     memset(m, 0, sizeof *m);
@@ -132,8 +112,8 @@ static void config(BqTrainConfig *tc, Rec *rec, const char *vocab) {
 }
 
 int main(void) {
-    char root[] = "/tmp/bq_test_resume_XXXXXX";
-    BQ_CHECK(mkdtemp(root));
+    char root[64];
+    bq_test_tmpdir(root, sizeof root, "resume");
     char vocab[256], outA[256], outB[256], outC[256], p[512];
     snprintf(vocab, sizeof vocab, "%s/vocab", root);
     snprintf(outA, sizeof outA, "%s/a", root);
@@ -219,9 +199,7 @@ int main(void) {
 
     bq_bert_free(&ma), bq_bert_free(&mb), bq_bert_free(&mc), bq_bert_free(&md);
     synth_free(&tr), synth_free(&va);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", root);
+    bq_test_rmtree(root);
     printf("test_resume: %d/%d losses bit-identical, max loss difference %.3g, %lld parameters differ, %s\n", same,
            STEPS, maxd, (long long)pd, fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
