@@ -173,7 +173,6 @@ static int h5_attr_read(hid_t f, const char *file, const char *name, hid_t type,
 }
 
 #define ATTR_I64(f, file, name, v) h5_attr_write(f, file, name, H5T_NATIVE_INT64, &(int64_t){(v)}, 1)
-#define ATTR_F64(f, file, name, v) h5_attr_write(f, file, name, H5T_NATIVE_DOUBLE, &(double){(v)}, 1)
 
 /* ---- config.json ---- */
 
