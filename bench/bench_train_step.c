@@ -1,5 +1,6 @@
 /* Times full training steps of BertForSequenceClassification as `bertqat finetune` / `bertqat qat` run
- * them: forward with tape, backward, global-norm clipping, AdamW, gradient zeroing. The model is a
+ * them (bq_train_step, bq_train_apply of src/train.h): forward with tape, backward, global-norm
+ * clipping, AdamW at a constant lr, gradient zeroing. The model is a
  * Hugging Face directory (--model, e.g. all-MiniLM-L6-v2) or, without --model, a randomly initialised
  * BERT-base-shaped model (12 layers, hidden 768, 12 heads, intermediate 3072). Batches are fixed,
  * random, full length (attention mask all ones), dropout as in the config (training mode).
@@ -19,7 +20,6 @@
 #include "export/ckpt.h"
 #include "layers/bert.h"
 #include "layers/quant.h"
-#include "src/optim.h"
 #include "src/train.h"
 
 static int cmp_double(const void *a, const void *b) {
@@ -120,7 +120,6 @@ int main(int argc, char **argv) {
         bt.attention_mask[i] = 1.0f;
     }
     for (int b = 0; b < B; b++) bt.labels[b] = (int32_t)bq_rng_below(&rng, 2);
-    BqBertInput in = bq_batch_input(&bt);
 
     BqArena act;
     BqTape tape;
@@ -128,6 +127,12 @@ int main(int argc, char **argv) {
     BQ_CHECK(bq_arena_init(&act, (size_t)64 << 30, "act") == BQ_OK);
     BQ_CHECK(bq_tape_init(&tape, 4096) == BQ_OK);
     bq_adamw_init(&opt, m.params.total, 0.0f);
+    /* The step of src/train.c at a constant lr 5e-5 (total_steps 0), clipping at 1.0. */
+    BqTrainConfig tc;
+    bq_train_config_default(&tc);
+    tc.lr = 5e-5;
+    tc.max_grad_norm = 1.0;
+    BqTrainState ts = {.opt = &opt};
     double *times = bq_malloc(sizeof(double) * (size_t)steps);
     float loss_v = 0;
     for (int s = 0; s < warmup + steps; s++) {
@@ -138,19 +143,10 @@ int main(int argc, char **argv) {
         BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(1, (uint64_t)s)};
         double t0 = bq_now();
         bq_profile_mark();
-        BqTensor *logits = NULL, *loss = NULL;
-        if (bq_bert_forward(&m, &ctx, &in, &logits, &loss) != BQ_OK) {
+        if (bq_train_step(&m, &ctx, &bt, &ts, &loss_v, NULL) || bq_train_apply(&m, &tc, &ts, NULL, NULL)) {
             fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
             return 1;
         }
-        bq_backward(&ctx, loss);
-        loss_v = loss->data[0];
-        bq_arena_rewind(&act, 0);
-        bq_tape_rewind(&tape);
-        bq_grad_clip(&m.params, 1.0);
-        bq_adamw_step(&opt, &m.params, 5e-5f);
-        memset(m.params.grad, 0, sizeof(float) * (size_t)m.params.total);
-        if (m.quant) bq_quant_step(m.quant);
         double dt = bq_now() - t0;
         if (s >= warmup) times[s - warmup] = dt;
     }

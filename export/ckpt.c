@@ -1,6 +1,6 @@
-/* Native checkpoint directory: save/load of config.json, vocabulary files, model.h5 and
- * training_state.h5 with atomic directory replacement (layout in ckpt.h; DESIGN.md §6). HDF5 C API
- * (H5Dcreate2/H5Dwrite, attributes on the root group). */
+/* Native checkpoint directory: save/load of config.json, vocabulary files and model.h5, plus the
+ * caller's extra files (BqCkptExtra), with atomic directory replacement (layout in ckpt.h;
+ * docs/design.md). HDF5 C API (H5Dcreate2/H5Dwrite, attributes on the root group). */
 #include "export/ckpt.h"
 #include "layers/config.h"
 #include "layers/quant.h"
@@ -180,7 +180,6 @@ static int h5_attr_read(hid_t f, const char *file, const char *name, hid_t type,
 }
 
 #define ATTR_I64(f, file, name, v) h5_attr_write(f, file, name, H5T_NATIVE_INT64, &(int64_t){(v)}, 1)
-#define ATTR_F64(f, file, name, v) h5_attr_write(f, file, name, H5T_NATIVE_DOUBLE, &(double){(v)}, 1)
 
 /* ---- config.json ---- */
 
@@ -236,35 +235,6 @@ static int write_params_group(hid_t f, const char *path, const char *group, cons
     return BQ_OK;
 }
 
-static int write_state_h5(const BqBert *m, const BqTrainState *ts, const char *path) {
-    hid_t f = h5_create(path);
-    if (f < 0) return bq_err(BQ_EIO, "%s: cannot create", path);
-    int st = ATTR_I64(f, path, "format_version", BQ_CKPT_FORMAT_VERSION);
-    if (!st) st = ATTR_I64(f, path, "step", ts->step);
-    if (!st) st = ATTR_I64(f, path, "epoch", ts->epoch);
-    if (!st) st = ATTR_I64(f, path, "batch_cursor", ts->batch_cursor);
-    if (!st) st = ATTR_I64(f, path, "total_steps", ts->total_steps);
-    if (!st) st = ATTR_I64(f, path, "warmup_steps", ts->warmup_steps);
-    if (!st) st = ATTR_I64(f, path, "adam_step", ts->opt ? ts->opt->step : 0);
-    if (!st) st = ATTR_I64(f, path, "best_step", ts->best_step);
-    if (!st) st = ATTR_F64(f, path, "lr", ts->lr);
-    if (!st) st = ATTR_F64(f, path, "best_accuracy", ts->best_accuracy);
-    if (!st) st = h5_attr_write(f, path, "seed", H5T_NATIVE_UINT64, &ts->seed, 1);
-    if (!st) st = h5_attr_write(f, path, "rng", H5T_NATIVE_UINT64, ts->rng.s, 4);
-    if (ts->opt) {
-        if (!st) st = ATTR_F64(f, path, "beta1", ts->opt->beta1);
-        if (!st) st = ATTR_F64(f, path, "beta2", ts->opt->beta2);
-        if (!st) st = ATTR_F64(f, path, "eps", ts->opt->eps);
-        if (!st) st = ATTR_F64(f, path, "weight_decay", ts->opt->weight_decay);
-        if (!st) st = write_params_group(f, path, "adam/m", &m->params, ts->opt->m);
-        if (!st) st = write_params_group(f, path, "adam/v", &m->params, ts->opt->v);
-    }
-    if (!st && ts->best_params) st = write_params_group(f, path, "best", &m->params, ts->best_params);
-    if (H5Fclose(f) < 0 && !st) st = bq_err(BQ_EIO, "%s: close failed", path);
-    if (!st) st = bq_fsync_path(path);
-    return st;
-}
-
 static const char *const VOCAB_FILES[] = {"vocab.txt", "tokenizer_config.json", "special_tokens_map.json",
                                           "tokenizer.json"};
 
@@ -281,7 +251,7 @@ static int replaceable(const char *dir) {
     return ok || bq_ckpt_is_native(dir);
 }
 
-int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const BqTrainState *ts) {
+int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const BqCkptExtra *extra) {
     char tmp[4096], old[4096], p[PATH_MAX_LEN], q[PATH_MAX_LEN];
     if (!replaceable(dir))
         return bq_err(BQ_EINVAL, "%s: exists and is not a bertqat checkpoint; refusing to replace it", dir);
@@ -308,10 +278,7 @@ int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const 
     }
     snprintf(p, sizeof p, "%s/model.h5", tmp);
     if ((st = write_model_h5(m, p))) goto cleanup;
-    if (ts) {
-        snprintf(p, sizeof p, "%s/training_state.h5", tmp);
-        if ((st = write_state_h5(m, ts, p))) goto cleanup;
-    }
+    if (extra && (st = extra->write(extra->user, tmp))) goto cleanup;
     /* The trainer's log lives in DIR; carry it into the new directory. */
     snprintf(q, sizeof q, "%s/training_log.jsonl", dir);
     if (file_exists(q)) {
@@ -372,59 +339,26 @@ static int read_params_group(hid_t f, const char *path, const char *group, const
     return BQ_OK;
 }
 
-static int read_state(const BqBert *m, BqTrainState *ts, const char *path) {
-    H5E_auto2_t fn;
-    void *data;
-    H5Eget_auto2(H5E_DEFAULT, &fn, &data);
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    int st = BQ_OK;
-    if (f < 0) {
-        st = bq_err(BQ_EIO, "%s: cannot open (not an HDF5 file?)", path);
-        goto done;
-    }
-    int64_t fv = 0, adam_step = 0;
-    st = h5_attr_read(f, path, "format_version", H5T_NATIVE_INT64, &fv, 1);
-    if (!st && fv != BQ_CKPT_FORMAT_VERSION)
-        st = bq_err(BQ_EFORMAT, "%s: format version %lld, this build reads %d", path, (long long)fv,
-                    BQ_CKPT_FORMAT_VERSION);
-    if (!st) st = h5_attr_read(f, path, "step", H5T_NATIVE_INT64, &ts->step, 1);
-    if (!st) st = h5_attr_read(f, path, "epoch", H5T_NATIVE_INT64, &ts->epoch, 1);
-    if (!st) st = h5_attr_read(f, path, "batch_cursor", H5T_NATIVE_INT64, &ts->batch_cursor, 1);
-    if (!st) st = h5_attr_read(f, path, "total_steps", H5T_NATIVE_INT64, &ts->total_steps, 1);
-    if (!st) st = h5_attr_read(f, path, "warmup_steps", H5T_NATIVE_INT64, &ts->warmup_steps, 1);
-    if (!st) st = h5_attr_read(f, path, "adam_step", H5T_NATIVE_INT64, &adam_step, 1);
-    if (!st) st = h5_attr_read(f, path, "best_step", H5T_NATIVE_INT64, &ts->best_step, 1);
-    if (!st) st = h5_attr_read(f, path, "lr", H5T_NATIVE_DOUBLE, &ts->lr, 1);
-    if (!st) st = h5_attr_read(f, path, "best_accuracy", H5T_NATIVE_DOUBLE, &ts->best_accuracy, 1);
-    if (!st) st = h5_attr_read(f, path, "seed", H5T_NATIVE_UINT64, &ts->seed, 1);
-    if (!st) st = h5_attr_read(f, path, "rng", H5T_NATIVE_UINT64, ts->rng.s, 4);
-    if (!st && ts->opt) {
-        BQ_CHECK(ts->opt->total == m->params.total);
-        ts->opt->step = adam_step;
-        double b1, b2, eps, wd;
-        if (!st) st = h5_attr_read(f, path, "beta1", H5T_NATIVE_DOUBLE, &b1, 1);
-        if (!st) st = h5_attr_read(f, path, "beta2", H5T_NATIVE_DOUBLE, &b2, 1);
-        if (!st) st = h5_attr_read(f, path, "eps", H5T_NATIVE_DOUBLE, &eps, 1);
-        if (!st) st = h5_attr_read(f, path, "weight_decay", H5T_NATIVE_DOUBLE, &wd, 1);
-        if (!st) {
-            ts->opt->beta1 = (float)b1, ts->opt->beta2 = (float)b2, ts->opt->eps = (float)eps;
-            ts->opt->weight_decay = (float)wd;
-        }
-        if (!st) st = read_params_group(f, path, "adam/m", &m->params, ts->opt->m);
-        if (!st) st = read_params_group(f, path, "adam/v", &m->params, ts->opt->v);
-    }
-    ts->best_params = NULL;
-    if (!st && h5_group_exists(f, "/best")) {
-        ts->best_params = bq_malloc(sizeof(float) * (size_t)m->params.total);
-        st = read_params_group(f, path, "best", &m->params, ts->best_params);
-        if (st) free(ts->best_params), ts->best_params = NULL;
-    }
-    H5Fclose(f);
-done:
-    H5Eset_auto2(H5E_DEFAULT, fn, data);
-    return st;
+/* ---- HDF5 access for files added through BqCkptExtra ---- */
+
+int bq_ckpt_h5_write_params(int64_t f, const char *file, const char *group, const BqParamTable *t,
+                            const float *block) {
+    return write_params_group((hid_t)f, file, group, t, block);
 }
+
+int bq_ckpt_h5_read_params(int64_t f, const char *file, const char *group, const BqParamTable *t, float *block) {
+    return read_params_group((hid_t)f, file, group, t, block);
+}
+
+int bq_ckpt_h5_attr_write(int64_t f, const char *file, const char *name, int64_t type, const void *v, int64_t n) {
+    return h5_attr_write((hid_t)f, file, name, (hid_t)type, v, (hsize_t)n);
+}
+
+int bq_ckpt_h5_attr_read(int64_t f, const char *file, const char *name, int64_t type, void *v, int64_t n) {
+    return h5_attr_read((hid_t)f, file, name, (hid_t)type, v, (hsize_t)n);
+}
+
+int bq_ckpt_h5_exists(int64_t f, const char *path) { return h5_group_exists((hid_t)f, path); }
 
 static int quant_from_config(BqBert *m, const char *dir) {
     char p[PATH_MAX_LEN];
@@ -444,7 +378,7 @@ static int quant_from_config(BqBert *m, const char *dir) {
     return st;
 }
 
-int bq_ckpt_load(BqBert *m, const char *dir, BqTrainState *ts) {
+int bq_ckpt_load(BqBert *m, const char *dir) {
     char p[PATH_MAX_LEN];
     int st = BQ_OK;
     if (!m->params.data) {
@@ -478,19 +412,13 @@ int bq_ckpt_load(BqBert *m, const char *dir, BqTrainState *ts) {
     if (!st && m->quant && h5_group_exists(f, "/quant")) st = bq_quant_load_hdf5(m, (int64_t)f, p);
     H5Fclose(f);
     H5Eset_auto2(H5E_DEFAULT, fn, data);
-    if (st) return st;
-    if (ts) {
-        snprintf(p, sizeof p, "%s/training_state.h5", dir);
-        if (!file_exists(p)) return bq_err(BQ_EIO, "%s: missing (no training state to resume from)", p);
-        st = read_state(m, ts, p);
-    }
     return st;
 }
 
 int bq_model_load_any(BqBert *m, const char *dir, int num_labels, BqRng *rng, char **report) {
     if (bq_ckpt_is_native(dir)) {
         if (report) *report = NULL;
-        int st = bq_ckpt_load(m, dir, NULL);
+        int st = bq_ckpt_load(m, dir);
         if (!st && num_labels > 0 && num_labels != m->cfg.num_labels)
             st = bq_err(BQ_EINVAL, "%s: checkpoint has %d labels, the data has %d", dir, m->cfg.num_labels,
                         num_labels);

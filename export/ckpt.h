@@ -4,11 +4,8 @@
  *   DIR/vocab.txt            (+ tokenizer_config.json, special_tokens_map.json when present) copied
  *   DIR/model.h5             /params/<HF name> float32 datasets; root attribute format_version;
  *                            /quant/... written by the QAT module when m->quant is set
- *   Every float32 tensor of the .h5 files is checksummed (Fletcher-32, layers/h5sum.h) and the files
- *   use the HDF5 1.10 format, whose metadata is checksummed too: corruption is a load error.
- *   DIR/training_state.h5    /adam/m/<name>, /adam/v/<name>, /best/<name> (best parameters when
- *                            tracked); attributes step, epoch, batch_cursor, total_steps,
- *                            warmup_steps, lr, seed, adam_step, best_accuracy, best_step, rng
+ *   DIR/training_state.h5    optimizer moments, counters and RNG of an interrupted run, written by
+ *                            the trainer through BqCkptExtra (layout in src/train_state.h)
  * Saved into DIR.tmp, every file fsynced, then DIR.tmp renamed over DIR (the old DIR moved to
  * DIR.old first and removed afterwards), so DIR is always either the old or the new checkpoint.
  * A training_log.jsonl in the old DIR is carried over into the new one. */
@@ -18,31 +15,38 @@
 #include <stdint.h>
 
 #include "layers/bert.h"
-#include "src/optim.h"
 
 #define BQ_CKPT_FORMAT_VERSION 1
 
-typedef struct BqTrainState {
-    BqAdamW *opt;          /* moments and adam step; must match the model's parameter table */
-    int64_t step;          /* optimizer steps done */
-    int64_t epoch;         /* epoch in progress */
-    int64_t batch_cursor;  /* micro-batches of that epoch already consumed */
-    int64_t total_steps, warmup_steps;
-    double lr;             /* peak learning rate */
-    uint64_t seed;
-    BqRng rng;
-    double best_accuracy;  /* -1: none */
-    int64_t best_step;
-    float *best_params;    /* (params.total) or NULL */
-} BqTrainState;
+/* Files that a caller adds to a checkpoint (the trainer's training_state.h5): `write` creates them
+ * in tmp_dir (DIR.tmp) after the model files and before the fsyncs and the rename, so they appear
+ * in DIR together with the model. A non-zero return (a BqStatus) abandons the save and leaves DIR
+ * as it was. */
+typedef struct BqCkptExtra {
+    int (*write)(void *user, const char *tmp_dir);
+    void *user;
+} BqCkptExtra;
 
-int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const BqTrainState *ts);
-/* Loads DIR into m: when m->params.data is NULL, creates the model from DIR/config.json first (always
- * with gradients, so the model can be trained further). When config.json carries a bertqat.quant block
- * and m->quant is NULL, m->quant is created (bq_quant_create; the caller frees it with bq_quant_free). ts (may be NULL) receives the training state: ts->opt must be
- * initialised for the model's table; ts->best_params is allocated when the state holds one. */
-int bq_ckpt_load(BqBert *m, const char *dir, BqTrainState *ts);
-/* Native checkpoint when DIR/model.h5 exists, else a Hugging Face directory through bq_hf_load. */
+/* extra may be NULL. */
+int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const BqCkptExtra *extra);
+/* Loads DIR's model into m: when m->params.data is NULL, creates the model from DIR/config.json first
+ * (always with gradients, so the model can be trained further). When config.json carries a
+ * bertqat.quant block and m->quant is NULL, m->quant is created (bq_quant_create; the caller frees it
+ * with bq_quant_free). Files added through BqCkptExtra are left to their writer. */
+int bq_ckpt_load(BqBert *m, const char *dir);
+
+/* HDF5 access for the files added through BqCkptExtra, so they share the model file's dataset
+ * format and error messages. f is an open HDF5 file id (hid_t) passed as int64_t; file names it in
+ * messages; type is an HDF5 native type id (H5T_NATIVE_INT64, ...). */
+/* Datasets GROUP/<parameter name> with the parameter shapes, from/into a block parallel to t->data. */
+int bq_ckpt_h5_write_params(int64_t f, const char *file, const char *group, const BqParamTable *t,
+                            const float *block);
+int bq_ckpt_h5_read_params(int64_t f, const char *file, const char *group, const BqParamTable *t, float *block);
+/* Root attribute NAME holding n values of type. */
+int bq_ckpt_h5_attr_write(int64_t f, const char *file, const char *name, int64_t type, const void *v, int64_t n);
+int bq_ckpt_h5_attr_read(int64_t f, const char *file, const char *name, int64_t type, void *v, int64_t n);
+/* 1 when every component of PATH ("/a/b") exists. */
+int bq_ckpt_h5_exists(int64_t f, const char *path);
 int bq_model_load_any(BqBert *m, const char *dir, int num_labels, BqRng *rng, char **report);
 int bq_ckpt_is_native(const char *dir);
 

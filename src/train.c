@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include "datasets/dataset.h"
-#include "export/ckpt.h"
 #include "layers/quant.h"
 #include "src/optim.h"
 #include "src/progress.h"
@@ -80,6 +79,53 @@ int bq_evaluate(BqBert *m, BqBatchSource *src, BqArena *act, BqConfusion *conf, 
     return BQ_OK;
 }
 
+int bq_train_step(BqBert *m, BqCtx *ctx, const BqBatch *b, const BqTrainState *ts, float *loss, float *logits) {
+    size_t mark = bq_arena_mark(ctx->act);
+    bq_tape_rewind(ctx->tape);
+    BqTensor *lg = NULL, *ls = NULL;
+    BqBertInput in = bq_batch_input(b);
+    int st = bq_bert_forward(m, ctx, &in, &lg, &ls);
+    if (st) goto cleanup;
+    BQ_CHECK(ls);
+    float lv = ls->data[0];
+    *loss = lv;
+    if (logits) memcpy(logits, lg->data, sizeof(float) * (size_t)(b->B * m->cfg.num_labels));
+    if (!isfinite(lv)) {
+        st = bq_err(BQ_ENUMERIC, "train: loss is %s at step %lld (epoch %lld, batch %lld)", isnan(lv) ? "NaN" : "Inf",
+                    (long long)ts->step + 1, (long long)ts->epoch, (long long)ts->batch_cursor);
+        goto cleanup;
+    }
+    bq_backward(ctx, ls);
+cleanup:
+    bq_arena_rewind(ctx->act, mark);
+    return st;
+}
+
+int bq_train_apply(BqBert *m, const BqTrainConfig *tc, BqTrainState *ts, double *gnorm, double *lr) {
+    BqParamTable *pt = &m->params;
+    if (tc->grad_accum > 1) bq_grad_scale(pt, 1.0f / (float)tc->grad_accum);
+    double norm = bq_grad_clip(pt, tc->max_grad_norm);
+    double rate = ts->total_steps > 0 ? tc->lr * bq_lr_lambda(ts->step, ts->warmup_steps, ts->total_steps) : tc->lr;
+    if (gnorm) *gnorm = norm;
+    if (lr) *lr = rate;
+    if (!isfinite(norm))
+        return bq_err(BQ_ENUMERIC, "train: gradient norm is not finite at step %lld", (long long)ts->step + 1);
+    bq_adamw_step(ts->opt, pt, (float)rate);
+    memset(pt->grad, 0, sizeof(float) * (size_t)pt->total);
+    ts->step++;
+    if (m->quant) bq_quant_step(m->quant); /* steps_seen; freezes at freeze_after */
+    return BQ_OK;
+}
+
+/* Completes a BQ_ENUMERIC message of bq_train_step/bq_train_apply with where the last good
+ * checkpoint is. */
+static int numeric_ctx(int st, const char *out_dir, const char *hint) {
+    if (st != BQ_ENUMERIC) return st;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", bq_errmsg());
+    return bq_err(st, "%s; the last good checkpoint in %s is intact%s", msg, out_dir, hint);
+}
+
 static int64_t bs_num(void *c) { return ((BqBatcherSource *)c)->b->nbatches; }
 static int bs_begin(void *c, int64_t epoch) {
     bq_batcher_seek(((BqBatcherSource *)c)->b, epoch, 0);
@@ -116,7 +162,7 @@ typedef struct Run {
 
 static int save_ckpt(Run *r) {
     /* The ckpt writer carries training_log.jsonl over from the old directory. */
-    int st = bq_ckpt_save(r->m, r->out, r->tc->vocab_dir, &r->ts);
+    int st = bq_train_state_save(r->m, r->out, r->tc->vocab_dir, &r->ts);
     if (!st) r->saved_any = 1;
     return st;
 }
@@ -183,7 +229,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
         /* Parameters, moments, counters and the best model come from the checkpoint; the schedule is
          * the one the run started with. */
         BqTrainState saved = {.opt = &r.opt};
-        if ((st = bq_ckpt_load(m, out_dir, &saved))) {
+        if ((st = bq_train_state_load(m, out_dir, &saved))) {
             bq_err_ctx(st, "--resume");
             goto cleanup;
         }
@@ -244,25 +290,13 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
             if ((st = train->next(train->ctx, &b))) goto cleanup;
             int end_of_epoch = b == NULL;
             if (b) {
-                size_t mark = bq_arena_mark(&act);
-                bq_tape_rewind(&tape);
                 int64_t k = r.ts.step * tc->grad_accum + micro; /* global micro-batch index */
                 BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(r.ts.seed, (uint64_t)k)};
-                BqTensor *logits = NULL, *loss = NULL;
-                BqBertInput in = bq_batch_input(b);
-                if ((st = bq_bert_forward(m, &ctx, &in, &logits, &loss))) goto cleanup;
-                BQ_CHECK(loss);
-                float lv = loss->data[0];
-                if (!isfinite(lv)) {
-                    st = bq_err(BQ_ENUMERIC,
-                                "train: loss is %s at step %lld (epoch %lld, batch %lld); the last good checkpoint "
-                                "in %s is intact (try a lower --lr)",
-                                isnan(lv) ? "NaN" : "Inf", (long long)r.ts.step + 1, (long long)r.ts.epoch,
-                                (long long)r.ts.batch_cursor, out_dir);
+                float lv;
+                if ((st = bq_train_step(m, &ctx, b, &r.ts, &lv, NULL))) {
+                    st = numeric_ctx(st, out_dir, " (try a lower --lr)");
                     goto cleanup;
                 }
-                bq_backward(&ctx, loss);
-                bq_arena_rewind(&act, mark);
                 loss_acc += lv;
                 ex_since_log += b->B;
                 tok_since_log += b->B * b->T;
@@ -270,24 +304,16 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
                 r.ts.batch_cursor++;
             }
             if (micro == tc->grad_accum || (end_of_epoch && micro > 0)) {
-                /* Mean over the accumulated micro-batches (HF divides each loss by grad_accum). */
-                if (tc->grad_accum > 1) bq_grad_scale(pt, 1.0f / (float)tc->grad_accum);
-                double gnorm = bq_grad_clip(pt, tc->max_grad_norm);
-                double lr = tc->lr * bq_lr_lambda(r.ts.step, r.ts.warmup_steps, total);
-                if (!isfinite(gnorm)) {
-                    st = bq_err(BQ_ENUMERIC, "train: gradient norm is not finite at step %lld; the last good "
-                                "checkpoint in %s is intact", (long long)r.ts.step + 1, out_dir);
+                double gnorm, lr;
+                if ((st = bq_train_apply(m, tc, &r.ts, &gnorm, &lr))) {
+                    st = numeric_ctx(st, out_dir, "");
                     goto cleanup;
                 }
-                bq_adamw_step(&r.opt, pt, (float)lr);
-                memset(pt->grad, 0, sizeof(float) * (size_t)pt->total);
                 double step_loss = loss_acc / micro;
                 loss_acc = 0;
                 micro = 0;
-                r.ts.step++;
                 if (res) res->last_loss = step_loss;
                 double epoch_f = (double)r.ts.epoch + (double)r.ts.batch_cursor / (double)nb;
-                if (m->quant) bq_quant_step(m->quant); /* steps_seen; freezes at freeze_after */
                 if (tc->on_step && (st = tc->on_step(tc->user, m, r.ts.step, step_loss))) goto cleanup;
                 if (r.ts.step % (tc->log_every > 0 ? tc->log_every : 1) == 0 || r.ts.step == total) {
                     double now = bq_now();

@@ -16,6 +16,7 @@
 #include "datasets/batch.h"
 #include "layers/bert.h"
 #include "src/metrics.h"
+#include "src/train_state.h"
 
 /* The model's view of a batch (layers/bert.h does not know datasets/). */
 static inline BqBertInput bq_batch_input(const BqBatch *b) {
@@ -87,6 +88,27 @@ typedef struct BqTrainResult {
  * interrupt_at_step) a resumable checkpoint is saved and BQ_EINTR returned. */
 int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSource *val, const char *out_dir,
              BqTrainResult *res);
+
+/* The training step, in two halves that every caller (bq_train, bench/bench_train_step.c, the tests)
+ * shares, so there is one definition of what a step does.
+ *
+ * bq_train_step: one micro-batch b. Forward with tape on ctx (ctx->training = 1; ctx->rng_key is the
+ * dropout key), then backward, accumulating into m->params.grad. ctx->tape is rewound before and
+ * ctx->act rewound to its entry mark on return. *loss receives the loss; logits (may be NULL)
+ * receives the training forward's logits (b->B, num_labels). A NaN/Inf loss is BQ_ENUMERIC naming
+ * the step, epoch and batch of ts (the step about to be taken, ts->step + 1); gradients are then not
+ * accumulated. */
+int bq_train_step(BqBert *m, BqCtx *ctx, const BqBatch *b, const BqTrainState *ts, float *loss, float *logits);
+
+/* bq_train_apply: ends an optimizer step over the gradients accumulated since the last one.
+ * Gradients are divided by tc->grad_accum (when > 1; HF divides each micro-batch loss), clipped to
+ * tc->max_grad_norm (torch clip_grad_norm_, 0: none), then AdamW (ts->opt) at
+ * lr = tc->lr · bq_lr_lambda(ts->step, ts->warmup_steps, ts->total_steps) (tc->lr itself when
+ * ts->total_steps is 0), gradients zeroed, ts->step incremented and, when m->quant is set,
+ * bq_quant_step (steps_seen; freezes ranges at freeze_after). gnorm and lr (may be NULL) receive the
+ * norm before clipping and the rate used. A non-finite gradient norm is BQ_ENUMERIC naming the step,
+ * with the parameters untouched. */
+int bq_train_apply(BqBert *m, const BqTrainConfig *tc, BqTrainState *ts, double *gnorm, double *lr);
 
 /* Forward-only evaluation over one pass of src (begin_epoch(0)), accumulating into conf (which the
  * caller initialises with m->cfg.num_labels classes). act is a scratch arena rewound per batch.

@@ -3,7 +3,7 @@
  * weight decay 0.01 except biases and LayerNorm weights, constant lr, no clipping. Requires each of
  * the 5 losses (before step k) within 1e-5 and every parameter after the 5 steps within 1e-5 absolute
  * (fixture adamw_losses, after5.<name>), except the attention key biases whose gradient is 0 up to
- * rounding (see below). The fixture is read with a minimal safetensors reader. */
+ * rounding (see below). The fixture is read with the minimal safetensors reader of tests/test_util.h. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,87 +13,14 @@
 #include "autograd/bq.h"
 #include "autograd/tensor.h"
 #include "layers/bert.h"
-#include "src/optim.h"
 #include "src/train.h"
-
-typedef struct StFile {
-    char *buf;       /* whole file */
-    size_t size;
-    json_t *header;
-    size_t data_off; /* start of the data section */
-} StFile;
-
-static int st_open(StFile *f, const char *path) {
-    memset(f, 0, sizeof *f);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        fprintf(stderr, "%s: cannot open\n", path);
-        return 1;
-    }
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    f->buf = bq_malloc((size_t)n + 1);
-    f->size = fread(f->buf, 1, (size_t)n, fp);
-    fclose(fp);
-    if (f->size != (size_t)n || n < 8) {
-        fprintf(stderr, "%s: short read\n", path);
-        return 1;
-    }
-    uint64_t hlen = 0;
-    for (int i = 0; i < 8; i++) hlen |= (uint64_t)(unsigned char)f->buf[i] << (8 * i);
-    if (hlen > f->size - 8) {
-        fprintf(stderr, "%s: bad header length\n", path);
-        return 1;
-    }
-    json_error_t err;
-    f->header = json_loadb(f->buf + 8, (size_t)hlen, 0, &err);
-    if (!f->header) {
-        fprintf(stderr, "%s: header: %s\n", path, err.text);
-        return 1;
-    }
-    f->data_off = 8 + (size_t)hlen;
-    return 0;
-}
-
-static void st_close(StFile *f) {
-    if (f->header) json_decref(f->header);
-    free(f->buf);
-}
-
-/* Pointer to tensor `name` if it exists with the given dtype; its shape goes to shape/ndim. */
-static const void *st_get(const StFile *f, const char *name, const char *dtype, int64_t *shape, int *ndim,
-                          int64_t *numel) {
-    json_t *e = json_object_get(f->header, name);
-    if (!e) return NULL;
-    const char *dt = json_string_value(json_object_get(e, "dtype"));
-    if (!dt || strcmp(dt, dtype) != 0) {
-        fprintf(stderr, "%s: dtype %s, expected %s\n", name, dt ? dt : "?", dtype);
-        return NULL;
-    }
-    json_t *sh = json_object_get(e, "shape");
-    *ndim = (int)json_array_size(sh);
-    *numel = 1;
-    for (int i = 0; i < *ndim && i < BQ_MAX_DIMS; i++) {
-        shape[i] = json_integer_value(json_array_get(sh, (size_t)i));
-        *numel *= shape[i];
-    }
-    json_t *off = json_object_get(e, "data_offsets");
-    size_t b0 = (size_t)json_integer_value(json_array_get(off, 0));
-    size_t b1 = (size_t)json_integer_value(json_array_get(off, 1));
-    if (b1 - b0 != (size_t)*numel * 4 || f->data_off + b1 > f->size) {
-        fprintf(stderr, "%s: bad data offsets\n", name);
-        return NULL;
-    }
-    return f->buf + f->data_off + b0;
-}
+#include "tests/test_util.h"
 
 int main(void) {
     const char *src = getenv("BQ_SOURCE_DIR");
     if (!src) src = BQ_SOURCE_DIR;
     char dir[1024], path[1200];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/bert_tiny", src);
-    int fails = 0;
     StFile wf, ef;
     BqBertConfig cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -147,7 +74,6 @@ int main(void) {
     memcpy(batch.token_type_ids, types, bt * sizeof(int32_t));
     memcpy(batch.attention_mask, mask, bt * sizeof(float));
     memcpy(batch.labels, labels, (size_t)batch.B * sizeof(int32_t));
-    BqBertInput in = bq_batch_input(&batch);
 
     BqArena act;
     BqTape tape;
@@ -155,24 +81,31 @@ int main(void) {
     BQ_CHECK(bq_tape_init(&tape, 4096) == BQ_OK);
     BqAdamW opt;
     bq_adamw_init(&opt, pt->total, 0.01f);
+    /* bq_train_step + bq_train_apply at a constant lr (total_steps 0), no clipping, no accumulation. */
+    BqTrainConfig tc;
+    bq_train_config_default(&tc);
+    tc.lr = 1e-3;
+    tc.max_grad_norm = 0;
+    tc.grad_accum = 1;
+    BqTrainState ts = {.opt = &opt};
+    memset(pt->grad, 0, sizeof(float) * (size_t)pt->total);
     double worst_loss = 0;
     for (int k = 0; k < 5; k++) {
-        bq_arena_rewind(&act, 0);
-        bq_tape_rewind(&tape);
-        memset(pt->grad, 0, sizeof(float) * (size_t)pt->total);
         BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = 1};
-        BqTensor *logits = NULL, *loss = NULL;
-        if (bq_bert_forward(&m, &ctx, &in, &logits, &loss) != BQ_OK || !loss) {
-            fprintf(stderr, "FAIL forward: %s\n", bq_errmsg());
+        float lv;
+        if (bq_train_step(&m, &ctx, &batch, &ts, &lv, NULL) != BQ_OK) {
+            fprintf(stderr, "FAIL step %d: %s\n", k, bq_errmsg());
             return 1;
         }
-        double e = fabs((double)loss->data[0] - exp_losses[k]);
+        double e = fabs((double)lv - exp_losses[k]);
         if (!(e <= worst_loss)) worst_loss = e;
         int bad = !(e <= 1e-5);
-        printf("step %d loss %.7f torch %.7f err %.3g%s\n", k, loss->data[0], exp_losses[k], e, bad ? "  FAIL" : "");
+        printf("step %d loss %.7f torch %.7f err %.3g%s\n", k, lv, exp_losses[k], e, bad ? "  FAIL" : "");
         fails += bad;
-        bq_backward(&ctx, loss);
-        bq_adamw_step(&opt, pt, 1e-3f);
+        if (bq_train_apply(&m, &tc, &ts, NULL, NULL) != BQ_OK) {
+            fprintf(stderr, "FAIL apply %d: %s\n", k, bq_errmsg());
+            return 1;
+        }
     }
     double worst_p = 0;
     for (int i = 0; i < pt->n; i++) {

@@ -9,8 +9,7 @@
  * that an evaluation pass (no tape) gives the same logits and that every fixture tensor maps onto
  * one table entry.
  *
- * The fixture files are read here with a minimal safetensors reader (8-byte little-endian header
- * length, JSON header {name: {dtype, shape, data_offsets}}, raw little-endian data), so this test
+ * The fixture files are read with the minimal safetensors reader of tests/test_util.h, so this test
  * depends only on the model code and the ops. */
 #include <jansson.h>
 #include <math.h>
@@ -22,78 +21,7 @@
 #include "autograd/tensor.h"
 #include "layers/bert.h"
 #include "src/train.h"
-
-typedef struct StFile {
-    char *buf;       /* whole file */
-    size_t size;
-    json_t *header;
-    size_t data_off; /* start of the data section */
-} StFile;
-
-static int st_open(StFile *f, const char *path) {
-    memset(f, 0, sizeof *f);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        fprintf(stderr, "%s: cannot open\n", path);
-        return 1;
-    }
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    f->buf = bq_malloc((size_t)n + 1);
-    f->size = fread(f->buf, 1, (size_t)n, fp);
-    fclose(fp);
-    if (f->size != (size_t)n || n < 8) {
-        fprintf(stderr, "%s: short read\n", path);
-        return 1;
-    }
-    uint64_t hlen = 0;
-    for (int i = 0; i < 8; i++) hlen |= (uint64_t)(unsigned char)f->buf[i] << (8 * i);
-    if (hlen > f->size - 8) {
-        fprintf(stderr, "%s: bad header length\n", path);
-        return 1;
-    }
-    json_error_t err;
-    f->header = json_loadb(f->buf + 8, (size_t)hlen, 0, &err);
-    if (!f->header) {
-        fprintf(stderr, "%s: header: %s\n", path, err.text);
-        return 1;
-    }
-    f->data_off = 8 + (size_t)hlen;
-    return 0;
-}
-
-static void st_close(StFile *f) {
-    if (f->header) json_decref(f->header);
-    free(f->buf);
-}
-
-/* Pointer to tensor `name` if it exists with the given dtype; its shape goes to shape/ndim. */
-static const void *st_get(const StFile *f, const char *name, const char *dtype, int64_t *shape, int *ndim,
-                          int64_t *numel) {
-    json_t *e = json_object_get(f->header, name);
-    if (!e) return NULL;
-    const char *dt = json_string_value(json_object_get(e, "dtype"));
-    if (!dt || strcmp(dt, dtype) != 0) {
-        fprintf(stderr, "%s: dtype %s, expected %s\n", name, dt ? dt : "?", dtype);
-        return NULL;
-    }
-    json_t *sh = json_object_get(e, "shape");
-    *ndim = (int)json_array_size(sh);
-    *numel = 1;
-    for (int i = 0; i < *ndim && i < BQ_MAX_DIMS; i++) {
-        shape[i] = json_integer_value(json_array_get(sh, (size_t)i));
-        *numel *= shape[i];
-    }
-    json_t *off = json_object_get(e, "data_offsets");
-    size_t b0 = (size_t)json_integer_value(json_array_get(off, 0));
-    size_t b1 = (size_t)json_integer_value(json_array_get(off, 1));
-    if (b1 - b0 != (size_t)*numel * 4 || f->data_off + b1 > f->size) {
-        fprintf(stderr, "%s: bad data offsets\n", name);
-        return NULL;
-    }
-    return f->buf + f->data_off + b0;
-}
+#include "tests/test_util.h"
 
 /* max |a-b| over n elements; *ref_max = max |b| */
 static double max_abs_diff(const float *a, const float *b, int64_t n, double *ref_max) {
@@ -112,7 +40,6 @@ int main(void) {
     if (!src) src = BQ_SOURCE_DIR;
     char dir[1024], path[1200];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/bert_tiny", src);
-    int fails = 0;
     StFile wf = {0}, ef = {0};
     BqBert m;
     memset(&m, 0, sizeof m);

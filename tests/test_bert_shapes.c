@@ -17,43 +17,7 @@
 #include "autograd/tensor.h"
 #include "layers/bert.h"
 #include "src/train.h"
-
-static int g_fails = 0;
-#define EXPECT(cond, ...)                                   \
-    do {                                                    \
-        if (!(cond)) {                                      \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                   \
-            fprintf(stderr, "\n");                          \
-            g_fails++;                                      \
-        }                                                   \
-    } while (0)
-
-static BqBertConfig make_cfg(int vocab, int hidden, int layers, int heads, int inter, int maxpos, int labels) {
-    BqBertConfig c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = vocab;
-    c.hidden_size = hidden;
-    c.num_hidden_layers = layers;
-    c.num_attention_heads = heads;
-    c.intermediate_size = inter;
-    c.max_position_embeddings = maxpos;
-    c.type_vocab_size = 2;
-    c.pad_token_id = 0;
-    c.layer_norm_eps = 1e-12f;
-    c.hidden_dropout_prob = 0.0f;
-    c.attention_probs_dropout_prob = 0.0f;
-    c.classifier_dropout = -1.0f;
-    c.initializer_range = 0.02f;
-    c.num_labels = labels;
-    c.id2label = bq_calloc((size_t)labels, sizeof(char *));
-    for (int i = 0; i < labels; i++) {
-        char s[32];
-        snprintf(s, sizeof s, "LABEL_%d", i);
-        c.id2label[i] = bq_strdup(s);
-    }
-    return c;
-}
+#include "tests/test_util.h"
 
 /* bq_bert_forward on a batch of datasets/batch.h (which the tests below mutate in place). */
 static int forward_batch(BqBert *m, BqCtx *ctx, const BqBatch *bt, BqTensor **logits, BqTensor **loss) {
@@ -314,15 +278,15 @@ cleanup:
 int main(void) {
     /* odd hidden size and head size, odd intermediate, binary */
     int len_a[3] = {9, 5, 1};
-    run_case("odd-hidden", make_cfg(50, 15, 2, 3, 7, 16, 2), 3, 9, len_a);
+    run_case("odd-hidden", bq_test_config(50, 15, 2, 3, 7, 16, 2, 0.0f, 0.02f), 3, 9, len_a);
     /* one layer, three labels */
     int len_b[2] = {6, 3};
-    run_case("one-layer-3-labels", make_cfg(40, 8, 1, 2, 12, 8, 3), 2, 6, len_b);
+    run_case("one-layer-3-labels", bq_test_config(40, 8, 1, 2, 12, 8, 3, 0.0f, 0.02f), 2, 6, len_b);
     /* sequences of length 1 (only [CLS]) */
     int len_c[2] = {1, 1};
-    run_case("T=1", make_cfg(30, 12, 2, 4, 20, 4, 3), 2, 1, len_c);
-    if (g_fails) {
-        fprintf(stderr, "test_bert_shapes: %d failure(s)\n", g_fails);
+    run_case("T=1", bq_test_config(30, 12, 2, 4, 20, 4, 3, 0.0f, 0.02f), 2, 1, len_c);
+    if (fails) {
+        fprintf(stderr, "test_bert_shapes: %d failure(s)\n", fails);
         return 1;
     }
     printf("test_bert_shapes: OK\n");

@@ -11,6 +11,7 @@
 
 #include "export/ckpt.h"
 #include "layers/quant.h"
+#include "src/train_state.h"
 
 static int fails = 0;
 #define EXPECT(c, ...)                                    \
@@ -82,10 +83,10 @@ int main(void) {
     ts.best_params = bq_malloc(sizeof(float) * (size_t)n);
     for (int64_t i = 0; i < n; i++) ts.best_params[i] = bq_rng_normal(&rng);
 
-    int st = bq_ckpt_save(&m, dir, vocab, &ts);
+    int st = bq_train_state_save(&m, dir, vocab, &ts);
     EXPECT(st == BQ_OK, "save: %s", bq_errmsg());
     /* save again over the existing directory: the replace path */
-    st = bq_ckpt_save(&m, dir, vocab, &ts);
+    st = bq_train_state_save(&m, dir, vocab, &ts);
     EXPECT(st == BQ_OK, "second save: %s", bq_errmsg());
     snprintf(p, sizeof p, "%s.tmp", dir);
     EXPECT(!exists(p), "%s left behind", p);
@@ -103,7 +104,7 @@ int main(void) {
     BqAdamW opt2;
     bq_adamw_init(&opt2, n, 0.0f);
     BqTrainState ts2 = {.opt = &opt2};
-    st = bq_ckpt_load(&m2, dir, &ts2);
+    st = bq_train_state_load(&m2, dir, &ts2);
     EXPECT(st == BQ_OK, "load: %s", bq_errmsg());
     int64_t d = 0;
     if (!st) {
@@ -141,7 +142,7 @@ int main(void) {
     snprintf(dir2, sizeof dir2, "%s/nostate", root);
     EXPECT(bq_ckpt_save(&m, dir2, vocab, NULL) == BQ_OK, "save w/o state: %s", bq_errmsg());
     memset(&m3, 0, sizeof m3);
-    st = bq_ckpt_load(&m3, dir2, &ts2);
+    st = bq_train_state_load(&m3, dir2, &ts2);
     EXPECT(st != BQ_OK && strstr(bq_errmsg(), "training_state.h5"), "missing state: %d %s", st, bq_errmsg());
     bq_bert_free(&m3);
 
@@ -149,12 +150,12 @@ int main(void) {
     snprintf(p, sizeof p, "%s/model.h5", dir2);
     EXPECT(truncate(p, 100) == 0, "truncate");
     memset(&m3, 0, sizeof m3);
-    st = bq_ckpt_load(&m3, dir2, NULL);
+    st = bq_ckpt_load(&m3, dir2);
     EXPECT(st != BQ_OK && strstr(bq_errmsg(), "model.h5"), "truncated model.h5: %d %s", st, bq_errmsg());
     bq_bert_free(&m3);
 
     /* missing vocabulary is an error and leaves the old checkpoint in place */
-    st = bq_ckpt_save(&m, dir, "/nonexistent/vocab", &ts);
+    st = bq_train_state_save(&m, dir, "/nonexistent/vocab", &ts);
     EXPECT(st == BQ_EIO, "missing vocab: %d", st);
     EXPECT(bq_ckpt_is_native(dir), "old checkpoint destroyed by a failed save");
 
@@ -176,7 +177,7 @@ int main(void) {
     EXPECT(st == BQ_OK, "quant save: %s", bq_errmsg());
     BqBert mq;
     memset(&mq, 0, sizeof mq);
-    st = bq_ckpt_load(&mq, dir3, NULL);
+    st = bq_ckpt_load(&mq, dir3);
     EXPECT(st == BQ_OK && mq.quant, "quant load: %s", bq_errmsg());
     int64_t qd = 0;
     if (!st && mq.quant) {

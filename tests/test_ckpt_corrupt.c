@@ -123,7 +123,7 @@ static void compare(float x, float y, int64_t *ndiff, double *maxdiff) {
 static int load_compare(const char *dir, const BqBert *ref, int64_t *ndiff, double *maxdiff) {
     BqBert m;
     memset(&m, 0, sizeof m);
-    int st = bq_ckpt_load(&m, dir, NULL);
+    int st = bq_ckpt_load(&m, dir);
     *ndiff = 0;
     *maxdiff = 0;
     if (!st) {
@@ -291,7 +291,7 @@ int main(void) {
     tiny_config(&cfg);
     bq_rng_seed(&rng, 99);
     BQ_CHECK(bq_bert_create(&mo, &cfg, 1, &rng) == BQ_OK);
-    st = bq_ckpt_load(&mo, dir, NULL);
+    st = bq_ckpt_load(&mo, dir);
     EXPECT(st == BQ_OK, "checkpoint without checksums: %s", bq_errmsg());
     int64_t od = 0;
     for (int k = 0; !st && k < m.params.n; k++)

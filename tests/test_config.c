@@ -11,19 +11,9 @@
 #include <unistd.h>
 
 #include "layers/config.h"
+#include "tests/test_util.h"
 
-static int fails = 0;
-#define EXPECT(c, ...)                                   \
-    do {                                                 \
-        if (!(c)) {                                      \
-            fprintf(stderr, "FAIL line %d: ", __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                \
-            fprintf(stderr, "\n");                       \
-            fails++;                                     \
-        }                                                \
-    } while (0)
-
-static char root[] = "/tmp/bq_test_cfg_XXXXXX";
+static char root[64];
 
 static const char *BASE =
     "{\"model_type\":\"bert\",\"hidden_act\":\"gelu\",\"vocab_size\":100,\"hidden_size\":32,"
@@ -53,7 +43,7 @@ static void expect_bad(const char *name, const char *text, const char *extra, in
 }
 
 int main(void) {
-    BQ_CHECK(mkdtemp(root));
+    bq_test_tmpdir(root, sizeof root, "cfg");
     const char *src = getenv("BQ_SOURCE_DIR");
     if (!src) src = BQ_SOURCE_DIR;
     char p[1024];
@@ -160,9 +150,7 @@ int main(void) {
     rc = bq_config_load(&c, p);
     EXPECT(rc == BQ_EIO && strstr(bq_errmsg(), p), "missing file: %d %s", rc, bq_errmsg());
 
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", root);
-    printf("test_config: max error %g, %d failures\n", maxerr, fails);
+    bq_test_rmtree(root);
+    printf("test_config: max error %g, %d fails\n", maxerr, fails);
     return fails ? 1 : 0;
 }

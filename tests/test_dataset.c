@@ -13,15 +13,7 @@
 #include "datasets/dataset.h"
 #include "datasets/source.h"
 #include "tokenizer/tokenizer.h"
-
-static int failures;
-#define EXPECT(c)                                                          \
-    do {                                                                   \
-        if (!(c)) {                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c);   \
-            failures++;                                                    \
-        }                                                                  \
-    } while (0)
+#include "tests/test_util.h"
 
 static char root[1024], cache[256];
 static const BqTokenizer *tok;
@@ -118,8 +110,7 @@ int main(void) {
         return 1;
     }
     tok = t;
-    snprintf(cache, sizeof cache, "/tmp/bq_test_dataset_XXXXXX");
-    BQ_CHECK(mkdtemp(cache));
+    bq_test_tmpdir(cache, sizeof cache, "dataset");
 
     /* IMDB folder, all of train: 6 reviews (1 blank skipped), labels neg/pos */
     BqDataSpec s = spec_for("imdb", "train");
@@ -244,6 +235,6 @@ int main(void) {
     rm_cache();
     rmdir(cache);
     bq_tokenizer_free(t);
-    printf("test_dataset: %d failure(s), encoding mismatches %d (max error %d)\n", failures, mismatch, failures);
-    return failures ? 1 : 0;
+    printf("test_dataset: %d failure(s), encoding mismatches %d (max error %d)\n", fails, mismatch, fails);
+    return fails ? 1 : 0;
 }

@@ -7,15 +7,7 @@
 
 #include "autograd/bq.h"
 #include "datasets/dataset.h"
-
-static int failures;
-#define EXPECT(c)                                                          \
-    do {                                                                   \
-        if (!(c)) {                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c);   \
-            failures++;                                                    \
-        }                                                                  \
-    } while (0)
+#include "tests/test_util.h"
 
 static BqDataset *synth(int64_t n) {
     BqDataset *d = bq_calloc(1, sizeof *d);
@@ -128,6 +120,6 @@ int main(void) {
     bq_batcher_free(&b);
     EXPECT(bq_batcher_init(&a, d, 0, 1, 1, 0) == BQ_EINVAL);
     free(d->offsets), free(d->labels), free(d->ids), free(d->types), free(d);
-    printf("test_dataset_batcher: %d failure(s) (max error %d)\n", failures, failures);
-    return failures ? 1 : 0;
+    printf("test_dataset_batcher: %d failure(s) (max error %d)\n", fails, fails);
+    return fails ? 1 : 0;
 }

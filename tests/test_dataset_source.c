@@ -8,15 +8,7 @@
 
 #include "autograd/bq.h"
 #include "datasets/source.h"
-
-static int failures;
-#define EXPECT(c)                                                          \
-    do {                                                                   \
-        if (!(c)) {                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c);   \
-            failures++;                                                    \
-        }                                                                  \
-    } while (0)
+#include "tests/test_util.h"
 
 static char root[1024];
 static const char *fx(const char *rel) {
@@ -137,6 +129,6 @@ int main(void) {
     expect_error("bad/only_empty.csv", "train", NULL, "only_empty.csv", "no examples");
     expect_error("bad", "train", NULL, "bad", "neither");
 
-    printf("test_dataset_source: %d failure(s) (max error %d)\n", failures, failures);
-    return failures ? 1 : 0;
+    printf("test_dataset_source: %d failure(s) (max error %d)\n", fails, fails);
+    return fails ? 1 : 0;
 }

@@ -26,19 +26,9 @@
 #include "export/hf_load.h"
 #include "export/safetensors.h"
 #include "export/tf_h5.h"
+#include "tests/test_util.h"
 
-static int fails = 0;
-#define EXPECT(c, ...)                                   \
-    do {                                                 \
-        if (!(c)) {                                      \
-            fprintf(stderr, "FAIL line %d: ", __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                \
-            fprintf(stderr, "\n");                       \
-            fails++;                                     \
-        }                                                \
-    } while (0)
-
-static char root[] = "/tmp/bq_test_hfl_XXXXXX";
+static char root[64];
 static double maxerr = 0;
 
 /* Independent read of tensor NAME (F32) from a safetensors file: own header parse, raw offsets.
@@ -325,7 +315,7 @@ static void write_tf_h5(const BqBert *m, const char *path) {
 }
 
 int main(void) {
-    BQ_CHECK(mkdtemp(root));
+    bq_test_tmpdir(root, sizeof root, "hfl");
     const char *src = getenv("BQ_SOURCE_DIR");
     if (!src) src = BQ_SOURCE_DIR;
     char tiny[600], file[700], d[700];
@@ -363,7 +353,7 @@ int main(void) {
     int rc = bq_hf_load(&m, tiny, 0, &rng, &rep);
     EXPECT(rc == BQ_OK, "tiny load: %s", bq_errmsg());
     if (rc) {
-        printf("test_hf_load: cannot continue without the tiny fixture, %d failures\n", fails);
+        printf("test_hf_load: cannot continue without the tiny fixture, %d fails\n", fails);
         return 1;
     }
     EXPECT(rep == NULL, "tiny: nothing should be newly initialised: %s", rep ? rep : "");
@@ -547,9 +537,7 @@ int main(void) {
         printf("  MiniLM not present at %s: that part was not run (the fixture parts above were)\n", mini);
     }
 
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", root);
-    printf("test_hf_load: max error %g, %d failures\n", maxerr, fails);
+    bq_test_rmtree(root);
+    printf("test_hf_load: max error %g, %d fails\n", maxerr, fails);
     return fails ? 1 : 0;
 }

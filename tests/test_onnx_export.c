@@ -21,38 +21,13 @@
 #include "export/onnx_graph.h"
 #include "layers/quant.h"
 #include "onnx.pb-c.h"
-
-static int failures = 0;
-#define EXPECT(cond, ...)                       \
-    do {                                        \
-        if (!(cond)) {                          \
-            printf("FAIL line %d: ", __LINE__); \
-            printf(__VA_ARGS__);                \
-            printf("\n");                       \
-            failures++;                         \
-        }                                       \
-    } while (0)
+#include "tests/test_util.h"
 
 #define L 2
 static double max_err = 0;
 
 static void make_model(BqBert *m, uint64_t seed) {
-    BqBertConfig c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 100;
-    c.hidden_size = 32;
-    c.num_hidden_layers = L;
-    c.num_attention_heads = 4;
-    c.intermediate_size = 64;
-    c.max_position_embeddings = 64;
-    c.type_vocab_size = 2;
-    c.layer_norm_eps = 1e-12f;
-    c.classifier_dropout = -1;
-    c.initializer_range = 0.2f;
-    c.num_labels = 2;
-    c.id2label = bq_calloc(2, sizeof(char *));
-    c.id2label[0] = strdup("neg");
-    c.id2label[1] = strdup("pos");
+    BqBertConfig c = bq_test_config(100, 32, L, 4, 64, 64, 2, 0.0f, 0.2f);
     BqRng rng;
     bq_rng_seed(&rng, seed);
     BQ_CHECK(bq_bert_create(m, &c, 0, &rng) == BQ_OK);
@@ -277,8 +252,8 @@ static void save_ckpt(BqBert *m, const char *dir, const char *sub) {
 
 int main(int argc, char **argv) {
     const char *write_dir = argc == 3 && !strcmp(argv[1], "--write") ? argv[2] : NULL;
-    char dir[] = "/tmp/bq_test_onnx_XXXXXX";
-    BQ_CHECK(mkdtemp(dir));
+    char dir[64];
+    bq_test_tmpdir(dir, sizeof dir, "onnx");
     char path[512];
     BqBert m;
     make_model(&m, 1);
@@ -330,9 +305,7 @@ int main(int argc, char **argv) {
         bq_quant_free(qs);
     }
     bq_bert_free(&m);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) printf("could not remove %s\n", dir);
-    printf("test_onnx_export: %s (max error %g)\n", failures ? "FAILED" : "ok", max_err);
-    return failures ? 1 : 0;
+    bq_test_rmtree(dir);
+    printf("test_onnx_export: %s (max error %g)\n", fails ? "FAILED" : "ok", max_err);
+    return fails ? 1 : 0;
 }

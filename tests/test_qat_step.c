@@ -13,22 +13,9 @@
 #include "autograd/tensor.h"
 #include "layers/bert.h"
 #include "layers/quant.h"
+#include "src/train.h"
+#include "tests/test_util.h"
 
-static int fails = 0;
-
-static void tiny_config(BqBertConfig *c) {
-    memset(c, 0, sizeof *c);
-    c->vocab_size = 50, c->hidden_size = 24, c->num_hidden_layers = 2, c->num_attention_heads = 3;
-    c->intermediate_size = 40, c->max_position_embeddings = 16, c->type_vocab_size = 2, c->pad_token_id = 0;
-    c->layer_norm_eps = 1e-12f, c->hidden_dropout_prob = 0.1f, c->attention_probs_dropout_prob = 0.1f;
-    c->classifier_dropout = -1.0f, c->initializer_range = 0.2f, c->num_labels = 3;
-    c->id2label = bq_calloc(3, sizeof(char *));
-    for (int i = 0; i < 3; i++) {
-        char b[8];
-        snprintf(b, sizeof b, "l%d", i);
-        c->id2label[i] = bq_strdup(b);
-    }
-}
 
 typedef struct Out {
     float loss;
@@ -41,10 +28,10 @@ typedef struct Out {
     size_t peak;    /* activation arena peak */
 } Out;
 
-/* Two training steps (observers move on the second) from a fresh model seeded identically. */
+/* Two training steps (bq_train_step: forward with tape and backward; observers move on the second)
+ * from a fresh model seeded identically; the gradients of the second are kept. */
 static void run(const char *scheme, int plain, Out *o) {
-    BqBertConfig cfg;
-    tiny_config(&cfg);
+    BqBertConfig cfg = bq_test_config(50, 24, 2, 3, 40, 16, 3, 0.1f, 0.2f);
     BqRng rng;
     bq_rng_seed(&rng, 7);
     BqBert m;
@@ -66,27 +53,23 @@ static void run(const char *scheme, int plain, Out *o) {
             mask[i] = t < len ? 1.0f : 0.0f;
             types[i] = t >= len / 2 && t < len;
         }
-    BqBertInput bt = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types, .labels = labels};
+    BqBatch bt = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types, .labels = labels};
     BqArena act;
     BqTape tape;
     BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "act") == BQ_OK);
     BQ_CHECK(bq_tape_init(&tape, 64) == BQ_OK);
+    BqTrainState ts = {0};
     for (int step = 0; step < 2; step++) {
         memset(m.params.grad, 0, sizeof(float) * (size_t)m.params.total);
         BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = 1234 + (uint64_t)step};
-        BqTensor *logits = NULL, *loss = NULL;
-        BQ_CHECK(bq_bert_forward(&m, &ctx, &bt, &logits, &loss) == BQ_OK);
-        bq_backward(&ctx, loss);
-        o->loss = loss->data[0];
-        memcpy(o->logits, logits->data, sizeof(float) * B * 3);
-        bq_arena_rewind(&act, 0);
-        bq_tape_rewind(&tape);
+        BQ_CHECK(bq_train_step(&m, &ctx, &bt, &ts, &o->loss, o->logits) == BQ_OK);
     }
     o->peak = act.peak;
     {
         BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
         BqTensor *logits = NULL;
-        BQ_CHECK(bq_bert_forward(&m, &ctx, &bt, &logits, NULL) == BQ_OK);
+        BqBertInput in = bq_batch_input(&bt);
+        BQ_CHECK(bq_bert_forward(&m, &ctx, &in, &logits, NULL) == BQ_OK);
         memcpy(o->eval_logits, logits->data, sizeof(float) * B * 3);
         bq_arena_rewind(&act, 0);
     }

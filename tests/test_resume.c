@@ -2,8 +2,11 @@
  * batches for 12 optimizer steps (gradient accumulation 2, warmup, clipping, weight decay, evaluation
  * each epoch with best tracking) is compared with the same run interrupted after step 5 (the
  * SIGINT path: checkpoint + BQ_EINTR) and continued with resume: every step loss and the final
- * parameters must match bit for bit. Also: a NaN injected into the weights stops training with
- * BQ_ENUMERIC naming the step and leaves the last good checkpoint loadable. */
+ * parameters must match bit for bit. The same for QAT (schemes ort and cpu) with live moving-average
+ * observers and ranges frozen after step 8, interrupted at step 5 and at step 9: losses, parameters
+ * and every quantizer's amax, scale, observer state and frozen flag bit-identical. Also: a NaN
+ * injected into the weights stops training with BQ_ENUMERIC naming the step and leaves the last good
+ * checkpoint loadable. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,23 +14,14 @@
 #include <sys/stat.h>
 
 #include "export/ckpt.h"
+#include "layers/quant.h"
 #include "src/train.h"
+#include "tests/test_util.h"
 
 #define NB 5      /* micro-batches per epoch */
 #define BS 4
 #define TT 9
 #define STEPS 12
-
-static int fails = 0;
-#define EXPECT(c, ...)                                    \
-    do {                                                  \
-        if (!(c)) {                                       \
-            fprintf(stderr, "FAIL line %d: ", __LINE__);  \
-            fprintf(stderr, __VA_ARGS__);                 \
-            fprintf(stderr, "\n");                        \
-            fails++;                                      \
-        }                                                 \
-    } while (0)
 
 /* Synthetic data: NB fixed batches; epoch e visits them in an order shuffled by hash(seed, e). The
  * label is a function of the first token so the model can learn something. */
@@ -85,15 +79,6 @@ static int s_next(void *c, const BqBatch **out) {
     return BQ_OK;
 }
 
-static void tiny_config(BqBertConfig *c) {
-    memset(c, 0, sizeof *c);
-    c->vocab_size = 40, c->hidden_size = 16, c->num_hidden_layers = 2, c->num_attention_heads = 2;
-    c->intermediate_size = 24, c->max_position_embeddings = 32, c->type_vocab_size = 2;
-    c->pad_token_id = 0, c->layer_norm_eps = 1e-12f, c->hidden_dropout_prob = 0.1f;
-    c->attention_probs_dropout_prob = 0.1f, c->classifier_dropout = -1, c->initializer_range = 0.2f;
-    c->num_labels = 3;
-}
-
 typedef struct Rec {
     double loss[STEPS + 1];
     int nan_at;   /* inject NaN into the classifier after this step (0: never) */
@@ -107,8 +92,7 @@ static int on_step(void *user, BqBert *m, int64_t step, double loss) {
 }
 
 static void make_model(BqBert *m) {
-    BqBertConfig cfg;
-    tiny_config(&cfg);
+    BqBertConfig cfg = bq_test_config(40, 16, 2, 2, 24, 32, 3, 0.1f, 0.2f);
     BqRng rng;
     bq_rng_seed(&rng, 11);
     memset(m, 0, sizeof *m);
@@ -131,9 +115,107 @@ static void config(BqTrainConfig *tc, Rec *rec, const char *vocab) {
     tc->user = rec;
 }
 
+/* QAT with live observers: the model of make_model with the scheme's quantizers, observers on,
+ * ranges frozen after FREEZE_AFTER optimizer steps. */
+#define FREEZE_AFTER 8
+
+static void make_qat_model(BqBert *m, const char *scheme) {
+    make_model(m);
+    BqQuantConfig qc;
+    bq_quant_config_default(&qc);
+    BQ_CHECK(bq_scheme_parse(&qc.scheme, scheme, "scheme") == BQ_OK);
+    qc.freeze_after = FREEZE_AFTER;
+    BQ_CHECK(bq_quant_create(&m->quant, m, &qc) == BQ_OK);
+    m->quant->observe = 1;
+}
+
+static int64_t bits_differ(const float *a, const float *b, int64_t n) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++) d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return d;
+}
+
+/* Values of every quantizer (amax, scale, observer state, frozen and initialized flags) that differ
+ * between a and b, plus any difference in steps_seen; *frozen counts a's frozen quantizers. */
+static int64_t quant_differ(const BqQuantState *a, const BqQuantState *b, int *frozen) {
+    if (a->n != b->n) return 1 + (a->n > b->n ? a->n : b->n);
+    int64_t d = a->steps_seen != b->steps_seen;
+    *frozen = 0;
+    for (int i = 0; i < a->n; i++) {
+        const BqQuantizer *x = &a->q[i], *y = &b->q[i];
+        if (x->nch != y->nch || x->is_weight != y->is_weight) {
+            d++;
+            continue;
+        }
+        d += bits_differ(x->amax, y->amax, x->nch) + bits_differ(x->scale, y->scale, x->nch);
+        d += bits_differ(&x->run_min, &y->run_min, 1) + bits_differ(&x->run_max, &y->run_max, 1);
+        if (x->is_weight) d += bits_differ(x->ch_min, y->ch_min, x->nch) + bits_differ(x->ch_max, y->ch_max, x->nch);
+        d += (x->frozen != y->frozen) + (x->initialized != y->initialized);
+        *frozen += x->frozen;
+    }
+    return d;
+}
+
+/* QAT run on scheme: uninterrupted, then interrupted after step k and resumed in a fresh model whose
+ * quantizers start empty; losses, parameters and quantizer state must be bit-identical. */
+static void qat_case(const char *root, const char *vocab, BqBatchSource *train, BqBatchSource *val,
+                     const char *scheme, int64_t k) {
+    char outA[256], outB[256];
+    snprintf(outA, sizeof outA, "%s/qat_%s_a", root, scheme);
+    snprintf(outB, sizeof outB, "%s/qat_%s_%lld", root, scheme, (long long)k);
+    Rec ra, rb;
+    memset(&ra, 0, sizeof ra);
+    memset(&rb, 0, sizeof rb);
+    BqTrainConfig tc;
+    BqTrainResult res;
+    BqBert ma, mb;
+    make_qat_model(&ma, scheme);
+    config(&tc, &ra, vocab);
+    tc.save_best = 0; /* the final parameters are those of the last step, not an earlier best */
+    int st = bq_train(&ma, &tc, train, val, outA, &res);
+    EXPECT(st == BQ_OK, "qat %s run A: %s", scheme, bq_errmsg());
+
+    make_qat_model(&mb, scheme);
+    config(&tc, &rb, vocab);
+    tc.save_best = 0;
+    tc.interrupt_at_step = k;
+    st = bq_train(&mb, &tc, train, val, outB, &res);
+    EXPECT(st == BQ_EINTR, "qat %s interrupt at %lld: %d %s", scheme, (long long)k, st, bq_errmsg());
+    bq_quant_free(mb.quant), mb.quant = NULL;
+    bq_bert_free(&mb);
+    make_qat_model(&mb, scheme); /* parameters and every range must come from the checkpoint */
+    for (int64_t i = 0; i < mb.params.total; i++) mb.params.data[i] = 0;
+    config(&tc, &rb, vocab);
+    tc.save_best = 0;
+    tc.resume = 1;
+    st = bq_train(&mb, &tc, train, val, outB, &res);
+    EXPECT(st == BQ_OK && res.steps == STEPS, "qat %s resume at %lld: %d %s", scheme, (long long)k, st, bq_errmsg());
+
+    int same = 0;
+    double maxd = 0;
+    for (int s = 1; s <= STEPS; s++) {
+        maxd = fmax(maxd, fabs(ra.loss[s] - rb.loss[s]));
+        same += memcmp(&ra.loss[s], &rb.loss[s], sizeof(double)) == 0;
+    }
+    int64_t pd = bits_differ(ma.params.data, mb.params.data, ma.params.total);
+    int frozen = 0;
+    int64_t qd = quant_differ(ma.quant, mb.quant, &frozen);
+    printf("qat %-7s interrupted at %2lld: %d/%d losses bit-identical (max difference %.3g), %lld parameters and "
+           "%lld quantizer values differ, %d/%d quantizers frozen\n",
+           scheme, (long long)k, same, STEPS, maxd, (long long)pd, (long long)qd, frozen, ma.quant->n);
+    EXPECT(same == STEPS, "qat %s at %lld: %d of %d losses identical", scheme, (long long)k, same, STEPS);
+    EXPECT(pd == 0 && qd == 0, "qat %s at %lld: %lld parameters, %lld quantizer values differ", scheme, (long long)k,
+           (long long)pd, (long long)qd);
+    EXPECT(frozen == ma.quant->n && ma.quant->steps_seen == STEPS, "qat %s: %d of %d frozen, steps_seen %lld", scheme,
+           frozen, ma.quant->n, (long long)ma.quant->steps_seen);
+    bq_quant_free(ma.quant), ma.quant = NULL;
+    bq_quant_free(mb.quant), mb.quant = NULL;
+    bq_bert_free(&ma), bq_bert_free(&mb);
+}
+
 int main(void) {
-    char root[] = "/tmp/bq_test_resume_XXXXXX";
-    BQ_CHECK(mkdtemp(root));
+    char root[64];
+    bq_test_tmpdir(root, sizeof root, "resume");
     char vocab[256], outA[256], outB[256], outC[256], p[512];
     snprintf(vocab, sizeof vocab, "%s/vocab", root);
     snprintf(outA, sizeof outA, "%s/a", root);
@@ -212,16 +294,22 @@ int main(void) {
     BqAdamW o;
     bq_adamw_init(&o, mc.params.total, 0);
     BqTrainState ts = {.opt = &o};
-    st = bq_ckpt_load(&md, outC, &ts);
+    st = bq_train_state_load(&md, outC, &ts);
     EXPECT(st == BQ_OK && ts.step == 6, "last good checkpoint: %d step %lld %s", st, (long long)ts.step, bq_errmsg());
     free(ts.best_params);
     bq_adamw_free(&o);
 
     bq_bert_free(&ma), bq_bert_free(&mb), bq_bert_free(&mc), bq_bert_free(&md);
+
+    /* QAT: interrupted while the observers move (step 5) and after the ranges froze (step 9 > 8). */
+    const char *schemes[] = {"ort", "cpu"};
+    for (int i = 0; i < 2; i++) {
+        qat_case(root, vocab, &train, &val, schemes[i], 5);
+        qat_case(root, vocab, &train, &val, schemes[i], FREEZE_AFTER + 1);
+    }
+
     synth_free(&tr), synth_free(&va);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", root);
+    bq_test_rmtree(root);
     printf("test_resume: %d/%d losses bit-identical, max loss difference %.3g, %lld parameters differ, %s\n", same,
            STEPS, maxd, (long long)pd, fails ? "FAILED" : "ok");
     return fails ? 1 : 0;

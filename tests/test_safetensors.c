@@ -12,19 +12,9 @@
 
 #include "autograd/bq.h"
 #include "export/safetensors.h"
+#include "tests/test_util.h"
 
-static int fails = 0;
-#define EXPECT(c, ...)                                   \
-    do {                                                 \
-        if (!(c)) {                                      \
-            fprintf(stderr, "FAIL line %d: ", __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                \
-            fprintf(stderr, "\n");                       \
-            fails++;                                     \
-        }                                                \
-    } while (0)
-
-static char root[] = "/tmp/bq_test_st_XXXXXX";
+static char root[64];
 
 /* Writes a raw safetensors file: length field hlen_field (or strlen(header) when < 0), header, data. */
 static void write_raw(const char *path, long long hlen_field, const char *header, const void *data, size_t nd) {
@@ -53,7 +43,7 @@ static void expect_bad(const char *what, const char *path, int status, const cha
 }
 
 int main(void) {
-    BQ_CHECK(mkdtemp(root));
+    bq_test_tmpdir(root, sizeof root, "st");
     char p[512];
     double maxerr = 0;
 
@@ -204,9 +194,7 @@ int main(void) {
     snprintf(p, sizeof p, "%s/absent.safetensors", root);
     expect_bad("missing file", p, BQ_EIO, "cannot open");
 
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", root);
-    printf("test_safetensors: max error %g, %d failures\n", maxerr, fails);
+    bq_test_rmtree(root);
+    printf("test_safetensors: max error %g, %d fails\n", maxerr, fails);
     return fails ? 1 : 0;
 }

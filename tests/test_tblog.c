@@ -7,15 +7,7 @@
 
 #include "src/tblog.h"
 #include "tb_event.pb-c.h"
-
-static int failures;
-#define EXPECT(c)                                                     \
-    do {                                                              \
-        if (!(c)) {                                                   \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c); \
-            failures++;                                               \
-        }                                                             \
-    } while (0)
+#include "tests/test_util.h"
 
 static uint32_t get_u32(const unsigned char *b) {
     return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
@@ -24,8 +16,8 @@ static uint32_t get_u32(const unsigned char *b) {
 int main(void) {
     /* CRC-32C check value of "123456789" is 0xE3069283 (RFC 3720 B.4). */
     EXPECT(bq_crc32c("123456789", 9) == 0xE3069283u);
-    char dir[] = "/tmp/bq_tblog_XXXXXX";
-    EXPECT(mkdtemp(dir) != NULL);
+    char dir[64];
+    bq_test_tmpdir(dir, sizeof dir, "tblog");
     char logdir[256];
     snprintf(logdir, sizeof logdir, "%s/a/b", dir);
     BqTbWriter *w = NULL;
@@ -71,6 +63,6 @@ int main(void) {
     fclose(fp);
     EXPECT(nrec == 6);
     EXPECT(max_err < 1e-7);
-    printf("test_tblog: %d records, max value error %.3g, %s\n", nrec, max_err, failures ? "FAILED" : "ok");
-    return failures ? 1 : 0;
+    printf("test_tblog: %d records, max value error %.3g, %s\n", nrec, max_err, fails ? "FAILED" : "ok");
+    return fails ? 1 : 0;
 }

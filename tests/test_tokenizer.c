@@ -10,19 +10,9 @@
 
 #include "autograd/bq.h"
 #include "tokenizer/tokenizer.h"
+#include "tests/test_util.h"
 
-static int fails;
 static char dir[256];
-
-#define EXPECT(cond, ...)                                      \
-    do {                                                       \
-        if (!(cond)) {                                         \
-            fails++;                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                      \
-            fputc('\n', stderr);                               \
-        }                                                      \
-    } while (0)
 
 static const char *VOCAB[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", ",", "!", ".",
                               "un", "##aff", "##able", "cafe", "café", "中", "国", "a", "##a", "b", "##b",
@@ -286,9 +276,7 @@ int main(void) {
     test_basic(t);
     test_encode(t);
     bq_tokenizer_free(t);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
-    printf("test_tokenizer: %d failures (max error %d)\n", fails, fails ? 1 : 0);
+    bq_test_rmtree(dir);
+    printf("test_tokenizer: %d fails (max error %d)\n", fails, fails ? 1 : 0);
     return fails ? 1 : 0;
 }

@@ -1,0 +1,139 @@
+/* training_state.h5 (layout in train_state.h), written through export/ckpt.h's BqCkptExtra hook and
+ * dataset helpers so that it shares the checkpoint's atomic replacement and dataset format. */
+#include "src/train_state.h"
+
+#include <hdf5.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include "export/ckpt.h"
+
+#define PATH_LEN 4400
+
+typedef struct SaveCtx {
+    const BqBert *m;
+    const BqTrainState *ts;
+} SaveCtx;
+
+static int put_i64(hid_t f, const char *path, const char *name, int64_t v) {
+    return bq_ckpt_h5_attr_write(f, path, name, H5T_NATIVE_INT64, &v, 1);
+}
+
+static int put_f64(hid_t f, const char *path, const char *name, double v) {
+    return bq_ckpt_h5_attr_write(f, path, name, H5T_NATIVE_DOUBLE, &v, 1);
+}
+
+static int write_state(void *user, const char *tmp_dir) {
+    const SaveCtx *c = user;
+    const BqTrainState *ts = c->ts;
+    const BqParamTable *t = &c->m->params;
+    char path[PATH_LEN];
+    snprintf(path, sizeof path, "%s/training_state.h5", tmp_dir);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0) return bq_err(BQ_EIO, "%s: cannot create", path);
+    int st = put_i64(f, path, "format_version", BQ_CKPT_FORMAT_VERSION);
+    if (!st) st = put_i64(f, path, "step", ts->step);
+    if (!st) st = put_i64(f, path, "epoch", ts->epoch);
+    if (!st) st = put_i64(f, path, "batch_cursor", ts->batch_cursor);
+    if (!st) st = put_i64(f, path, "total_steps", ts->total_steps);
+    if (!st) st = put_i64(f, path, "warmup_steps", ts->warmup_steps);
+    if (!st) st = put_i64(f, path, "adam_step", ts->opt ? ts->opt->step : 0);
+    if (!st) st = put_i64(f, path, "best_step", ts->best_step);
+    if (!st) st = put_f64(f, path, "lr", ts->lr);
+    if (!st) st = put_f64(f, path, "best_accuracy", ts->best_accuracy);
+    if (!st) st = bq_ckpt_h5_attr_write(f, path, "seed", H5T_NATIVE_UINT64, &ts->seed, 1);
+    if (!st) st = bq_ckpt_h5_attr_write(f, path, "rng", H5T_NATIVE_UINT64, ts->rng.s, 4);
+    if (ts->opt) {
+        if (!st) st = put_f64(f, path, "beta1", ts->opt->beta1);
+        if (!st) st = put_f64(f, path, "beta2", ts->opt->beta2);
+        if (!st) st = put_f64(f, path, "eps", ts->opt->eps);
+        if (!st) st = put_f64(f, path, "weight_decay", ts->opt->weight_decay);
+        if (!st) st = bq_ckpt_h5_write_params(f, path, "adam/m", t, ts->opt->m);
+        if (!st) st = bq_ckpt_h5_write_params(f, path, "adam/v", t, ts->opt->v);
+    }
+    if (!st && ts->best_params) st = bq_ckpt_h5_write_params(f, path, "best", t, ts->best_params);
+    if (H5Fclose(f) < 0 && !st) st = bq_err(BQ_EIO, "%s: close failed", path);
+    if (!st) st = bq_fsync_path(path);
+    return st;
+}
+
+int bq_train_state_save(const BqBert *m, const char *dir, const char *vocab_dir, const BqTrainState *ts) {
+    SaveCtx c = {.m = m, .ts = ts};
+    BqCkptExtra extra = {.write = write_state, .user = &c};
+    return bq_ckpt_save(m, dir, vocab_dir, &extra);
+}
+
+static int get_i64(hid_t f, const char *path, const char *name, int64_t *v) {
+    return bq_ckpt_h5_attr_read(f, path, name, H5T_NATIVE_INT64, v, 1);
+}
+
+static int get_f64(hid_t f, const char *path, const char *name, double *v) {
+    return bq_ckpt_h5_attr_read(f, path, name, H5T_NATIVE_DOUBLE, v, 1);
+}
+
+static int read_state(const BqBert *m, BqTrainState *ts, const char *path) {
+    const BqParamTable *t = &m->params;
+    H5E_auto2_t fn;
+    void *data;
+    H5Eget_auto2(H5E_DEFAULT, &fn, &data);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    int st = BQ_OK;
+    ts->best_params = NULL;
+    if (f < 0) {
+        st = bq_err(BQ_EIO, "%s: cannot open (not an HDF5 file?)", path);
+        goto cleanup;
+    }
+    int64_t fv = 0, adam_step = 0;
+    st = get_i64(f, path, "format_version", &fv);
+    if (!st && fv != BQ_CKPT_FORMAT_VERSION)
+        st = bq_err(BQ_EFORMAT, "%s: format version %lld, this build reads %d", path, (long long)fv,
+                    BQ_CKPT_FORMAT_VERSION);
+    if (!st) st = get_i64(f, path, "step", &ts->step);
+    if (!st) st = get_i64(f, path, "epoch", &ts->epoch);
+    if (!st) st = get_i64(f, path, "batch_cursor", &ts->batch_cursor);
+    if (!st) st = get_i64(f, path, "total_steps", &ts->total_steps);
+    if (!st) st = get_i64(f, path, "warmup_steps", &ts->warmup_steps);
+    if (!st) st = get_i64(f, path, "adam_step", &adam_step);
+    if (!st) st = get_i64(f, path, "best_step", &ts->best_step);
+    if (!st) st = get_f64(f, path, "lr", &ts->lr);
+    if (!st) st = get_f64(f, path, "best_accuracy", &ts->best_accuracy);
+    if (!st) st = bq_ckpt_h5_attr_read(f, path, "seed", H5T_NATIVE_UINT64, &ts->seed, 1);
+    if (!st) st = bq_ckpt_h5_attr_read(f, path, "rng", H5T_NATIVE_UINT64, ts->rng.s, 4);
+    if (!st && ts->opt) {
+        BQ_CHECK(ts->opt->total == t->total);
+        ts->opt->step = adam_step;
+        double b1, b2, eps, wd;
+        if (!st) st = get_f64(f, path, "beta1", &b1);
+        if (!st) st = get_f64(f, path, "beta2", &b2);
+        if (!st) st = get_f64(f, path, "eps", &eps);
+        if (!st) st = get_f64(f, path, "weight_decay", &wd);
+        if (!st) {
+            ts->opt->beta1 = (float)b1, ts->opt->beta2 = (float)b2, ts->opt->eps = (float)eps;
+            ts->opt->weight_decay = (float)wd;
+        }
+        if (!st) st = bq_ckpt_h5_read_params(f, path, "adam/m", t, ts->opt->m);
+        if (!st) st = bq_ckpt_h5_read_params(f, path, "adam/v", t, ts->opt->v);
+    }
+    if (!st && bq_ckpt_h5_exists(f, "/best")) {
+        ts->best_params = bq_malloc(sizeof(float) * (size_t)t->total);
+        st = bq_ckpt_h5_read_params(f, path, "best", t, ts->best_params);
+        if (st) free(ts->best_params), ts->best_params = NULL;
+    }
+cleanup:
+    if (f >= 0) H5Fclose(f);
+    H5Eset_auto2(H5E_DEFAULT, fn, data);
+    return st;
+}
+
+int bq_train_state_load(BqBert *m, const char *dir, BqTrainState *ts) {
+    int st = bq_ckpt_load(m, dir);
+    if (st) return st;
+    char path[PATH_LEN];
+    snprintf(path, sizeof path, "%s/training_state.h5", dir);
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return bq_err(BQ_EIO, "%s: missing (no training state to resume from)", path);
+    return read_state(m, ts, path);
+}
