@@ -41,6 +41,61 @@ static void pred_write(void *user, const BqBatch *b, const float *probs) {
     }
 }
 
+/* The metrics as a table or (json) one JSON object on stdout. */
+static void eval_print(const BqBert *m, const BqConfusion *conf, const BqCliData *d, const char *model,
+                       const char *split, double secs, int batch_size, int json) {
+    BqMetrics mt = bq_metrics_compute(conf);
+    double eps = mt.n / (secs > 1e-9 ? secs : 1e-9);
+    int C = m->cfg.num_labels;
+    char nb[32];
+    if (json) {
+        json_t *j = json_object();
+        json_object_set_new(j, "model", json_string(model));
+        json_object_set_new(j, "data", json_string(d->path));
+        json_object_set_new(j, "split", json_string(split));
+        json_object_set_new(j, "examples", json_integer(mt.n));
+        json_object_set_new(j, "accuracy", json_real(mt.accuracy));
+        json_object_set_new(j, "precision", json_real(mt.precision));
+        json_object_set_new(j, "recall", json_real(mt.recall));
+        json_object_set_new(j, "f1", json_real(mt.f1));
+        json_object_set_new(j, "loss", json_real(mt.loss));
+        json_object_set_new(j, "average", json_string(C == 2 ? "binary (positive class 1)" : "macro"));
+        json_object_set_new(j, "seconds", json_real(secs));
+        json_object_set_new(j, "examples_per_s", json_real(eps));
+        json_object_set_new(j, "max_seq_len", json_integer(d->used.max_seq_len));
+        json_object_set_new(j, "truncation", json_string(bq_truncation_name(d->used.truncation)));
+        json_object_set_new(j, "batch_size", json_integer(batch_size));
+        json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
+        json_t *labels = json_array(), *cm = json_array();
+        for (int i = 0; i < C; i++) {
+            json_array_append_new(labels, json_string(label_name(m, i, nb, sizeof nb)));
+            json_t *row = json_array();
+            for (int k = 0; k < C; k++) json_array_append_new(row, json_integer(conf->cm[i * C + k]));
+            json_array_append_new(cm, row);
+        }
+        json_object_set_new(j, "labels", labels);
+        json_object_set_new(j, "confusion_matrix", cm);
+        char *s = json_dumps(j, JSON_INDENT(2));
+        printf("%s\n", s);
+        free(s);
+        json_decref(j);
+    } else {
+        printf("model      %s\ndata       %s (%s split, %lld examples, seq %d, truncation %s)\n", model, d->path, split,
+               (long long)mt.n, d->used.max_seq_len, bq_truncation_name(d->used.truncation));
+        printf("accuracy   %.4f\nprecision  %.4f\nrecall     %.4f\nf1         %.4f   (%s)\nloss       %.4f\n",
+               mt.accuracy, mt.precision, mt.recall, mt.f1, C == 2 ? "binary, positive class 1" : "macro", mt.loss);
+        printf("speed      %.1f examples/s (%.2fs, %d threads)\n", eps, secs, bq_runtime_threads());
+        printf("confusion matrix (rows: true, columns: predicted)\n%12s", "");
+        for (int k = 0; k < C; k++) printf(" %10.10s", label_name(m, k, nb, sizeof nb));
+        printf("\n");
+        for (int i = 0; i < C; i++) {
+            printf("%12.12s", label_name(m, i, nb, sizeof nb));
+            for (int k = 0; k < C; k++) printf(" %10lld", (long long)conf->cm[i * C + k]);
+            printf("\n");
+        }
+    }
+}
+
 int bq_cmd_eval(int argc, char **argv) {
     const char *model = NULL, *split = "test", *predictions = NULL;
     int samples = 0, batch_size = 64, threads = 0, json = 0, seed = 42;
@@ -124,56 +179,7 @@ int bq_cmd_eval(int argc, char **argv) {
         }
         if ((st = bq_rename_durable(pred_tmp, predictions))) goto cleanup;
     }
-    BqMetrics mt = bq_metrics_compute(&conf);
-    double eps = mt.n / (secs > 1e-9 ? secs : 1e-9);
-    int C = m.cfg.num_labels;
-    char nb[32];
-    if (json) {
-        json_t *j = json_object();
-        json_object_set_new(j, "model", json_string(model));
-        json_object_set_new(j, "data", json_string(d.path));
-        json_object_set_new(j, "split", json_string(split));
-        json_object_set_new(j, "examples", json_integer(mt.n));
-        json_object_set_new(j, "accuracy", json_real(mt.accuracy));
-        json_object_set_new(j, "precision", json_real(mt.precision));
-        json_object_set_new(j, "recall", json_real(mt.recall));
-        json_object_set_new(j, "f1", json_real(mt.f1));
-        json_object_set_new(j, "loss", json_real(mt.loss));
-        json_object_set_new(j, "average", json_string(C == 2 ? "binary (positive class 1)" : "macro"));
-        json_object_set_new(j, "seconds", json_real(secs));
-        json_object_set_new(j, "examples_per_s", json_real(eps));
-        json_object_set_new(j, "max_seq_len", json_integer(d.used.max_seq_len));
-        json_object_set_new(j, "truncation", json_string(bq_truncation_name(d.used.truncation)));
-        json_object_set_new(j, "batch_size", json_integer(batch_size));
-        json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
-        json_t *labels = json_array(), *cm = json_array();
-        for (int i = 0; i < C; i++) {
-            json_array_append_new(labels, json_string(label_name(&m, i, nb, sizeof nb)));
-            json_t *row = json_array();
-            for (int k = 0; k < C; k++) json_array_append_new(row, json_integer(conf.cm[i * C + k]));
-            json_array_append_new(cm, row);
-        }
-        json_object_set_new(j, "labels", labels);
-        json_object_set_new(j, "confusion_matrix", cm);
-        char *s = json_dumps(j, JSON_INDENT(2));
-        printf("%s\n", s);
-        free(s);
-        json_decref(j);
-    } else {
-        printf("model      %s\ndata       %s (%s split, %lld examples, seq %d, truncation %s)\n", model, d.path, split,
-               (long long)mt.n, d.used.max_seq_len, bq_truncation_name(d.used.truncation));
-        printf("accuracy   %.4f\nprecision  %.4f\nrecall     %.4f\nf1         %.4f   (%s)\nloss       %.4f\n",
-               mt.accuracy, mt.precision, mt.recall, mt.f1, C == 2 ? "binary, positive class 1" : "macro", mt.loss);
-        printf("speed      %.1f examples/s (%.2fs, %d threads)\n", eps, secs, bq_runtime_threads());
-        printf("confusion matrix (rows: true, columns: predicted)\n%12s", "");
-        for (int k = 0; k < C; k++) printf(" %10.10s", label_name(&m, k, nb, sizeof nb));
-        printf("\n");
-        for (int i = 0; i < C; i++) {
-            printf("%12.12s", label_name(&m, i, nb, sizeof nb));
-            for (int k = 0; k < C; k++) printf(" %10lld", (long long)conf.cm[i * C + k]);
-            printf("\n");
-        }
-    }
+    eval_print(&m, &conf, &d, model, split, secs, batch_size, json);
 
 cleanup:
     if (pw.f) fclose(pw.f);
