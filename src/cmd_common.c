@@ -28,15 +28,15 @@ const char *bq_truncation_name(BqTruncation t) { return TRUNC_NAMES[t]; }
 
 int bq_cli_model_load(BqBert *m, BqTokenizer **tok, const char *dir, int num_labels, uint64_t seed, const char *tag) {
     char vocab[4200], *report = NULL;
-    snprintf(vocab, sizeof vocab, "%s/vocab.txt", dir);
-    int st = bq_tokenizer_load(tok, vocab, NULL);
-    if (st) return st;
     BqRng rng;
     bq_rng_seed(&rng, seed);
-    st = bq_model_load_any(m, dir, num_labels, &rng, &report);
+    /* The model first: its errors (no config.json, bad weights) say more than a missing vocab.txt. */
+    int st = bq_model_load_any(m, dir, num_labels, &rng, &report);
     if (!st && report) fprintf(stderr, "[%s] %s\n", tag, report);
     free(report);
-    return st;
+    if (st) return st;
+    snprintf(vocab, sizeof vocab, "%s/vocab.txt", dir);
+    return bq_tokenizer_load(tok, vocab, NULL);
 }
 
 /* ---- data flags ---- */
