@@ -183,6 +183,50 @@ static int h5_attr_read(hid_t f, const char *file, const char *name, hid_t type,
 
 /* ---- config.json ---- */
 
+/* "bertqat"."data": how the examples were encoded (BqDataMeta, layers/bert.h); columns null when the
+ * data loader chose them. */
+static const char *const TRUNC_NAMES[] = {"head", "tail", "head_tail"};
+
+static json_t *data_meta_to_json(const BqDataMeta *d) {
+    json_t *o = json_object();
+    json_object_set_new(o, "max_seq_len", json_integer(d->max_seq_len));
+    json_object_set_new(o, "truncation", json_string(TRUNC_NAMES[d->truncation]));
+    json_object_set_new(o, "text_column", d->text_column[0] ? json_string(d->text_column) : json_null());
+    json_object_set_new(o, "text_pair_column", d->text_pair_column[0] ? json_string(d->text_pair_column) : json_null());
+    json_object_set_new(o, "label_column", d->label_column[0] ? json_string(d->label_column) : json_null());
+    return o;
+}
+
+static int data_column_from_json(json_t *o, const char *key, char *dst, const char *path) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return BQ_OK;
+    if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) >= BQ_COLUMN_MAX)
+        return bq_err(BQ_EFORMAT, "%s: bertqat.data.%s must be null or a name of 1 to %d bytes", path, key,
+                      BQ_COLUMN_MAX - 1);
+    strcpy(dst, json_string_value(v));
+    return BQ_OK;
+}
+
+static int data_meta_from_json(BqDataMeta *d, json_t *o, const char *path) {
+    BqDataMeta r;
+    memset(&r, 0, sizeof r);
+    json_t *len = json_object_get(o, "max_seq_len"), *tr = json_object_get(o, "truncation");
+    if (!json_is_object(o) || !json_is_integer(len) || json_integer_value(len) < 1 || json_integer_value(len) > 1 << 20)
+        return bq_err(BQ_EFORMAT, "%s: bertqat.data needs an integer max_seq_len >= 1", path);
+    r.max_seq_len = (int)json_integer_value(len);
+    int k = 0;
+    while (k < 3 && !(json_is_string(tr) && !strcmp(json_string_value(tr), TRUNC_NAMES[k]))) k++;
+    if (k == 3) return bq_err(BQ_EFORMAT, "%s: bertqat.data.truncation is not head, tail or head_tail", path);
+    r.truncation = (BqTruncation)k;
+    int st;
+    if ((st = data_column_from_json(o, "text_column", r.text_column, path)) ||
+        (st = data_column_from_json(o, "text_pair_column", r.text_pair_column, path)) ||
+        (st = data_column_from_json(o, "label_column", r.label_column, path)))
+        return st;
+    *d = r;
+    return BQ_OK;
+}
+
 static int config_write(const BqBert *m, const char *path) {
     const BqBertConfig *c = &m->cfg;
     json_t *j = bq_config_to_json(c); /* HF keys, id2label/label2id (layers/config.c) */
@@ -198,6 +242,7 @@ static int config_write(const BqBert *m, const char *path) {
     json_object_set_new(bq, "id2label", labels);
     json_object_set_new(bq, "quantized", json_boolean(m->quant != NULL));
     if (m->quant) json_object_set_new(bq, "quant", bq_quant_config_to_json(&m->quant->cfg));
+    if (m->data.max_seq_len > 0) json_object_set_new(bq, "data", data_meta_to_json(&m->data));
     json_object_set_new(j, "bertqat", bq);
     int st = BQ_OK;
     if (json_dump_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) st = bq_err(BQ_EIO, "%s: cannot write", path);
@@ -360,15 +405,19 @@ int bq_ckpt_h5_attr_read(int64_t f, const char *file, const char *name, int64_t 
 
 int bq_ckpt_h5_exists(int64_t f, const char *path) { return h5_group_exists((hid_t)f, path); }
 
-static int quant_from_config(BqBert *m, const char *dir) {
+/* The "bertqat" block of config.json: the quantizer table (unless the caller attached one) and the
+ * data record (unless the caller set one, as a resuming trainer has). */
+static int bertqat_from_config(BqBert *m, const char *dir) {
     char p[PATH_MAX_LEN];
     snprintf(p, sizeof p, "%s/config.json", dir);
     json_error_t e;
     json_t *j = json_load_file(p, 0, &e);
     if (!j) return bq_err(BQ_EFORMAT, "%s: line %d: %s", p, e.line, e.text);
     int st = BQ_OK;
+    json_t *data = json_object_get(json_object_get(j, "bertqat"), "data");
+    if (data && m->data.max_seq_len == 0) st = data_meta_from_json(&m->data, data, p);
     json_t *q = json_object_get(json_object_get(j, "bertqat"), "quant");
-    if (q) {
+    if (q && !st && !m->quant) {
         BqQuantConfig qc;
         bq_quant_config_default(&qc);
         if ((st = bq_quant_config_from_json(&qc, q))) bq_err_ctx(st, "%s", p);
@@ -408,7 +457,7 @@ int bq_ckpt_load(BqBert *m, const char *dir) {
     if (!st) st = read_params_group(f, p, "params", &m->params, m->params.data);
     /* Quantized checkpoint: build the quantizer table from config.json's bertqat.quant block (unless
      * the caller attached one), then the ranges from /quant. */
-    if (!st && !m->quant) st = quant_from_config(m, dir);
+    if (!st) st = bertqat_from_config(m, dir);
     if (!st && m->quant && h5_group_exists(f, "/quant")) st = bq_quant_load_hdf5(m, (int64_t)f, p);
     H5Fclose(f);
     H5Eset_auto2(H5E_DEFAULT, fn, data);

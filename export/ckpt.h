@@ -1,6 +1,7 @@
 /* Native checkpoint directory (DESIGN.md §6):
  *   DIR/config.json          HF BertConfig keys + "bertqat" block (format version, num_labels,
- *                            id2label, quant config when the model is quantized)
+ *                            id2label, quant config when the model is quantized, "data": how the
+ *                            examples were encoded, BqDataMeta in layers/bert.h)
  *   DIR/vocab.txt            (+ tokenizer_config.json, special_tokens_map.json when present) copied
  *   DIR/model.h5             /params/<HF name> float32 datasets; root attribute format_version;
  *                            /quant/... written by the QAT module when m->quant is set

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "autograd/tensor.h"
+#include "tokenizer/tokenizer.h"
 
 #define BQ_NAME_MAX 128
 
@@ -71,6 +72,18 @@ typedef struct BqBertLayer {
 
 struct BqQuantState; /* layers/quant.h; NULL for fp32 models */
 
+/* How a checkpoint's examples were encoded when it was trained or calibrated, so that eval, predict
+ * and export default to the same settings (config.json "bertqat"."data", export/ckpt.c). An empty
+ * column name means the data loader's automatic choice (datasets/dataset.h). */
+#define BQ_COLUMN_MAX 64
+typedef struct BqDataMeta {
+    int max_seq_len;                          /* tokens incl. [CLS]/[SEP]; 0: unknown (nothing recorded) */
+    BqTruncation truncation;
+    char text_column[BQ_COLUMN_MAX];
+    char text_pair_column[BQ_COLUMN_MAX];     /* "": single texts, not sentence pairs */
+    char label_column[BQ_COLUMN_MAX];
+} BqDataMeta;
+
 typedef struct BqBert {
     BqBertConfig cfg;
     BqParamTable params;
@@ -78,6 +91,7 @@ typedef struct BqBert {
     BqBertLayer *layers;
     BqTensor pool_w, pool_b, cls_w, cls_b;
     struct BqQuantState *quant;
+    BqDataMeta data;
 } BqBert;
 
 /* Builds the parameter table for cfg and allocates parameters (and gradients when with_grad),

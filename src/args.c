@@ -53,8 +53,9 @@ int bq_args_parse(BqArgs *a, int argc, char **argv) {
     a->npositional = 0;
     a->positional = NULL;
     a->help = 0;
-    int seen[128] = {0};
-    BQ_CHECK(a->nspecs <= 128);
+    unsigned char *seen = a->given;
+    memset(seen, 0, sizeof a->given);
+    BQ_CHECK(a->nspecs <= BQ_ARGS_MAX);
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
@@ -102,6 +103,12 @@ int bq_args_parse(BqArgs *a, int argc, char **argv) {
         if (a->specs[k].required && !seen[k])
             return bq_err(BQ_EINVAL, "%s: --%s is required (see --help)", a->cmd, a->specs[k].name);
     return BQ_OK;
+}
+
+int bq_args_given(const BqArgs *a, const char *name) {
+    const BqArgSpec *s = find_spec(a, name, strlen(name));
+    BQ_CHECK(s != NULL);
+    return a->given[s - a->specs];
 }
 
 void bq_args_usage(const BqArgs *a, FILE *out) {

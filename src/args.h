@@ -6,6 +6,8 @@
 
 #include <stdio.h>
 
+#define BQ_ARGS_MAX 128 /* flags per subcommand */
+
 typedef enum BqArgKind { BQ_ARG_STR, BQ_ARG_INT, BQ_ARG_FLOAT, BQ_ARG_FLAG } BqArgKind;
 
 typedef struct BqArgSpec {
@@ -28,10 +30,13 @@ typedef struct BqArgs {
     char **positional;      /* filled by bq_args_parse (points into argv) */
     int npositional;
     int help;               /* set when --help/-h was given; usage already printed to stdout */
+    unsigned char given[BQ_ARGS_MAX]; /* filled by bq_args_parse: given[i] when specs[i] was on the line */
 } BqArgs;
 
 /* argv[0] is the subcommand name. */
 int bq_args_parse(BqArgs *a, int argc, char **argv);
 void bq_args_usage(const BqArgs *a, FILE *out);
+/* 1 when the flag `name` (without "--") was given on the line bq_args_parse read. */
+int bq_args_given(const BqArgs *a, const char *name);
 
 #endif

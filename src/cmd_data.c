@@ -12,6 +12,7 @@
 #include "datasets/dataset.h"
 #include "src/args.h"
 #include "src/cli.h"
+#include "src/cmd_common.h"
 #include "tokenizer/tokenizer.h"
 
 static int cmp_i32(const void *a, const void *b) {
@@ -38,25 +39,21 @@ static double padding_of(const BqDataset *d, int bs, int bucket, uint64_t seed) 
 }
 
 int bq_cmd_data_stats(int argc, char **argv) {
-    const char *data = NULL, *vocab = NULL, *trunc_s = "head", *cache_dir = NULL, *text_col = NULL, *pair_col = NULL,
-               *label_col = NULL, *dump_split = "train";
-    int max_seq_len = 512, seed = 42, train_samples = 0, eval_samples = 0, threads = 0, no_cache = 0, dump = 0,
-        batch_size = 32, bucket = 0;
+    const char *vocab = NULL, *trunc_s = "head", *dump_split = "train";
+    int max_seq_len = 512, seed = 42, train_samples = 0, eval_samples = 0, threads = 0, dump = 0, batch_size = 32,
+        bucket = 0;
     double val_fraction = 0.0;
+    BqCliData d = {0};
     const BqArgSpec specs[] = {
-        {"data", BQ_ARG_STR, &data, "IMDB archive/aclImdb folder, CSV, TSV, JSONL, or folder with train/test files", 1, 0, 0},
+        {"data", BQ_ARG_STR, &d.path, "IMDB archive/aclImdb folder, CSV, TSV, JSONL, or folder with train/test files", 1, 0, 0},
         {"vocab", BQ_ARG_STR, &vocab, "vocab.txt (or the folder holding it)", 1, 0, 0},
         {"max-seq-len", BQ_ARG_INT, &max_seq_len, "encoded length cap incl. [CLS]/[SEP] (0: none)", 0, 0, 1 << 20},
         {"truncation", BQ_ARG_STR, &trunc_s, "head, tail or head_tail", 0, 0, 0},
+        BQ_CLI_COLUMN_SPECS(d),
         {"val-fraction", BQ_ARG_FLOAT, &val_fraction, "fraction of the kept train samples used as val", 0, 0, 0.99},
         {"seed", BQ_ARG_INT, &seed, "selection and shuffling seed", 0, 0, 2147483647.0},
         {"train-samples", BQ_ARG_INT, &train_samples, "train samples kept after the seeded shuffle (0: all)", 0, 0, 2147483647.0},
         {"eval-samples", BQ_ARG_INT, &eval_samples, "test samples kept after the seeded shuffle (0: all)", 0, 0, 2147483647.0},
-        {"text-column", BQ_ARG_STR, &text_col, "text column/field (default: text, review, sentence, content)", 0, 0, 0},
-        {"text-pair-column", BQ_ARG_STR, &pair_col, "second text column for sentence pairs", 0, 0, 0},
-        {"label-column", BQ_ARG_STR, &label_col, "label column/field (default: label, sentiment, labels)", 0, 0, 0},
-        {"cache-dir", BQ_ARG_STR, &cache_dir, "encoded-set cache folder (default $BERTQAT_CACHE, $XDG_CACHE_HOME/bertqat, ~/.cache/bertqat)", 0, 0, 0},
-        {"no-cache", BQ_ARG_FLAG, &no_cache, "neither read nor write the cache", 0, 0, 0},
         {"threads", BQ_ARG_INT, &threads, "encoding threads (0: all CPUs)", 0, 0, 1024},
         {"batch-size", BQ_ARG_INT, &batch_size, "batch size for the padding figures and --dump-batches", 0, 1, 1 << 16},
         {"bucket", BQ_ARG_FLAG, &bucket, "length bucketing for --dump-batches", 0, 0, 0},
@@ -68,11 +65,8 @@ int bq_cmd_data_stats(int argc, char **argv) {
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof specs[0])};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
-    BqTruncation trunc;
-    if (!strcmp(trunc_s, "head")) trunc = BQ_TRUNC_HEAD;
-    else if (!strcmp(trunc_s, "tail")) trunc = BQ_TRUNC_TAIL;
-    else if (!strcmp(trunc_s, "head_tail")) trunc = BQ_TRUNC_HEAD_TAIL;
-    else return bq_err(BQ_EINVAL, "data-stats: --truncation '%s' is not head, tail or head_tail", trunc_s);
+    d.truncation = trunc_s;
+    if ((st = bq_cli_data_resolve(&d, NULL, NULL))) return st;
     bq_runtime_set_threads(threads);
 
     BqTokenizer *tok = NULL;
@@ -83,26 +77,18 @@ int bq_cmd_data_stats(int argc, char **argv) {
     else snprintf(vpath, sizeof vpath, "%s", vocab);
     BqDataKind kind;
     int has_test;
-    if ((st = bq_data_probe(data, &kind, &has_test))) goto cleanup;
+    if ((st = bq_data_probe(d.path, &kind, &has_test))) goto cleanup;
     if ((st = bq_tokenizer_load(&tok, vpath, NULL))) goto cleanup;
 
     const char *splits[3] = {"train", "val", "test"};
     BqDataSpec spec;
-    bq_data_spec_default(&spec);
-    spec.path = data;
+    bq_cli_data_spec(&spec, &d, "train", seed, threads);
     spec.max_seq_len = max_seq_len;
-    spec.truncation = trunc;
     spec.val_fraction = val_fraction;
-    spec.seed = (uint64_t)seed;
     spec.train_samples = train_samples;
     spec.eval_samples = eval_samples;
-    spec.text_column = text_col;
-    spec.text_pair_column = pair_col;
-    spec.label_column = label_col;
-    spec.cache_dir = no_cache ? "" : cache_dir;
-    spec.threads = threads;
-    printf("data: %s (%s)\nvocab: %s (hash %016llx), max_seq_len %d, truncation %s, seed %d\n", data,
-           bq_data_kind_name(kind), vpath, (unsigned long long)bq_tokenizer_hash(tok), max_seq_len, trunc_s, seed);
+    printf("data: %s (%s)\nvocab: %s (hash %016llx), max_seq_len %d, truncation %s, seed %d\n", d.path,
+           bq_data_kind_name(kind), vpath, (unsigned long long)bq_tokenizer_hash(tok), max_seq_len, bq_truncation_name(d.used.truncation), seed);
     for (int s = 0; s < 3; s++) {
         if (s == 1 && val_fraction <= 0) continue;
         if (s == 2 && !has_test) continue;

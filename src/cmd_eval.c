@@ -13,20 +13,11 @@
 #include "export/ckpt.h"
 #include "src/args.h"
 #include "src/cli.h"
+#include "src/cmd_common.h"
 #include "src/metrics.h"
 #include "src/train.h"
 
 #define ACT_RESERVE ((size_t)64 << 30)
-
-static int load_model_and_tok(BqBert *m, BqTokenizer **tok, const char *dir, int num_labels, char **report) {
-    char vocab[4200];
-    snprintf(vocab, sizeof vocab, "%s/vocab.txt", dir);
-    int st = bq_tokenizer_load(tok, vocab, NULL);
-    if (st) return st;
-    BqRng rng;
-    bq_rng_seed(&rng, 0);
-    return bq_model_load_any(m, dir, num_labels, &rng, report);
-}
 
 static const char *label_name(const BqBert *m, int k, char *buf, size_t n) {
     if (m->cfg.id2label && m->cfg.id2label[k]) return m->cfg.id2label[k];
@@ -50,23 +41,78 @@ static void pred_write(void *user, const BqBatch *b, const float *probs) {
     }
 }
 
+/* The metrics as a table or (json) one JSON object on stdout. */
+static void eval_print(const BqBert *m, const BqConfusion *conf, const BqCliData *d, const char *model,
+                       const char *split, double secs, int batch_size, int json) {
+    BqMetrics mt = bq_metrics_compute(conf);
+    double eps = mt.n / (secs > 1e-9 ? secs : 1e-9);
+    int C = m->cfg.num_labels;
+    char nb[32];
+    if (json) {
+        json_t *j = json_object();
+        json_object_set_new(j, "model", json_string(model));
+        json_object_set_new(j, "data", json_string(d->path));
+        json_object_set_new(j, "split", json_string(split));
+        json_object_set_new(j, "examples", json_integer(mt.n));
+        json_object_set_new(j, "accuracy", json_real(mt.accuracy));
+        json_object_set_new(j, "precision", json_real(mt.precision));
+        json_object_set_new(j, "recall", json_real(mt.recall));
+        json_object_set_new(j, "f1", json_real(mt.f1));
+        json_object_set_new(j, "loss", json_real(mt.loss));
+        json_object_set_new(j, "average", json_string(C == 2 ? "binary (positive class 1)" : "macro"));
+        json_object_set_new(j, "seconds", json_real(secs));
+        json_object_set_new(j, "examples_per_s", json_real(eps));
+        json_object_set_new(j, "max_seq_len", json_integer(d->used.max_seq_len));
+        json_object_set_new(j, "truncation", json_string(bq_truncation_name(d->used.truncation)));
+        json_object_set_new(j, "batch_size", json_integer(batch_size));
+        json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
+        json_t *labels = json_array(), *cm = json_array();
+        for (int i = 0; i < C; i++) {
+            json_array_append_new(labels, json_string(label_name(m, i, nb, sizeof nb)));
+            json_t *row = json_array();
+            for (int k = 0; k < C; k++) json_array_append_new(row, json_integer(conf->cm[i * C + k]));
+            json_array_append_new(cm, row);
+        }
+        json_object_set_new(j, "labels", labels);
+        json_object_set_new(j, "confusion_matrix", cm);
+        char *s = json_dumps(j, JSON_INDENT(2));
+        printf("%s\n", s);
+        free(s);
+        json_decref(j);
+    } else {
+        printf("model      %s\ndata       %s (%s split, %lld examples, seq %d, truncation %s)\n", model, d->path, split,
+               (long long)mt.n, d->used.max_seq_len, bq_truncation_name(d->used.truncation));
+        printf("accuracy   %.4f\nprecision  %.4f\nrecall     %.4f\nf1         %.4f   (%s)\nloss       %.4f\n",
+               mt.accuracy, mt.precision, mt.recall, mt.f1, C == 2 ? "binary, positive class 1" : "macro", mt.loss);
+        printf("speed      %.1f examples/s (%.2fs, %d threads)\n", eps, secs, bq_runtime_threads());
+        printf("confusion matrix (rows: true, columns: predicted)\n%12s", "");
+        for (int k = 0; k < C; k++) printf(" %10.10s", label_name(m, k, nb, sizeof nb));
+        printf("\n");
+        for (int i = 0; i < C; i++) {
+            printf("%12.12s", label_name(m, i, nb, sizeof nb));
+            for (int k = 0; k < C; k++) printf(" %10lld", (long long)conf->cm[i * C + k]);
+            printf("\n");
+        }
+    }
+}
+
 int bq_cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *data = NULL, *split = "test", *truncation = "head", *predictions = NULL;
-    int samples = 0, max_seq_len = 128, batch_size = 64, threads = 0, json = 0, seed = 42;
+    const char *model = NULL, *split = "test", *predictions = NULL;
+    int samples = 0, batch_size = 64, threads = 0, json = 0, seed = 42;
     double val_fraction = 0.1;
     int train_samples = 0;
+    BqCliData d = {0};
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "native checkpoint (or HF directory)", 1, 0, 0},
-        {"data", BQ_ARG_STR, &data, "IMDB archive/folder, CSV, TSV or JSONL", 1, 0, 0},
+        {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL", 1, 0, 0},
         {"split", BQ_ARG_STR, &split, "test, val or train", 0, 0, 0},
         {"samples", BQ_ARG_INT, &samples, "examples to evaluate (0: all; test: seeded selection)", 0, 0, 1e9},
-        {"max-seq-len", BQ_ARG_INT, &max_seq_len, "tokens per example incl. [CLS]/[SEP]", 0, 8, 8192},
+        BQ_CLI_DATA_SPECS(d),
         {"batch-size", BQ_ARG_INT, &batch_size, "examples per forward", 0, 1, 65536},
         {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
         {"seed", BQ_ARG_INT, &seed, "seed of the example selection (as in finetune)", 0, 0, 2147483647},
         {"val-fraction", BQ_ARG_FLOAT, &val_fraction, "for --split val: as in finetune", 0, 0, 0.9},
         {"train-samples", BQ_ARG_INT, &train_samples, "for --split val/train: as in finetune", 0, 0, 1e9},
-        {"truncation", BQ_ARG_STR, &truncation, "head, tail or head_tail", 0, 0, 0},
         {"json", BQ_ARG_FLAG, &json, "print one JSON object instead of a table", 0, 0, 0},
         {"predictions", BQ_ARG_STR, &predictions, "write index, label, predicted label, its probability per example "
          "(TSV) to this file", 0, 0, 0},
@@ -78,10 +124,6 @@ int bq_cmd_eval(int argc, char **argv) {
     if (st || args.help) return st;
     if (strcmp(split, "test") && strcmp(split, "val") && strcmp(split, "train"))
         return bq_err(BQ_EINVAL, "--split: '%s' is not test, val or train", split);
-    BqTruncation trunc = BQ_TRUNC_HEAD;
-    if (!strcmp(truncation, "tail")) trunc = BQ_TRUNC_TAIL;
-    else if (!strcmp(truncation, "head_tail") || !strcmp(truncation, "head-tail")) trunc = BQ_TRUNC_HEAD_TAIL;
-    else if (strcmp(truncation, "head")) return bq_err(BQ_EINVAL, "--truncation: '%s' is not head, tail or head_tail", truncation);
     if (predictions && (st = bq_check_writable_parent(predictions))) return bq_err_ctx(st, "--predictions");
     bq_runtime_set_threads(threads);
 
@@ -92,34 +134,23 @@ int bq_cmd_eval(int argc, char **argv) {
     memset(&m, 0, sizeof m);
     BqArena act = {0};
     BqConfusion conf = {0};
-    char *report = NULL;
     char pred_tmp[4200] = "";
     PredWriter pw = {0};
-    char vocab[4200];
-    snprintf(vocab, sizeof vocab, "%s/vocab.txt", model);
-    if ((st = bq_tokenizer_load(&tok, vocab, NULL))) goto cleanup;
     BqDataSpec spec;
-    bq_data_spec_default(&spec);
-    spec.path = data;
-    spec.split = split;
-    spec.max_seq_len = max_seq_len;
-    spec.truncation = trunc;
-    spec.seed = (uint64_t)seed;
+    if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "eval")) || (st = bq_cli_data_resolve(&d, &m, "eval")))
+        goto cleanup;
+    bq_cli_data_spec(&spec, &d, split, seed, threads);
     spec.eval_samples = !strcmp(split, "test") ? samples : 0;
     spec.train_samples = train_samples;
     spec.val_fraction = val_fraction;
-    spec.threads = threads;
     if ((st = bq_dataset_load(&ds, &spec, tok))) goto cleanup;
     if (samples > 0 && ds->n > samples) ds->n = samples;
     if (ds->nlabels < 1) {
-        st = bq_err(BQ_EINVAL, "%s: split %s has no labels to evaluate against", data, split);
+        st = bq_err(BQ_EINVAL, "%s: split %s has no labels to evaluate against", d.path, split);
         goto cleanup;
     }
-    BqRng rng;
-    bq_rng_seed(&rng, 0);
-    if ((st = bq_model_load_any(&m, model, 0, &rng, &report))) goto cleanup;
     if (ds->nlabels > m.cfg.num_labels) {
-        st = bq_err(BQ_EINVAL, "%s: data has %d labels, the model %d", data, ds->nlabels, m.cfg.num_labels);
+        st = bq_err(BQ_EINVAL, "%s: data has %d labels, the model %d", d.path, ds->nlabels, m.cfg.num_labels);
         goto cleanup;
     }
     if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
@@ -148,60 +179,11 @@ int bq_cmd_eval(int argc, char **argv) {
         }
         if ((st = bq_rename_durable(pred_tmp, predictions))) goto cleanup;
     }
-    BqMetrics mt = bq_metrics_compute(&conf);
-    double eps = mt.n / (secs > 1e-9 ? secs : 1e-9);
-    int C = m.cfg.num_labels;
-    char nb[32];
-    if (json) {
-        json_t *j = json_object();
-        json_object_set_new(j, "model", json_string(model));
-        json_object_set_new(j, "data", json_string(data));
-        json_object_set_new(j, "split", json_string(split));
-        json_object_set_new(j, "examples", json_integer(mt.n));
-        json_object_set_new(j, "accuracy", json_real(mt.accuracy));
-        json_object_set_new(j, "precision", json_real(mt.precision));
-        json_object_set_new(j, "recall", json_real(mt.recall));
-        json_object_set_new(j, "f1", json_real(mt.f1));
-        json_object_set_new(j, "loss", json_real(mt.loss));
-        json_object_set_new(j, "average", json_string(C == 2 ? "binary (positive class 1)" : "macro"));
-        json_object_set_new(j, "seconds", json_real(secs));
-        json_object_set_new(j, "examples_per_s", json_real(eps));
-        json_object_set_new(j, "max_seq_len", json_integer(max_seq_len));
-        json_object_set_new(j, "batch_size", json_integer(batch_size));
-        json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
-        json_t *labels = json_array(), *cm = json_array();
-        for (int i = 0; i < C; i++) {
-            json_array_append_new(labels, json_string(label_name(&m, i, nb, sizeof nb)));
-            json_t *row = json_array();
-            for (int k = 0; k < C; k++) json_array_append_new(row, json_integer(conf.cm[i * C + k]));
-            json_array_append_new(cm, row);
-        }
-        json_object_set_new(j, "labels", labels);
-        json_object_set_new(j, "confusion_matrix", cm);
-        char *s = json_dumps(j, JSON_INDENT(2));
-        printf("%s\n", s);
-        free(s);
-        json_decref(j);
-    } else {
-        printf("model      %s\ndata       %s (%s split, %lld examples, seq %d)\n", model, data, split, (long long)mt.n,
-               max_seq_len);
-        printf("accuracy   %.4f\nprecision  %.4f\nrecall     %.4f\nf1         %.4f   (%s)\nloss       %.4f\n",
-               mt.accuracy, mt.precision, mt.recall, mt.f1, C == 2 ? "binary, positive class 1" : "macro", mt.loss);
-        printf("speed      %.1f examples/s (%.2fs, %d threads)\n", eps, secs, bq_runtime_threads());
-        printf("confusion matrix (rows: true, columns: predicted)\n%12s", "");
-        for (int k = 0; k < C; k++) printf(" %10.10s", label_name(&m, k, nb, sizeof nb));
-        printf("\n");
-        for (int i = 0; i < C; i++) {
-            printf("%12.12s", label_name(&m, i, nb, sizeof nb));
-            for (int k = 0; k < C; k++) printf(" %10lld", (long long)conf.cm[i * C + k]);
-            printf("\n");
-        }
-    }
+    eval_print(&m, &conf, &d, model, split, secs, batch_size, json);
 
 cleanup:
     if (pw.f) fclose(pw.f);
     if (st && pred_tmp[0]) remove(pred_tmp);
-    free(report);
     if (conf.cm) bq_confusion_free(&conf);
     if (bt.ds) bq_batcher_free(&bt);
     if (act.base) bq_arena_free(&act);
@@ -213,94 +195,186 @@ cleanup:
 
 /* ---- predict ---- */
 
-int bq_cmd_predict(int argc, char **argv) {
-    const char *model = NULL, *truncation = "head";
-    int max_seq_len = 512, threads = 0, json = 0;
-    const BqArgSpec specs[] = {
-        {"model", BQ_ARG_STR, &model, "native checkpoint (or HF directory)", 1, 0, 0},
-        {"max-seq-len", BQ_ARG_INT, &max_seq_len, "tokens per text incl. [CLS]/[SEP]", 0, 8, 8192},
-        {"truncation", BQ_ARG_STR, &truncation, "head, tail or head_tail", 0, 0, 0},
-        {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
-        {"json", BQ_ARG_FLAG, &json, "one JSON object per line", 0, 0, 0},
-    };
-    BqArgs args = {.cmd = "predict", .usage = "--model CKPT [TEXT...]   (no TEXT: one text per stdin line)",
-                   .summary = "Classify texts: prints the label and its probability per text.",
-                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs), .max_positional = 1 << 20,
-                   .positional_name = "TEXT"};
-    int st = bq_args_parse(&args, argc, argv);
-    if (st || args.help) return st;
-    BqTruncation trunc = BQ_TRUNC_HEAD;
-    if (!strcmp(truncation, "tail")) trunc = BQ_TRUNC_TAIL;
-    else if (!strcmp(truncation, "head_tail") || !strcmp(truncation, "head-tail")) trunc = BQ_TRUNC_HEAD_TAIL;
-    else if (strcmp(truncation, "head")) return bq_err(BQ_EINVAL, "--truncation: '%s' is not head, tail or head_tail", truncation);
-    bq_runtime_set_threads(threads);
+/* One example through the model (batch of 1, no padding): *label = argmax, *prob its softmax
+ * probability. ids, types (T). */
+static int predict_one(BqBert *m, BqArena *act, const int32_t *ids, const int32_t *types, float *mask, int64_t T,
+                       int *label, double *prob) {
+    for (int64_t t = 0; t < T; t++) mask[t] = 1;
+    int32_t none = -1;
+    int64_t ex = 0;
+    BqBatch b = {.B = 1, .T = T, .input_ids = (int32_t *)ids, .attention_mask = mask,
+                 .token_type_ids = (int32_t *)types, .labels = &none, .example_index = &ex};
+    BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
+    BqTensor *logits = NULL;
+    BqBertInput in = bq_batch_input(&b);
+    int st = bq_bert_forward(m, &ctx, &in, &logits, NULL);
+    if (st) return st;
+    const float *z = logits->data;
+    int C = m->cfg.num_labels, k = bq_argmax(z, C);
+    double s = 0;
+    for (int c = 0; c < C; c++) s += exp(z[c] - z[k]);
+    *label = k;
+    *prob = 1.0 / s;
+    bq_arena_rewind(act, 0);
+    return BQ_OK;
+}
 
-    BqTokenizer *tok = NULL;
-    BqBert m;
-    memset(&m, 0, sizeof m);
-    BqArena act = {0};
-    char *report = NULL, *line = NULL;
-    size_t line_cap = 0;
-    int32_t *ids = NULL, *types32 = NULL;
-    float *mask = NULL;
-    if ((st = load_model_and_tok(&m, &tok, model, 0, &report))) goto cleanup;
-    if (max_seq_len > m.cfg.max_position_embeddings) max_seq_len = m.cfg.max_position_embeddings;
-    if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
-    ids = bq_malloc(sizeof(int32_t) * (size_t)max_seq_len);
-    types32 = bq_malloc(sizeof(int32_t) * (size_t)max_seq_len);
-    mask = bq_malloc(sizeof(float) * (size_t)max_seq_len);
-    int C = m.cfg.num_labels;
+/* One output line: TEXT/stdin input "label<TAB>probability<TAB>text[<TAB>pair]" (texts cut at 60
+ * bytes), --data input "index<TAB>label<TAB>probability[<TAB>true label]"; --json: one object. */
+typedef struct PredictOut {
+    const BqBert *m;
+    int json;
+    int64_t index;               /* --data: position in the source; -1 for TEXT/stdin */
+    const char *text, *pair;     /* TEXT/stdin (pair NULL: single text) */
+    size_t len, pair_len;
+    const char *truth;           /* --data with labels: the example's label name, else NULL */
+} PredictOut;
+
+static void predict_print(const PredictOut *o, int k, double prob) {
+    char nb[32];
+    const char *name = label_name(o->m, k, nb, sizeof nb);
+    if (o->json) {
+        json_t *j = json_pack("{s:s, s:i, s:f}", "label", name, "label_id", k, "probability", prob);
+        if (o->index >= 0) json_object_set_new(j, "index", json_integer(o->index));
+        if (o->truth) json_object_set_new(j, "true_label", json_string(o->truth));
+        if (o->text) json_object_set_new(j, "text", json_stringn(o->text, o->len));
+        if (o->pair) json_object_set_new(j, "text_pair", json_stringn(o->pair, o->pair_len));
+        char *line = json_dumps(j, JSON_COMPACT);
+        printf("%s\n", line);
+        free(line);
+        json_decref(j);
+    } else if (o->index >= 0) {
+        printf("%lld\t%s\t%.4f%s%s\n", (long long)o->index, name, prob, o->truth ? "\t" : "", o->truth ? o->truth : "");
+    } else {
+        printf("%s\t%.4f\t%.*s", name, prob, (int)(o->len > 60 ? 60 : o->len), o->text);
+        if (o->pair) printf("\t%.*s", (int)(o->pair_len > 60 ? 60 : o->pair_len), o->pair);
+        printf("\n");
+    }
+    fflush(stdout);
+}
+
+/* --data: every example of the split, in source order. */
+static int predict_dataset(BqBert *m, BqArena *act, const BqDataset *ds, PredictOut *o) {
+    int64_t cap = ds->max_len > 0 ? ds->max_len : 1;
+    int64_t *at = bq_malloc(sizeof(int64_t) * (size_t)(ds->source_count + 1));
+    int32_t *types = bq_malloc(sizeof(int32_t) * (size_t)cap);
+    float *mask = bq_malloc(sizeof(float) * (size_t)cap);
+    int st = BQ_OK;
+    for (int64_t k = 0; k < ds->source_count; k++) at[k] = -1;
+    for (int64_t i = 0; i < ds->n; i++) at[ds->source_index[i]] = i;
+    for (int64_t k = 0; k < ds->source_count && !st; k++) {
+        int64_t i = at[k];
+        if (i < 0) continue;
+        int64_t T = bq_dataset_len(ds, i);
+        const int32_t *ids = ds->ids + ds->offsets[i];
+        for (int64_t t = 0; t < T; t++) types[t] = ds->types[ds->offsets[i] + t];
+        int label;
+        double prob;
+        if ((st = predict_one(m, act, ids, types, mask, T, &label, &prob))) break;
+        o->index = k;
+        o->truth = ds->labels[i] >= 0 ? ds->label_names[ds->labels[i]] : NULL;
+        predict_print(o, label, prob);
+    }
+    free(at);
+    free(types);
+    free(mask);
+    return st;
+}
+
+/* TEXT arguments, else stdin lines; with a pair model each record is "text<TAB>pair". */
+static int predict_texts(BqBert *m, BqArena *act, const BqTokenizer *tok, const BqCliData *d, const BqArgs *args,
+                         PredictOut *o) {
+    int L = d->used.max_seq_len, pairs = d->used.text_pair_column[0] != 0, st = BQ_OK;
+    int32_t *ids = bq_malloc(sizeof(int32_t) * (size_t)L), *types = bq_malloc(sizeof(int32_t) * (size_t)L);
+    float *mask = bq_malloc(sizeof(float) * (size_t)L);
+    char *line = NULL;
+    size_t cap = 0;
     for (int64_t idx = 0;; idx++) {
-        const char *text;
+        char *text;
         size_t len;
-        if (args.npositional > 0) {
-            if (idx >= args.npositional) break;
-            text = args.positional[idx];
+        if (args->npositional > 0) {
+            if (idx >= args->npositional) break;
+            text = args->positional[idx];
             len = strlen(text);
         } else {
-            ssize_t n = getline(&line, &line_cap, stdin);
+            ssize_t n = getline(&line, &cap, stdin);
             if (n < 0) break;
             while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
             text = line;
             len = (size_t)n;
         }
-        int64_t T = bq_tokenizer_encode(tok, text, len, NULL, 0, max_seq_len, trunc, ids, types32, max_seq_len);
-        for (int64_t t = 0; t < T; t++) mask[t] = 1;
-        int32_t label = -1;
-        int64_t ex = idx;
-        BqBatch b = {.B = 1, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types32,
-                     .labels = &label, .example_index = &ex};
-        BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
-        BqTensor *logits = NULL;
-        BqBertInput in = bq_batch_input(&b);
-        if ((st = bq_bert_forward(&m, &ctx, &in, &logits, NULL))) goto cleanup;
-        const float *z = logits->data;
-        int arg = bq_argmax(z, C);
-        double mx = z[arg], s = 0;
-        for (int k = 0; k < C; k++) s += exp(z[k] - mx);
-        double prob = 1.0 / s;
-        char nb[32];
-        const char *name = label_name(&m, arg, nb, sizeof nb);
-        if (json) {
-            json_t *j = json_pack("{s:s, s:i, s:f}", "label", name, "label_id", arg, "probability", prob);
-            json_object_set_new(j, "text", json_stringn(text, len));
-            char *o = json_dumps(j, JSON_COMPACT);
-            printf("%s\n", o);
-            free(o);
-            json_decref(j);
-        } else {
-            printf("%s\t%.4f\t%.*s\n", name, prob, (int)(len > 60 ? 60 : len), text);
+        char *tab = pairs ? memchr(text, '\t', len) : NULL;
+        if (pairs && !tab) {
+            st = bq_err(BQ_EFORMAT, "predict: %s %lld has no TAB between text and pair (the model reads sentence "
+                        "pairs, column %s)", args->npositional ? "TEXT" : "stdin line", (long long)idx + 1,
+                        d->used.text_pair_column);
+            break;
         }
-        fflush(stdout);
-        bq_arena_rewind(&act, 0);
+        o->text = text;
+        o->len = tab ? (size_t)(tab - text) : len;
+        o->pair = tab ? tab + 1 : NULL;
+        o->pair_len = tab ? len - o->len - 1 : 0;
+        int64_t T = bq_tokenizer_encode(tok, o->text, o->len, o->pair, o->pair_len, L, d->used.truncation, ids, types, L);
+        int label;
+        double prob;
+        if ((st = predict_one(m, act, ids, types, mask, T, &label, &prob))) break;
+        predict_print(o, label, prob);
+    }
+    free(line);
+    free(ids);
+    free(types);
+    free(mask);
+    return st;
+}
+
+int bq_cmd_predict(int argc, char **argv) {
+    const char *model = NULL, *split = "test";
+    int threads = 0, json = 0, seed = 42;
+    BqCliData d = {0};
+    const BqArgSpec specs[] = {
+        {"model", BQ_ARG_STR, &model, "native checkpoint (or HF directory)", 1, 0, 0},
+        BQ_CLI_DATA_SPECS(d),
+        {"data", BQ_ARG_STR, &d.path, "classify every example of a CSV, TSV, JSONL or IMDB source instead of "
+         "TEXT/stdin; prints index (position in the source), label, probability and the true label if any", 0, 0, 0},
+        {"split", BQ_ARG_STR, &split, "with --data: test, val or train (as in eval)", 0, 0, 0},
+        {"seed", BQ_ARG_INT, &seed, "with --data: seed of the split selection (as in finetune)", 0, 0, 2147483647},
+        {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
+        {"json", BQ_ARG_FLAG, &json, "one JSON object per line", 0, 0, 0},
+    };
+    BqArgs args = {.cmd = "predict", .usage = "--model CKPT [TEXT...]   (no TEXT: one text per stdin line)",
+                   .summary = "Classify texts: prints the label and its probability per text, as label<TAB>probability"
+                              "<TAB>text. A model trained on sentence pairs (or --text-pair-column) reads each TEXT or "
+                              "stdin line as text<TAB>pair. Length, truncation and columns default to the checkpoint's "
+                              "training settings; the settings used go to stderr.",
+                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs), .max_positional = 1 << 20,
+                   .positional_name = "TEXT"};
+    int st = bq_args_parse(&args, argc, argv);
+    if (st || args.help) return st;
+    if (d.path && args.npositional) return bq_err(BQ_EINVAL, "predict: --data and TEXT arguments exclude each other");
+    if (strcmp(split, "test") && strcmp(split, "val") && strcmp(split, "train"))
+        return bq_err(BQ_EINVAL, "--split: '%s' is not test, val or train", split);
+    bq_runtime_set_threads(threads);
+
+    BqTokenizer *tok = NULL;
+    BqDataset *ds = NULL;
+    BqBert m;
+    memset(&m, 0, sizeof m);
+    BqArena act = {0};
+    PredictOut o = {.m = &m, .json = json, .index = -1};
+    if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "predict")) || (st = bq_cli_data_resolve(&d, &m, "predict")) ||
+        (st = bq_arena_init(&act, ACT_RESERVE, "activations")))
+        goto cleanup;
+    if (d.path) {
+        BqDataSpec spec;
+        bq_cli_data_spec(&spec, &d, split, seed, threads);
+        if ((st = bq_dataset_load(&ds, &spec, tok))) goto cleanup;
+        st = predict_dataset(&m, &act, ds, &o);
+    } else {
+        st = predict_texts(&m, &act, tok, &d, &args, &o);
     }
 
 cleanup:
-    free(report);
-    free(line);
-    free(ids);
-    free(types32);
-    free(mask);
+    if (ds) bq_dataset_free(ds);
     if (act.base) bq_arena_free(&act);
     if (tok) bq_tokenizer_free(tok);
     bq_bert_free(&m);

@@ -1,4 +1,4 @@
-/* `bertqat export`: ONNX export of a checkpoint (export/onnx_bert.h, DESIGN.md §7). fp32 for an fp32
+/* `bertqat export`: ONNX export of a checkpoint (export/onnx_bert.h, docs/design.md). fp32 for an fp32
  * checkpoint, Q/DQ at the quantizer points for a quantized one. --dump-logits writes a random padded
  * batch and bertqat's own logits for it as JSON, so tests compare ONNX Runtime against the C forward
  * on exactly the exported weights. */
@@ -136,7 +136,7 @@ cleanup:
 
 int bq_cmd_export(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *qdq = "auto", *dump = NULL, *dump_in = NULL;
-    int opset = 13, no_types = 0, int32 = 0, cpu = 0, num_labels = 0, dump_b = 4, dump_t = 32, dump_seed = 1;
+    int opset = 13, no_types = 0, int32 = 0, cpu = 0, num_labels = 0, dump_b = 4, dump_t = 0, dump_seed = 1;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "native checkpoint (or HF directory: fresh classifier)", 1, 0, 0},
         {"out", BQ_ARG_STR, &out, "output .onnx file (written atomically)", 1, 0, 0},
@@ -148,7 +148,8 @@ int bq_cmd_export(int argc, char **argv) {
         {"num-labels", BQ_ARG_INT, &num_labels, "labels for an HF directory (0: from its config)", 0, 0, 1000},
         {"dump-logits", BQ_ARG_STR, &dump, "also write a random batch and bertqat's logits as JSON", 0, 0, 0},
         {"dump-batch", BQ_ARG_INT, &dump_b, "rows of the --dump-logits batch", 0, 1, 4096},
-        {"dump-seq", BQ_ARG_INT, &dump_t, "sequence length of the --dump-logits batch", 0, 1, 8192},
+        {"dump-seq", BQ_ARG_INT, &dump_t, "sequence length of the --dump-logits batch (0: the checkpoint's training "
+         "length, else 32)", 0, 0, 8192},
         {"dump-seed", BQ_ARG_INT, &dump_seed, "seed of the --dump-logits batch", 0, 0, 1 << 30},
         {"dump-inputs", BQ_ARG_STR, &dump_in, "--dump-logits on this JSON batch {input_ids, attention_mask, token_type_ids}", 0, 0, 0},
     };
@@ -184,6 +185,11 @@ int bq_cmd_export(int argc, char **argv) {
             out, opset, !o.qdq ? "fp32" : s.cpu_layout ? "Q/DQ (CPU layout)" : "Q/DQ", s.nodes, s.quantize_linear,
             s.dequantize_linear, s.int8_weights);
     if (dump) {
+        if (!dump_in) {
+            const char *from = dump_t > 0 ? "flag" : m.data.max_seq_len > 0 ? "the checkpoint's training length" : "default";
+            if (dump_t == 0) dump_t = m.data.max_seq_len > 0 ? m.data.max_seq_len : 32;
+            fprintf(stderr, "export: --dump-logits batch %d x %d tokens (sequence length: %s)\n", dump_b, dump_t, from);
+        }
         if (!o.qdq && m.quant) { /* fp32 export of a quantized checkpoint: compare with the fp32 forward */
             BqQuantState *qs = m.quant;
             m.quant = NULL;

@@ -24,6 +24,7 @@
 #include "layers/quant.h"
 #include "src/args.h"
 #include "src/cli.h"
+#include "src/cmd_common.h"
 #include "src/metrics.h"
 #include "src/train.h"
 
@@ -64,14 +65,6 @@ static int quant_config_from_opts(BqQuantConfig *cfg, const QuantOpts *o) {
     cfg->fuse_qkv = o->fuse_qkv;
     cfg->clip_gelu = (float)o->clip_gelu;
     cfg->freeze_after = o->freeze_after;
-    return BQ_OK;
-}
-
-static int parse_trunc(const char *s, BqTruncation *t) {
-    if (!strcmp(s, "head")) *t = BQ_TRUNC_HEAD;
-    else if (!strcmp(s, "tail")) *t = BQ_TRUNC_TAIL;
-    else if (!strcmp(s, "head_tail") || !strcmp(s, "head-tail")) *t = BQ_TRUNC_HEAD_TAIL;
-    else return bq_err(BQ_EINVAL, "--truncation: '%s' is not head, tail or head_tail", s);
     return BQ_OK;
 }
 
@@ -128,18 +121,18 @@ static int accuracy(BqBert *m, BqBatcher *b, double *acc) {
 }
 
 int bq_cmd_calibrate(int argc, char **argv) {
-    const char *model = NULL, *data = NULL, *out = NULL, *truncation = "head";
-    int batch_size = 32, max_seq_len = 128, seed = 42, threads = 0, eval_samples = 0;
+    const char *model = NULL, *out = NULL;
+    int batch_size = 32, seed = 42, threads = 0, eval_samples = 0;
+    BqCliData d = {0};
     QuantOpts q;
     quant_opts_default(&q, "percentile");
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "fp32 checkpoint (native or Hugging Face directory)", 1, 0, 0},
-        {"data", BQ_ARG_STR, &data, "IMDB archive/folder, CSV, TSV or JSONL (training split is used)", 1, 0, 0},
+        {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL (training split is used)", 1, 0, 0},
         {"out", BQ_ARG_STR, &out, "output PTQ checkpoint directory (replaced atomically)", 1, 0, 0},
         QUANT_SPECS(q),
         {"batch-size", BQ_ARG_INT, &batch_size, "examples per calibration forward", 0, 1, 65536},
-        {"max-seq-len", BQ_ARG_INT, &max_seq_len, "tokens per example incl. [CLS]/[SEP]", 0, 8, 8192},
-        {"truncation", BQ_ARG_STR, &truncation, "head, tail or head_tail", 0, 0, 0},
+        BQ_CLI_DATA_SPECS(d),
         {"seed", BQ_ARG_INT, &seed, "seed of the calibration sample", 0, 0, 2147483647},
         {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
         {"eval-samples", BQ_ARG_INT, &eval_samples,
@@ -157,47 +150,19 @@ int bq_cmd_calibrate(int argc, char **argv) {
     BqBatcher bcal = {0}, btest = {0};
     BqBert m;
     memset(&m, 0, sizeof m);
-    char *report = NULL;
-    char vocab[4200];
-    BqTruncation trunc = BQ_TRUNC_HEAD;
     BqCalibrator method;
     BqQuantConfig qcfg;
-    if ((st = parse_trunc(truncation, &trunc)) || (st = bq_calibrator_parse(&method, q.calibrator)) ||
-        (st = quant_config_from_opts(&qcfg, &q)))
-        return st;
+    if ((st = bq_calibrator_parse(&method, q.calibrator)) || (st = quant_config_from_opts(&qcfg, &q))) return st;
     bq_runtime_set_threads(threads);
-    snprintf(vocab, sizeof vocab, "%s/vocab.txt", model);
-    if ((st = bq_tokenizer_load(&tok, vocab, NULL))) goto cleanup;
-
     BqDataSpec spec;
-    bq_data_spec_default(&spec);
-    spec.path = data;
-    spec.split = "train";
-    spec.max_seq_len = max_seq_len;
-    spec.truncation = trunc;
-    spec.val_fraction = 0.0;
-    spec.seed = (uint64_t)seed;
-    spec.train_samples = q.calib_samples;
-    spec.threads = threads;
-    if ((st = bq_dataset_load(&dcal, &spec, tok))) goto cleanup;
-    if ((st = bq_batcher_init(&bcal, dcal, batch_size, 1, (uint64_t)seed, 0))) goto cleanup;
-
-    BqRng rng;
-    bq_rng_seed(&rng, (uint64_t)seed);
-    if ((st = bq_model_load_any(&m, model, dcal->nlabels > 0 ? dcal->nlabels : 2, &rng, &report))) goto cleanup;
-    if (report) fprintf(stderr, "[calibrate] %s\n", report);
-    /* Label names from the data (HF dirs carry LABEL_0.. placeholders), as finetune does. */
-    if (!bq_ckpt_is_native(model) && m.cfg.id2label && dcal->label_names) {
-        for (int i = 0; i < m.cfg.num_labels && i < dcal->nlabels; i++) {
-            free(m.cfg.id2label[i]);
-            m.cfg.id2label[i] = bq_strdup(dcal->label_names[i]);
-        }
-    }
-    if (m.cfg.max_position_embeddings < max_seq_len) {
-        st = bq_err(BQ_EINVAL, "--max-seq-len: %d exceeds the model's max_position_embeddings %d", max_seq_len,
-                    m.cfg.max_position_embeddings);
+    if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)seed, "calibrate")) ||
+        (st = bq_cli_data_resolve(&d, &m, "calibrate")))
         goto cleanup;
-    }
+    bq_cli_data_spec(&spec, &d, "train", seed, threads);
+    spec.train_samples = q.calib_samples;
+    if ((st = bq_dataset_load(&dcal, &spec, tok)) || (st = bq_cli_model_fit(&m, model, dcal, (uint64_t)seed, "calibrate")) ||
+        (st = bq_batcher_init(&bcal, dcal, batch_size, 1, (uint64_t)seed, 0)))
+        goto cleanup;
     double acc_fp32 = -1, acc_ptq = -1;
     if (eval_samples > 0) {
         spec.split = "test";
@@ -213,6 +178,7 @@ int bq_cmd_calibrate(int argc, char **argv) {
     }
     if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &bcal, q.calib_samples, "calibrate"))) goto cleanup;
     if (eval_samples > 0 && (st = accuracy(&m, &btest, &acc_ptq))) goto cleanup;
+    m.data = d.used;
     if ((st = bq_ckpt_save(&m, out, model, NULL))) goto cleanup;
     printf("calibrate: %d quantizers, calibrator %s", m.quant->n, bq_calibrator_name(method));
     if (method == BQ_CALIBRATOR_PERCENTILE) printf(" %.4g", q.percentile);
@@ -222,7 +188,6 @@ int bq_cmd_calibrate(int argc, char **argv) {
                acc_ptq);
 
 cleanup:
-    free(report);
     if (bcal.ds) bq_batcher_free(&bcal);
     if (btest.ds) bq_batcher_free(&btest);
     if (dcal) bq_dataset_free(dcal);
@@ -233,48 +198,43 @@ cleanup:
     return st;
 }
 
+/* A calibrated input keeps its quantizers and ranges, so a quantization flag that asks for something
+ * else would be silently ignored: each is an error naming the flag. A flag that repeats the input's
+ * own setting is accepted (the pipeline passes --scheme to every quantized stage). */
+static int check_kept_quant_flags(const BqArgs *a, const BqQuantConfig *want, const BqQuantConfig *have,
+                                  const char *model) {
+    const char *flag = NULL;
+    if (bq_args_given(a, "scheme") && want->scheme != have->scheme) flag = "scheme";
+    else if (bq_args_given(a, "per-tensor") && !have->per_tensor_weights) flag = "per-tensor";
+    else if (bq_args_given(a, "fuse-qkv") && !have->fuse_qkv) flag = "fuse-qkv";
+    else if (bq_args_given(a, "clip-gelu") && want->clip_gelu != have->clip_gelu) flag = "clip-gelu";
+    else if (bq_args_given(a, "exclude") && strcmp(want->exclude, have->exclude)) flag = "exclude";
+    else if (bq_args_given(a, "calibrator")) flag = "calibrator";
+    else if (bq_args_given(a, "percentile")) flag = "percentile";
+    else if (bq_args_given(a, "calib-samples")) flag = "calib-samples";
+    if (!flag) return BQ_OK;
+    return bq_err(BQ_EINVAL, "--%s would be ignored: %s is already calibrated (scheme %s) and QAT keeps its "
+                  "quantizers and ranges; drop the flag or start from an fp32 checkpoint", flag, model, bq_scheme_name(have->scheme));
+}
+
 int bq_cmd_qat(int argc, char **argv) {
-    const char *model = NULL, *data = NULL, *out = NULL, *truncation = "head", *logdir = NULL;
-    double epochs = 1, lr = 2e-5, warmup_ratio = 0.0, weight_decay = 0.0, max_grad_norm = 1.0, val_fraction = 0.1,
-           dropout = -1;
-    int batch_size = 32, grad_accum = 1, max_seq_len = 128, seed = 42, eval_every = 0, evals_per_epoch = 0, save_best = 0, threads = 0,
-        train_samples = 0, eval_samples = 0, log_every = 10, resume = 0, bucket = 0, max_steps = 0, no_save_best = 0;
-    const char *ranges = "observe";
+    const char *model = NULL, *out = NULL, *ranges = "observe";
+    BqCliData d = {0};
+    BqCliTrain t;
+    bq_cli_train_default(&t, 2e-5);
     QuantOpts q;
     quant_opts_default(&q, "max");
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "fp32 or PTQ checkpoint (native) or Hugging Face directory", 1, 0, 0},
-        {"data", BQ_ARG_STR, &data, "IMDB archive/folder, CSV, TSV or JSONL", 1, 0, 0},
+        {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL", 1, 0, 0},
         {"out", BQ_ARG_STR, &out, "output checkpoint directory (replaced atomically)", 1, 0, 0},
         QUANT_SPECS(q),
         {"freeze-ranges-after", BQ_ARG_INT, &q.freeze_after, "freeze every range after N optimizer steps (0: never)",
          0, 0, 1e9},
         {"ranges", BQ_ARG_STR, &ranges, "observe: moving-average min/max observers (ONNX Runtime example); fixed: the "
          "calibrated (or PTQ input's) ranges never move (pytorch-quantization)", 0, 0, 0},
-        {"epochs", BQ_ARG_FLOAT, &epochs, "training epochs (fractional allowed)", 0, 0.001, 1000},
-        {"max-steps", BQ_ARG_INT, &max_steps, "optimizer steps (> 0 overrides --epochs)", 0, 0, 1e9},
-        {"lr", BQ_ARG_FLOAT, &lr, "peak learning rate (AdamW)", 0, 0, 1},
-        {"batch-size", BQ_ARG_INT, &batch_size, "examples per micro-batch", 0, 1, 65536},
-        {"grad-accum", BQ_ARG_INT, &grad_accum, "micro-batches per optimizer step", 0, 1, 65536},
-        {"max-seq-len", BQ_ARG_INT, &max_seq_len, "tokens per example incl. [CLS]/[SEP]", 0, 8, 8192},
-        {"warmup-ratio", BQ_ARG_FLOAT, &warmup_ratio, "fraction of steps with linear warmup", 0, 0, 1},
-        {"weight-decay", BQ_ARG_FLOAT, &weight_decay, "AdamW decoupled weight decay (not biases/LayerNorm)", 0, 0, 10},
-        {"max-grad-norm", BQ_ARG_FLOAT, &max_grad_norm, "global gradient-norm clip (0: off)", 0, 0, 1e9},
-        {"seed", BQ_ARG_INT, &seed, "seed for data selection, shuffling, dropout and calibration", 0, 0, 2147483647},
-        {"eval-every", BQ_ARG_INT, &eval_every, "evaluate every N optimizer steps (0: each epoch end)", 0, 0, 1e9},
-        {"evals-per-epoch", BQ_ARG_INT, &evals_per_epoch, "without --eval-every: evaluations per epoch (0: 1)", 0, 0, 1e6},
-        {"no-save-best", BQ_ARG_FLAG, &no_save_best, "final model = last step, not the best evaluation", 0, 0, 0},
-        {"save-best", BQ_ARG_FLAG, &save_best, "final model = best validation accuracy (default)", 0, 0, 0},
-        {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
-        {"train-samples", BQ_ARG_INT, &train_samples, "training reviews to use, incl. validation (0: all)", 0, 0, 1e9},
-        {"eval-samples", BQ_ARG_INT, &eval_samples, "cap on validation examples (0: all)", 0, 0, 1e9},
-        {"val-fraction", BQ_ARG_FLOAT, &val_fraction, "fraction of the training reviews held out for validation", 0, 0, 0.9},
-        {"dropout", BQ_ARG_FLOAT, &dropout, "override hidden and attention dropout (< 0: from config)", 0, -1, 0.99},
-        {"log-every", BQ_ARG_INT, &log_every, "optimizer steps between log lines", 0, 1, 1e9},
-        {"resume", BQ_ARG_FLAG, &resume, "continue from OUT/training_state.h5", 0, 0, 0},
-        {"bucket", BQ_ARG_FLAG, &bucket, "length bucketing of training batches (less padding)", 0, 0, 0},
-        {"truncation", BQ_ARG_STR, &truncation, "head, tail or head_tail", 0, 0, 0},
-        {"logdir", BQ_ARG_STR, &logdir, "TensorBoard event directory", 0, 0, 0},
+        BQ_CLI_TRAIN_SPECS(t),
+        BQ_CLI_DATA_SPECS(d),
     };
     BqArgs args = {.cmd = "qat", .usage = "--model DIR --data PATH --out DIR [options]",
                    .summary = "Quantization-aware fine-tuning with fake-quant modules and moving-average observers.",
@@ -284,79 +244,28 @@ int bq_cmd_qat(int argc, char **argv) {
     if ((st = bq_check_writable_parent(out))) return st;
 
     BqTokenizer *tok = NULL;
-    BqDataset *dtrain = NULL, *dval = NULL;
-    BqBatcher btrain = {0}, bval = {0};
+    BqCliSplits sp;
+    memset(&sp, 0, sizeof sp);
     BqBert m;
     memset(&m, 0, sizeof m);
-    char *report = NULL;
-    char vocab[4200];
-    BqTruncation trunc = BQ_TRUNC_HEAD;
     BqCalibrator method;
     BqQuantConfig qcfg;
-    if ((st = parse_trunc(truncation, &trunc)) || (st = bq_calibrator_parse(&method, q.calibrator)) ||
-        (st = quant_config_from_opts(&qcfg, &q)))
-        return st;
+    BqTrainResult res;
+    if ((st = bq_calibrator_parse(&method, q.calibrator)) || (st = quant_config_from_opts(&qcfg, &q))) return st;
     if (strcmp(ranges, "observe") && strcmp(ranges, "fixed"))
         return bq_err(BQ_EINVAL, "--ranges: '%s' is not observe or fixed", ranges);
     int fixed = !strcmp(ranges, "fixed");
-    bq_runtime_set_threads(threads);
-    snprintf(vocab, sizeof vocab, "%s/vocab.txt", model);
-    if ((st = bq_tokenizer_load(&tok, vocab, NULL))) goto cleanup;
-
-    BqDataSpec spec;
-    bq_data_spec_default(&spec);
-    spec.path = data;
-    spec.split = "train";
-    spec.max_seq_len = max_seq_len;
-    spec.truncation = trunc;
-    spec.val_fraction = val_fraction;
-    spec.seed = (uint64_t)seed;
-    spec.train_samples = train_samples;
-    spec.threads = threads;
-    if ((st = bq_dataset_load(&dtrain, &spec, tok))) goto cleanup;
-    if (dtrain->nlabels < 2) {
-        st = bq_err(BQ_EINVAL, "%s: training data needs labels of at least 2 classes (found %d)", data, dtrain->nlabels);
-        goto cleanup;
-    }
-    if (val_fraction > 0) {
-        spec.split = "val";
-        if ((st = bq_dataset_load(&dval, &spec, tok))) goto cleanup;
-        if (eval_samples > 0 && dval->n > eval_samples) dval->n = eval_samples;
-        if (dval->n == 0) bq_dataset_free(dval), dval = NULL;
-    }
-    fprintf(stderr, "[qat] %lld training, %lld validation examples (%s); %s\n", (long long)dtrain->n,
-            (long long)(dval ? dval->n : 0), data, bq_runtime_describe());
-
-    BqRng rng;
-    bq_rng_seed(&rng, (uint64_t)seed);
-    if ((st = bq_model_load_any(&m, model, dtrain->nlabels, &rng, &report))) goto cleanup;
-    if (report) fprintf(stderr, "[qat] %s\n", report);
-    if (!bq_ckpt_is_native(model) && m.cfg.id2label && dtrain->label_names) {
-        for (int i = 0; i < m.cfg.num_labels && i < dtrain->nlabels; i++) {
-            free(m.cfg.id2label[i]);
-            m.cfg.id2label[i] = bq_strdup(dtrain->label_names[i]);
-        }
-    }
-    if (!m.params.grad) {
-        st = bq_err(BQ_EINVAL, "%s: model loaded without gradients", model);
-        goto cleanup;
-    }
-    if (m.cfg.max_position_embeddings < max_seq_len) {
-        st = bq_err(BQ_EINVAL, "--max-seq-len: %d exceeds the model's max_position_embeddings %d", max_seq_len,
-                    m.cfg.max_position_embeddings);
-        goto cleanup;
-    }
-    if (dropout >= 0) m.cfg.hidden_dropout_prob = m.cfg.attention_probs_dropout_prob = (float)dropout;
-
-    if ((st = bq_batcher_init(&btrain, dtrain, batch_size, 1, (uint64_t)seed, bucket))) goto cleanup;
-    if (dval && (st = bq_batcher_init(&bval, dval, batch_size, 0, (uint64_t)seed, 1))) goto cleanup;
-
-    /* Ranges: keep a PTQ input's (its config wins; --freeze-ranges-after still applies), else calibrate. */
-    if (m.quant && bq_quant_count_initialized(m.quant) == m.quant->n) {
+    bq_runtime_set_threads(t.threads);
+    if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)t.seed, "qat"))) goto cleanup;
+    /* Ranges: keep a calibrated input's (its config wins; --freeze-ranges-after still applies), else calibrate. */
+    int calibrated = m.quant && bq_quant_count_initialized(m.quant) == m.quant->n;
+    if (calibrated && (st = check_kept_quant_flags(&args, &qcfg, &m.quant->cfg, model))) goto cleanup;
+    if ((st = bq_cli_splits_load(&sp, &m, model, &d, &t, tok, "qat"))) goto cleanup;
+    if (calibrated) {
         fprintf(stderr, "[qat] starting from the input's %d calibrated quantizers (scheme %s)\n", m.quant->n,
                 bq_scheme_name(m.quant->cfg.scheme));
         m.quant->cfg.freeze_after = qcfg.freeze_after;
-    } else if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &btrain, q.calib_samples, "qat"))) {
+    } else if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &sp.btrain, q.calib_samples, "qat"))) {
         goto cleanup;
     }
     bq_quant_freeze(m.quant, fixed);
@@ -364,46 +273,13 @@ int bq_cmd_qat(int argc, char **argv) {
     m.quant->steps_seen = 0;
     fprintf(stderr, "[qat] ranges: %s\n", fixed ? "fixed (calibrated ranges, weights learn around them)"
                                               : "moving-average observers (c = 0.01)");
-
-    BqBatchSource strain, sval;
-    BqBatcherSource bs_train, bs_val;
-    bq_batch_source_batcher(&strain, &bs_train, &btrain);
-    if (dval) bq_batch_source_batcher(&sval, &bs_val, &bval);
-    BqTrainConfig tc;
-    bq_train_config_default(&tc);
-    tc.epochs = epochs;
-    tc.max_steps = max_steps;
-    tc.lr = lr;
-    tc.weight_decay = weight_decay;
-    tc.warmup_ratio = warmup_ratio;
-    tc.max_grad_norm = max_grad_norm;
-    tc.grad_accum = grad_accum;
-    tc.seed = (uint64_t)seed;
-    tc.eval_every = eval_every;
-    tc.evals_per_epoch = evals_per_epoch;
-    tc.save_best = !no_save_best;
-    tc.log_every = log_every;
-    tc.resume = resume;
-    tc.vocab_dir = model;
-    tc.logdir = logdir;
-    tc.tag = "qat";
     /* the trainer calls bq_quant_step after each optimizer step (freeze at --freeze-ranges-after) */
-    BqTrainResult res = {0};
-    st = bq_train(&m, &tc, &strain, dval ? &sval : NULL, out, &res);
-    if (st) goto cleanup;
-    printf("qat: %lld steps in %.1fs (%.3f s/step), last loss %.4f", (long long)res.steps, res.seconds,
-           res.steps > 0 ? res.seconds / (double)res.steps : 0.0, res.last_loss);
-    if (res.best_accuracy >= 0)
-        printf(", best validation accuracy %.4f (step %lld)", res.best_accuracy, (long long)res.best_step);
+    if ((st = bq_cli_train_run(&m, &t, &sp, &d, model, out, "qat", &res))) goto cleanup;
     printf("; %d quantizers (scheme %s)%s; checkpoint %s\n", m.quant->n, bq_scheme_name(m.quant->cfg.scheme),
            m.quant->q[0].frozen ? ", frozen" : "", out);
 
 cleanup:
-    free(report);
-    if (btrain.ds) bq_batcher_free(&btrain);
-    if (bval.ds) bq_batcher_free(&bval);
-    if (dtrain) bq_dataset_free(dtrain);
-    if (dval) bq_dataset_free(dval);
+    bq_cli_splits_free(&sp);
     if (tok) bq_tokenizer_free(tok);
     if (m.quant) bq_quant_free(m.quant), m.quant = NULL;
     bq_bert_free(&m);
@@ -413,10 +289,11 @@ cleanup:
 int bq_cmd_info(int argc, char **argv) {
     int all = 0;
     const BqArgSpec specs[] = {
-        {"all", BQ_ARG_FLAG, &all, "(accepted for compatibility; every quantizer is always listed)", 0, 0, 0},
+        {"all", BQ_ARG_FLAG, &all, "also list every parameter tensor: name, shape, min, max, mean |x|", 0, 0, 0},
     };
-    BqArgs args = {.cmd = "info", .usage = "CKPT",
-                   .summary = "Print a checkpoint's config, parameter count and every quantizer.",
+    BqArgs args = {.cmd = "info", .usage = "[--all] CKPT",
+                   .summary = "Print a checkpoint's config, training data settings, parameter count and every "
+                              "quantizer.",
                    .specs = specs, .nspecs = 1, .max_positional = 1, .positional_name = "CKPT"};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
@@ -433,7 +310,31 @@ int bq_cmd_info(int argc, char **argv) {
     printf("config       layers %d, hidden %d, heads %d, intermediate %d, vocab %d, max positions %d, labels %d\n",
            c->num_hidden_layers, c->hidden_size, c->num_attention_heads, c->intermediate_size, c->vocab_size,
            c->max_position_embeddings, c->num_labels);
+    if (m.data.max_seq_len > 0)
+        printf("data         max_seq_len %d, truncation %s, text column %s, pair column %s, label column %s\n",
+               m.data.max_seq_len, bq_truncation_name(m.data.truncation),
+               m.data.text_column[0] ? m.data.text_column : "auto",
+               m.data.text_pair_column[0] ? m.data.text_pair_column : "none",
+               m.data.label_column[0] ? m.data.label_column : "auto");
+    else
+        printf("data         not recorded (eval/predict default to 128 tokens, head truncation)\n");
     printf("parameters   %lld in %d tensors\n", (long long)m.params.total, m.params.n);
+    if (all) printf("  %-64s %12s %12s %12s %12s\n", "parameter", "shape", "min", "max", "mean |x|");
+    for (int i = 0; all && i < m.params.n; i++) {
+        const BqParam *p = &m.params.p[i];
+        const float *x = m.params.data + p->offset;
+        float lo = x[0], hi = x[0];
+        double mean_abs = 0;
+        for (int64_t k = 0; k < p->numel; k++) {
+            lo = fminf(lo, x[k]);
+            hi = fmaxf(hi, x[k]);
+            mean_abs += fabs((double)x[k]);
+        }
+        char shape[48];
+        if (p->ndim == 2) snprintf(shape, sizeof shape, "%lldx%lld", (long long)p->shape[0], (long long)p->shape[1]);
+        else snprintf(shape, sizeof shape, "%lld", (long long)p->shape[0]);
+        printf("  %-64s %12s %12.6g %12.6g %12.6g\n", p->name, shape, lo, hi, mean_abs / (double)p->numel);
+    }
     if (!m.quant) {
         printf("quantization none (fp32)\n");
         goto cleanup;

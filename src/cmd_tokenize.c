@@ -11,6 +11,7 @@
 #include "autograd/bq.h"
 #include "src/args.h"
 #include "src/cli.h"
+#include "src/cmd_common.h"
 #include "tokenizer/tokenizer.h"
 
 static void print_ids(FILE *out, const BqTokenizer *tok, const int32_t *ids, const int32_t *types, int64_t n,
@@ -52,10 +53,7 @@ int bq_cmd_tokenize(int argc, char **argv) {
     if (st || args.help) return st;
     if (ids_flag && tokens_flag) return bq_err(BQ_EINVAL, "tokenize: --ids and --tokens exclude each other");
     BqTruncation trunc;
-    if (!strcmp(trunc_s, "head")) trunc = BQ_TRUNC_HEAD;
-    else if (!strcmp(trunc_s, "tail")) trunc = BQ_TRUNC_TAIL;
-    else if (!strcmp(trunc_s, "head_tail")) trunc = BQ_TRUNC_HEAD_TAIL;
-    else return bq_err(BQ_EINVAL, "--truncation: '%s' is not head, tail or head_tail", trunc_s);
+    if ((st = bq_truncation_parse(trunc_s, "--truncation", &trunc))) return st;
 
     BqTokenizer *tok = NULL;
     FILE *in = stdin;

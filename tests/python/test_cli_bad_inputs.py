@@ -87,6 +87,42 @@ def cases(d):
     ]
 
 
+def test_qat_on_calibrated_refuses_ignored_quant_flags(bad, bin_path):
+    """qat keeps a calibrated input's quantizers and ranges, so a quantization flag asking for something
+    else would be a silent no-op: it is an error (exit 2) naming the flag, before any training; a flag
+    repeating the input's own setting is accepted."""
+    d = bad
+    data = d / "tiny.csv"
+    data.write_text("text,label\n" + "".join(f"{'good fine great' if i % 2 else 'bad poor awful'} {i},{i % 2}\n"
+                                             for i in range(16)))
+    ptq = d / "ptq"
+    p = subprocess.run([BIN, "calibrate", "--model", MODEL, "--data", str(data), "--out", str(ptq), "--calib-samples",
+                        "8", "--batch-size", "8", "--max-seq-len", "16", "--threads", "2", "--no-cache"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    failures = []
+    for args, flag in ((["--scheme", "qdqbert"], "--scheme"), (["--per-tensor"], "--per-tensor"),
+                       (["--fuse-qkv"], "--fuse-qkv"), (["--exclude", "classifier"], "--exclude"),
+                       (["--clip-gelu", "10"], "--clip-gelu"), (["--calibrator", "mse"], "--calibrator"),
+                       (["--percentile", "99.9"], "--percentile"), (["--calib-samples", "4"], "--calib-samples")):
+        out = d / "qat_ignored"
+        p = subprocess.run([BIN, "qat", "--model", str(ptq), "--data", str(data), "--out", str(out), *args,
+                            "--no-cache"], capture_output=True, text=True, timeout=600)
+        lines = [l for l in p.stderr.splitlines() if l.strip() and not l.startswith("[")]
+        ok = p.returncode == 2 and len(lines) == 1 and flag in lines[0] and "calibrated" in lines[0] \
+            and not out.exists()
+        print(f"{'ok  ' if ok else 'FAIL'} qat {' '.join(args)}: exit {p.returncode}: {p.stderr.strip()[-200:]}")
+        if not ok:
+            failures.append(f"{args}: exit {p.returncode}, stderr {p.stderr.strip()[-300:]!r}")
+    # --scheme ort repeats the input's scheme (the pipeline passes it): accepted, one step trains.
+    p = subprocess.run([BIN, "qat", "--model", str(ptq), "--data", str(data), "--out", str(d / "qat_same"),
+                        "--scheme", "ort", "--max-steps", "1", "--batch-size", "8", "--threads", "2", "--no-cache"],
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        failures.append(f"--scheme ort on an ort checkpoint: exit {p.returncode}, {p.stderr.strip()[-300:]!r}")
+    assert not failures, "\n".join(failures)
+
+
 def test_bad_inputs(bad):
     failures = []
     for name, argv, words, out in cases(bad):

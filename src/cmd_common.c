@@ -1,0 +1,204 @@
+/* Set-up shared by the subcommands (see src/cmd_common.h). */
+#include "src/cmd_common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/bq.h"
+#include "export/ckpt.h"
+#include "layers/quant.h"
+
+static const char *const TRUNC_NAMES[] = {"head", "tail", "head_tail"};
+
+int bq_truncation_parse(const char *s, const char *flag, BqTruncation *t) {
+    for (int k = 0; k < 3; k++)
+        if (!strcmp(s, TRUNC_NAMES[k])) {
+            *t = (BqTruncation)k;
+            return BQ_OK;
+        }
+    if (!strcmp(s, "head-tail")) {
+        *t = BQ_TRUNC_HEAD_TAIL;
+        return BQ_OK;
+    }
+    return bq_err(BQ_EINVAL, "%s: '%s' is not head, tail or head_tail", flag, s);
+}
+
+const char *bq_truncation_name(BqTruncation t) { return TRUNC_NAMES[t]; }
+
+int bq_cli_model_load(BqBert *m, BqTokenizer **tok, const char *dir, int num_labels, uint64_t seed, const char *tag) {
+    char vocab[4200], *report = NULL;
+    BqRng rng;
+    bq_rng_seed(&rng, seed);
+    /* The model first: its errors (no config.json, bad weights) say more than a missing vocab.txt. */
+    int st = bq_model_load_any(m, dir, num_labels, &rng, &report);
+    if (!st && report) fprintf(stderr, "[%s] %s\n", tag, report);
+    free(report);
+    if (st) return st;
+    snprintf(vocab, sizeof vocab, "%s/vocab.txt", dir);
+    return bq_tokenizer_load(tok, vocab, NULL);
+}
+
+/* ---- data flags ---- */
+
+/* One column setting: the flag, else the record; *from names where it came from. */
+static int resolve_column(char *dst, const char *flag_value, const BqDataMeta *rec, const char *recorded,
+                          const char *flag, const char **from) {
+    const char *v = flag_value ? flag_value : recorded;
+    *from = flag_value ? "flag" : rec->max_seq_len > 0 ? "checkpoint" : "default";
+    if (strlen(v) >= BQ_COLUMN_MAX) return bq_err(BQ_EINVAL, "--%s: name longer than %d bytes", flag, BQ_COLUMN_MAX - 1);
+    strcpy(dst, v);
+    return BQ_OK;
+}
+
+int bq_cli_data_resolve(BqCliData *d, const BqBert *m, const char *tag) {
+    static const BqDataMeta none;
+    const BqDataMeta *rec = m ? &m->data : &none;
+    BqDataMeta *u = &d->used;
+    memset(u, 0, sizeof *u);
+    const char *f_len, *f_trunc, *f_text, *f_pair, *f_label;
+    if (d->max_seq_len > 0 && d->max_seq_len < 8)
+        return bq_err(BQ_EINVAL, "--max-seq-len: %d is too short (at least 8 tokens, or 0 for the checkpoint's)",
+                      d->max_seq_len);
+    u->max_seq_len = d->max_seq_len > 0 ? d->max_seq_len : rec->max_seq_len > 0 ? rec->max_seq_len : 128;
+    f_len = d->max_seq_len > 0 ? "flag" : rec->max_seq_len > 0 ? "checkpoint" : "default";
+    u->truncation = rec->max_seq_len > 0 ? rec->truncation : BQ_TRUNC_HEAD;
+    f_trunc = d->truncation ? "flag" : rec->max_seq_len > 0 ? "checkpoint" : "default";
+    int st;
+    if (d->truncation && (st = bq_truncation_parse(d->truncation, "--truncation", &u->truncation))) return st;
+    if ((st = resolve_column(u->text_column, d->text_column, rec, rec->text_column, "text-column", &f_text)) ||
+        (st = resolve_column(u->text_pair_column, d->text_pair_column, rec, rec->text_pair_column, "text-pair-column",
+                             &f_pair)) ||
+        (st = resolve_column(u->label_column, d->label_column, rec, rec->label_column, "label-column", &f_label)))
+        return st;
+    if (m && u->max_seq_len > m->cfg.max_position_embeddings)
+        return bq_err(BQ_EINVAL, "--max-seq-len: %d exceeds the model's max_position_embeddings %d", u->max_seq_len,
+                      m->cfg.max_position_embeddings);
+    if (!tag) return BQ_OK;
+    fprintf(stderr, "[%s] encoding: max_seq_len %d (%s), truncation %s (%s), text column %s (%s), pair column %s (%s), "
+            "label column %s (%s)\n", tag, u->max_seq_len, f_len, bq_truncation_name(u->truncation), f_trunc,
+            u->text_column[0] ? u->text_column : "auto", f_text, u->text_pair_column[0] ? u->text_pair_column : "none",
+            f_pair, u->label_column[0] ? u->label_column : "auto", f_label);
+    return BQ_OK;
+}
+
+void bq_cli_data_spec(BqDataSpec *spec, const BqCliData *d, const char *split, int seed, int threads) {
+    bq_data_spec_default(spec);
+    spec->path = d->path;
+    spec->split = split;
+    spec->max_seq_len = d->used.max_seq_len;
+    spec->truncation = d->used.truncation;
+    spec->text_column = d->used.text_column[0] ? d->used.text_column : NULL;
+    spec->text_pair_column = d->used.text_pair_column[0] ? d->used.text_pair_column : NULL;
+    spec->label_column = d->used.label_column[0] ? d->used.label_column : NULL;
+    spec->cache_dir = d->no_cache ? "" : d->cache_dir;
+    spec->seed = (uint64_t)seed;
+    spec->threads = threads;
+}
+
+int bq_cli_model_fit(BqBert *m, const char *dir, const BqDataset *ds, uint64_t seed, const char *tag) {
+    int native = bq_ckpt_is_native(dir);
+    int want = ds->nlabels > 0 ? ds->nlabels : m->cfg.num_labels;
+    if (want != m->cfg.num_labels || !native) {
+        /* A Hugging Face directory gets the classifier for the data's labels with the seeded init (the same
+         * parameters whatever the first load drew); a native checkpoint refuses other labels. */
+        BqDataMeta keep = m->data;
+        if (m->quant) bq_quant_free(m->quant), m->quant = NULL;
+        bq_bert_free(m);
+        BqRng rng;
+        bq_rng_seed(&rng, seed);
+        char *report = NULL;
+        int st = bq_model_load_any(m, dir, want, &rng, &report);
+        if (!st && report) fprintf(stderr, "[%s] %s\n", tag, report);
+        free(report);
+        if (st) return st;
+        m->data = keep;
+    }
+    /* Label names from the data (Hugging Face directories carry LABEL_0.. placeholders). */
+    if (!native && m->cfg.id2label && ds->label_names) {
+        for (int i = 0; i < m->cfg.num_labels && i < ds->nlabels; i++) {
+            free(m->cfg.id2label[i]);
+            m->cfg.id2label[i] = bq_strdup(ds->label_names[i]);
+        }
+    }
+    if (!m->params.grad) return bq_err(BQ_EINVAL, "%s: model loaded without gradients", dir);
+    return BQ_OK;
+}
+
+/* ---- training flags ---- */
+
+void bq_cli_train_default(BqCliTrain *t, double lr) {
+    memset(t, 0, sizeof *t);
+    t->epochs = 1, t->lr = lr, t->max_grad_norm = 1.0, t->val_fraction = 0.1, t->dropout = -1;
+    t->batch_size = 32, t->grad_accum = 1, t->seed = 42, t->log_every = 10;
+}
+
+int bq_cli_splits_load(BqCliSplits *s, BqBert *m, const char *dir, BqCliData *d, const BqCliTrain *t,
+                       const BqTokenizer *tok, const char *tag) {
+    int st = bq_cli_data_resolve(d, m, tag);
+    if (st) return st;
+    BqDataSpec spec;
+    bq_cli_data_spec(&spec, d, "train", t->seed, t->threads);
+    spec.val_fraction = t->val_fraction;
+    spec.train_samples = t->train_samples;
+    if ((st = bq_dataset_load(&s->train, &spec, tok))) return st;
+    if (s->train->nlabels < 2)
+        return bq_err(BQ_EINVAL, "%s: training data needs labels of at least 2 classes (found %d)", d->path,
+                      s->train->nlabels);
+    if (t->val_fraction > 0) {
+        spec.split = "val";
+        if ((st = bq_dataset_load(&s->val, &spec, tok))) return st;
+        if (t->eval_samples > 0 && s->val->n > t->eval_samples) s->val->n = t->eval_samples; /* prefix stays valid */
+        if (s->val->n == 0) bq_dataset_free(s->val), s->val = NULL;
+    }
+    fprintf(stderr, "[%s] %lld training, %lld validation examples (%s); %s\n", tag, (long long)s->train->n,
+            (long long)(s->val ? s->val->n : 0), d->path, bq_runtime_describe());
+    if ((st = bq_cli_model_fit(m, dir, s->train, (uint64_t)t->seed, tag))) return st;
+    if (t->dropout >= 0) m->cfg.hidden_dropout_prob = m->cfg.attention_probs_dropout_prob = (float)t->dropout;
+    if ((st = bq_batcher_init(&s->btrain, s->train, t->batch_size, 1, (uint64_t)t->seed, t->bucket))) return st;
+    bq_batch_source_batcher(&s->strain, &s->bs_train, &s->btrain);
+    if (s->val) {
+        if ((st = bq_batcher_init(&s->bval, s->val, t->batch_size, 0, (uint64_t)t->seed, 1))) return st;
+        bq_batch_source_batcher(&s->sval, &s->bs_val, &s->bval);
+    }
+    return BQ_OK;
+}
+
+void bq_cli_splits_free(BqCliSplits *s) {
+    if (s->btrain.ds) bq_batcher_free(&s->btrain);
+    if (s->bval.ds) bq_batcher_free(&s->bval);
+    bq_dataset_free(s->train);
+    bq_dataset_free(s->val);
+    memset(s, 0, sizeof *s);
+}
+
+int bq_cli_train_run(BqBert *m, const BqCliTrain *t, BqCliSplits *s, const BqCliData *d, const char *dir,
+                     const char *out, const char *tag, BqTrainResult *res) {
+    m->data = d->used;
+    BqTrainConfig tc;
+    bq_train_config_default(&tc);
+    tc.epochs = t->epochs;
+    tc.max_steps = t->max_steps;
+    tc.lr = t->lr;
+    tc.weight_decay = t->weight_decay;
+    tc.warmup_ratio = t->warmup_ratio;
+    tc.max_grad_norm = t->max_grad_norm;
+    tc.grad_accum = t->grad_accum;
+    tc.seed = (uint64_t)t->seed;
+    tc.eval_every = t->eval_every;
+    tc.evals_per_epoch = t->evals_per_epoch;
+    tc.save_best = !t->no_save_best;
+    tc.log_every = t->log_every;
+    tc.resume = t->resume;
+    tc.vocab_dir = dir;
+    tc.logdir = t->logdir;
+    tc.tag = tag;
+    memset(res, 0, sizeof *res);
+    int st = bq_train(m, &tc, &s->strain, s->val ? &s->sval : NULL, out, res);
+    if (st) return st;
+    printf("%s: %lld steps in %.1fs (%.3f s/step), last loss %.4f", tag, (long long)res->steps, res->seconds,
+           res->steps > 0 ? res->seconds / (double)res->steps : 0.0, res->last_loss);
+    if (res->best_accuracy >= 0)
+        printf(", best validation accuracy %.4f (step %lld)", res->best_accuracy, (long long)res->best_step);
+    return BQ_OK;
+}

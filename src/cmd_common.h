@@ -1,0 +1,134 @@
+/* Set-up shared by the subcommands (src/cmd_*.c): truncation names, model and tokenizer loading, the
+ * data flags (source columns, cache, length, truncation) with the checkpoint's record of how it was
+ * trained (BqDataMeta, layers/bert.h) as their default, the training and validation splits of a
+ * training command, and the training flags `finetune` and `qat` share with the BqTrainConfig they
+ * fill. Every function returns a BqStatus with a message naming the flag or file. */
+#ifndef BQ_CMD_COMMON_H
+#define BQ_CMD_COMMON_H
+
+#include "datasets/dataset.h"
+#include "layers/bert.h"
+#include "src/args.h"
+#include "src/train.h"
+
+/* head, tail, head_tail (or head-tail); the error names `flag`. */
+int bq_truncation_parse(const char *s, const char *flag, BqTruncation *t);
+const char *bq_truncation_name(BqTruncation t);
+
+/* Loads the tokenizer DIR/vocab.txt (the vocabulary travels with every model directory) and the model
+ * at DIR, native checkpoint or Hugging Face directory (num_labels 0: its own; a fresh classifier is
+ * drawn from `seed`). The loader's report goes to stderr as "[tag] ...". */
+int bq_cli_model_load(BqBert *m, BqTokenizer **tok, const char *dir, int num_labels, uint64_t seed, const char *tag);
+
+/* ---- data flags ---- */
+
+typedef struct BqCliData {
+    const char *path;                /* --data (NULL: none, e.g. predict reading stdin) */
+    const char *truncation;          /* NULL: the checkpoint's, else head */
+    const char *text_column, *text_pair_column, *label_column; /* NULL: the checkpoint's, else automatic */
+    const char *cache_dir;           /* NULL: the default cache folder */
+    int max_seq_len;                 /* 0: the checkpoint's, else 128 */
+    int no_cache;
+    BqDataMeta used;                 /* filled by bq_cli_data_resolve: what the command encodes with */
+} BqCliData;
+
+/* Columns and cache, for every command that reads a data source. */
+#define BQ_CLI_COLUMN_SPECS(d)                                                                                  \
+    {"text-column", BQ_ARG_STR, &(d).text_column, "text column/field (default: the checkpoint's, else the "  \
+     "first of text, review, sentence, content)", 0, 0, 0},                                                    \
+    {"text-pair-column", BQ_ARG_STR, &(d).text_pair_column, "second text column: sentence pairs (default: the " \
+     "checkpoint's, else none)", 0, 0, 0},                                                                       \
+    {"label-column", BQ_ARG_STR, &(d).label_column, "label column/field (default: the checkpoint's, else the " \
+     "first of label, sentiment, labels)", 0, 0, 0},                                                            \
+    {"cache-dir", BQ_ARG_STR, &(d).cache_dir, "encoded-set cache folder (default $BERTQAT_CACHE, "             \
+     "$XDG_CACHE_HOME/bertqat, ~/.cache/bertqat)", 0, 0, 0},                                                    \
+    {"no-cache", BQ_ARG_FLAG, &(d).no_cache, "neither read nor write the encoded-set cache", 0, 0, 0}
+
+/* Length and truncation, then columns and cache: every command that encodes text for a model. */
+#define BQ_CLI_DATA_SPECS(d)                                                                                    \
+    {"max-seq-len", BQ_ARG_INT, &(d).max_seq_len, "tokens per example incl. [CLS]/[SEP] (0: the checkpoint's " \
+     "training length, else 128)", 0, 0, 8192},                                                                \
+    {"truncation", BQ_ARG_STR, &(d).truncation, "head, tail or head_tail (default: the checkpoint's, else head)", \
+     0, 0, 0},                                                                                                  \
+    BQ_CLI_COLUMN_SPECS(d)
+
+/* Fills d->used from the flags given, else from m->data (the checkpoint's record; m NULL: none), else
+ * the defaults (128 tokens, head, automatic columns); checks the length against the model's position
+ * table and (tag not NULL) prints the settings and where each came from to stderr as
+ * "[tag] encoding: ...". */
+int bq_cli_data_resolve(BqCliData *d, const BqBert *m, const char *tag);
+
+/* A BqDataSpec for `split` of d->path encoded as d->used, with d's cache choice, seed and threads; the
+ * sample selection (train/eval samples, val fraction) is left at "all" for the caller. */
+void bq_cli_data_spec(BqDataSpec *spec, const BqCliData *d, const char *split, int seed, int threads);
+
+/* For commands that write a checkpoint from data: makes m's classifier fit ds's labels (a Hugging Face
+ * model is loaded again with a fresh classifier of ds->nlabels outputs drawn from `seed`; a native
+ * checkpoint with another label count is an error) and names the labels after the data's. */
+int bq_cli_model_fit(BqBert *m, const char *dir, const BqDataset *ds, uint64_t seed, const char *tag);
+
+/* ---- training flags (finetune, qat) ---- */
+
+typedef struct BqCliTrain {
+    double epochs, lr, warmup_ratio, weight_decay, max_grad_norm, val_fraction, dropout;
+    int max_steps, batch_size, grad_accum, seed, eval_every, evals_per_epoch, no_save_best, threads,
+        train_samples, eval_samples, log_every, resume, bucket;
+    const char *logdir;
+} BqCliTrain;
+
+/* HF TrainingArguments defaults where they exist (1 epoch, warmup 0, weight decay 0, max_grad_norm 1,
+ * seed 42), the ONNX Runtime IMDB example otherwise (batch 32, 10% of the training examples for
+ * validation); lr is the command's. */
+void bq_cli_train_default(BqCliTrain *t, double lr);
+
+#define BQ_CLI_TRAIN_SPECS(t)                                                                                   \
+    {"epochs", BQ_ARG_FLOAT, &(t).epochs, "training epochs (fractional allowed)", 0, 0.001, 1000},             \
+    {"max-steps", BQ_ARG_INT, &(t).max_steps, "optimizer steps (> 0 overrides --epochs)", 0, 0, 1e9},          \
+    {"lr", BQ_ARG_FLOAT, &(t).lr, "peak learning rate (AdamW)", 0, 0, 1},                                     \
+    {"batch-size", BQ_ARG_INT, &(t).batch_size, "examples per micro-batch", 0, 1, 65536},                      \
+    {"grad-accum", BQ_ARG_INT, &(t).grad_accum, "micro-batches per optimizer step", 0, 1, 65536},              \
+    {"warmup-ratio", BQ_ARG_FLOAT, &(t).warmup_ratio, "fraction of steps with linear warmup", 0, 0, 1},        \
+    {"weight-decay", BQ_ARG_FLOAT, &(t).weight_decay, "AdamW decoupled weight decay (not biases/LayerNorm)", 0, \
+     0, 10},                                                                                                    \
+    {"max-grad-norm", BQ_ARG_FLOAT, &(t).max_grad_norm, "global gradient-norm clip (0: off)", 0, 0, 1e9},      \
+    {"seed", BQ_ARG_INT, &(t).seed, "seed for data selection, shuffling, dropout, classifier init and "        \
+     "calibration", 0, 0, 2147483647},                                                                         \
+    {"eval-every", BQ_ARG_INT, &(t).eval_every, "evaluate every N optimizer steps (0: each epoch end)", 0, 0,  \
+     1e9},                                                                                                      \
+    {"evals-per-epoch", BQ_ARG_INT, &(t).evals_per_epoch, "without --eval-every: evaluations per epoch (0: 1)", \
+     0, 0, 1e6},                                                                                                \
+    {"no-save-best", BQ_ARG_FLAG, &(t).no_save_best, "final model = last step (default: the parameters of the " \
+     "best validation accuracy)", 0, 0, 0},                                                                     \
+    {"threads", BQ_ARG_INT, &(t).threads, "threads (0: all cores)", 0, 0, 4096},                               \
+    {"train-samples", BQ_ARG_INT, &(t).train_samples, "training examples to use, incl. validation (0: all)",  \
+     0, 0, 1e9},                                                                                                \
+    {"eval-samples", BQ_ARG_INT, &(t).eval_samples, "cap on validation examples (0: all)", 0, 0, 1e9},        \
+    {"val-fraction", BQ_ARG_FLOAT, &(t).val_fraction, "fraction of the training examples held out for "       \
+     "validation", 0, 0, 0.9},                                                                                  \
+    {"dropout", BQ_ARG_FLOAT, &(t).dropout, "override hidden and attention dropout (< 0: from config)", 0, -1, \
+     0.99},                                                                                                     \
+    {"log-every", BQ_ARG_INT, &(t).log_every, "optimizer steps between log lines", 0, 1, 1e9},                 \
+    {"resume", BQ_ARG_FLAG, &(t).resume, "continue from OUT/training_state.h5", 0, 0, 0},                      \
+    {"bucket", BQ_ARG_FLAG, &(t).bucket, "length bucketing of training batches (less padding)", 0, 0, 0},      \
+    {"logdir", BQ_ARG_STR, &(t).logdir, "TensorBoard event directory", 0, 0, 0}
+
+/* The training split and (val_fraction > 0) the validation split of a training run, with their
+ * batchers and batch sources. Not movable once loaded (the sources point into it). */
+typedef struct BqCliSplits {
+    BqDataset *train, *val;
+    BqBatcher btrain, bval;
+    BqBatcherSource bs_train, bs_val;
+    BqBatchSource strain, sval;
+} BqCliSplits;
+
+/* Resolves d against m, loads the splits with t's selection, fits m to the training labels
+ * (bq_cli_model_fit on the model directory `dir`), applies --dropout and builds the batchers. */
+int bq_cli_splits_load(BqCliSplits *s, BqBert *m, const char *dir, BqCliData *d, const BqCliTrain *t,
+                       const BqTokenizer *tok, const char *tag);
+void bq_cli_splits_free(BqCliSplits *s);
+
+/* Records d->used in m->data, fills a BqTrainConfig from t and trains m into `out` (src/train.h). */
+int bq_cli_train_run(BqBert *m, const BqCliTrain *t, BqCliSplits *s, const BqCliData *d, const char *dir,
+                     const char *out, const char *tag, BqTrainResult *res);
+
+#endif
