@@ -122,5 +122,10 @@ int bq_rename_durable(const char *tmp_path, const char *final_path);
 int bq_check_writable_parent(const char *path);
 /* mkdir -p: creates dir and its missing parents; the error names the first folder that failed. */
 int bq_mkdir_p(const char *dir);
+/* 1 when path exists and is a folder (bq_is_dir) or a regular file (bq_is_file), following links. */
+int bq_is_dir(const char *path);
+int bq_is_file(const char *path);
+/* Copies the bytes of `from` into a new file `to` and fsyncs it; errors name the file. */
+int bq_copy_file(const char *from, const char *to);
 
 #endif

@@ -321,3 +321,37 @@ int bq_rename_durable(const char *tmp_path, const char *final_path) {
     free(copy);
     return st;
 }
+
+int bq_is_dir(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+int bq_is_file(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+int bq_copy_file(const char *from, const char *to) {
+    int st = BQ_OK;
+    FILE *in = fopen(from, "rb"), *out = NULL;
+    if (!in) return bq_err(BQ_EIO, "%s: cannot open: %s", from, strerror(errno));
+    out = fopen(to, "wb");
+    if (!out) {
+        st = bq_err(BQ_EIO, "%s: cannot create: %s", to, strerror(errno));
+        goto cleanup;
+    }
+    char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, n, out) != n) {
+            st = bq_err(BQ_EIO, "%s: write failed: %s", to, strerror(errno));
+            goto cleanup;
+        }
+    if (ferror(in)) st = bq_err(BQ_EIO, "%s: read failed", from);
+cleanup:
+    if (in) fclose(in);
+    if (out && fclose(out) != 0 && !st) st = bq_err(BQ_EIO, "%s: write failed: %s", to, strerror(errno));
+    if (!st) st = bq_fsync_path(to);
+    return st;
+}

@@ -504,32 +504,34 @@ BQ_INLINE int ste_pass(float x, float s, float lo, float hi) {
     return q >= lo && q <= hi;
 }
 
-/* dx += dy where the mask passes. */
-BQ_VEC void bq_kernel_fakequant_backward(float *dx, const float *dout, const float *x, const float *scale,
-                                         int64_t outer, int64_t nscale, int64_t inner, int qmin, int qmax) {
+/* dst = (accumulate ? dst : 0) + (mask ? src : 0) row by row; always inlined with a constant
+ * `accumulate`, so each caller gets its own branch-free vector loop. */
+BQ_INLINE void ste_apply(float *dst, const float *src, const float *x, const float *scale, int64_t outer,
+                         int64_t nscale, int64_t inner, int qmin, int qmax, int accumulate) {
     int64_t rows = outer * nscale;
     float lo = (float)qmin, hi = (float)qmax;
 #pragma omp parallel for if (rows * inner > PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         float s = scale[r % nscale];
-        const float *xr = x + r * inner, *dy = dout + r * inner;
-        float *d = dx + r * inner;
-        for (int64_t i = 0; i < inner; i++) d[i] += ste_pass(xr[i], s, lo, hi) ? dy[i] : 0.0f;
+        const float *xr = x + r * inner, *g = src + r * inner;
+        float *d = dst + r * inner;
+        for (int64_t i = 0; i < inner; i++) {
+            float m = ste_pass(xr[i], s, lo, hi) ? g[i] : 0.0f;
+            d[i] = accumulate ? d[i] + m : m;
+        }
     }
+}
+
+/* dx += dy where the mask passes. */
+BQ_VEC void bq_kernel_fakequant_backward(float *dx, const float *dout, const float *x, const float *scale,
+                                         int64_t outer, int64_t nscale, int64_t inner, int qmin, int qmax) {
+    ste_apply(dx, dout, x, scale, outer, nscale, inner, qmin, qmax, 1);
 }
 
 /* g = 0 where the mask fails (g is both the output's and the input's gradient). */
 BQ_VEC void bq_kernel_fakequant_mask_inplace(float *g, const float *x, const float *scale, int64_t outer,
                                              int64_t nscale, int64_t inner, int qmin, int qmax) {
-    int64_t rows = outer * nscale;
-    float lo = (float)qmin, hi = (float)qmax;
-#pragma omp parallel for if (rows * inner > PAR_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        float s = scale[r % nscale];
-        const float *xr = x + r * inner;
-        float *d = g + r * inner;
-        for (int64_t i = 0; i < inner; i++) d[i] = ste_pass(xr[i], s, lo, hi) ? d[i] : 0.0f;
-    }
+    ste_apply(g, g, x, scale, outer, nscale, inner, qmin, qmax, 0);
 }
 
 /* ---- min/max (observers) ---- */

@@ -72,15 +72,6 @@ static int ends_with(const char *s, const char *suf) {
     return a >= b && strcasecmp(s + a - b, suf) == 0;
 }
 
-static int is_dir(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-static int is_file(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 static char *path_join(const char *a, const char *b) {
     size_t n = strlen(a) + strlen(b) + 2;
     char *p = bq_malloc(n);
@@ -103,7 +94,7 @@ char *bq_source_split_file(const char *dir, const char *split, BqDataKind *file_
         char name[64];
         snprintf(name, sizeof name, "%s.%s", split, exts[i]);
         char *p = path_join(dir, name);
-        if (is_file(p)) {
+        if (bq_is_file(p)) {
             if (file_kind) *file_kind = kinds[i];
             return p;
         }
@@ -115,12 +106,12 @@ char *bq_source_split_file(const char *dir, const char *split, BqDataKind *file_
 /* aclImdb root of a folder: PATH itself when it has train/ or test/, else PATH/aclImdb. */
 static char *imdb_root(const char *path) {
     char *t = path_join(path, "train"), *s = path_join(path, "test");
-    int here = is_dir(t) || is_dir(s);
+    int here = bq_is_dir(t) || bq_is_dir(s);
     free(t);
     free(s);
     if (here) return bq_strdup(path);
     char *a = path_join(path, "aclImdb");
-    if (is_dir(a)) return a;
+    if (bq_is_dir(a)) return a;
     free(a);
     return NULL;
 }
@@ -148,7 +139,7 @@ int bq_data_probe(const char *path, BqDataKind *kind, int *has_test) {
         if (root) {
             k = BQ_DATA_IMDB_DIR;
             char *t = path_join(root, "test");
-            ht = is_dir(t);
+            ht = bq_is_dir(t);
             free(t);
             free(root);
         } else {

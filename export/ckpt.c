@@ -22,15 +22,10 @@
 
 #define PATH_MAX_LEN 4400
 
-static int file_exists(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
 int bq_ckpt_is_native(const char *dir) {
     char p[PATH_MAX_LEN];
     snprintf(p, sizeof p, "%s/model.h5", dir);
-    return file_exists(p);
+    return bq_is_file(p);
 }
 
 /* Removes a directory tree that this module created (regular files and one level of folders). */
@@ -50,30 +45,6 @@ static void remove_tree(const char *dir) {
     }
     closedir(d);
     rmdir(dir);
-}
-
-static int copy_file(const char *from, const char *to) {
-    int st = BQ_OK;
-    FILE *in = fopen(from, "rb"), *out = NULL;
-    if (!in) return bq_err(BQ_EIO, "%s: cannot open: %s", from, strerror(errno));
-    out = fopen(to, "wb");
-    if (!out) {
-        st = bq_err(BQ_EIO, "%s: cannot create: %s", to, strerror(errno));
-        goto cleanup;
-    }
-    char buf[1 << 16];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, n, out) != n) {
-            st = bq_err(BQ_EIO, "%s: write failed: %s", to, strerror(errno));
-            goto cleanup;
-        }
-    if (ferror(in)) st = bq_err(BQ_EIO, "%s: read failed", from);
-cleanup:
-    if (in) fclose(in);
-    if (out && fclose(out) != 0 && !st) st = bq_err(BQ_EIO, "%s: close failed", to);
-    if (!st) st = bq_fsync_path(to);
-    return st;
 }
 
 /* ---- HDF5 helpers ---- */
@@ -311,7 +282,7 @@ int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const 
     for (size_t i = 0; i < sizeof VOCAB_FILES / sizeof *VOCAB_FILES; i++) {
         if (!vocab_dir) break;
         snprintf(q, sizeof q, "%s/%s", vocab_dir, VOCAB_FILES[i]);
-        if (!file_exists(q)) {
+        if (!bq_is_file(q)) {
             if (i == 0) {
                 st = bq_err(BQ_EIO, "%s: missing (the vocabulary is copied into every checkpoint)", q);
                 goto cleanup;
@@ -319,16 +290,16 @@ int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const 
             continue;
         }
         snprintf(p, sizeof p, "%s/%s", tmp, VOCAB_FILES[i]);
-        if ((st = copy_file(q, p))) goto cleanup;
+        if ((st = bq_copy_file(q, p))) goto cleanup;
     }
     snprintf(p, sizeof p, "%s/model.h5", tmp);
     if ((st = write_model_h5(m, p))) goto cleanup;
     if (extra && (st = extra->write(extra->user, tmp))) goto cleanup;
     /* The trainer's log lives in DIR; carry it into the new directory. */
     snprintf(q, sizeof q, "%s/training_log.jsonl", dir);
-    if (file_exists(q)) {
+    if (bq_is_file(q)) {
         snprintf(p, sizeof p, "%s/training_log.jsonl", tmp);
-        if ((st = copy_file(q, p))) goto cleanup;
+        if ((st = bq_copy_file(q, p))) goto cleanup;
     }
     if ((st = bq_fsync_path(tmp))) goto cleanup;
     /* DIR → DIR.old, DIR.tmp → DIR, then drop DIR.old: DIR is the old or the new checkpoint at every

@@ -1,4 +1,4 @@
-/* Native checkpoint directory (DESIGN.md §6):
+/* Native checkpoint directory (docs/design.md §6):
  *   DIR/config.json          HF BertConfig keys + "bertqat" block (format version, num_labels,
  *                            id2label, quant config when the model is quantized, "data": how the
  *                            examples were encoded, BqDataMeta in layers/bert.h)

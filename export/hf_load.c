@@ -13,11 +13,6 @@
 #include "export/safetensors.h"
 #include "export/tf_h5.h"
 
-static int file_exists(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
 static void shape_str(char *b, size_t n, int ndim, const int64_t *shape) {
     size_t k = (size_t)snprintf(b, n, "[");
     for (int i = 0; i < ndim && k < n; i++)
@@ -206,11 +201,11 @@ int bq_hf_load(BqBert *m, const char *dir, int num_labels, BqRng *rng, char **re
         }
     }
     snprintf(w, sizeof w, "%s/model.safetensors", dir);
-    if (!file_exists(w)) {
+    if (!bq_is_file(w)) {
         snprintf(w, sizeof w, "%s/tf_model.h5", dir);
-        if (!file_exists(w)) {
+        if (!bq_is_file(w)) {
             snprintf(w, sizeof w, "%s/pytorch_model.bin", dir);
-            rc = file_exists(w)
+            rc = bq_is_file(w)
                      ? bq_err(BQ_EFORMAT,
                               "%s: only pytorch_model.bin (pickle) is present; convert it to model.safetensors "
                               "(e.g. transformers: model.save_pretrained(dir, safe_serialization=True))",

@@ -1,5 +1,5 @@
 /* ONNX export of BertForSequenceClassification (layers/bert.h) laid out as PyTorch's exporter writes
- * Hugging Face BERT, so ONNX Runtime's transformer optimizer fuses it (DESIGN.md §7), with Q/DQ node
+ * Hugging Face BERT, so ONNX Runtime's transformer optimizer fuses it (docs/design.md §7), with Q/DQ node
  * pairs exactly at the placement points of a quantizer table (layers/quant.h). */
 #ifndef BQ_ONNX_BERT_H
 #define BQ_ONNX_BERT_H

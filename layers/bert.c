@@ -1,6 +1,6 @@
 /* BertForSequenceClassification: the parameter table (HF state-dict names and order), HF
  * initialisation, and the forward pass recorded on the tape, with the fake-quantization hooks of
- * layers/quant.h at every placement point of ../shared/DESIGN.md §4.
+ * layers/quant.h at every placement point of docs/design.md §4.
  *
  * Reference: Hugging Face transformers 4.40 models/bert/modeling_bert.py (BertEmbeddings,
  * BertSelfAttention eager path, BertSelfOutput, BertIntermediate, BertOutput, BertPooler,

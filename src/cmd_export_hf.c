@@ -24,16 +24,6 @@
 
 #define PATH_LEN 4096
 
-static int is_dir(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-static int is_file(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
 /* rm -r of a directory holding only plain files (what this command writes). */
 static void remove_flat_dir(const char *dir) {
     static const char *const files[] = {"config.json", "model.safetensors", "model.safetensors.tmp",
@@ -45,30 +35,6 @@ static void remove_flat_dir(const char *dir) {
         unlink(p);
     }
     rmdir(dir);
-}
-
-static int copy_file(const char *src, const char *dst) {
-    int rc = BQ_OK;
-    FILE *in = fopen(src, "rb"), *out = NULL;
-    if (!in) return bq_err(BQ_EIO, "%s: cannot open: %s", src, strerror(errno));
-    out = fopen(dst, "wb");
-    if (!out) {
-        rc = bq_err(BQ_EIO, "%s: cannot create: %s", dst, strerror(errno));
-        goto cleanup;
-    }
-    char buf[1 << 16];
-    size_t k;
-    while ((k = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, k, out) != k) {
-            rc = bq_err(BQ_EIO, "%s: write failed: %s", dst, strerror(errno));
-            goto cleanup;
-        }
-    if (ferror(in)) rc = bq_err(BQ_EIO, "%s: read failed", src);
-cleanup:
-    if (out && fclose(out) != 0 && !rc) rc = bq_err(BQ_EIO, "%s: write failed: %s", dst, strerror(errno));
-    if (in) fclose(in);
-    if (!rc) rc = bq_fsync_path(dst);
-    return rc;
 }
 
 /* Writes the export into tmp (an empty directory). */
@@ -87,12 +53,12 @@ static int write_export(const BqBert *m, const char *model_dir, const char *tmp)
                                             "tokenizer.json"};
     for (size_t i = 0; i < sizeof tok_files / sizeof *tok_files && !rc; i++) {
         snprintf(s, sizeof s, "%s/%s", model_dir, tok_files[i]);
-        if (!is_file(s)) {
+        if (!bq_is_file(s)) {
             if (i == 0) fprintf(stderr, "export-hf: note: %s has no vocab.txt; the export has no tokenizer\n", model_dir);
             continue;
         }
         snprintf(p, sizeof p, "%s/%s", tmp, tok_files[i]);
-        rc = copy_file(s, p);
+        rc = bq_copy_file(s, p);
     }
     if (!rc) rc = bq_fsync_path(tmp);
     return rc;
@@ -102,7 +68,7 @@ static int write_export(const BqBert *m, const char *model_dir, const char *tmp)
 static int replaceable(const char *out) {
     char p[PATH_LEN + 64];
     snprintf(p, sizeof p, "%s/model.safetensors", out);
-    if (is_file(p)) return 1;
+    if (bq_is_file(p)) return 1;
     return rmdir(out) == 0 || errno == ENOENT; /* empty: removed now */
 }
 
@@ -122,7 +88,7 @@ int bq_cmd_export_hf(int argc, char **argv) {
     if (snprintf(tmp, sizeof tmp, "%s.tmp", out) >= (int)sizeof tmp ||
         snprintf(old, sizeof old, "%s.old", out) >= (int)sizeof old)
         return bq_err(BQ_EINVAL, "--out: path too long");
-    if (!is_dir(model)) return bq_err(BQ_EIO, "--model: %s is not a directory", model);
+    if (!bq_is_dir(model)) return bq_err(BQ_EIO, "--model: %s is not a directory", model);
     if ((rc = bq_check_writable_parent(out))) return rc;
 
     BqBert m;
@@ -137,8 +103,8 @@ int bq_cmd_export_hf(int argc, char **argv) {
         fprintf(stderr, "export-hf: note: %s is quantized; the HF export holds its fp32 weights without the "
                         "quantizer ranges (use `bertqat export` for ONNX with Q/DQ)\n", model);
 
-    if (is_dir(out) || is_file(out)) {
-        if (!is_dir(out) || !replaceable(out)) {
+    if (bq_is_dir(out) || bq_is_file(out)) {
+        if (!bq_is_dir(out) || !replaceable(out)) {
             rc = bq_err(BQ_EINVAL, "--out: %s exists and is not an earlier export; refusing to replace it", out);
             goto cleanup;
         }
@@ -152,7 +118,7 @@ int bq_cmd_export_hf(int argc, char **argv) {
         remove_flat_dir(tmp);
         goto cleanup;
     }
-    if (is_dir(out)) {
+    if (bq_is_dir(out)) {
         remove_flat_dir(old);
         if (rename(out, old) != 0) {
             rc = bq_err(BQ_EIO, "%s: cannot move aside to %s: %s", out, old, strerror(errno));

@@ -1,5 +1,5 @@
 """Makes the checkpoint-I/O fixtures under tests/fixtures/ckptio/ (run with a Python that has numpy,
-h5py and safetensors, e.g. /work/main/.venv/bin/python; no torch or TensorFlow needed):
+h5py and safetensors, e.g. .venv/bin/python; no torch or TensorFlow needed):
 
   minilm_config.json   copy of the all-MiniLM-L6-v2 config.json (when the model is present)
   tf_tiny/config.json  the tiny BERT fixture's config

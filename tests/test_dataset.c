@@ -102,8 +102,10 @@ static void damage(const char *path, long at, int truncate_to) {
 int main(void) {
     const char *src = getenv("BQ_SOURCE_DIR"), *data = getenv("BERTQAT_DATA");
     snprintf(root, sizeof root, "%s", src ? src : ".");
-    char vocab[1024];
-    snprintf(vocab, sizeof vocab, "%s/vocab/bert-base-uncased/vocab.txt", data ? data : "/work/shared/data");
+    char vocab[2200];
+    /* BERTQAT_DATA, else ../shared/data beside the checkout (the README's layout) */
+    if (data) snprintf(vocab, sizeof vocab, "%s/vocab/bert-base-uncased/vocab.txt", data);
+    else snprintf(vocab, sizeof vocab, "%s/../shared/data/vocab/bert-base-uncased/vocab.txt", root);
     BqTokenizer *t = NULL;
     if (bq_tokenizer_load(&t, vocab, NULL)) {
         fprintf(stderr, "test_dataset: %s (set BERTQAT_DATA)\n", bq_errmsg());

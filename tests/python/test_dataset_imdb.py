@@ -9,8 +9,7 @@ import tarfile
 
 import pytest
 
-BUILD = os.environ.get("BQ_BUILD_DIR", "/work/main/build")
-DATA = os.environ.get("BERTQAT_DATA", "/work/shared/data")
+from conftest import BUILD, DATA
 ARCHIVE = os.path.join(DATA, "imdb", "aclImdb_train_test.tar.gz")
 VOCAB = os.path.join(DATA, "vocab", "bert-base-uncased", "vocab.txt")
 
