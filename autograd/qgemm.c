@@ -103,10 +103,19 @@ static void cpu_features(int *avx512vnni, int *avxvnni, int *amx) {
 #endif
 }
 
+static int probe_8bit(void);
+
+/* The ISA must have VNNI (the bit of avx512_core_vnni, 0x40, also set in bf16 and amx, or of avx2_vnni,
+ * 0x400), and a probe must confirm it: products that saturate int16 pair sums (255·127 twice) come out
+ * exact at three row counts, since oneDNN picks its kernel per shape and not every kernel of every
+ * version uses VNNI on every VNNI ISA. Decided once per process. */
 int bq_qgemm_exact_8bit(void) {
-    /* the VNNI bit of avx512_core_vnni (0x40, also set in bf16 and amx) or of avx2_vnni (0x400) */
-    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
-    return (isa & 0x40u) != 0 || (isa & 0x400u) != 0;
+    static int decided = -1;
+    if (decided < 0) {
+        unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+        decided = ((isa & 0x40u) != 0 || (isa & 0x400u) != 0) && probe_8bit();
+    }
+    return decided;
 }
 
 const char *bq_dnnl_describe(void) {
@@ -182,6 +191,40 @@ static int cache_get(int64_t M, int64_t N, int64_t K, CacheEntry **out) {
 
 /* ---- weights ---- */
 
+static BqQGemmWeights *weights_alloc(const int8_t *qw, const float *sw, int64_t nscale, int64_t N, int64_t K);
+static int run_raw(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc);
+
+/* u8 255 against weights 127 and -128 (alternating rows), K = 128, M = 1, 64 and 2048: every sum is
+ * exact with 32-bit accumulation and wrong where pairs saturate in int16 (2·255·127 > 32767). */
+static int probe_8bit(void) {
+    enum { N = 16, K = 128, MMAX = 2048 };
+    if (ensure_engine()) return 0;
+    int8_t *qw = bq_malloc(N * K);
+    uint8_t *x = bq_malloc((size_t)MMAX * K);
+    int32_t *acc = bq_malloc(sizeof(int32_t) * (size_t)MMAX * N);
+    float one = 1.0f;
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) qw[n * K + k] = (int8_t)(n % 2 ? -128 : 127);
+    memset(x, 255, (size_t)MMAX * K);
+    BqQGemmWeights *w = weights_alloc(qw, &one, 1, N, K);
+    static const int64_t ms[3] = {1, 64, MMAX};
+    int ok = 1;
+    for (int i = 0; i < 3 && ok; i++) {
+        if (run_raw(w, x, ms[i], acc)) {
+            ok = 0;
+            break;
+        }
+        for (int64_t j = 0; j < ms[i] * N && ok; j++)
+            ok = acc[j] == 255 * K * (j % 2 ? -128 : 127);
+    }
+    bq_qgemm_weights_free(w);
+    free(qw);
+    free(x);
+    free(acc);
+    bq_err_clear();
+    return ok;
+}
+
 int bq_qgemm_weights_create(BqQGemmWeights **out, const int8_t *qw, const float *sw, int64_t nscale, int64_t N,
                             int64_t K, int bits, const char *name) {
     BQ_CHECK(out && qw && sw && N > 0 && K > 0 && (nscale == 1 || nscale == N));
@@ -206,6 +249,11 @@ int bq_qgemm_weights_create(BqQGemmWeights **out, const int8_t *qw, const float 
         return bq_err(BQ_EINVAL, "%s: K = %lld overflows the int32 accumulator", name, (long long)K);
     int rc = ensure_engine();
     if (rc) return rc;
+    *out = weights_alloc(qw, sw, nscale, N, K);
+    return BQ_OK;
+}
+
+static BqQGemmWeights *weights_alloc(const int8_t *qw, const float *sw, int64_t nscale, int64_t N, int64_t K) {
     BqQGemmWeights *w = bq_calloc(1, sizeof *w);
     w->N = N, w->K = K;
     w->codes = bq_malloc((size_t)(N * K));
@@ -218,8 +266,7 @@ int bq_qgemm_weights_create(BqQGemmWeights **out, const int8_t *qw, const float 
         w->comp[n] = 128 * s;
         w->sw[n] = sw[nscale == 1 ? 0 : n];
     }
-    *out = w;
-    return BQ_OK;
+    return w;
 }
 
 void bq_qgemm_weights_free(BqQGemmWeights *w) {

@@ -29,7 +29,8 @@
  * "oneDNN 2.6.3 (isa avx2), CPU VNNI: no (avx512-vnni no, avx-vnni no), AMX-INT8: no". */
 const char *bq_dnnl_describe(void);
 /* 1 when oneDNN's int8 kernels on this CPU accumulate every u8·s8 product in 32 bits (its effective
- * ISA has VNNI or AMX), so 8-bit weights are exact; 0 when only |w| <= 64 is exact. */
+ * ISA has VNNI or AMX, and a probe of saturating products at three row counts comes out exact), so
+ * 8-bit weights are exact; 0 when only |w| <= 64 is exact. Decided once per process. */
 int bq_qgemm_exact_8bit(void);
 
 /* Packed weights of one Linear (N outputs, K inputs) with their per-channel scales. */
