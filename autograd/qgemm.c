@@ -17,6 +17,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The elementwise loops (codes, epilogue) are cloned per vector ISA as in autograd/kernels.c; the
+ * clones differ only in width (no contraction under -std=c11), so they give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(BQ_NO_CLONES)
+#define QG_VEC __attribute__((target_clones("default", "avx2", "avx512f")))
+#else
+#define QG_VEC
+#endif
+
 #define CACHE_MAX 64 /* (M,N,K) primitives kept; BERT uses 4 shapes per M */
 #define PACK_MAX 4   /* weight layouts kept per Linear */
 
@@ -365,31 +373,36 @@ int bq_qgemm_s32(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc)
     return BQ_OK;
 }
 
-int bq_qgemm_linear(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, float sx, const float *b, int nout,
-                    float *const out[], int32_t *scratch) {
-    BQ_CHECK(nout >= 1 && w->N % nout == 0 && out && scratch);
-    int rc = run_raw(w, xu8, M, scratch);
-    if (rc) return rc;
-    const int64_t N = w->N, NB = N / nout;
-    const int32_t *comp = w->comp;
-    const float *sw = w->sw;
+/* y = fl(fl((float)(acc − comp[n])·fl(sx·sw[n])) + b[n]) into the nout column blocks. */
+QG_VEC static void epilogue(float *const out[], int nout, const int32_t *scratch, const int32_t *comp,
+                            const float *sw, const float *b, float sx, int64_t M, int64_t N) {
+    const int64_t NB = N / nout;
 #pragma omp parallel for if (M * N > 16384) schedule(static)
     for (int64_t m = 0; m < M; m++) {
         const int32_t *a = scratch + m * N;
         for (int j = 0; j < nout; j++) {
             float *y = out[j] + m * NB;
             const int64_t n0 = (int64_t)j * NB;
-            for (int64_t n = 0; n < NB; n++) {
-                float s = sx * sw[n0 + n];
-                float v = (float)(a[n0 + n] - comp[n0 + n]) * s;
-                y[n] = b ? v + b[n0 + n] : v;
+            if (b) {
+                for (int64_t n = 0; n < NB; n++)
+                    y[n] = (float)(a[n0 + n] - comp[n0 + n]) * (sx * sw[n0 + n]) + b[n0 + n];
+            } else {
+                for (int64_t n = 0; n < NB; n++) y[n] = (float)(a[n0 + n] - comp[n0 + n]) * (sx * sw[n0 + n]);
             }
         }
     }
+}
+
+int bq_qgemm_linear(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, float sx, const float *b, int nout,
+                    float *const out[], int32_t *scratch) {
+    BQ_CHECK(nout >= 1 && w->N % nout == 0 && out && scratch);
+    int rc = run_raw(w, xu8, M, scratch);
+    if (rc) return rc;
+    epilogue(out, nout, scratch, w->comp, w->sw, b, sx, M, w->N);
     return BQ_OK;
 }
 
-void bq_qgemm_quantize_u8(uint8_t *out, const float *x, int64_t n, float sx) {
+QG_VEC void bq_qgemm_quantize_u8(uint8_t *out, const float *x, int64_t n, float sx) {
     const float magic = 12582912.0f; /* 1.5·2^23: (v + magic) − magic rounds |v| < 2^22 to nearest even */
 #pragma omp parallel for if (n > 65536) schedule(static)
     for (int64_t i = 0; i < n; i++) {

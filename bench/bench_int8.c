@@ -4,7 +4,8 @@
  *
  * Usage: bench_int8 [MODEL_DIR]   (default data/models/all-MiniLM-L6-v2 when present, else a randomly
  * initialised model of the same shapes). Threads: BQ_THREADS (default all cores). Prints the CPU model,
- * oneDNN's ISA, the OpenBLAS kernel, the median latency of each path and the ratios. */
+ * oneDNN's ISA, the OpenBLAS kernel, the median latency of each path (paths alternate within each
+ * round) and the ratios. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,28 +48,38 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Median seconds of `reps` forwards after 2 warm-ups; path 0 fp32, 1 fake quant, 2 int8. */
-static double time_path(int path, BqBert *m, BqQuantState *qs, BqInt8Engine *e, BqArena *act, const BqBertInput *in,
-                         int reps) {
-    double t[64];
-    BQ_CHECK(reps <= 64);
+/* One forward; path 0 fp32, 1 fake quant, 2 int8. Returns seconds. */
+static double run_path(int path, BqBert *m, BqQuantState *qs, BqInt8Engine *e, BqArena *act, const BqBertInput *in) {
     m->quant = path == 0 ? NULL : qs;
-    for (int r = -2; r < reps; r++) {
-        BqCtx ctx = {.act = act};
-        BqTensor *lg;
-        double t0 = bq_now();
-        int rc = path == 2 ? bq_int8_forward(e, m, &ctx, in, &lg) : bq_bert_forward(m, &ctx, in, &lg, NULL);
-        double dt = bq_now() - t0;
-        if (rc) {
-            fprintf(stderr, "bench_int8: %s\n", bq_errmsg());
-            exit(1);
-        }
-        bq_arena_rewind(act, 0);
-        if (r >= 0) t[r] = dt;
-    }
+    BqCtx ctx = {.act = act};
+    BqTensor *lg;
+    double t0 = bq_now();
+    int rc = path == 2 ? bq_int8_forward(e, m, &ctx, in, &lg) : bq_bert_forward(m, &ctx, in, &lg, NULL);
+    double dt = bq_now() - t0;
     m->quant = qs;
-    qsort(t, (size_t)reps, sizeof t[0], cmp_d);
-    return t[reps / 2];
+    if (rc) {
+        fprintf(stderr, "bench_int8: %s\n", bq_errmsg());
+        exit(1);
+    }
+    bq_arena_rewind(act, 0);
+    return dt;
+}
+
+/* Median seconds of each path over `reps` rounds after one warm-up round; the three paths alternate
+ * within a round, so a change in machine load affects them alike. */
+static void time_paths(double med[3], BqBert *m, BqQuantState *qs, BqInt8Engine *e, BqArena *act,
+                       const BqBertInput *in, int reps) {
+    double t[3][64];
+    BQ_CHECK(reps <= 64);
+    for (int r = -1; r < reps; r++)
+        for (int p = 0; p < 3; p++) {
+            double dt = run_path(p, m, qs, e, act, in);
+            if (r >= 0) t[p][r] = dt;
+        }
+    for (int p = 0; p < 3; p++) {
+        qsort(t[p], (size_t)reps, sizeof t[p][0], cmp_d);
+        med[p] = t[p][reps / 2];
+    }
 }
 
 int main(int argc, char **argv) {
@@ -138,9 +149,9 @@ int main(int argc, char **argv) {
         int B = batches[i], reps = B == 1 ? 21 : 5;
         fill_input(ids, mask, B, &rng, m.cfg.vocab_size);
         BqBertInput in = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask};
-        double f = time_path(0, &m, qs, e, &act, &in, reps);
-        double q = time_path(1, &m, qs, e, &act, &in, reps);
-        double n = time_path(2, &m, qs, e, &act, &in, reps);
+        double med[3];
+        time_paths(med, &m, qs, e, &act, &in, reps);
+        double f = med[0], q = med[1], n = med[2];
         printf("%6d %12.2f %12.2f %12.2f %9.2fx %9.2fx\n", B, f * 1e3, q * 1e3, n * 1e3, f / n, q / n);
     }
     bq_int8_free(e);
