@@ -2,7 +2,8 @@
  * 32, intermediate 37, 2 heads, 3 labels), cpu scheme, max-calibrated on random padded batches:
  *  - every encoder Linear runs on integers (6 per layer, query/key/value as one GEMM);
  *  - logits against the fake-quant evaluation (bq_bert_forward without a tape), to the bound below;
- *  - batch 1 vs batch 4 and 1 vs 2 threads: bit-identical logits;
+ *  - batch 1 vs batch 4, each example unpadded (T = its length, as dynamic padding gives it when it is
+ *    batched alone) vs padded to T = 12, and 1 vs 2 threads: bit-identical logits;
  *  - refusals: an fp32 model, the ort scheme, an uncalibrated model, and (on a CPU without VNNI) the
  *    8-bit weights of qdqbert, whose error names the bits. With VNNI, qdqbert is compared as cpu is.
  *
@@ -132,7 +133,7 @@ static void check_scheme(const char *scheme) {
     BqRng rng;
     bq_rng_seed(&rng, 99);
     double maxd = 0.0, maxl = 0.0;
-    int over_sum = 0, n = 0, nbatch_bad = 0, nthread_bad = 0;
+    int over_sum = 0, n = 0, nbatch_bad = 0, nthread_bad = 0, npad_bad = 0;
     for (int it = 0; it < 4; it++) {
         Batch bt;
         make_batch(&bt, &rng, m.cfg.vocab_size);
@@ -157,6 +158,22 @@ static void check_scheme(const char *scheme) {
             bq_arena_rewind(&act, 0);
             nbatch_bad += memcmp(row, i8 + b * C, sizeof(float) * (size_t)C) != 0;
         }
+        /* each example alone and unpadded (T = its length), as dynamic padding batches it alone */
+        for (int b = 0; b < B; b++) {
+            int len = T - 3 * b;
+            BqBertInput one = input_of(&bt, b, 1);
+            one.T = len;
+            int32_t ids1[T], types1[T];
+            float mask1[T];
+            memcpy(ids1, bt.ids + b * T, sizeof(int32_t) * (size_t)len);
+            memcpy(types1, bt.types + b * T, sizeof(int32_t) * (size_t)len);
+            memcpy(mask1, bt.mask + b * T, sizeof(float) * (size_t)len);
+            one.input_ids = ids1, one.token_type_ids = types1, one.attention_mask = mask1;
+            BQ_CHECK(bq_int8_forward(e, &m, &ctx, &one, &lg) == BQ_OK);
+            memcpy(row, lg->data, sizeof(float) * (size_t)C);
+            bq_arena_rewind(&act, 0);
+            npad_bad += memcmp(row, i8 + b * C, sizeof(float) * (size_t)C) != 0;
+        }
         /* one thread */
         int prev = bq_runtime_threads();
         bq_runtime_set_threads(1);
@@ -177,13 +194,14 @@ static void check_scheme(const char *scheme) {
     printf("%s: max |int8 - fake quant| logit %.3g (bound %.3g = %.3g + %.3g, max |logit| %.3g); %d of %d logits "
            "beyond the summation-order part alone\n",
            scheme, maxd, eps_sum + eps_step, eps_sum, eps_step, maxl, over_sum, n);
-    printf("%s: batch 1 vs %d: %d examples differ; 1 vs 2 threads: %d batches differ\n", scheme, B, nbatch_bad,
-           nthread_bad);
+    printf("%s: batch 1 vs %d: %d examples differ; unpadded vs padded: %d differ; 1 vs 2 threads: %d batches "
+           "differ\n", scheme, B, nbatch_bad, npad_bad, nthread_bad);
     EXPECT(maxl > 0.0, "logits are all zero");
     EXPECT(maxd <= eps_sum + eps_step, "%s: int8 logits outside the bound", scheme);
     EXPECT(over_sum * 10 <= n, "%s: %d of %d logits beyond the summation-order bound", scheme, over_sum, n);
     EXPECT(nbatch_bad == 0, "%s: logits depend on the batch size", scheme);
     EXPECT(nthread_bad == 0, "%s: logits depend on the thread count", scheme);
+    EXPECT(npad_bad == 0, "%s: logits depend on the padded length", scheme);
     bq_arena_free(&act);
     bq_int8_free(e);
     unload(&m);
