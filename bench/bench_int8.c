@@ -6,6 +6,7 @@
  * initialised model of the same shapes). Threads: BQ_THREADS (default all cores). Prints the CPU model,
  * oneDNN's ISA, the OpenBLAS kernel, the median latency of each path (paths alternate within each
  * round) and the ratios. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +154,51 @@ int main(int argc, char **argv) {
         time_paths(med, &m, qs, e, &act, &in, reps);
         double f = med[0], q = med[1], n = med[2];
         printf("%6d %12.2f %12.2f %12.2f %9.2fx %9.2fx\n", B, f * 1e3, q * 1e3, n * 1e3, f / n, q / n);
+    }
+    /* agreement on the last batch: int8 engine vs fake quant (same checkpoint), and fake quant vs fp32
+     * for the scale of the quantization error itself */
+    {
+        BqBertInput in = {.B = 32, .T = T, .input_ids = ids, .attention_mask = mask};
+        BqCtx ctx = {.act = &act};
+        BqTensor *lf, *lq, *li;
+        m.quant = NULL;
+        BQ_CHECK(bq_bert_forward(&m, &ctx, &in, &lf, NULL) == BQ_OK);
+        m.quant = qs;
+        BQ_CHECK(bq_bert_forward(&m, &ctx, &in, &lq, NULL) == BQ_OK);
+        BQ_CHECK(bq_int8_forward(e, &m, &ctx, &in, &li) == BQ_OK);
+        const int C = m.cfg.num_labels;
+        /* fake quant on each example alone: its own batch dependence (sgemm rounds rows differently
+         * for different M), the reference scale for the int8-vs-fake-quant difference */
+        double d_q1 = 0.0;
+        for (int r = 0; r < 32; r++) {
+            BqBertInput one = {.B = 1, .T = T, .input_ids = ids + r * T, .attention_mask = mask + r * T};
+            BqTensor *l1;
+            BQ_CHECK(bq_bert_forward(&m, &ctx, &one, &l1, NULL) == BQ_OK);
+            for (int k = 0; k < C; k++) {
+                double d = fabs((double)l1->data[k] - lq->data[r * C + k]);
+                d_q1 = d > d_q1 ? d : d_q1;
+            }
+        }
+        double d_iq = 0.0, d_qf = 0.0, ml = 0.0;
+        int agree_iq = 0, agree_qf = 0;
+        for (int r = 0; r < 32; r++) {
+            int af = 0, aq = 0, ai = 0;
+            for (int k = 0; k < C; k++) {
+                const float f = lf->data[r * C + k], q = lq->data[r * C + k], i = li->data[r * C + k];
+                d_iq = fabs((double)i - q) > d_iq ? fabs((double)i - q) : d_iq;
+                d_qf = fabs((double)q - f) > d_qf ? fabs((double)q - f) : d_qf;
+                ml = fabs((double)q) > ml ? fabs((double)q) : ml;
+                if (f > lf->data[r * C + af]) af = k;
+                if (q > lq->data[r * C + aq]) aq = k;
+                if (i > li->data[r * C + ai]) ai = k;
+            }
+            agree_iq += ai == aq;
+            agree_qf += aq == af;
+        }
+        printf("batch 32 logits (max |logit| %.3g): int8 vs fake quant max |d| %.3g, labels agree %d/32; fake "
+               "quant batch 32 vs batch 1 max |d| %.3g; fake quant vs fp32 max |d| %.3g, labels agree %d/32\n", ml,
+               d_iq, agree_iq, d_q1, d_qf, agree_qf);
+        bq_arena_rewind(&act, 0);
     }
     bq_int8_free(e);
     bq_quant_free(qs);
