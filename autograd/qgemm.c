@@ -243,8 +243,9 @@ int bq_qgemm_weights_create(BqQGemmWeights **out, const int8_t *qw, const float 
     if (bits > 7 && !exact8)
         return bq_err(BQ_EINVAL,
                       "%s: %d-bit weights need a CPU with VNNI or AMX (oneDNN ISA here: %s, whose u8*s8 pair "
-                      "sums saturate in int16 for |w| > 64); use 7-bit weights (--scheme cpu) or fake quant",
-                      name, bits, isa_name(dnnl_get_effective_cpu_isa()));
+                      "sums %s in int16 for |w| > 64); use 7-bit weights (--scheme cpu) or fake quant",
+                      name, bits, isa_name(dnnl_get_effective_cpu_isa()),
+                      (dnnl_get_effective_cpu_isa() & 0x440) ? "were found by a probe to saturate" : "saturate");
     for (int64_t i = 0; i < N * K; i++) {
         if (qw[i] < qmin || qw[i] > qmax)
             return bq_err(BQ_EINVAL, "%s: weight code %d at (%lld,%lld) is outside the %d-bit range [%d, %d]",
