@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "autograd/bq.h"
+#include "autograd/qgemm.h"
 #include "src/cli.h"
 
 typedef struct Command {
@@ -50,6 +51,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("bertqat %s\n%s\n", BQ_VERSION_STRING, bq_runtime_describe());
+        printf("%s\n", bq_dnnl_describe());
         return 0;
     }
     for (int i = 0; i < NCOMMANDS; i++) {

@@ -1,0 +1,417 @@
+/* Integer GEMM on oneDNN 2.x matmul (u8 src × s8 weights → s32 dst) with an fp32 epilogue
+ * (autograd/qgemm.h states the contract).
+ *
+ * Reference: oneDNN 2.6 C API (oneapi/dnnl/dnnl.h: dnnl_matmul_desc_init, dnnl_primitive_desc_create,
+ * dnnl_reorder_primitive_desc_create, dnnl_get_effective_cpu_isa) and its documentation of int8
+ * computations on CPUs without VNNI (vpmaddubsw's int16 saturation, hence 7-bit weights there).
+ *
+ * Primitives are created once per (M,N,K) and kept in a small cache; the weights of a Linear are
+ * reordered once into the layout the primitive asks for (format_tag any), one copy per distinct
+ * layout (oneDNN may choose another layout for another M). The zero-point correction and the scaling
+ * run in our own epilogue, not in oneDNN's post-ops, so the fp32 result of an element is one
+ * expression of its exact integer sum whatever kernel oneDNN picks for a given M. */
+#include "autograd/qgemm.h"
+
+#include <oneapi/dnnl/dnnl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The elementwise loops (codes, epilogue) are cloned per vector ISA as in autograd/kernels.c; the
+ * clones differ only in width (no contraction under -std=c11), so they give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(BQ_NO_CLONES)
+#define QG_VEC __attribute__((target_clones("default", "avx2", "avx512f")))
+#else
+#define QG_VEC
+#endif
+
+#define CACHE_MAX 64 /* (M,N,K) primitives kept; BERT uses 4 shapes per M */
+#define PACK_MAX 4   /* weight layouts kept per Linear */
+
+typedef struct CacheEntry {
+    int64_t M, N, K;
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t src_md, wei_md, dst_md;
+} CacheEntry;
+
+typedef struct Pack {
+    dnnl_memory_desc_t md;
+    dnnl_memory_t mem;
+} Pack;
+
+struct BqQGemmWeights {
+    int64_t N, K;
+    int8_t *codes;   /* (N,K) */
+    int32_t *comp;   /* (N) 128·Σ_k qw[n,k] */
+    float *sw;       /* (N) */
+    Pack packs[PACK_MAX];
+    int npacks;
+};
+
+static dnnl_engine_t g_engine;
+static dnnl_stream_t g_stream;
+static CacheEntry g_cache[CACHE_MAX];
+static int g_cache_n, g_cache_next;
+static int64_t g_created;
+
+static int dnnl_fail(dnnl_status_t s, const char *what) {
+    return bq_err(s == dnnl_out_of_memory ? BQ_ENOMEM : BQ_EINVAL, "oneDNN: %s failed (status %d)", what, (int)s);
+}
+
+static int ensure_engine(void) {
+    if (g_engine) return BQ_OK;
+    dnnl_status_t s = dnnl_engine_create(&g_engine, dnnl_cpu, 0);
+    if (s != dnnl_success) {
+        g_engine = NULL;
+        return dnnl_fail(s, "engine creation");
+    }
+    s = dnnl_stream_create(&g_stream, g_engine, dnnl_stream_default_flags);
+    if (s != dnnl_success) {
+        dnnl_engine_destroy(g_engine);
+        g_engine = NULL;
+        return dnnl_fail(s, "stream creation");
+    }
+    return BQ_OK;
+}
+
+/* ---- CPU description ---- */
+
+static const char *isa_name(dnnl_cpu_isa_t isa) {
+    switch (isa) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "unknown";
+    }
+}
+
+/* CPUID leaf 7: subleaf 0 ECX bit 11 AVX512-VNNI, EDX bit 25 AMX-INT8; subleaf 1 EAX bit 4 AVX-VNNI. */
+static void cpu_features(int *avx512vnni, int *avxvnni, int *amx) {
+    *avx512vnni = *avxvnni = *amx = 0;
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+    if (a < 7) return;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    unsigned max_sub = a;
+    *avx512vnni = (c >> 11) & 1;
+    *amx = (d >> 25) & 1;
+    if (max_sub >= 1) {
+        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
+        *avxvnni = (a >> 4) & 1;
+    }
+#endif
+}
+
+static int probe_8bit(void);
+
+/* The ISA must have VNNI (the bit of avx512_core_vnni, 0x40, also set in bf16 and amx, or of avx2_vnni,
+ * 0x400), and a probe must confirm it: products that saturate int16 pair sums (255·127 twice) come out
+ * exact at three row counts, since oneDNN picks its kernel per shape and not every kernel of every
+ * version uses VNNI on every VNNI ISA. Decided once per process. */
+int bq_qgemm_exact_8bit(void) {
+    static int decided = -1;
+    if (decided < 0) {
+        unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+        decided = ((isa & 0x40u) != 0 || (isa & 0x400u) != 0) && probe_8bit();
+    }
+    return decided;
+}
+
+const char *bq_dnnl_describe(void) {
+    static char buf[256];
+    const dnnl_version_t *v = dnnl_version();
+    int v512, vavx, amx;
+    cpu_features(&v512, &vavx, &amx);
+    snprintf(buf, sizeof buf,
+             "oneDNN %d.%d.%d (isa %s, int8 %s), CPU VNNI: %s (avx512-vnni %s, avx-vnni %s), AMX-INT8: %s",
+             v->major, v->minor, v->patch, isa_name(dnnl_get_effective_cpu_isa()),
+             bq_qgemm_exact_8bit() ? "8-bit weights exact" : "7-bit weights only (int16 pair sums)",
+             v512 || vavx ? "yes" : "no", v512 ? "yes" : "no", vavx ? "yes" : "no", amx ? "yes" : "no");
+    return buf;
+}
+
+/* ---- primitive cache ---- */
+
+static void entry_destroy(CacheEntry *e) {
+    if (e->prim) dnnl_primitive_destroy(e->prim);
+    if (e->pd) dnnl_primitive_desc_destroy(e->pd);
+    memset(e, 0, sizeof *e);
+}
+
+void bq_qgemm_cache_clear(void) {
+    for (int i = 0; i < g_cache_n; i++) entry_destroy(&g_cache[i]);
+    g_cache_n = g_cache_next = 0;
+}
+
+int64_t bq_qgemm_primitives_created(void) { return g_created; }
+
+/* The matmul for (M,N,K): src (M,K) u8 row-major, weights (K,N) s8 in the layout oneDNN prefers,
+ * dst (M,N) s32 row-major. */
+static int cache_get(int64_t M, int64_t N, int64_t K, CacheEntry **out) {
+    for (int i = 0; i < g_cache_n; i++)
+        if (g_cache[i].M == M && g_cache[i].N == N && g_cache[i].K == K) {
+            *out = &g_cache[i];
+            return BQ_OK;
+        }
+    int rc = ensure_engine();
+    if (rc) return rc;
+    CacheEntry e;
+    memset(&e, 0, sizeof e);
+    e.M = M, e.N = N, e.K = K;
+    dnnl_dims_t ds = {M, K}, dw = {K, N}, dd = {M, N};
+    dnnl_memory_desc_t wany;
+    dnnl_matmul_desc_t mm;
+    dnnl_status_t s;
+    if ((s = dnnl_memory_desc_init_by_tag(&e.src_md, 2, ds, dnnl_u8, dnnl_ab)) != dnnl_success ||
+        (s = dnnl_memory_desc_init_by_tag(&wany, 2, dw, dnnl_s8, dnnl_format_tag_any)) != dnnl_success ||
+        (s = dnnl_memory_desc_init_by_tag(&e.dst_md, 2, dd, dnnl_s32, dnnl_ab)) != dnnl_success ||
+        (s = dnnl_matmul_desc_init(&mm, &e.src_md, &wany, NULL, &e.dst_md)) != dnnl_success)
+        return dnnl_fail(s, "matmul descriptor");
+    if ((s = dnnl_primitive_desc_create(&e.pd, &mm, NULL, g_engine, NULL)) != dnnl_success)
+        return dnnl_fail(s, "u8s8 matmul primitive descriptor");
+    e.wei_md = *dnnl_primitive_desc_query_md(e.pd, dnnl_query_weights_md, 0);
+    if ((s = dnnl_primitive_create(&e.prim, e.pd)) != dnnl_success) {
+        entry_destroy(&e);
+        return dnnl_fail(s, "u8s8 matmul primitive");
+    }
+    g_created++;
+    int slot;
+    if (g_cache_n < CACHE_MAX) {
+        slot = g_cache_n++;
+    } else { /* oldest first; nothing holds an entry between calls */
+        slot = g_cache_next;
+        g_cache_next = (g_cache_next + 1) % CACHE_MAX;
+        entry_destroy(&g_cache[slot]);
+    }
+    g_cache[slot] = e;
+    *out = &g_cache[slot];
+    return BQ_OK;
+}
+
+/* ---- weights ---- */
+
+static BqQGemmWeights *weights_alloc(const int8_t *qw, const float *sw, int64_t nscale, int64_t N, int64_t K);
+static int run_raw(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc);
+
+/* u8 255 against weights 127 and -128 (alternating rows), K = 128, M = 1, 64 and 2048: every sum is
+ * exact with 32-bit accumulation and wrong where pairs saturate in int16 (2·255·127 > 32767). */
+static int probe_8bit(void) {
+    enum { N = 16, K = 128, MMAX = 2048 };
+    if (ensure_engine()) return 0;
+    int8_t *qw = bq_malloc(N * K);
+    uint8_t *x = bq_malloc((size_t)MMAX * K);
+    int32_t *acc = bq_malloc(sizeof(int32_t) * (size_t)MMAX * N);
+    float one = 1.0f;
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) qw[n * K + k] = (int8_t)(n % 2 ? -128 : 127);
+    memset(x, 255, (size_t)MMAX * K);
+    BqQGemmWeights *w = weights_alloc(qw, &one, 1, N, K);
+    static const int64_t ms[3] = {1, 64, MMAX};
+    int ok = 1;
+    for (int i = 0; i < 3 && ok; i++) {
+        if (run_raw(w, x, ms[i], acc)) {
+            ok = 0;
+            break;
+        }
+        for (int64_t j = 0; j < ms[i] * N && ok; j++)
+            ok = acc[j] == 255 * K * (j % 2 ? -128 : 127);
+    }
+    bq_qgemm_weights_free(w);
+    free(qw);
+    free(x);
+    free(acc);
+    bq_err_clear();
+    return ok;
+}
+
+int bq_qgemm_weights_create(BqQGemmWeights **out, const int8_t *qw, const float *sw, int64_t nscale, int64_t N,
+                            int64_t K, int bits, const char *name) {
+    BQ_CHECK(out && qw && sw && N > 0 && K > 0 && (nscale == 1 || nscale == N));
+    *out = NULL;
+    if (bits < 2 || bits > 8) return bq_err(BQ_EINVAL, "%s: %d-bit weights are not supported (2..8)", name, bits);
+    const int qmin = -(1 << (bits - 1)), qmax = (1 << (bits - 1)) - 1;
+    const int exact8 = bq_qgemm_exact_8bit();
+    if (bits > 7 && !exact8)
+        return bq_err(BQ_EINVAL,
+                      "%s: %d-bit weights need a CPU with VNNI or AMX (oneDNN ISA here: %s, whose u8*s8 pair "
+                      "sums %s in int16 for |w| > 64); use 7-bit weights (--scheme cpu) or fake quant",
+                      name, bits, isa_name(dnnl_get_effective_cpu_isa()),
+                      (dnnl_get_effective_cpu_isa() & 0x440) ? "were found by a probe to saturate" : "saturate");
+    for (int64_t i = 0; i < N * K; i++) {
+        if (qw[i] < qmin || qw[i] > qmax)
+            return bq_err(BQ_EINVAL, "%s: weight code %d at (%lld,%lld) is outside the %d-bit range [%d, %d]",
+                          name, qw[i], (long long)(i / K), (long long)(i % K), bits, qmin, qmax);
+        if (!exact8 && (qw[i] < -64 || qw[i] > 64))
+            return bq_err(BQ_EINVAL, "%s: weight code %d exceeds |w| <= 64, the exact range without VNNI", name,
+                          qw[i]);
+    }
+    if ((int64_t)K * 255 * 128 > INT32_MAX)
+        return bq_err(BQ_EINVAL, "%s: K = %lld overflows the int32 accumulator", name, (long long)K);
+    int rc = ensure_engine();
+    if (rc) return rc;
+    *out = weights_alloc(qw, sw, nscale, N, K);
+    return BQ_OK;
+}
+
+static BqQGemmWeights *weights_alloc(const int8_t *qw, const float *sw, int64_t nscale, int64_t N, int64_t K) {
+    BqQGemmWeights *w = bq_calloc(1, sizeof *w);
+    w->N = N, w->K = K;
+    w->codes = bq_malloc((size_t)(N * K));
+    memcpy(w->codes, qw, (size_t)(N * K));
+    w->comp = bq_malloc((size_t)N * sizeof(int32_t));
+    w->sw = bq_malloc((size_t)N * sizeof(float));
+    for (int64_t n = 0; n < N; n++) {
+        int32_t s = 0;
+        for (int64_t k = 0; k < K; k++) s += qw[n * K + k];
+        w->comp[n] = 128 * s;
+        w->sw[n] = sw[nscale == 1 ? 0 : n];
+    }
+    return w;
+}
+
+void bq_qgemm_weights_free(BqQGemmWeights *w) {
+    if (!w) return;
+    for (int i = 0; i < w->npacks; i++) dnnl_memory_destroy(w->packs[i].mem);
+    free(w->codes);
+    free(w->comp);
+    free(w->sw);
+    free(w);
+}
+
+int64_t bq_qgemm_weights_n(const BqQGemmWeights *w) { return w->N; }
+int64_t bq_qgemm_weights_k(const BqQGemmWeights *w) { return w->K; }
+
+/* The weights in layout md, reordered from the plain codes on first use. The codes (N,K) row-major
+ * are the (K,N) matrix with strides (1, K): format tag ba. */
+static int weights_packed(BqQGemmWeights *w, const dnnl_memory_desc_t *md, dnnl_memory_t *mem) {
+    for (int i = 0; i < w->npacks; i++)
+        if (dnnl_memory_desc_equal(&w->packs[i].md, md)) {
+            *mem = w->packs[i].mem;
+            return BQ_OK;
+        }
+    if (w->npacks == PACK_MAX) { /* a fifth layout: drop the oldest */
+        dnnl_memory_destroy(w->packs[0].mem);
+        memmove(&w->packs[0], &w->packs[1], sizeof(Pack) * (PACK_MAX - 1));
+        w->npacks--;
+    }
+    int rc = BQ_OK;
+    dnnl_memory_desc_t plain;
+    dnnl_dims_t dw = {w->K, w->N};
+    dnnl_memory_t src = NULL, dst = NULL;
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_primitive_t r = NULL;
+    dnnl_status_t s;
+    if ((s = dnnl_memory_desc_init_by_tag(&plain, 2, dw, dnnl_s8, dnnl_ba)) != dnnl_success ||
+        (s = dnnl_memory_create(&src, &plain, g_engine, w->codes)) != dnnl_success ||
+        (s = dnnl_memory_create(&dst, md, g_engine, DNNL_MEMORY_ALLOCATE)) != dnnl_success ||
+        (s = dnnl_reorder_primitive_desc_create(&rpd, &plain, g_engine, md, g_engine, NULL)) != dnnl_success ||
+        (s = dnnl_primitive_create(&r, rpd)) != dnnl_success) {
+        rc = dnnl_fail(s, "weight reorder");
+        goto cleanup;
+    }
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
+    if ((s = dnnl_primitive_execute(r, g_stream, 2, args)) != dnnl_success ||
+        (s = dnnl_stream_wait(g_stream)) != dnnl_success) {
+        rc = dnnl_fail(s, "weight reorder");
+        goto cleanup;
+    }
+    w->packs[w->npacks].md = *md;
+    w->packs[w->npacks].mem = dst;
+    w->npacks++;
+    *mem = dst;
+    dst = NULL;
+
+cleanup:
+    if (r) dnnl_primitive_destroy(r);
+    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    if (src) dnnl_memory_destroy(src);
+    if (dst) dnnl_memory_destroy(dst);
+    return rc;
+}
+
+/* acc = Σ (qx+128)·qw, not yet corrected. */
+static int run_raw(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc) {
+    BQ_CHECK(w && xu8 && acc && M > 0);
+    CacheEntry *e;
+    int rc = cache_get(M, w->N, w->K, &e);
+    if (rc) return rc;
+    dnnl_memory_t wm;
+    if ((rc = weights_packed(w, &e->wei_md, &wm))) return rc;
+    dnnl_memory_t sm = NULL, dm = NULL;
+    dnnl_status_t s;
+    if ((s = dnnl_memory_create(&sm, &e->src_md, g_engine, (void *)xu8)) != dnnl_success ||
+        (s = dnnl_memory_create(&dm, &e->dst_md, g_engine, acc)) != dnnl_success) {
+        rc = dnnl_fail(s, "memory creation");
+        goto cleanup;
+    }
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, sm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, dm}};
+    if ((s = dnnl_primitive_execute(e->prim, g_stream, 3, args)) != dnnl_success ||
+        (s = dnnl_stream_wait(g_stream)) != dnnl_success)
+        rc = dnnl_fail(s, "u8s8 matmul execution");
+
+cleanup:
+    if (sm) dnnl_memory_destroy(sm);
+    if (dm) dnnl_memory_destroy(dm);
+    return rc;
+}
+
+int bq_qgemm_s32(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc) {
+    int rc = run_raw(w, xu8, M, acc);
+    if (rc) return rc;
+    const int64_t N = w->N;
+#pragma omp parallel for if (M * N > 16384) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) acc[m * N + n] -= w->comp[n];
+    return BQ_OK;
+}
+
+/* y = fl(fl((float)(acc − comp[n])·fl(sx·sw[n])) + b[n]) into the nout column blocks. */
+QG_VEC static void epilogue(float *const out[], int nout, const int32_t *scratch, const int32_t *comp,
+                            const float *sw, const float *b, float sx, int64_t M, int64_t N) {
+    const int64_t NB = N / nout;
+#pragma omp parallel for if (M * N > 16384) schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        const int32_t *a = scratch + m * N;
+        for (int j = 0; j < nout; j++) {
+            float *y = out[j] + m * NB;
+            const int64_t n0 = (int64_t)j * NB;
+            if (b) {
+                for (int64_t n = 0; n < NB; n++)
+                    y[n] = (float)(a[n0 + n] - comp[n0 + n]) * (sx * sw[n0 + n]) + b[n0 + n];
+            } else {
+                for (int64_t n = 0; n < NB; n++) y[n] = (float)(a[n0 + n] - comp[n0 + n]) * (sx * sw[n0 + n]);
+            }
+        }
+    }
+}
+
+int bq_qgemm_linear(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, float sx, const float *b, int nout,
+                    float *const out[], int32_t *scratch) {
+    BQ_CHECK(nout >= 1 && w->N % nout == 0 && out && scratch);
+    int rc = run_raw(w, xu8, M, scratch);
+    if (rc) return rc;
+    epilogue(out, nout, scratch, w->comp, w->sw, b, sx, M, w->N);
+    return BQ_OK;
+}
+
+QG_VEC void bq_qgemm_quantize_u8(uint8_t *out, const float *x, int64_t n, float sx) {
+    const float magic = 12582912.0f; /* 1.5·2^23: (v + magic) − magic rounds |v| < 2^22 to nearest even */
+#pragma omp parallel for if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i] / sx;
+        v = v < -128.0f ? -128.0f : v;
+        v = v > 127.0f ? 127.0f : v;
+        v = v == v ? v : 0.0f;
+        v = (v + magic) - magic;
+        out[i] = (uint8_t)((int)v + 128);
+    }
+}

@@ -1,0 +1,38 @@
+/* Integer inference forward of a quantized BertForSequenceClassification: every encoder Linear whose
+ * input and weight are both quantized by the checkpoint's scheme runs as an exact integer GEMM
+ * (autograd/qgemm.h) on the int8 codes the fake quantizers would produce; everything else
+ * (embeddings, LayerNorm, softmax, GELU, attention matmuls, residuals, the other quantizers, pooler,
+ * classifier) is the fp32/fake-quant evaluation path of layers/bert.c, op for op.
+ *
+ * So the result equals bq_bert_forward without a tape up to fp32 summation order inside those
+ * Linears (tests/test_int8_forward.c states and checks the bound), and it does not depend on batch
+ * size or thread count.
+ *
+ * Schemes: `cpu` runs all 6 Linears of every layer on integers (query/key/value as one fused GEMM);
+ * `qdqbert` runs them too where oneDNN's ISA has VNNI/AMX (8-bit weights); `ort` quantizes Linear
+ * outputs rather than inputs and is refused. */
+#ifndef BQ_BERT_INT8_H
+#define BQ_BERT_INT8_H
+
+#include "layers/bert.h"
+
+typedef struct BqInt8Engine BqInt8Engine;
+
+/* Packs the integer weights of m (which must carry calibrated or trained quantizers, m->quant) once.
+ * The engine is a snapshot: weights, biases and ranges as they are now; re-prepare after changing
+ * them. Errors (BQ_EINVAL, one line): no quantizers, a scheme whose Linears have no quantized input,
+ * a quantizer without a range, weights this CPU cannot multiply exactly (8-bit weights without VNNI,
+ * naming the quantizer and its bits), oneDNN failures. */
+int bq_int8_prepare(BqInt8Engine **out, const BqBert *m);
+void bq_int8_free(BqInt8Engine *e);
+
+/* Number of encoder Linears that run on integers, and how many GEMM calls a forward makes. */
+int bq_int8_linear_count(const BqInt8Engine *e);
+int bq_int8_gemm_count(const BqInt8Engine *e);
+
+/* logits (B, num_labels) of the batch, in ctx->act, as bq_bert_forward computes them in evaluation
+ * (ctx->tape must be NULL and ctx->training 0). m must be the model e was prepared from. Bad ids,
+ * types or lengths are BQ_EINVAL/BQ_EFORMAT errors as in bq_bert_forward. */
+int bq_int8_forward(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits);
+
+#endif

@@ -1,0 +1,243 @@
+/* The int8 engine (layers/bert_int8.h) on the tiny model (tests/fixtures/bert_tiny: 2 layers, hidden
+ * 32, intermediate 37, 2 heads, 3 labels), cpu scheme, max-calibrated on random padded batches:
+ *  - every encoder Linear runs on integers (6 per layer, query/key/value as one GEMM);
+ *  - logits against the fake-quant evaluation (bq_bert_forward without a tape), to the bound below;
+ *  - batch 1 vs batch 4, each example unpadded (T = its length, as dynamic padding gives it when it is
+ *    batched alone) vs padded to T = 12, and 1 vs 2 threads: bit-identical logits;
+ *  - refusals: an fp32 model, the ort scheme, an uncalibrated model, and (on a CPU without VNNI) the
+ *    8-bit weights of qdqbert, whose error names the bits. With VNNI, qdqbert is compared as cpu is.
+ *
+ * The bound. Both forwards compute the same ops on the same values except inside the integer
+ * Linears, where the fake-quant path sums fp32 products in sgemm's order and the engine sums the
+ * codes exactly and rounds once: per output |Δy| <= (K + 6)·u·S, S = sx·sw·Σ|qx·qw| (u = 2^-24,
+ * checked in tests/test_qgemm.c), i.e. about 1e-5 of the output's range for K <= 1536. Carried
+ * through the rest of the network (LayerNorm, GELU, softmax, tanh: each a smooth map with gain of
+ * order 1 on normalised values), this alone moves a logit by at most ε_sum = 1e-4·max|logit|.
+ * A second effect: a value that lies within that |Δy| of a rounding boundary of a LATER quantizer
+ * (the next Linear's input) gets the neighbouring code: it moves by exactly one step s = amax/127 of
+ * that quantizer, 1/127 of the largest value it quantizes. One changed code is one of >= H inputs of a
+ * Linear whose output is then renormalised by LayerNorm, so its effect on a logit is below one step
+ * relative to the logit scale: ε_step = max|logit|/127 per changed rounding, and in practice far less
+ * (one of >= H inputs). The chance of a changed rounding is about 2|Δy|/s per quantized value, about
+ * 1e-4 for a typical |Δy| of a few ulp (3e-7 of the range, measured on MiniLM's first query Linear);
+ * a batch here quantizes B·T·(3H + I)·L ≈ 1.3·10^4 values, so about one changed rounding per batch at
+ * most, and the test allows |Δlogit| <= ε_sum + ε_step. (At MiniLM size, batch 32, thousands of roundings
+ * change and cascade through the layers; the logits then differ as much as fake quant's own batch 1
+ * vs batch 32 results do, which bench/bench_int8.c prints side by side.) Because changed roundings
+ * are rare here, at least 90 % of the logits must also lie within
+ * ε_sum alone: a systematic error (a scale off by 1e-3, a wrong bias) fails that at once. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/qgemm.h"
+#include "export/hf_load.h"
+#include "layers/bert_int8.h"
+#include "layers/quant.h"
+
+static int fails = 0;
+#define EXPECT(c, ...)                                 \
+    do {                                               \
+        if (!(c)) {                                    \
+            fails++;                                   \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+            printf(__VA_ARGS__);                       \
+            printf("\n");                              \
+        }                                              \
+    } while (0)
+
+enum { B = 4, T = 12, NCAL = 6 };
+
+typedef struct Batch {
+    int32_t ids[B * T], types[B * T];
+    float mask[B * T];
+} Batch;
+
+static void make_batch(Batch *bt, BqRng *rng, int vocab) {
+    for (int b = 0; b < B; b++) {
+        int len = T - 3 * b;
+        for (int t = 0; t < T; t++) {
+            int i = b * T + t;
+            bt->ids[i] = t < len ? 1 + (int32_t)bq_rng_below(rng, (uint64_t)vocab - 1) : 0;
+            bt->mask[i] = t < len ? 1.0f : 0.0f;
+            bt->types[i] = t >= len / 2 && t < len;
+        }
+    }
+}
+
+static BqBertInput input_of(const Batch *bt, int b0, int nb) {
+    BqBertInput in = {.B = nb, .T = T, .input_ids = bt->ids + b0 * T, .attention_mask = bt->mask + b0 * T,
+                      .token_type_ids = bt->types + b0 * T, .labels = NULL};
+    return in;
+}
+
+/* The tiny model with quantizers of `scheme`, max-calibrated on NCAL random batches. */
+static int load_model(BqBert *m, const char *scheme, int calibrate) {
+    BqRng rng;
+    bq_rng_seed(&rng, 3);
+    char *report = NULL;
+    int rc = bq_hf_load(m, "tests/fixtures/bert_tiny", 0, &rng, &report);
+    free(report);
+    if (rc) return rc;
+    if (!scheme) return BQ_OK;
+    BqQuantConfig qc;
+    bq_quant_config_default(&qc);
+    snprintf(qc.scheme, sizeof qc.scheme, "%s", scheme);
+    if ((rc = bq_quant_create(&m->quant, m, &qc))) return rc;
+    if (!calibrate) return BQ_OK;
+    BqArena act;
+    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "calib") == BQ_OK);
+    bq_quant_calib_begin(m->quant, BQ_CALIBRATOR_MAX);
+    for (int i = 0; i < NCAL && !rc; i++) {
+        Batch bt;
+        make_batch(&bt, &rng, m->cfg.vocab_size);
+        BqBertInput in = input_of(&bt, 0, B);
+        BqCtx ctx = {.act = &act};
+        BqTensor *logits;
+        rc = bq_bert_forward(m, &ctx, &in, &logits, NULL);
+        bq_arena_rewind(&act, 0);
+    }
+    if (!rc) rc = bq_quant_calib_finish(m->quant, BQ_CALIBRATOR_MAX, 0.0);
+    bq_arena_free(&act);
+    return rc;
+}
+
+static void unload(BqBert *m) {
+    bq_quant_free(m->quant);
+    m->quant = NULL;
+    bq_bert_free(m);
+}
+
+/* Compares the engine with fake quant on fresh batches and checks batch and thread invariance. */
+static void check_scheme(const char *scheme) {
+    BqBert m;
+    BQ_CHECK(load_model(&m, scheme, 1) == BQ_OK);
+    BqInt8Engine *e = NULL;
+    int rc = bq_int8_prepare(&e, &m);
+    if (!strcmp(scheme, "qdqbert") && !bq_qgemm_exact_8bit()) {
+        printf("qdqbert without VNNI: %s\n", bq_errmsg());
+        EXPECT(rc == BQ_EINVAL && strstr(bq_errmsg(), "8-bit") && strstr(bq_errmsg(), "weight_quantizer"),
+               "qdqbert's 8-bit weights are refused without VNNI: rc %d '%s'", rc, bq_errmsg());
+        unload(&m);
+        return;
+    }
+    EXPECT(rc == BQ_OK, "%s: prepare: %s", scheme, bq_errmsg());
+    if (rc) {
+        unload(&m);
+        return;
+    }
+    const int L = m.cfg.num_hidden_layers, C = m.cfg.num_labels;
+    EXPECT(bq_int8_linear_count(e) == 6 * L, "%s: %d integer Linears, expected %d", scheme, bq_int8_linear_count(e),
+           6 * L);
+    if (!strcmp(scheme, "cpu"))
+        EXPECT(bq_int8_gemm_count(e) == 4 * L, "cpu: %d GEMMs, expected %d (fused qkv)", bq_int8_gemm_count(e), 4 * L);
+
+    BqArena act;
+    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "act") == BQ_OK);
+    BqRng rng;
+    bq_rng_seed(&rng, 99);
+    double maxd = 0.0, maxl = 0.0;
+    int over_sum = 0, n = 0, nbatch_bad = 0, nthread_bad = 0, npad_bad = 0;
+    for (int it = 0; it < 4; it++) {
+        Batch bt;
+        make_batch(&bt, &rng, m.cfg.vocab_size);
+        BqBertInput in = input_of(&bt, 0, B);
+        BqCtx ctx = {.act = &act};
+        float fq[B * 8], i8[B * 8], i8t1[B * 8], row[8];
+        BQ_CHECK(C <= 8);
+        BqTensor *lg;
+        BQ_CHECK(bq_bert_forward(&m, &ctx, &in, &lg, NULL) == BQ_OK);
+        memcpy(fq, lg->data, sizeof(float) * (size_t)(B * C));
+        bq_arena_rewind(&act, 0);
+        rc = bq_int8_forward(e, &m, &ctx, &in, &lg);
+        EXPECT(rc == BQ_OK, "forward: %s", bq_errmsg());
+        if (rc) break;
+        memcpy(i8, lg->data, sizeof(float) * (size_t)(B * C));
+        bq_arena_rewind(&act, 0);
+        /* batch 1, each example alone */
+        for (int b = 0; b < B; b++) {
+            BqBertInput one = input_of(&bt, b, 1);
+            BQ_CHECK(bq_int8_forward(e, &m, &ctx, &one, &lg) == BQ_OK);
+            memcpy(row, lg->data, sizeof(float) * (size_t)C);
+            bq_arena_rewind(&act, 0);
+            nbatch_bad += memcmp(row, i8 + b * C, sizeof(float) * (size_t)C) != 0;
+        }
+        /* each example alone and unpadded (T = its length), as dynamic padding batches it alone */
+        for (int b = 0; b < B; b++) {
+            int len = T - 3 * b;
+            BqBertInput one = input_of(&bt, b, 1);
+            one.T = len;
+            int32_t ids1[T], types1[T];
+            float mask1[T];
+            memcpy(ids1, bt.ids + b * T, sizeof(int32_t) * (size_t)len);
+            memcpy(types1, bt.types + b * T, sizeof(int32_t) * (size_t)len);
+            memcpy(mask1, bt.mask + b * T, sizeof(float) * (size_t)len);
+            one.input_ids = ids1, one.token_type_ids = types1, one.attention_mask = mask1;
+            BQ_CHECK(bq_int8_forward(e, &m, &ctx, &one, &lg) == BQ_OK);
+            memcpy(row, lg->data, sizeof(float) * (size_t)C);
+            bq_arena_rewind(&act, 0);
+            npad_bad += memcmp(row, i8 + b * C, sizeof(float) * (size_t)C) != 0;
+        }
+        /* one thread */
+        int prev = bq_runtime_threads();
+        bq_runtime_set_threads(1);
+        BQ_CHECK(bq_int8_forward(e, &m, &ctx, &in, &lg) == BQ_OK);
+        memcpy(i8t1, lg->data, sizeof(float) * (size_t)(B * C));
+        bq_arena_rewind(&act, 0);
+        bq_runtime_set_threads(prev);
+        nthread_bad += memcmp(i8t1, i8, sizeof(float) * (size_t)(B * C)) != 0;
+        for (int i = 0; i < B * C; i++) maxl = fmax(maxl, fabs(fq[i]));
+        for (int i = 0; i < B * C; i++) {
+            double d = fabs((double)fq[i] - i8[i]);
+            maxd = fmax(maxd, d);
+            n++;
+        }
+        for (int i = 0; i < B * C; i++) over_sum += fabs((double)fq[i] - i8[i]) > 1e-4 * fmax(maxl, 1e-30);
+    }
+    const double eps_sum = 1e-4 * maxl, eps_step = maxl / 127.0;
+    printf("%s: max |int8 - fake quant| logit %.3g (bound %.3g = %.3g + %.3g, max |logit| %.3g); %d of %d logits "
+           "beyond the summation-order part alone\n",
+           scheme, maxd, eps_sum + eps_step, eps_sum, eps_step, maxl, over_sum, n);
+    printf("%s: batch 1 vs %d: %d examples differ; unpadded vs padded: %d differ; 1 vs 2 threads: %d batches "
+           "differ\n", scheme, B, nbatch_bad, npad_bad, nthread_bad);
+    EXPECT(maxl > 0.0, "logits are all zero");
+    EXPECT(maxd <= eps_sum + eps_step, "%s: int8 logits outside the bound", scheme);
+    EXPECT(over_sum * 10 <= n, "%s: %d of %d logits beyond the summation-order bound", scheme, over_sum, n);
+    EXPECT(nbatch_bad == 0, "%s: logits depend on the batch size", scheme);
+    EXPECT(nthread_bad == 0, "%s: logits depend on the thread count", scheme);
+    EXPECT(npad_bad == 0, "%s: logits depend on the padded length", scheme);
+    bq_arena_free(&act);
+    bq_int8_free(e);
+    unload(&m);
+}
+
+static void check_refusals(void) {
+    BqBert m;
+    BqInt8Engine *e = NULL;
+    BQ_CHECK(load_model(&m, NULL, 0) == BQ_OK);
+    int rc = bq_int8_prepare(&e, &m);
+    EXPECT(rc == BQ_EINVAL && strstr(bq_errmsg(), "no quantizers"), "fp32 model: rc %d '%s'", rc, bq_errmsg());
+    bq_bert_free(&m);
+    BQ_CHECK(load_model(&m, "ort", 1) == BQ_OK);
+    rc = bq_int8_prepare(&e, &m);
+    EXPECT(rc == BQ_EINVAL && strstr(bq_errmsg(), "'ort'"), "ort scheme: rc %d '%s'", rc, bq_errmsg());
+    unload(&m);
+    BQ_CHECK(load_model(&m, "cpu", 0) == BQ_OK);
+    rc = bq_int8_prepare(&e, &m);
+    EXPECT(rc == BQ_EINVAL && strstr(bq_errmsg(), "no range"), "uncalibrated: rc %d '%s'", rc, bq_errmsg());
+    unload(&m);
+    EXPECT(e == NULL, "a refused prepare leaves no engine");
+}
+
+int main(void) {
+    bq_runtime_set_threads(2);
+    printf("%s\n", bq_dnnl_describe());
+    check_scheme("cpu");
+    check_scheme("qdqbert");
+    check_refusals();
+    bq_qgemm_cache_clear();
+    if (fails) printf("%d check(s) FAILED\n", fails);
+    else printf("all int8 forward checks passed\n");
+    return fails ? 1 : 0;
+}
