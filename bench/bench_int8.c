@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
     }
     BqQuantConfig qc;
     bq_quant_config_default(&qc);
-    snprintf(qc.scheme, sizeof qc.scheme, "cpu");
+    qc.scheme = BQ_SCHEME_CPU;
     BQ_CHECK(bq_quant_create(&m.quant, &m, &qc) == BQ_OK);
     BqQuantState *qs = m.quant;
 

@@ -136,7 +136,7 @@ int bq_int8_prepare(BqInt8Engine **out, const BqBert *m) {
     *out = NULL;
     BqQuantState *qs = m->quant;
     if (!qs) return bq_err(BQ_EINVAL, "int8 engine: the model has no quantizers (an fp32 checkpoint)");
-    if (!strcmp(qs->cfg.scheme, "ort"))
+    if (qs->cfg.scheme == BQ_SCHEME_ORT)
         return bq_err(BQ_EINVAL, "int8 engine: scheme 'ort' quantizes Linear outputs, not their inputs, so no "
                                  "Linear runs on integer codes; use fake quant, or the cpu scheme");
     if (qs->calib != BQ_CALIB_OFF) return bq_err(BQ_EINVAL, "int8 engine: the quantizers are still calibrating");
@@ -185,7 +185,7 @@ int bq_int8_prepare(BqInt8Engine **out, const BqBert *m) {
     }
     if (e->nlinear == 0) {
         rc = bq_err(BQ_EINVAL, "int8 engine: scheme '%s' leaves no Linear with both input and weight quantized",
-                    qs->cfg.scheme);
+                    bq_scheme_name(qs->cfg.scheme));
         goto cleanup;
     }
     *out = e;

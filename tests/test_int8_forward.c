@@ -83,7 +83,7 @@ static int load_model(BqBert *m, const char *scheme, int calibrate) {
     if (!scheme) return BQ_OK;
     BqQuantConfig qc;
     bq_quant_config_default(&qc);
-    snprintf(qc.scheme, sizeof qc.scheme, "%s", scheme);
+    BQ_CHECK(bq_scheme_parse(&qc.scheme, scheme, "scheme") == BQ_OK);
     if ((rc = bq_quant_create(&m->quant, m, &qc))) return rc;
     if (!calibrate) return BQ_OK;
     BqArena act;
