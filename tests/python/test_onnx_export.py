@@ -191,7 +191,7 @@ def minilm_ptq(tmp_path_factory, finetuned):
     return calibrate_trained(finetuned, tmp_path_factory.mktemp("minilm") / "ptq")
 
 
-def qdq_bound(ckpt, d, tmp_path):
+def qdq_bound(ckpt, d, tmp_path, fraction):
     """The bound on |ORT - bertqat| for the logits of a Q/DQ export of ckpt on the --dump-logits batch d.
 
     Both sides round x/s at every quantizer the same way; they differ only where the two fp32 sums that
@@ -199,15 +199,22 @@ def qdq_bound(ckpt, d, tmp_path):
     8-bit value by one step s. Quantization itself rounds every element of every quantized tensor by up
     to s/2; its effect on the logits, N = max|logits_q - logits_fp32| over the same batch (the fp32
     forward of the same checkpoint, from an --qdq off export), is the sum of ~10^5 such roundings per row.
-    A handful of one-step flips moves the logits by a small fraction of N: we require 0.1 N (+1e-4 for
-    float rounding). A wrong scale, zero point or weight layout changes every element of a tensor, an
-    error of the order of N or larger, and fails."""
+    A handful of one-step flips moves the logits by a fraction of N: we require fraction * N (+1e-4 for
+    float rounding). The fraction depends on the scheme: the cpu scheme quantizes only Linear inputs and
+    weights, where one flip is one term of a 384- or 1536-term sum (measured 0.06 N: fraction 0.1); the
+    ort scheme also quantizes inside the attention (query, key, softmax probabilities, value), where one
+    flip moves a whole score row or output row, so flips move the logits more (measured 0.24 N:
+    fraction 0.5). A wrong zero point or weight layout changes every element of a tensor, an error of
+    the order of N or larger, and fails either bound. A single wrong scale is smaller: on the ort
+    scheme's batch here one weight scale doubled measured 0.41 N and the embeddings' output scale doubled
+    0.50 N, so the ort bound does not catch every single wrong scale; the exact checks (1e-4) of the tiny
+    model above and the review-by-review median check of tests/python/test_pipeline.py do."""
     f = export(str(ckpt), str(tmp_path / "fp32_ref.onnx"), "--qdq", "off", batch=len(d["logits"]),
                seq=len(d["input_ids"][0]))
     assert f["input_ids"] == d["input_ids"], "the fp32 reference ran on another batch"
     noise = float(np.abs(np.array(d["logits"]) - np.array(f["logits"])).max())
     assert noise > 1e-3, f"quantization changed the logits by only {noise:.3g}: not a quantized forward"
-    return 0.1 * noise + 1e-4, noise
+    return fraction * noise + 1e-4, noise
 
 
 def test_minilm_fp32(tmp_path):
@@ -234,7 +241,7 @@ def test_minilm_qdq(minilm_ptq, tmp_path):
     d = export(str(minilm_ptq), out, batch=4, seq=64)
     onnx.checker.check_model(onnx.load(out), full_check=True)
     ref = np.array(d["logits"])
-    bound, noise = qdq_bound(minilm_ptq, d, tmp_path)
+    bound, noise = qdq_bound(minilm_ptq, d, tmp_path, 0.5)
     # the Q/DQ semantics (no ORT optimization) and ORT's integer kernels with exact 32-bit sums
     # (session.x64quantprecision=1); the default session is printed only (U8S8 saturation without VNNI)
     exact = ort_logits(out, d, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
@@ -333,6 +340,6 @@ def test_minilm_cpu_scheme(tmp_path, finetuned):
     assert rel < 1e-5
     # further down, a float-order difference moves an x/scale across a rounding boundary now and then and
     # the flip propagates: the bound of qdq_bound
-    bound, noise = qdq_bound(ck, d, tmp_path)
+    bound, noise = qdq_bound(ck, d, tmp_path, 0.1)
     print(f"MiniLM cpu scheme: bound {bound:.3g} (quantization noise {noise:.3g})")
     assert err <= bound
