@@ -6,7 +6,9 @@ The files are the TSVs written by `bertqat eval --predictions` and `scripts/onnx
 how many predicted labels agree, each side's accuracy, and the spread of |p_A(pos) - p_B(pos)|; with
 --list, the indices of the reviews whose labels differ. Exits 1 when the files do not list the same
 reviews with the same true labels, when --min-agree is given and the agreement is below it, or when
---max-dp is given and some |p_A(pos) - p_B(pos)| is not below it.
+--max-dp is given and some |p_A(pos) - p_B(pos)| is not below it, or when --max-median-dp is given and
+the median of |p_A(pos) - p_B(pos)| is not below it (a systematic error, such as a wrong quantizer scale,
+moves every review; rounding flips move a few).
 """
 import argparse
 import sys
@@ -43,6 +45,8 @@ def main():
                     help="exit 1 unless at least PCT percent of the labels agree")
     ap.add_argument("--max-dp", type=float, default=None, metavar="X",
                     help="exit 1 unless every |p_A(pos) - p_B(pos)| is below X")
+    ap.add_argument("--max-median-dp", type=float, default=None, metavar="X",
+                    help="exit 1 unless the median of |p_A(pos) - p_B(pos)| is below X")
     a = ap.parse_args()
     A, B = load(a.a), load(a.b)
     if sorted(A) != sorted(B):
@@ -66,6 +70,8 @@ def main():
         fails.append(f"labels agree on {agree:.2f}% < {a.min_agree}%")
     if a.max_dp is not None and not d.max() < a.max_dp:
         fails.append(f"max |dp(pos)| {d.max():.3g} >= {a.max_dp}")
+    if a.max_median_dp is not None and not np.median(d) < a.max_median_dp:
+        fails.append(f"median |dp(pos)| {np.median(d):.3g} >= {a.max_median_dp}")
     if fails:
         print("FAIL: " + "; ".join(fails), file=sys.stderr)
         sys.exit(1)

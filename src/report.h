@@ -18,7 +18,10 @@ typedef struct BqReportRow {
 
 typedef struct BqReportInfo {
     const char *model, *data, *budget, *runtime;
-    const char *recipe;    /* one line: sample counts, sequence length, epochs, learning rates, threads */
+    const char *recipe;    /* one line: what the stages do */
+    const char *const *stages; /* the stages of this invocation, whose markers RUN_DIR/.done-<stage> list the
+                                  settings, command line and wall time of their last run */
+    int nstages;
     double seconds;
     int onnx_skipped;
 } BqReportInfo;

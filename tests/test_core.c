@@ -107,8 +107,15 @@ int main(void) {
     for (int i = 0; i < 50; i++) isperm &= seen[i] == 1;
     EXPECT(isperm && moved > 30);
 
-    /* hash: a pure function of (key, index), uniform in [0,1) */
-    EXPECT(bq_hash64(1, 2) == bq_hash64(1, 2) && bq_hash64(1, 2) != bq_hash64(2, 1) && bq_hash64(1, 2) != bq_hash64(1, 3));
+    /* hash: golden values, so a change to either hash (and with it every dropout mask and shuffle
+     * order of a saved run) fails here. bq_hash64(0, 0) is splitmix64's first output from state 0
+     * (0xE220A8397B1DCDAF, Vigna's reference); the others were computed by a separate Python transcription
+     * of the definitions in autograd/bq.h (splitmix64 of key ^ index * 0xD1B54A32D192ED03; two rounds of
+     * the MurmurHash3 finaliser, top 24 bits). */
+    EXPECT(bq_hash64(0, 0) == 0xE220A8397B1DCDAFull && bq_hash64(1, 2) == 0x09A23C3A0FFEDFE9ull &&
+           bq_hash64(2, 1) == 0x2D839779CDFBC413ull && bq_hash64(42, 7) == 0xF08AAEFCEC7303C2ull);
+    EXPECT(bq_hash_uniform(12345, 0) == 0.3882526159286499f && bq_hash_uniform(12345, 1) == 0.6587032079696655f &&
+           bq_hash_uniform((1ull << 40) | 5, (1ull << 33) + 9) == 0.3594484329223633f);
     double hm = 0;
     int hin = 1;
     for (uint64_t i = 0; i < 100000; i++) {

@@ -1,79 +1,157 @@
-"""`bertqat pipeline` end to end at a tiny budget (all-MiniLM-L6-v2, env BQ_MODEL_DIR; 96 training and
-64 test reviews at seq 32): every stage runs (fp32 fine-tune, PTQ, QAT from the PTQ model with fixed
-ranges, three ONNX exports, six evaluations with ONNX Runtime through this Python), the report has a
-row per stage, the fp32 ONNX export scores exactly the checkpoint's accuracy and predicts every review
-as it does within 1e-4 in probability (`--predictions` of both evaluators, ORT with and without its
-graph optimizations, compared by scripts/compare_predictions.py), and a second run of the same command skips every
-finished stage."""
+"""`bertqat pipeline` end to end at a tiny budget (96 training and 64 test reviews at seq 32), started
+from the session's fine-tuned all-MiniLM-L6-v2 (conftest.finetuned: a trained head, so that the
+quantized models' probabilities are spread and a quantization error shows in them):
+- every stage runs (fp32 fine-tune, PTQ, QAT from the PTQ model with fixed ranges, the ONNX exports,
+  the evaluations with ONNX Runtime through this Python), with the default scheme cpu; the report has
+  a row per stage, names the runtime each export is for and lists the settings each stage ran with;
+- review by review (scripts/compare_predictions.py over `--predictions` of both evaluators): the fp32
+  export predicts every review as the checkpoint does within 1e-4 in probability (ORT with and without
+  its graph optimizations); the int8 exports of PTQ and QAT (CPU layout, ORT CPU's integer kernels)
+  agree with their checkpoints within the bounds of QUANT_BOUNDS, and an export with one activation
+  quantizer scale doubled fails them;
+- the same command again skips every stage; with another --train-samples (and --scheme ort) every
+  stage runs again, the log names the changed setting, and the report shows the new settings and the
+  ort scheme's rows (the default layout, for ONNX Runtime QOrdered on CUDA)."""
 import json
 import os
 import subprocess
 import sys
 
-import pytest
+import numpy as np
+import onnx
+from onnx import numpy_helper
 
-from conftest import IMDB, MODEL, ROOT, THREADS, run_bq
+from conftest import IMDB, ROOT, THREADS, run_bq
 
-STAGES = ["fp32", "ptq", "qat", "export-fp32", "export-qat-int8-cpu", "export-qat-int8", "eval-fp32", "eval-ptq",
-          "eval-qat", "eval-onnx-fp32", "eval-onnx-int8-cpu", "eval-onnx-int8"]
+STAGES = ["fp32", "ptq", "qat", "export-fp32", "export-qat-int8-cpu", "eval-fp32", "eval-ptq", "eval-qat",
+          "eval-onnx-fp32", "eval-onnx-int8-cpu"]
+ORT_STAGES = STAGES + ["export-qat-int8", "eval-onnx-int8"]
+COMMON = ["--data", IMDB, "--split", "test", "--samples", 64, "--max-seq-len", 32, "--seed", 42]
+COMPARE = [sys.executable, os.path.join(ROOT, "scripts", "compare_predictions.py")]
+# Bounds of the int8 exports (CPU layout) against their checkpoints, review by review. ORT computes the
+# same rounding of x/s at every quantizer as bertqat's fake quantization, with exact integer sums; the
+# two differ only where fp32 sums in another order put x/s on the other side of a rounding boundary,
+# which moves one 8-bit value by one step. Such flips are rare events that touch a few reviews: the
+# median |dp(pos)| stays near 0 (measured 1e-5 for PTQ and 1.3e-4 for QAT on these 64 reviews), while a
+# few reviews move by up to 0.02 and one review close to p = 0.5 may change its label (PTQ: 63 of 64
+# agree). A wrong scale is systematic and moves every review: one activation scale doubled (the
+# amax/127 vs amax/255 kind of bug, WRONG below) gave a median of 2.6e-3 and the query weight scale of
+# layer 0 doubled 8e-3, so the median bound 1e-3 sits 7x above the honest exports and 2.6x below the
+# smallest wrong scale; a wrong weight layout scrambles the Linears and moves the median far more. The
+# label and max bounds catch gross errors (a layout error puts agreement near 50%).
+QUANT_BOUNDS = ["--min-agree", "95", "--max-dp", "0.1", "--max-median-dp", "1e-3"]
+WRONG = "bert.encoder.layer.0.attention.self.input_quantizer.scale_0"
 
 
-def test_pipeline_tiny(tmp_path, bin_path):
-    if not os.path.isdir(MODEL):
-        pytest.fail(f"pretrained model not found at {MODEL} (scripts/test.sh fetches it)")
+def ort_predictions(onnx_path, tokenizer, tsv, *extra):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "onnx_eval.py"), "--onnx", onnx_path,
+                        "--tokenizer", tokenizer, "--threads", THREADS, "--predictions", tsv, *extra,
+                        *map(str, COMMON)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
+def compare(a, b, *bounds):
+    return subprocess.run(COMPARE + [a, b, *bounds], capture_output=True, text=True)
+
+
+def test_pipeline_tiny(tmp_path, bin_path, finetuned):
     out = tmp_path / "run"
-    args = ["pipeline", "--model", MODEL, "--data", IMDB, "--out", out, "--budget", "small", "--train-samples", 96,
-            "--eval-samples", 64, "--max-seq-len", 32, "--batch-size", 16, "--calib-samples", 16, "--threads",
+    args = ["pipeline", "--model", finetuned[0], "--data", IMDB, "--out", out, "--budget", "small", "--train-samples",
+            96, "--eval-samples", 64, "--max-seq-len", 32, "--batch-size", 16, "--calib-samples", 16, "--threads",
             THREADS, "--python", sys.executable]
     p = run_bq(*args, timeout=3600)
     log = p.stderr
     assert f"qat --model {out}/ptq" in log and "--ranges fixed" in log and "ranges: fixed" in log, log[-3000:]
+    assert "--scheme cpu" in log, log[-3000:]
     for stage in STAGES:
-        assert (out / f".done-{stage}").exists(), stage
-    for f in ("fp32.onnx", "qat-int8-cpu.onnx", "qat-int8.onnx", "report.md", "curves-loss.svg", "curves-eval.svg"):
+        marker = json.loads((out / f".done-{stage}").read_text())
+        assert marker["seconds"] >= 0 and marker["argv"][0] in (os.path.realpath(bin_path), sys.executable), marker
+    assert json.loads((out / ".done-fp32").read_text())["settings"]["--train-samples"] == "96"
+    assert not (out / ".done-export-qat-int8").exists()
+    for f in ("fp32.onnx", "qat-int8-cpu.onnx", "report.md", "curves-loss.svg", "curves-eval.svg"):
         assert (out / f).stat().st_size > 0, f
     acc = {}
-    for name in ("fp32", "ptq", "qat", "onnx-fp32", "onnx-int8-cpu", "onnx-int8"):
+    for name in ("fp32", "ptq", "qat", "onnx-fp32", "onnx-int8-cpu"):
         r = json.loads((out / f"eval-{name}.json").read_text())
         assert r["examples"] == 64, (name, r)
         acc[name] = r["accuracy"]
     print(f"\naccuracy on 64 test reviews: {acc}")
     assert acc["onnx-fp32"] == acc["fp32"], acc
     report = (out / "report.md").read_text()
-    for row in ("| fp32 |", "| PTQ (ort scheme", "| QAT (ort scheme)", "| ONNX fp32 (ORT CPU)",
-                "| ONNX int8 QAT, CPU layout", "| ONNX int8 QAT, default layout"):
+    for row in ("| fp32 |", "| PTQ (cpu scheme", "| QAT (cpu scheme)", "| ONNX fp32 (for ORT CPU)",
+                "| ONNX int8 QAT, CPU layout (for ORT CPU)", "## Stages as run",
+                "- qat (", "`qat --model ptq --out qat --data"):
         assert row in report, (row, report)
+    assert "default layout" not in report, report
 
-    # per-review predictions (bertqat eval, scripts/onnx_eval.py with ORT's graph optimizations on and
-    # off) compared by scripts/compare_predictions.py: the fp32 export predicts every one of the 64
-    # reviews as the checkpoint does, p(positive) within 1e-4; one flipped label must fail, a file of
-    # other reviews must be refused
-    common = ["--data", IMDB, "--split", "test", "--samples", 64, "--max-seq-len", 32, "--seed", 42]
-    run_bq("eval", "--model", out / "fp32", "--threads", THREADS, "--predictions", tmp_path / "bq.tsv", *common)
-    assert sorted(int(l.split("\t")[0]) for l in (tmp_path / "bq.tsv").read_text().splitlines()) == list(range(64))
-    cmp = [sys.executable, os.path.join(ROOT, "scripts", "compare_predictions.py"), tmp_path / "bq.tsv"]
+    # fp32: the export predicts every one of the 64 reviews as the checkpoint does, p(positive) within
+    # 1e-4, with ORT's graph optimizations on and off; one flipped label must fail, a file of other
+    # reviews must be refused
+    tsv = {}
+    for ck in ("fp32", "ptq", "qat"):
+        tsv[ck] = tmp_path / f"bq-{ck}.tsv"
+        run_bq("eval", "--model", out / ck, "--threads", THREADS, "--predictions", tsv[ck], *COMMON)
+    assert sorted(int(l.split("\t")[0]) for l in tsv["fp32"].read_text().splitlines()) == list(range(64))
     for opt in ("all", "none"):
-        tsv = tmp_path / f"ort-{opt}.tsv"
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "onnx_eval.py"), "--onnx", out / "fp32.onnx",
-                        "--tokenizer", out / "fp32", "--graph-opt", opt, "--predictions", tsv, *map(str, common)],
-                       check=True, capture_output=True)
-        c = subprocess.run(cmp + [tsv, "--min-agree", "100", "--max-dp", "1e-4"], capture_output=True, text=True)
+        t = tmp_path / f"ort-{opt}.tsv"
+        ort_predictions(out / "fp32.onnx", out / "fp32", t, "--graph-opt", opt)
+        c = compare(tsv["fp32"], t, "--min-agree", "100", "--max-dp", "1e-4")
         print(f"fp32 checkpoint vs ONNX fp32 (ORT graph-opt {opt}): {c.stdout.strip()}")
         assert c.returncode == 0 and "reviews 64  labels agree 100.00% (0 differ" in c.stdout, c.stdout + c.stderr
     rows = (tmp_path / "ort-none.tsv").read_text().splitlines()
     i, y, pr, pb = rows[0].split("\t")
     (tmp_path / "flip.tsv").write_text("\n".join([f"{i}\t{y}\t{1 - int(pr)}\t{pb}"] + rows[1:]) + "\n")
-    c = subprocess.run(cmp + [tmp_path / "flip.tsv", "--min-agree", "100", "--max-dp", "1e-4", "--list"],
-                       capture_output=True, text=True)
+    c = compare(tsv["fp32"], tmp_path / "flip.tsv", "--min-agree", "100", "--max-dp", "1e-4", "--list")
     assert c.returncode == 1 and "1 differ" in c.stdout and c.stdout.splitlines()[1] == i, c.stdout + c.stderr
     assert "labels agree on 98.44% < 100.0%" in c.stderr and "max |dp(pos)|" in c.stderr, c.stderr
     (tmp_path / "short.tsv").write_text("\n".join(rows[1:]) + "\n")
-    c = subprocess.run(cmp + [tmp_path / "short.tsv"], capture_output=True, text=True)
+    c = compare(tsv["fp32"], tmp_path / "short.tsv")
     assert c.returncode != 0 and "different reviews" in c.stderr, c.stdout + c.stderr
+
+    # int8: PTQ (exported here, CPU layout) and QAT (the pipeline's export) in ORT CPU against their
+    # checkpoints, within QUANT_BOUNDS
+    run_bq("export", "--model", out / "ptq", "--out", tmp_path / "ptq-int8-cpu.onnx", "--cpu-layout")
+    for ck, path in (("ptq", tmp_path / "ptq-int8-cpu.onnx"), ("qat", out / "qat-int8-cpu.onnx")):
+        t = tmp_path / f"ort-{ck}.tsv"
+        ort_predictions(path, out / "fp32", t)
+        c = compare(tsv[ck], t, *QUANT_BOUNDS)
+        print(f"{ck} checkpoint vs its int8 ONNX export (CPU layout, ORT CPU): {c.stdout.strip()}")
+        assert c.returncode == 0, c.stdout + c.stderr
+    # one activation scale doubled (layer 0's query/key/value input) must fail the same bounds
+    m = onnx.load(str(out / "qat-int8-cpu.onnx"))
+    edited = 0
+    for init in m.graph.initializer:
+        if init.name == WRONG:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * np.float32(2), init.name))
+            edited += 1
+    assert edited == 1, [i.name for i in m.graph.initializer if "scale" in i.name][:10]
+    onnx.save(m, str(tmp_path / "wrong.onnx"))
+    ort_predictions(tmp_path / "wrong.onnx", out / "fp32", tmp_path / "ort-wrong.tsv")
+    c = compare(tsv["qat"], tmp_path / "ort-wrong.tsv", *QUANT_BOUNDS)
+    print(f"qat checkpoint vs its export with {WRONG} doubled: {c.stdout.strip()}")
+    assert c.returncode == 1 and "FAIL" in c.stderr, c.stdout + c.stderr
 
     # the same command again: every stage is done, only the report is written
     p = run_bq(*args, timeout=600)
     assert "qat: done already" in p.stderr, p.stderr[-3000:]
     for cmd in ("finetune --model", "qat --model", "calibrate --model", "export --model", "eval --model", "onnx_eval.py"):
         assert cmd not in p.stderr, (cmd, p.stderr[-3000:])
-    assert (out / "report.md").exists()
+
+    # another --train-samples (and the ort scheme): the fp32 stage names the change, every stage runs
+    # again, and the report shows what ran
+    args2 = args[:args.index("--train-samples")] + ["--train-samples", 80] + \
+        args[args.index("--train-samples") + 2:] + ["--scheme", "ort"]
+    p = run_bq(*args2, timeout=3600)
+    log = p.stderr
+    assert "fp32: running again (--train-samples 96 -> 80)" in log, log[-3000:]
+    assert "done already" not in log, log[-3000:]
+    for stage in ORT_STAGES:
+        assert f"[pipeline] {stage}: /" in log, (stage, log[-3000:])
+    for stage in ("fp32", "qat"):
+        assert json.loads((out / f".done-{stage}").read_text())["settings"]["--train-samples"] == "80"
+    report = (out / "report.md").read_text()
+    for row in ("| PTQ (ort scheme", "| QAT (ort scheme)", "| ONNX int8 QAT, CPU layout (for ORT CPU)",
+                "| ONNX int8 QAT, default layout (for ONNX Runtime QOrdered (CUDA); ORT CPU here)",
+                "--train-samples 80", "- eval-onnx-int8 ("):
+        assert row in report, (row, report)
+    assert "--train-samples 96" not in report, report
