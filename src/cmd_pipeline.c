@@ -426,7 +426,7 @@ int bq_cmd_pipeline(int argc, char **argv) {
      * kernels); the default layout of the ort scheme is what onnxruntime.transformers.optimizer fuses
      * into QOrdered (CUDA) kernels, that of the qdqbert scheme what TensorRT builds int8 engines from.
      * Every export is scored here on ONNX Runtime CPU. */
-    const char *default_for = !strcmp(p.scheme, "qdqbert") ? "TensorRT" : "ONNX Runtime QOrdered (CUDA)";
+    const char *default_for = scheme == BQ_SCHEME_QDQBERT ? "TensorRT" : "ONNX Runtime QOrdered (CUDA)";
     char ptq_label[64], qat_label[64], int8_label[128], int8_note[1024];
     snprintf(ptq_label, sizeof ptq_label, "PTQ (%s scheme, percentile 99.99)", p.scheme);
     snprintf(qat_label, sizeof qat_label, "QAT (%s scheme)", p.scheme);
