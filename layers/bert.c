@@ -272,14 +272,10 @@ static BqTensor *layer_forward(BqBert *m, BqCtx *ctx, int l, BqTensor *x, const 
     return qact(qs, ctx, l, BQ_QP_OUT_LN, o);
 }
 
-int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits, BqTensor **loss) {
-    BQ_CHECK(m && ctx && ctx->act && in && logits);
+int bq_bert_check_input(const BqBert *m, const BqBertInput *in, int *labelled) {
     const BqBertConfig *c = &m->cfg;
     const int64_t B = in->B, T = in->T;
-    *logits = NULL;
-    if (loss) *loss = NULL;
-
-    /* input validation: everything here is caused by data, so it is an error, not an abort */
+    /* everything here is caused by data, so it is an error, not an abort */
     if (B <= 0 || T <= 0) return bq_err(BQ_EINVAL, "batch: empty batch (B=%lld, T=%lld)", (long long)B, (long long)T);
     if (T > c->max_position_embeddings)
         return bq_err(BQ_EINVAL, "batch: sequence length %lld exceeds max_position_embeddings %d", (long long)T,
@@ -294,30 +290,45 @@ int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **log
             return bq_err(BQ_EFORMAT, "batch: token type %d at (%lld,%lld) is outside type_vocab_size %d",
                           in->token_type_ids[i], (long long)(i / T), (long long)(i % T), c->type_vocab_size);
     }
-    int labelled = in->labels != NULL;
-    for (int64_t b = 0; labelled && b < B; b++) {
-        if (in->labels[b] < 0) labelled = 0;
+    *labelled = in->labels != NULL;
+    for (int64_t b = 0; *labelled && b < B; b++) {
+        if (in->labels[b] < 0) *labelled = 0;
         else if (in->labels[b] >= c->num_labels)
             return bq_err(BQ_EFORMAT, "batch: label %d of example %lld is not below num_labels %d", in->labels[b],
                           (long long)b, c->num_labels);
     }
+    return BQ_OK;
+}
 
+BqTensor *bq_bert_embed(BqBert *m, BqCtx *ctx, const BqBertInput *in) {
+    const BqBertConfig *c = &m->cfg;
+    const int64_t B = in->B, T = in->T;
     /* ids of positions and (when the input has none) token types, in the activation arena: the
-     * embedding backward reads them after this function returns */
+     * embedding backward reads them after the forward returns */
     int32_t *pos_ids = bq_arena_alloc(ctx->act, (size_t)(B * T) * sizeof(int32_t));
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++) pos_ids[b * T + t] = (int32_t)t;
     const int32_t *type_ids = in->token_type_ids;
     if (!type_ids) type_ids = bq_arena_alloc_zero(ctx->act, (size_t)(B * T) * sizeof(int32_t));
 
-    /* BertEmbeddings: LayerNorm(word + token_type + position), HF's summation order */
+    /* LayerNorm(word + token_type + position), HF's summation order */
     BqTensor *x = bq_op_embedding(ctx, &m->word_emb, in->input_ids, B, T);
     x = bq_op_add(ctx, x, bq_op_embedding(ctx, &m->type_emb, type_ids, B, T));
     x = bq_op_add(ctx, x, bq_op_embedding(ctx, &m->pos_emb, pos_ids, B, T));
     x = bq_op_layernorm(ctx, x, &m->emb_ln_w, &m->emb_ln_b, c->layer_norm_eps);
     x = qact(m->quant, ctx, BQ_QP_LAYER_EMB, -1, x);
-    x = bq_op_dropout(ctx, x, c->hidden_dropout_prob);
+    return bq_op_dropout(ctx, x, c->hidden_dropout_prob);
+}
 
+int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits, BqTensor **loss) {
+    BQ_CHECK(m && ctx && ctx->act && in && logits);
+    const BqBertConfig *c = &m->cfg;
+    *logits = NULL;
+    if (loss) *loss = NULL;
+    int labelled = 0;
+    int st = bq_bert_check_input(m, in, &labelled);
+    if (st) return st;
+    BqTensor *x = bq_bert_embed(m, ctx, in);
     for (int l = 0; l < c->num_hidden_layers; l++) x = layer_forward(m, ctx, l, x, in->attention_mask);
 
     /* BertPooler: tanh(dense(x[:, 0])); then dropout and the classifier */

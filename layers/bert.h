@@ -110,6 +110,14 @@ typedef struct BqBertInput {
     const int32_t *labels;         /* (B), or NULL; a label < 0 (unlabeled) disables the loss */
 } BqBertInput;
 
+/* Validates a batch against the model (ids, token types, lengths, labels): a bad value is a
+ * BQ_EINVAL/BQ_EFORMAT error naming the position. *labelled = 1 when every example has a label. */
+int bq_bert_check_input(const BqBert *m, const BqBertInput *in, int *labelled);
+/* BertEmbeddings of a checked batch: LayerNorm(word + token type + position), its quantizer when the
+ * scheme has one, dropout when ctx->training → (B,T,H), recorded on ctx->tape when set. Shared by
+ * bq_bert_forward and the integer engine (layers/bert_int8.h). */
+BqTensor *bq_bert_embed(BqBert *m, BqCtx *ctx, const BqBertInput *in);
+
 /* Forward pass of BertForSequenceClassification: logits (B, num_labels); when the input has labels
  * (all >= 0) and loss != NULL, also the mean cross-entropy loss (shape (1)). Records on ctx->tape
  * when set. Fake quantization happens at the placement points of m->quant, if any. Bad ids, types,

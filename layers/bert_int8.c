@@ -338,33 +338,10 @@ int bq_int8_forward(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *i
     if (!m->quant || e->num_layers != c->num_hidden_layers || e->hidden != c->hidden_size ||
         e->inter != c->intermediate_size)
         return bq_err(BQ_EINVAL, "int8 engine: the model is not the one the engine was prepared from");
-    const int64_t B = in->B, T = in->T;
-    if (B <= 0 || T <= 0) return bq_err(BQ_EINVAL, "batch: empty batch (B=%lld, T=%lld)", (long long)B, (long long)T);
-    if (T > c->max_position_embeddings)
-        return bq_err(BQ_EINVAL, "batch: sequence length %lld exceeds max_position_embeddings %d", (long long)T,
-                      c->max_position_embeddings);
-    BQ_CHECK(in->input_ids);
-    for (int64_t i = 0; i < B * T; i++) {
-        if (in->input_ids[i] < 0 || in->input_ids[i] >= c->vocab_size)
-            return bq_err(BQ_EFORMAT, "batch: token id %d at (%lld,%lld) is outside the vocabulary of %d",
-                          in->input_ids[i], (long long)(i / T), (long long)(i % T), c->vocab_size);
-        if (in->token_type_ids && (in->token_type_ids[i] < 0 || in->token_type_ids[i] >= c->type_vocab_size))
-            return bq_err(BQ_EFORMAT, "batch: token type %d at (%lld,%lld) is outside type_vocab_size %d",
-                          in->token_type_ids[i], (long long)(i / T), (long long)(i % T), c->type_vocab_size);
-    }
-    int32_t *pos_ids = bq_arena_alloc(ctx->act, (size_t)(B * T) * sizeof(int32_t));
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) pos_ids[b * T + t] = (int32_t)t;
-    const int32_t *type_ids = in->token_type_ids;
-    if (!type_ids) type_ids = bq_arena_alloc_zero(ctx->act, (size_t)(B * T) * sizeof(int32_t));
-
-    /* BertEmbeddings, as bq_bert_forward */
-    BqTensor *x = bq_op_embedding(ctx, &m->word_emb, in->input_ids, B, T);
-    x = bq_op_add(ctx, x, bq_op_embedding(ctx, &m->type_emb, type_ids, B, T));
-    x = bq_op_add(ctx, x, bq_op_embedding(ctx, &m->pos_emb, pos_ids, B, T));
-    x = bq_op_layernorm(ctx, x, &m->emb_ln_w, &m->emb_ln_b, c->layer_norm_eps);
-    x = qact(m->quant, ctx, BQ_QP_LAYER_EMB, -1, x);
-    x = bq_op_dropout(ctx, x, c->hidden_dropout_prob);
+    int labelled = 0;
+    int st = bq_bert_check_input(m, in, &labelled);
+    if (st) return st;
+    BqTensor *x = bq_bert_embed(m, ctx, in);
 
     for (int l = 0; l < c->num_hidden_layers; l++) {
         int rc = layer_forward(&e->layers[l], m, ctx, l, x, in->attention_mask, &x);
