@@ -1,6 +1,6 @@
 """The integer engine (layers/bert_int8.h) through the CLI: `eval`/`predict --engine`, and `bench`.
 
-One small fine-tune of all-MiniLM-L6-v2 (320 IMDB reviews, seq 64) is calibrated with the `cpu` scheme
+One small fine-tune of all-MiniLM-L6-v2 (720 IMDB reviews, seq 64) is calibrated with the `cpu` scheme
 (which the integer engine runs on every x86-64 CPU: 7-bit weights) and with the `ort` scheme (which
 it refuses). On 200 test reviews the int8 engine must agree with the same checkpoint's fake-quant
 eval and with ONNX Runtime on its export; its predictions must not depend on batch size or threads."""
@@ -34,7 +34,7 @@ def ckpts(tmp_path_factory, bin_path):
     require(os.path.exists(IMDB), f"IMDB archive missing: {IMDB}")
     d = tmp_path_factory.mktemp("int8")
     fp32, cpu, ort, onnx = d / "fp32", d / "ptq_cpu", d / "ptq_ort", d / "ptq_cpu.onnx"
-    run_bq("finetune", "--model", MODEL, "--data", IMDB, "--out", fp32, "--train-samples", 320,
+    run_bq("finetune", "--model", MODEL, "--data", IMDB, "--out", fp32, "--train-samples", 800,
            "--val-fraction", 0.1, "--eval-samples", 32, "--epochs", 1, "--lr", 1e-4, "--batch-size", 16,
            "--max-seq-len", SEQ, "--threads", 2, "--seed", 7)
     run_bq("calibrate", "--model", fp32, "--data", IMDB, "--out", cpu, "--scheme", "cpu", "--calib-samples", 64,
@@ -76,10 +76,14 @@ def test_int8_matches_fake_quant_and_is_batch_and_thread_invariant(ckpts):
     # the integer result depends on neither the batch size nor the thread count: identical files
     eval_json(ckpts["cpu"], d / "int8_b1.tsv", "--engine", "int8", "--batch-size", 1, "--threads", 2)
     eval_json(ckpts["cpu"], d / "int8_t1.tsv", "--engine", "int8", "--batch-size", 32, "--threads", 1)
-    ref = (d / "int8.tsv").read_text()
-    assert len(ref.splitlines()) == SAMPLES
+    # (lines sorted by review index: the batcher's order depends on the batch size)
+    ref = sorted((d / "int8.tsv").read_text().splitlines())
+    assert len(ref) == SAMPLES
     for other in ("int8_b1.tsv", "int8_t1.tsv"):
-        assert (d / other).read_text() == ref, f"{other} differs from batch 32 / 2 threads"
+        lines = sorted((d / other).read_text().splitlines())
+        differ = sum(a != b for a, b in zip(ref, lines)) + abs(len(ref) - len(lines))
+        print(f"{other}: {differ} lines differ from batch 32 / 2 threads")
+        assert differ == 0
 
 
 def test_int8_matches_onnxruntime_on_the_export(ckpts):
