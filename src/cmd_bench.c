@@ -4,7 +4,6 @@
  * ends with one sentence saying whether int8 pays off here (a speed-up of at least 1.1x over fp32 at
  * every batch size measured). */
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <spawn.h>
 #include <stdio.h>
