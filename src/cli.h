@@ -15,5 +15,6 @@ int bq_cmd_qat(int argc, char **argv);        /* src/cmd_quant.c */
 int bq_cmd_info(int argc, char **argv);       /* src/cmd_quant.c */
 int bq_cmd_export(int argc, char **argv);     /* src/cmd_export.c */
 int bq_cmd_pipeline(int argc, char **argv);   /* src/cmd_pipeline.c */
+int bq_cmd_bench(int argc, char **argv);      /* src/cmd_bench.c */
 
 #endif

@@ -39,6 +39,47 @@ int bq_cli_model_load(BqBert *m, BqTokenizer **tok, const char *dir, int num_lab
     return bq_tokenizer_load(tok, vocab, NULL);
 }
 
+/* ---- inference engine ---- */
+
+int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine, const char *tag, const char **name) {
+    *out = NULL;
+    int want_int8 = !strcmp(engine, "int8");
+    if (!want_int8 && strcmp(engine, "auto") && strcmp(engine, "fake-quant"))
+        return bq_err(BQ_EINVAL, "--engine: '%s' is not auto, int8 or fake-quant", engine);
+    if (!m->quant) {
+        if (want_int8)
+            return bq_err(BQ_EINVAL, "--engine int8: the model has no quantizers (a fp32 checkpoint); the integer "
+                          "engine runs PTQ/QAT checkpoints");
+        *name = "fp32";
+        fprintf(stderr, "[%s] engine: fp32 (the model has no quantizers)\n", tag);
+        return BQ_OK;
+    }
+    if (!strcmp(engine, "fake-quant")) {
+        *name = "fake-quant";
+        fprintf(stderr, "[%s] engine: fake-quant (fp32 arithmetic on quantized values)\n", tag);
+        return BQ_OK;
+    }
+    double t0 = bq_now();
+    int st = bq_int8_prepare(out, m);
+    if (st == BQ_EINVAL && !want_int8) {
+        fprintf(stderr, "[%s] note: the int8 engine does not run this model (%s); using fake-quant\n", tag,
+                bq_errmsg());
+        bq_err_clear();
+        *out = NULL;
+        *name = "fake-quant";
+        fprintf(stderr, "[%s] engine: fake-quant (fp32 arithmetic on quantized values)\n", tag);
+        return BQ_OK;
+    }
+    if (st) {
+        *out = NULL;
+        return want_int8 ? bq_err_ctx(st, "--engine int8") : st;
+    }
+    *name = "int8";
+    fprintf(stderr, "[%s] engine: int8 (%d integer Linears in %d GEMMs, packed in %.0f ms)\n", tag,
+            bq_int8_linear_count(*out), bq_int8_gemm_count(*out), (bq_now() - t0) * 1e3);
+    return BQ_OK;
+}
+
 /* ---- data flags ---- */
 
 /* One column setting: the flag, else the record; *from names where it came from. */

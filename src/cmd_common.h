@@ -8,6 +8,7 @@
 
 #include "datasets/dataset.h"
 #include "layers/bert.h"
+#include "layers/bert_int8.h"
 #include "src/args.h"
 #include "src/train.h"
 
@@ -19,6 +20,22 @@ const char *bq_truncation_name(BqTruncation t);
  * at DIR, native checkpoint or Hugging Face directory (num_labels 0: its own; a fresh classifier is
  * drawn from `seed`). The loader's report goes to stderr as "[tag] ...". */
 int bq_cli_model_load(BqBert *m, BqTokenizer **tok, const char *dir, int num_labels, uint64_t seed, const char *tag);
+
+/* ---- inference engine (eval, predict) ---- */
+
+/* The forward eval and predict run, chosen by --engine `engine` (auto, int8 or fake-quant) for m:
+ *   m without quantizers (fp32): *out NULL, *name "fp32"; `int8` is an error naming the flag;
+ *   int8: the integer engine (layers/bert_int8.h) packed now, or an error naming the flag and why the
+ *         engine refuses the model;
+ *   auto: int8 when bq_int8_prepare accepts m, else fake quant with a one-line note on stderr giving
+ *         the engine's reason;
+ *   fake-quant: *out NULL (bq_bert_forward with m->quant).
+ * *name receives "int8", "fake-quant" or "fp32", and "[tag] engine: NAME ..." goes to stderr. The
+ * caller frees *out with bq_int8_free. Errors: BQ_EINVAL naming --engine; the engine's other failures. */
+int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine, const char *tag, const char **name);
+
+#define BQ_CLI_ENGINE_HELP "auto, int8 or fake-quant: the forward of a quantized checkpoint (auto: the integer " \
+    "engine where it accepts the model, else fake quant; fp32 checkpoints run fp32)"
 
 /* ---- data flags ---- */
 

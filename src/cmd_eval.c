@@ -43,7 +43,7 @@ static void pred_write(void *user, const BqBatch *b, const float *probs) {
 
 /* The metrics as a table or (json) one JSON object on stdout. */
 static void eval_print(const BqBert *m, const BqConfusion *conf, const BqCliData *d, const char *model,
-                       const char *split, double secs, int batch_size, int json) {
+                       const char *split, double secs, int batch_size, const char *engine, int json) {
     BqMetrics mt = bq_metrics_compute(conf);
     double eps = mt.n / (secs > 1e-9 ? secs : 1e-9);
     int C = m->cfg.num_labels;
@@ -66,6 +66,7 @@ static void eval_print(const BqBert *m, const BqConfusion *conf, const BqCliData
         json_object_set_new(j, "truncation", json_string(bq_truncation_name(d->used.truncation)));
         json_object_set_new(j, "batch_size", json_integer(batch_size));
         json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
+        json_object_set_new(j, "engine", json_string(engine));
         json_t *labels = json_array(), *cm = json_array();
         for (int i = 0; i < C; i++) {
             json_array_append_new(labels, json_string(label_name(m, i, nb, sizeof nb)));
@@ -85,6 +86,7 @@ static void eval_print(const BqBert *m, const BqConfusion *conf, const BqCliData
         printf("accuracy   %.4f\nprecision  %.4f\nrecall     %.4f\nf1         %.4f   (%s)\nloss       %.4f\n",
                mt.accuracy, mt.precision, mt.recall, mt.f1, C == 2 ? "binary, positive class 1" : "macro", mt.loss);
         printf("speed      %.1f examples/s (%.2fs, %d threads)\n", eps, secs, bq_runtime_threads());
+        printf("engine     %s\n", engine);
         printf("confusion matrix (rows: true, columns: predicted)\n%12s", "");
         for (int k = 0; k < C; k++) printf(" %10.10s", label_name(m, k, nb, sizeof nb));
         printf("\n");
@@ -97,7 +99,7 @@ static void eval_print(const BqBert *m, const BqConfusion *conf, const BqCliData
 }
 
 int bq_cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *split = "test", *predictions = NULL;
+    const char *model = NULL, *split = "test", *predictions = NULL, *engine = "auto", *engine_name = NULL;
     int samples = 0, batch_size = 64, threads = 0, json = 0, seed = 42;
     double val_fraction = 0.1;
     int train_samples = 0;
@@ -114,6 +116,7 @@ int bq_cmd_eval(int argc, char **argv) {
         {"val-fraction", BQ_ARG_FLOAT, &val_fraction, "for --split val: as in finetune", 0, 0, 0.9},
         {"train-samples", BQ_ARG_INT, &train_samples, "for --split val/train: as in finetune", 0, 0, 1e9},
         {"json", BQ_ARG_FLAG, &json, "print one JSON object instead of a table", 0, 0, 0},
+        {"engine", BQ_ARG_STR, &engine, BQ_CLI_ENGINE_HELP, 0, 0, 0},
         {"predictions", BQ_ARG_STR, &predictions, "write index, label, predicted label, its probability per example "
          "(TSV) to this file", 0, 0, 0},
     };
@@ -137,7 +140,9 @@ int bq_cmd_eval(int argc, char **argv) {
     char pred_tmp[4200] = "";
     PredWriter pw = {0};
     BqDataSpec spec;
-    if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "eval")) || (st = bq_cli_data_resolve(&d, &m, "eval")))
+    BqInt8Engine *eng = NULL;
+    if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "eval")) || (st = bq_cli_data_resolve(&d, &m, "eval")) ||
+        (st = bq_cli_engine_select(&eng, &m, engine, "eval", &engine_name)))
         goto cleanup;
     bq_cli_data_spec(&spec, &d, split, seed, threads);
     spec.eval_samples = !strcmp(split, "test") ? samples : 0;
@@ -168,7 +173,7 @@ int bq_cmd_eval(int argc, char **argv) {
         pw.C = m.cfg.num_labels;
     }
     double t0 = bq_now();
-    if ((st = bq_evaluate(&m, &src, &act, &conf, 0, pw.f ? pred_write : NULL, &pw))) goto cleanup;
+    if ((st = bq_evaluate_engine(&m, eng, &src, &act, &conf, 0, pw.f ? pred_write : NULL, &pw))) goto cleanup;
     double secs = bq_now() - t0;
     if (pw.f) {
         int bad = fclose(pw.f) != 0;
@@ -179,7 +184,7 @@ int bq_cmd_eval(int argc, char **argv) {
         }
         if ((st = bq_rename_durable(pred_tmp, predictions))) goto cleanup;
     }
-    eval_print(&m, &conf, &d, model, split, secs, batch_size, json);
+    eval_print(&m, &conf, &d, model, split, secs, batch_size, engine_name, json);
 
 cleanup:
     if (pw.f) fclose(pw.f);
@@ -189,6 +194,7 @@ cleanup:
     if (act.base) bq_arena_free(&act);
     if (ds) bq_dataset_free(ds);
     if (tok) bq_tokenizer_free(tok);
+    bq_int8_free(eng);
     bq_bert_free(&m);
     return st;
 }
@@ -197,7 +203,7 @@ cleanup:
 
 /* One example through the model (batch of 1, no padding): *label = argmax, *prob its softmax
  * probability. ids, types (T). */
-static int predict_one(BqBert *m, BqArena *act, const int32_t *ids, const int32_t *types, float *mask, int64_t T,
+static int predict_one(BqBert *m, BqInt8Engine *e, BqArena *act, const int32_t *ids, const int32_t *types, float *mask, int64_t T,
                        int *label, double *prob) {
     for (int64_t t = 0; t < T; t++) mask[t] = 1;
     int32_t none = -1;
@@ -207,7 +213,7 @@ static int predict_one(BqBert *m, BqArena *act, const int32_t *ids, const int32_
     BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
     BqTensor *logits = NULL;
     BqBertInput in = bq_batch_input(&b);
-    int st = bq_bert_forward(m, &ctx, &in, &logits, NULL);
+    int st = bq_infer_forward(m, e, &ctx, &in, &logits);
     if (st) return st;
     const float *z = logits->data;
     int C = m->cfg.num_labels, k = bq_argmax(z, C);
@@ -254,7 +260,7 @@ static void predict_print(const PredictOut *o, int k, double prob) {
 }
 
 /* --data: every example of the split, in source order. */
-static int predict_dataset(BqBert *m, BqArena *act, const BqDataset *ds, PredictOut *o) {
+static int predict_dataset(BqBert *m, BqInt8Engine *e, BqArena *act, const BqDataset *ds, PredictOut *o) {
     int64_t cap = ds->max_len > 0 ? ds->max_len : 1;
     int64_t *at = bq_malloc(sizeof(int64_t) * (size_t)(ds->source_count + 1));
     int32_t *types = bq_malloc(sizeof(int32_t) * (size_t)cap);
@@ -270,7 +276,7 @@ static int predict_dataset(BqBert *m, BqArena *act, const BqDataset *ds, Predict
         for (int64_t t = 0; t < T; t++) types[t] = ds->types[ds->offsets[i] + t];
         int label;
         double prob;
-        if ((st = predict_one(m, act, ids, types, mask, T, &label, &prob))) break;
+        if ((st = predict_one(m, e, act, ids, types, mask, T, &label, &prob))) break;
         o->index = k;
         o->truth = ds->labels[i] >= 0 ? ds->label_names[ds->labels[i]] : NULL;
         predict_print(o, label, prob);
@@ -282,7 +288,7 @@ static int predict_dataset(BqBert *m, BqArena *act, const BqDataset *ds, Predict
 }
 
 /* TEXT arguments, else stdin lines; with a pair model each record is "text<TAB>pair". */
-static int predict_texts(BqBert *m, BqArena *act, const BqTokenizer *tok, const BqCliData *d, const BqArgs *args,
+static int predict_texts(BqBert *m, BqInt8Engine *e, BqArena *act, const BqTokenizer *tok, const BqCliData *d, const BqArgs *args,
                          PredictOut *o) {
     int L = d->used.max_seq_len, pairs = d->used.text_pair_column[0] != 0, st = BQ_OK;
     int32_t *ids = bq_malloc(sizeof(int32_t) * (size_t)L), *types = bq_malloc(sizeof(int32_t) * (size_t)L);
@@ -317,7 +323,7 @@ static int predict_texts(BqBert *m, BqArena *act, const BqTokenizer *tok, const 
         int64_t T = bq_tokenizer_encode(tok, o->text, o->len, o->pair, o->pair_len, L, d->used.truncation, ids, types, L);
         int label;
         double prob;
-        if ((st = predict_one(m, act, ids, types, mask, T, &label, &prob))) break;
+        if ((st = predict_one(m, e, act, ids, types, mask, T, &label, &prob))) break;
         predict_print(o, label, prob);
     }
     free(line);
@@ -328,7 +334,7 @@ static int predict_texts(BqBert *m, BqArena *act, const BqTokenizer *tok, const 
 }
 
 int bq_cmd_predict(int argc, char **argv) {
-    const char *model = NULL, *split = "test";
+    const char *model = NULL, *split = "test", *engine = "auto", *engine_name = NULL;
     int threads = 0, json = 0, seed = 42;
     BqCliData d = {0};
     const BqArgSpec specs[] = {
@@ -340,6 +346,7 @@ int bq_cmd_predict(int argc, char **argv) {
         {"seed", BQ_ARG_INT, &seed, "with --data: seed of the split selection (as in finetune)", 0, 0, 2147483647},
         {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
         {"json", BQ_ARG_FLAG, &json, "one JSON object per line", 0, 0, 0},
+        {"engine", BQ_ARG_STR, &engine, BQ_CLI_ENGINE_HELP, 0, 0, 0},
     };
     BqArgs args = {.cmd = "predict", .usage = "--model CKPT [TEXT...]   (no TEXT: one text per stdin line)",
                    .summary = "Classify texts: prints the label and its probability per text, as label<TAB>probability"
@@ -361,22 +368,25 @@ int bq_cmd_predict(int argc, char **argv) {
     memset(&m, 0, sizeof m);
     BqArena act = {0};
     PredictOut o = {.m = &m, .json = json, .index = -1};
+    BqInt8Engine *eng = NULL;
     if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "predict")) || (st = bq_cli_data_resolve(&d, &m, "predict")) ||
+        (st = bq_cli_engine_select(&eng, &m, engine, "predict", &engine_name)) ||
         (st = bq_arena_init(&act, ACT_RESERVE, "activations")))
         goto cleanup;
     if (d.path) {
         BqDataSpec spec;
         bq_cli_data_spec(&spec, &d, split, seed, threads);
         if ((st = bq_dataset_load(&ds, &spec, tok))) goto cleanup;
-        st = predict_dataset(&m, &act, ds, &o);
+        st = predict_dataset(&m, eng, &act, ds, &o);
     } else {
-        st = predict_texts(&m, &act, tok, &d, &args, &o);
+        st = predict_texts(&m, eng, &act, tok, &d, &args, &o);
     }
 
 cleanup:
     if (ds) bq_dataset_free(ds);
     if (act.base) bq_arena_free(&act);
     if (tok) bq_tokenizer_free(tok);
+    bq_int8_free(eng);
     bq_bert_free(&m);
     return st;
 }

@@ -23,6 +23,7 @@ static const Command COMMANDS[] = {
     {"export-hf", bq_cmd_export_hf, "write a Hugging Face directory (config.json, model.safetensors)"},
     {"info", bq_cmd_info, "describe a checkpoint: config, parameters and every quantizer"},
     {"pipeline", bq_cmd_pipeline, "fine-tune, calibrate, QAT, export and evaluate, with a report"},
+    {"bench", bq_cmd_bench, "latency of fp32, fake-quant and int8 forwards (and ONNX Runtime) on this CPU"},
     {"tokenize", bq_cmd_tokenize, "print WordPiece ids or tokens of input lines"},
     {"data-stats", bq_cmd_data_stats, "counts per split and label, and token-length percentiles"},
 };

@@ -37,8 +37,19 @@ void bq_train_config_default(BqTrainConfig *tc) {
     tc->tag = "train";
 }
 
+int bq_infer_forward(BqBert *m, BqInt8Engine *e, BqCtx *ctx, const BqBertInput *in, BqTensor **logits) {
+    BQ_CHECK(!ctx->tape && !ctx->training);
+    return e ? bq_int8_forward(e, m, ctx, in, logits) : bq_bert_forward(m, ctx, in, logits, NULL);
+}
+
 int bq_evaluate(BqBert *m, BqBatchSource *src, BqArena *act, BqConfusion *conf, int64_t max_examples,
                 void (*probs_cb)(void *user, const BqBatch *b, const float *probs), void *user) {
+    return bq_evaluate_engine(m, NULL, src, act, conf, max_examples, probs_cb, user);
+}
+
+int bq_evaluate_engine(BqBert *m, BqInt8Engine *e, BqBatchSource *src, BqArena *act, BqConfusion *conf,
+                       int64_t max_examples, void (*probs_cb)(void *user, const BqBatch *b, const float *probs),
+                       void *user) {
     int st = src->begin_epoch(src->ctx, 0);
     if (st) return st;
     int C = m->cfg.num_labels;
@@ -52,7 +63,7 @@ int bq_evaluate(BqBert *m, BqBatchSource *src, BqArena *act, BqConfusion *conf, 
         BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
         BqTensor *logits = NULL;
         BqBertInput in = bq_batch_input(b);
-        st = bq_bert_forward(m, &ctx, &in, &logits, NULL);
+        st = bq_infer_forward(m, e, &ctx, &in, &logits);
         if (st) {
             bq_arena_rewind(act, mark);
             return st;

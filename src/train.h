@@ -15,6 +15,7 @@
 
 #include "datasets/batch.h"
 #include "layers/bert.h"
+#include "layers/bert_int8.h"
 #include "src/metrics.h"
 #include "src/train_state.h"
 
@@ -115,5 +116,16 @@ int bq_train_apply(BqBert *m, const BqTrainConfig *tc, BqTrainState *ts, double 
  * When probs_cb is set it receives each batch's softmax probabilities (B, num_labels). */
 int bq_evaluate(BqBert *m, BqBatchSource *src, BqArena *act, BqConfusion *conf, int64_t max_examples,
                 void (*probs_cb)(void *user, const BqBatch *b, const float *probs), void *user);
+
+/* The inference forward of eval and predict: logits (B, num_labels) of in, through the integer engine
+ * e (layers/bert_int8.h, prepared from m) when e is set, else bq_bert_forward without a tape (fp32 or
+ * fake quant). ctx->tape must be NULL and ctx->training 0. */
+int bq_infer_forward(BqBert *m, BqInt8Engine *e, BqCtx *ctx, const BqBertInput *in, BqTensor **logits);
+
+/* bq_evaluate with its forwards through bq_infer_forward(m, e, ...); e NULL is bq_evaluate. The trainer's
+ * validation uses bq_evaluate (fake quant, the function training optimises). */
+int bq_evaluate_engine(BqBert *m, BqInt8Engine *e, BqBatchSource *src, BqArena *act, BqConfusion *conf,
+                       int64_t max_examples, void (*probs_cb)(void *user, const BqBatch *b, const float *probs),
+                       void *user);
 
 #endif

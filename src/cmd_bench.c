@@ -1,0 +1,346 @@
+/* `bertqat bench`: forward latency of one quantized checkpoint on this CPU, as fp32 (its float weights
+ * with the quantizers detached), fake quant and the integer engine (layers/bert_int8.h), and of an ONNX
+ * file in ONNX Runtime (scripts/onnx_bench.py in a child Python) at the same batch sizes and length;
+ * ends with one sentence saying whether int8 pays off here (a speed-up of at least 1.1x over fp32 at
+ * every batch size measured). */
+#include <errno.h>
+#include <jansson.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "autograd/bq.h"
+#include "autograd/qgemm.h"
+#include "layers/bert_int8.h"
+#include "src/args.h"
+#include "src/cli.h"
+#include "src/cmd_common.h"
+
+extern char **environ;
+
+#define MAX_BATCHES 16
+#define MAX_ROUNDS 1000
+#define PAYS_OFF 1.1 /* int8 speed-up over fp32 that counts as paying off */
+
+enum { P_FP32, P_FAKE, P_INT8, P_ORT, NPATHS };
+static const char *const PATH_NAMES[NPATHS] = {"fp32", "fake-quant", "int8", "onnxruntime"};
+
+/* First "model name" of /proc/cpuinfo, else "unknown CPU". */
+static void cpu_model(char *buf, size_t n) {
+    snprintf(buf, n, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10)) {
+            char *p = strchr(line, ':');
+            if (p) {
+                p += 1 + (p[1] == ' ');
+                p[strcspn(p, "\n")] = 0;
+                snprintf(buf, n, "%s", p);
+            }
+            break;
+        }
+    fclose(f);
+}
+
+/* "1,32" into at most MAX_BATCHES sizes in [1, 4096]. */
+static int parse_batches(const char *s, int *out, int *n) {
+    *n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 1 || v > 4096 || (*end && *end != ',') || *n == MAX_BATCHES)
+            return bq_err(BQ_EINVAL, "--batch-sizes: '%s' is not a comma-separated list of at most %d sizes in "
+                          "[1, 4096]", s, MAX_BATCHES);
+        out[(*n)++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (!*n) return bq_err(BQ_EINVAL, "--batch-sizes: empty");
+    return BQ_OK;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One forward of path p (fp32: m->quant detached for the call). Seconds in *dt. */
+static int run_path(int p, BqBert *m, BqInt8Engine *e, BqArena *act, const BqBertInput *in, double *dt) {
+    struct BqQuantState *qs = m->quant;
+    if (p == P_FP32) m->quant = NULL;
+    BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
+    BqTensor *lg = NULL;
+    double t0 = bq_now();
+    int st = p == P_INT8 ? bq_int8_forward(e, m, &ctx, in, &lg) : bq_bert_forward(m, &ctx, in, &lg, NULL);
+    *dt = bq_now() - t0;
+    m->quant = qs;
+    bq_arena_rewind(act, 0);
+    return st;
+}
+
+/* Median milliseconds of fp32, fake quant and (e set) int8 at batch B after one warm-up round; the
+ * paths alternate within each round so that a change of machine load affects them alike. */
+static int time_batch(BqBert *m, BqInt8Engine *e, BqArena *act, int B, int T, int rounds, BqRng *rng,
+                      double med[NPATHS]) {
+    int32_t *ids = bq_malloc(sizeof(int32_t) * (size_t)B * (size_t)T);
+    float *mask = bq_malloc(sizeof(float) * (size_t)B * (size_t)T);
+    double *t = bq_malloc(sizeof(double) * (size_t)rounds * NPATHS);
+    int V = m->cfg.vocab_size, lo = V > 2000 ? 1000 : 0, st = BQ_OK;
+    for (int64_t i = 0; i < (int64_t)B * T; i++) {
+        ids[i] = i % T == 0 && V > 101 ? 101 : lo + (int32_t)bq_rng_below(rng, (uint64_t)(V - lo));
+        mask[i] = 1.0f;
+    }
+    BqBertInput in = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask};
+    for (int r = -1; r < rounds && !st; r++)
+        for (int p = P_FP32; p <= P_INT8 && !st; p++) {
+            if (p == P_INT8 && !e) continue;
+            double dt;
+            st = run_path(p, m, e, act, &in, &dt);
+            if (r >= 0) t[p * rounds + r] = dt;
+        }
+    for (int p = P_FP32; p <= P_INT8 && !st; p++) {
+        if (p == P_INT8 && !e) continue;
+        qsort(t + p * rounds, (size_t)rounds, sizeof *t, cmp_d);
+        med[p] = rounds % 2 ? t[p * rounds + rounds / 2] * 1e3
+                            : 0.5 * (t[p * rounds + rounds / 2 - 1] + t[p * rounds + rounds / 2]) * 1e3;
+    }
+    free(ids);
+    free(mask);
+    free(t);
+    return st;
+}
+
+/* Runs scripts/onnx_bench.py under `python` and reads its JSON into ort[i] (ms per batch bs[i]) and
+ * *version. Errors name --onnx or --python. */
+static int time_onnx(const char *python, const char *onnx, const int *bs, int nb, int T, int threads, int rounds,
+                     int vocab, double *ort, char *version, size_t vlen) {
+    char script[4200], batches[256] = "", seq[32], thr[32], rnd[32], voc[32];
+    snprintf(script, sizeof script, "%s/scripts/onnx_bench.py", BQ_SOURCE_DIR);
+    for (int i = 0; i < nb; i++)
+        snprintf(batches + strlen(batches), sizeof batches - strlen(batches), "%s%d", i ? "," : "", bs[i]);
+    snprintf(seq, sizeof seq, "%d", T);
+    snprintf(thr, sizeof thr, "%d", threads);
+    snprintf(rnd, sizeof rnd, "%d", rounds);
+    snprintf(voc, sizeof voc, "%d", vocab);
+    char *argv[] = {(char *)python, script, "--onnx", (char *)onnx, "--batch-sizes", batches, "--seq", seq,
+                    "--threads", thr, "--rounds", rnd, "--vocab", voc, NULL};
+    int fd[2];
+    if (pipe(fd)) return bq_err(BQ_EIO, "--onnx: pipe: %s", strerror(errno));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fd[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&fa, fd[0]);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, python, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fd[1]);
+    if (rc) {
+        close(fd[0]);
+        return bq_err(BQ_EINVAL, "--python %s: cannot start: %s", python, strerror(rc));
+    }
+    size_t len = 0, cap = 4096;
+    char *out = bq_malloc(cap);
+    ssize_t k;
+    while ((k = read(fd[0], out + len, cap - len - 1)) != 0) {
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        len += (size_t)k;
+        if (cap - len < 2) out = bq_realloc(out, cap *= 2);
+    }
+    out[len] = 0;
+    close(fd[0]);
+    int status = 0, st = BQ_OK;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    json_t *j = NULL;
+    if (!WIFEXITED(status) || WEXITSTATUS(status)) {
+        st = bq_err(BQ_EIO, "--onnx %s: %s %s failed (exit %d; its message is above)", onnx, python, script,
+                    WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        goto cleanup;
+    }
+    json_error_t je;
+    json_t *res;
+    if (!(j = json_loads(out, 0, &je)) || !json_is_array(res = json_object_get(j, "results")) ||
+        (int)json_array_size(res) != nb) {
+        st = bq_err(BQ_EFORMAT, "--onnx %s: unexpected output of %s", onnx, script);
+        goto cleanup;
+    }
+    for (int i = 0; i < nb; i++) ort[i] = json_number_value(json_object_get(json_array_get(res, (size_t)i), "median_ms"));
+    snprintf(version, vlen, "%s", json_string_value(json_object_get(j, "onnxruntime")) ?
+             json_string_value(json_object_get(j, "onnxruntime")) : "?");
+
+cleanup:
+    if (j) json_decref(j);
+    free(out);
+    return st;
+}
+
+int bq_cmd_bench(int argc, char **argv) {
+    const char *model = NULL, *onnx = NULL, *batch_arg = "1,32", *python = getenv("BQ_PYTHON");
+    int seq = 0, threads = 0, rounds = 10, json = 0;
+    const BqArgSpec specs[] = {
+        {"model", BQ_ARG_STR, &model, "quantized checkpoint (PTQ or QAT)", 1, 0, 0},
+        {"onnx", BQ_ARG_STR, &onnx, "also time this ONNX file in ONNX Runtime (e.g. the checkpoint's export)", 0, 0, 0},
+        {"batch-sizes", BQ_ARG_STR, &batch_arg, "comma-separated batch sizes", 0, 0, 0},
+        {"seq", BQ_ARG_INT, &seq, "tokens per example (0: the checkpoint's max_seq_len, else 128)", 0, 0, 8192},
+        {"threads", BQ_ARG_INT, &threads, "threads, for bertqat and ONNX Runtime alike (0: all cores)", 0, 0, 4096},
+        {"rounds", BQ_ARG_INT, &rounds, "timed forwards per path and batch size, after one warm-up", 0, 1, MAX_ROUNDS},
+        {"python", BQ_ARG_STR, &python, "Python with onnxruntime for --onnx (env BQ_PYTHON; else the source tree's "
+         ".venv)", 0, 0, 0},
+        {"json", BQ_ARG_FLAG, &json, "print the results as one JSON object instead of a table", 0, 0, 0},
+    };
+    BqArgs args = {.cmd = "bench", .usage = "--model CKPT [--onnx FILE] [options]",
+                   .summary = "Forward latency (median ms) of a quantized checkpoint as fp32, fake quant and integer "
+                              "(int8) on this CPU, and of an ONNX file in ONNX Runtime; says whether int8 pays off.",
+                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
+    int st = bq_args_parse(&args, argc, argv);
+    if (st || args.help) return st;
+    int bs[MAX_BATCHES], nb = 0;
+    if ((st = parse_batches(batch_arg, bs, &nb))) return st;
+    char venv_python[4200];
+    snprintf(venv_python, sizeof venv_python, "%s/.venv/bin/python", BQ_SOURCE_DIR);
+    if (!python || !*python) python = venv_python;
+    if (onnx && !bq_is_file(onnx)) return bq_err(BQ_EINVAL, "--onnx %s: no such file", onnx);
+    bq_runtime_set_threads(threads);
+
+    BqTokenizer *tok = NULL;
+    BqBert m;
+    memset(&m, 0, sizeof m);
+    BqArena act = {0};
+    BqInt8Engine *eng = NULL;
+    json_t *j = NULL;
+    char reason[1024] = "", cpu[256], ort_version[64] = "";
+    double med[MAX_BATCHES][NPATHS] = {{0}}, ort[MAX_BATCHES] = {0}, prep_ms = 0;
+    if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "bench"))) goto cleanup;
+    if (!m.quant) {
+        st = bq_err(BQ_EINVAL, "--model %s: no quantizers (a fp32 checkpoint); bench compares the fp32, fake-quant "
+                    "and int8 forwards of a PTQ or QAT checkpoint", model);
+        goto cleanup;
+    }
+    int T = seq > 0 ? seq : m.data.max_seq_len > 0 ? m.data.max_seq_len : 128;
+    if (T > m.cfg.max_position_embeddings) {
+        st = bq_err(BQ_EINVAL, "--seq: %d tokens exceed the model's %d positions", T, m.cfg.max_position_embeddings);
+        goto cleanup;
+    }
+    double t0 = bq_now();
+    st = bq_int8_prepare(&eng, &m);
+    prep_ms = (bq_now() - t0) * 1e3;
+    if (st == BQ_EINVAL) {
+        snprintf(reason, sizeof reason, "%s", bq_errmsg());
+        bq_err_clear();
+        eng = NULL;
+        st = BQ_OK;
+    } else if (st) {
+        goto cleanup;
+    }
+    if ((st = bq_arena_init(&act, (size_t)64 << 30, "activations"))) goto cleanup;
+    BqRng rng;
+    bq_rng_seed(&rng, 1);
+    for (int i = 0; i < nb; i++) {
+        fprintf(stderr, "[bench] batch %d, seq %d: %d rounds\n", bs[i], T, rounds);
+        if ((st = time_batch(&m, eng, &act, bs[i], T, rounds, &rng, med[i]))) goto cleanup;
+    }
+    if (onnx && (st = time_onnx(python, onnx, bs, nb, T, bq_runtime_threads(), rounds, m.cfg.vocab_size, ort,
+                                ort_version, sizeof ort_version)))
+        goto cleanup;
+
+    int pays = eng != NULL;
+    for (int i = 0; i < nb && eng; i++) pays &= med[i][P_FP32] / med[i][P_INT8] >= PAYS_OFF;
+    char verdict[2048];
+    if (!eng) {
+        snprintf(verdict, sizeof verdict, "int8 cannot run on this machine for this checkpoint: %s.", reason);
+    } else {
+        int n = snprintf(verdict, sizeof verdict, "int8 %s on this machine: the integer forward is ",
+                         pays ? "pays off" : "does not pay off");
+        for (int i = 0; i < nb; i++)
+            n += snprintf(verdict + n, sizeof verdict - (size_t)n, "%s%.2fx (batch %d)", i ? (i == nb - 1 ? " and " : ", ") : "",
+                          med[i][P_FP32] / med[i][P_INT8], bs[i]);
+        snprintf(verdict + n, sizeof verdict - (size_t)n, " as fast as fp32 (it pays off at >= %.1fx at every batch "
+                 "size).", PAYS_OFF);
+    }
+    cpu_model(cpu, sizeof cpu);
+    if (json) {
+        j = json_object();
+        json_object_set_new(j, "model", json_string(model));
+        json_object_set_new(j, "cpu", json_string(cpu));
+        json_object_set_new(j, "onednn", json_string(bq_dnnl_describe()));
+        json_object_set_new(j, "blas", json_string(bq_runtime_describe()));
+        json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
+        json_object_set_new(j, "seq", json_integer(T));
+        json_object_set_new(j, "rounds", json_integer(rounds));
+        json_object_set_new(j, "int8_available", json_boolean(eng != NULL));
+        if (!eng) json_object_set_new(j, "int8_refused", json_string(reason));
+        if (onnx) json_object_set_new(j, "onnx", json_string(onnx));
+        if (onnx) json_object_set_new(j, "onnxruntime", json_string(ort_version));
+        json_t *rows = json_array();
+        for (int i = 0; i < nb; i++) {
+            json_t *r = json_object();
+            json_object_set_new(r, "batch", json_integer(bs[i]));
+            for (int p = 0; p < NPATHS; p++) {
+                if ((p == P_INT8 && !eng) || (p == P_ORT && !onnx)) continue;
+                char key[64];
+                snprintf(key, sizeof key, "%s_ms", PATH_NAMES[p]);
+                json_object_set_new(r, key, json_real(p == P_ORT ? ort[i] : med[i][p]));
+            }
+            if (eng) json_object_set_new(r, "fp32_over_int8", json_real(med[i][P_FP32] / med[i][P_INT8]));
+            if (eng && onnx) json_object_set_new(r, "onnxruntime_over_int8", json_real(ort[i] / med[i][P_INT8]));
+            json_array_append_new(rows, r);
+        }
+        json_object_set_new(j, "results", rows);
+        json_object_set_new(j, "int8_pays_off", json_boolean(pays));
+        json_object_set_new(j, "verdict", json_string(verdict));
+        char *s = json_dumps(j, JSON_INDENT(2));
+        printf("%s\n", s);
+        free(s);
+    } else {
+        printf("CPU        %s\n%s\n%s\n", cpu, bq_dnnl_describe(), bq_runtime_describe());
+        printf("model      %s, seq %d, %d threads, median of %d rounds after a warm-up\n", model, T,
+               bq_runtime_threads(), rounds);
+        if (eng)
+            printf("int8       %d integer Linears in %d GEMMs, packed in %.0f ms\n", bq_int8_linear_count(eng),
+                   bq_int8_gemm_count(eng), prep_ms);
+        else
+            printf("int8       not available: %s\n", reason);
+        if (onnx) printf("ORT        onnxruntime %s on %s\n", ort_version, onnx);
+        printf("\n%-22s", "ms per forward");
+        for (int i = 0; i < nb; i++) {
+            char h[32];
+            snprintf(h, sizeof h, "batch %d", bs[i]);
+            printf(" %12s", h);
+        }
+        printf("\n");
+        for (int p = 0; p < NPATHS; p++) {
+            if ((p == P_INT8 && !eng) || (p == P_ORT && !onnx)) continue;
+            printf("%-22s", PATH_NAMES[p]);
+            for (int i = 0; i < nb; i++) printf(" %12.2f", p == P_ORT ? ort[i] : med[i][p]);
+            printf("\n");
+        }
+        if (eng) {
+            printf("%-22s", "fp32 / int8");
+            for (int i = 0; i < nb; i++) printf(" %11.2fx", med[i][P_FP32] / med[i][P_INT8]);
+            printf("\n");
+        }
+        if (eng && onnx) {
+            printf("%-22s", "onnxruntime / int8");
+            for (int i = 0; i < nb; i++) printf(" %11.2fx", ort[i] / med[i][P_INT8]);
+            printf("\n");
+        }
+        printf("\n%s\n", verdict);
+    }
+
+cleanup:
+    if (j) json_decref(j);
+    bq_int8_free(eng);
+    if (act.base) bq_arena_free(&act);
+    if (tok) bq_tokenizer_free(tok);
+    bq_bert_free(&m);
+    return st;
+}
