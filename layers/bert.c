@@ -224,33 +224,58 @@ static inline BqTensor *qweight(BqQuantState *qs, BqCtx *ctx, int layer, int poi
     return qs ? bq_quant_weight(qs, ctx, layer, point, w) : w;
 }
 
+/* y = the Linear `id` of layer l on x: the hook's result when it computes it, else x through the input
+ * quantizer at in_pt (xq: x already through a shared quantizer) times w through the weight quantizer
+ * at w_pt, plus b. qs NULL: no quantizers (fp32 model, pooler, classifier). */
+static int linear(BqCtx *ctx, const BqLinearHook *hk, BqQuantState *qs, int l, BqLinearId id, BqTensor *x,
+                  BqTensor *xq, int in_pt, BqTensor *w, int w_pt, BqTensor *b, BqTensor **y) {
+    *y = NULL;
+    if (hk) {
+        int st = hk->run(hk->user, ctx, l, id, x, w, b, y);
+        if (st || *y) return st;
+    }
+    *y = bq_op_linear(ctx, qs ? qact(qs, ctx, l, in_pt, xq) : xq, qs ? qweight(qs, ctx, l, w_pt, w) : w, b);
+    return BQ_OK;
+}
+
 /* One BertLayer (attention, residual + LayerNorm, feed-forward, residual + LayerNorm) on x (B,T,H). */
-static BqTensor *layer_forward(BqBert *m, BqCtx *ctx, int l, BqTensor *x, const float *mask) {
+static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, BqTensor *x, const float *mask,
+                         BqTensor **y) {
     const BqBertConfig *c = &m->cfg;
     BqBertLayer *L = &m->layers[l];
     BqQuantState *qs = m->quant;
     const int nh = c->num_attention_heads;
     const float scale = 1.0f / sqrtf((float)(c->hidden_size / nh));
+    int st;
 
     /* BertSelfAttention; xa: the query/key/value input, quantized once by the cpu scheme */
-    BqTensor *xa = qact(qs, ctx, l, BQ_QP_QKV_IN, x);
-    BqTensor *q = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_Q_IN, xa), qweight(qs, ctx, l, BQ_QP_W_Q, &L->q_w), &L->q_b);
-    q = qact(qs, ctx, l, BQ_QP_Q_OUT, q);
-    BqTensor *k = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_K_IN, xa), qweight(qs, ctx, l, BQ_QP_W_K, &L->k_w), &L->k_b);
-    k = qact(qs, ctx, l, BQ_QP_K_OUT, k);
-    BqTensor *v = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_V_IN, xa), qweight(qs, ctx, l, BQ_QP_W_V, &L->v_w), &L->v_b);
-    v = qact(qs, ctx, l, BQ_QP_V_OUT, v);
-    BqTensor *s = bq_op_attn_scores(ctx, qact(qs, ctx, l, BQ_QP_MM1_Q, q), qact(qs, ctx, l, BQ_QP_MM1_K, k), nh);
+    static const int in_pt[3] = {BQ_QP_Q_IN, BQ_QP_K_IN, BQ_QP_V_IN}, out_pt[3] = {BQ_QP_Q_OUT, BQ_QP_K_OUT, BQ_QP_V_OUT};
+    static const int w_pt[3] = {BQ_QP_W_Q, BQ_QP_W_K, BQ_QP_W_V};
+    BqTensor *W[3] = {&L->q_w, &L->k_w, &L->v_w}, *Bias[3] = {&L->q_b, &L->k_b, &L->v_b};
+    BqTensor *qkv[3] = {NULL, NULL, NULL};
+    if (hk && (st = hk->run(hk->user, ctx, l, BQ_LIN_QKV, x, NULL, NULL, qkv))) return st;
+    if (qkv[0]) {
+        for (int j = 0; j < 3; j++) qkv[j] = qact(qs, ctx, l, out_pt[j], qkv[j]);
+    } else {
+        BqTensor *xa = qact(qs, ctx, l, BQ_QP_QKV_IN, x);
+        for (int j = 0; j < 3; j++) {
+            if ((st = linear(ctx, hk, qs, l, (BqLinearId)(BQ_LIN_Q + j), x, xa, in_pt[j], W[j], w_pt[j], Bias[j],
+                             &qkv[j])))
+                return st;
+            qkv[j] = qact(qs, ctx, l, out_pt[j], qkv[j]);
+        }
+    }
+    BqTensor *s = bq_op_attn_scores(ctx, qact(qs, ctx, l, BQ_QP_MM1_Q, qkv[0]), qact(qs, ctx, l, BQ_QP_MM1_K, qkv[1]), nh);
     s = qact(qs, ctx, l, BQ_QP_SCORES, s);                                      /* (B,NH,T,T) */
     BqTensor *p = bq_op_softmax_mask(ctx, s, mask, scale, -FLT_MAX);
     p = qact(qs, ctx, l, BQ_QP_PROBS, p);
     p = bq_op_dropout(ctx, p, c->attention_probs_dropout_prob);
-    BqTensor *cx = bq_op_attn_context(ctx, qact(qs, ctx, l, BQ_QP_MM2_P, p), qact(qs, ctx, l, BQ_QP_MM2_V, v), nh);
+    BqTensor *cx = bq_op_attn_context(ctx, qact(qs, ctx, l, BQ_QP_MM2_P, p), qact(qs, ctx, l, BQ_QP_MM2_V, qkv[2]), nh);
     cx = qact(qs, ctx, l, BQ_QP_CONTEXT, cx);                                   /* (B,T,H) */
 
     /* BertSelfOutput: LayerNorm(dropout(dense(ctx)) + x) */
-    BqTensor *a = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_AO_IN, cx), qweight(qs, ctx, l, BQ_QP_W_AO, &L->ao_w),
-                               &L->ao_b);
+    BqTensor *a;
+    if ((st = linear(ctx, hk, qs, l, BQ_LIN_AO, cx, cx, BQ_QP_AO_IN, &L->ao_w, BQ_QP_W_AO, &L->ao_b, &a))) return st;
     a = bq_op_dropout(ctx, a, c->hidden_dropout_prob);
     a = bq_op_add(ctx, qact(qs, ctx, l, BQ_QP_ADD1_LOCAL, a), qact(qs, ctx, l, BQ_QP_ADD1_RESID, x));
     a = qact(qs, ctx, l, BQ_QP_ATTN_RESID, a);
@@ -258,21 +283,26 @@ static BqTensor *layer_forward(BqBert *m, BqCtx *ctx, int l, BqTensor *x, const 
     a = qact(qs, ctx, l, BQ_QP_ATTN_LN, a);
 
     /* BertIntermediate: gelu(dense(a)) */
-    BqTensor *h = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_I_IN, a), qweight(qs, ctx, l, BQ_QP_W_I, &L->i_w), &L->i_b);
+    BqTensor *h;
+    if ((st = linear(ctx, hk, qs, l, BQ_LIN_I, a, a, BQ_QP_I_IN, &L->i_w, BQ_QP_W_I, &L->i_b, &h))) return st;
     h = qact(qs, ctx, l, BQ_QP_INTER_OUT, h);                                   /* (B,T,I) */
     h = bq_op_gelu(ctx, h);
     h = qact(qs, ctx, l, BQ_QP_GELU_OUT, h);
 
     /* BertOutput: LayerNorm(dropout(dense(h)) + a) */
-    BqTensor *o = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_O_IN, h), qweight(qs, ctx, l, BQ_QP_W_O, &L->o_w), &L->o_b);
+    BqTensor *o;
+    if ((st = linear(ctx, hk, qs, l, BQ_LIN_O, h, h, BQ_QP_O_IN, &L->o_w, BQ_QP_W_O, &L->o_b, &o))) return st;
     o = bq_op_dropout(ctx, o, c->hidden_dropout_prob);
     o = bq_op_add(ctx, qact(qs, ctx, l, BQ_QP_ADD2_LOCAL, o), qact(qs, ctx, l, BQ_QP_ADD2_RESID, a));
     o = qact(qs, ctx, l, BQ_QP_OUT_RESID, o);
     o = bq_op_layernorm(ctx, o, &L->ln2_w, &L->ln2_b, c->layer_norm_eps);
-    return qact(qs, ctx, l, BQ_QP_OUT_LN, o);
+    *y = qact(qs, ctx, l, BQ_QP_OUT_LN, o);
+    return BQ_OK;
 }
 
-int bq_bert_check_input(const BqBert *m, const BqBertInput *in, int *labelled) {
+/* Validates a batch against the model (ids, token types, lengths, labels): a bad value is a
+ * BQ_EINVAL/BQ_EFORMAT error naming the position. *labelled = 1 when every example has a label. */
+static int check_input(const BqBert *m, const BqBertInput *in, int *labelled) {
     const BqBertConfig *c = &m->cfg;
     const int64_t B = in->B, T = in->T;
     /* everything here is caused by data, so it is an error, not an abort */
@@ -300,7 +330,9 @@ int bq_bert_check_input(const BqBert *m, const BqBertInput *in, int *labelled) {
     return BQ_OK;
 }
 
-BqTensor *bq_bert_embed(BqBert *m, BqCtx *ctx, const BqBertInput *in) {
+/* BertEmbeddings of a checked batch: LayerNorm(word + token type + position), its quantizer when the
+ * scheme has one, dropout when ctx->training → (B,T,H). */
+static BqTensor *embed(BqBert *m, BqCtx *ctx, const BqBertInput *in) {
     const BqBertConfig *c = &m->cfg;
     const int64_t B = in->B, T = in->T;
     /* ids of positions and (when the input has none) token types, in the activation arena: the
@@ -321,21 +353,32 @@ BqTensor *bq_bert_embed(BqBert *m, BqCtx *ctx, const BqBertInput *in) {
 }
 
 int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits, BqTensor **loss) {
+    return bq_bert_forward_hooked(m, ctx, in, NULL, logits, loss);
+}
+
+int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const BqLinearHook *hook,
+                           BqTensor **logits, BqTensor **loss) {
     BQ_CHECK(m && ctx && ctx->act && in && logits);
+    BQ_CHECK(!hook || !ctx->tape); /* engines compute forward values only */
     const BqBertConfig *c = &m->cfg;
     *logits = NULL;
     if (loss) *loss = NULL;
     int labelled = 0;
-    int st = bq_bert_check_input(m, in, &labelled);
+    int st = check_input(m, in, &labelled);
     if (st) return st;
-    BqTensor *x = bq_bert_embed(m, ctx, in);
-    for (int l = 0; l < c->num_hidden_layers; l++) x = layer_forward(m, ctx, l, x, in->attention_mask);
+    BqTensor *x = embed(m, ctx, in);
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if ((st = layer_forward(m, ctx, hook, l, x, in->attention_mask, &x))) return st;
 
     /* BertPooler: tanh(dense(x[:, 0])); then dropout and the classifier */
-    BqTensor *pooled = bq_op_tanh(ctx, bq_op_linear(ctx, bq_op_select_token(ctx, x, 0), &m->pool_w, &m->pool_b));
+    BqTensor *pooled, *cls = bq_op_select_token(ctx, x, 0);
+    if ((st = linear(ctx, hook, NULL, -1, BQ_LIN_POOLER, cls, cls, -1, &m->pool_w, -1, &m->pool_b, &pooled))) return st;
+    pooled = bq_op_tanh(ctx, pooled);
     float cls_p = c->classifier_dropout >= 0 ? c->classifier_dropout : c->hidden_dropout_prob;
     pooled = bq_op_dropout(ctx, pooled, cls_p);
-    *logits = bq_op_linear(ctx, pooled, &m->cls_w, &m->cls_b); /* (B, num_labels) */
+    /* (B, num_labels) */
+    if ((st = linear(ctx, hook, NULL, -1, BQ_LIN_CLASSIFIER, pooled, pooled, -1, &m->cls_w, -1, &m->cls_b, logits)))
+        return st;
     if (loss && labelled) *loss = bq_op_cross_entropy(ctx, *logits, in->labels);
     return BQ_OK;
 }

@@ -110,18 +110,32 @@ typedef struct BqBertInput {
     const int32_t *labels;         /* (B), or NULL; a label < 0 (unlabeled) disables the loss */
 } BqBertInput;
 
-/* Validates a batch against the model (ids, token types, lengths, labels): a bad value is a
- * BQ_EINVAL/BQ_EFORMAT error naming the position. *labelled = 1 when every example has a label. */
-int bq_bert_check_input(const BqBert *m, const BqBertInput *in, int *labelled);
-/* BertEmbeddings of a checked batch: LayerNorm(word + token type + position), its quantizer when the
- * scheme has one, dropout when ctx->training → (B,T,H), recorded on ctx->tape when set. Shared by
- * bq_bert_forward and the integer engine (layers/bert_int8.h). */
-BqTensor *bq_bert_embed(BqBert *m, BqCtx *ctx, const BqBertInput *in);
-
 /* Forward pass of BertForSequenceClassification: logits (B, num_labels); when the input has labels
  * (all >= 0) and loss != NULL, also the mean cross-entropy loss (shape (1)). Records on ctx->tape
  * when set. Fake quantization happens at the placement points of m->quant, if any. Bad ids, types,
  * labels or lengths are BQ_EINVAL/BQ_EFORMAT errors. */
 int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits, BqTensor **loss);
+
+/* The Linears of the model as an engine hook sees them: the six of each encoder layer, query, key and
+ * value as one product (asked first; when the hook declines, each is asked alone), then the pooler and
+ * the classifier (layer -1). */
+typedef enum BqLinearId {
+    BQ_LIN_Q, BQ_LIN_K, BQ_LIN_V, BQ_LIN_AO, BQ_LIN_I, BQ_LIN_O, BQ_LIN_QKV, BQ_LIN_POOLER, BQ_LIN_CLASSIFIER
+} BqLinearId;
+
+/* An inference engine that computes some Linears its own way (layers/bert_int8.h). run() receives the
+ * Linear's input x before any input quantizer, and its fp32 weight and bias (NULL for BQ_LIN_QKV). It
+ * returns BQ_OK with out[0] set (out[0..2] for BQ_LIN_QKV) when it computed the Linear, BQ_OK with
+ * out[0] left NULL to leave the Linear to the forward (fake-quantized operands, bq_op_linear), or an
+ * error status, which the forward returns. */
+typedef struct BqLinearHook {
+    void *user;
+    int (*run)(void *user, BqCtx *ctx, int layer, BqLinearId id, BqTensor *x, const BqTensor *w,
+               const BqTensor *b, BqTensor **out);
+} BqLinearHook;
+
+/* bq_bert_forward with hook (may be NULL) asked for every Linear; only without a tape. */
+int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const BqLinearHook *hook,
+                           BqTensor **logits, BqTensor **loss);
 
 #endif

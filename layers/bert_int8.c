@@ -1,8 +1,7 @@
 /* Integer inference forward of a quantized BERT (layers/bert_int8.h).
  *
- * Reference: layers/bert.c (layer_forward, bq_bert_forward), which this file follows op for op with the
- * same quantization hooks (bq_quant_act / bq_quant_weight of layers/quant.h, here always without a
- * tape and without observers), except that a Linear whose input and weight are both quantized becomes:
+ * The forward is layers/bert.c's (bq_bert_forward_hooked, without a tape); this file supplies its
+ * BqLinearHook, so only the Linears differ: one whose input and weight are both quantized becomes:
  *   codes = clamp(rne(x / sx), -128, 127)       (bq_qgemm_quantize_u8: the fake quantizer's rounding)
  *   y     = fl(fl(Σ codes·qw · fl(sx·sw[n])) + b[n])   (bq_qgemm_linear, exact integer sum)
  * with qw = clamp(rne(w / sw[n]), qmin, qmax), the weight quantizer's codes (so fl(qw·sw) is exactly
@@ -201,10 +200,6 @@ int bq_int8_gemm_count(const BqInt8Engine *e) { return e->ngemm; }
 
 /* ---- forward ---- */
 
-static inline BqTensor *qact(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTensor *x) {
-    return bq_quant_act(qs, ctx, layer, point, x);
-}
-
 /* y (B,N) = x (B,K)·Wᵀ + b with a fixed summation order per output (8 interleaved partial sums
  * added pairwise, then the bias), so a row's result depends neither on B nor on the thread count.
  * The pooler and the classifier use it: OpenBLAS's sgemm gives a row different roundings for
@@ -249,85 +244,28 @@ static int int8_linear(BqCtx *ctx, const Int8Linear *il, const BqTensor *x, int 
     return bq_qgemm_linear(il->w, codes, M, il->sx, il->bias, nout, dst, acc);
 }
 
-/* One BertLayer as layers/bert.c's layer_forward, with the integer Linears of IL. */
-static int layer_forward(const Int8Layer *IL, BqBert *m, BqCtx *ctx, int l, BqTensor *x, const float *mask,
-                         BqTensor **y) {
-    const BqBertConfig *c = &m->cfg;
-    BqBertLayer *L = &m->layers[l];
-    BqQuantState *qs = m->quant;
-    const int nh = c->num_attention_heads;
-    const float scale = 1.0f / sqrtf((float)(c->hidden_size / nh));
-    int rc;
-
-    /* BertSelfAttention */
-    BqTensor *qkv[3] = {NULL, NULL, NULL};
-    if (IL->fused_qkv) {
-        if ((rc = int8_linear(ctx, &IL->qkv[0], x, 3, qkv))) return rc;
-    } else {
-        static const int in_pt[3] = {BQ_QP_Q_IN, BQ_QP_K_IN, BQ_QP_V_IN};
-        BqTensor *W[3] = {&L->q_w, &L->k_w, &L->v_w}, *bias[3] = {&L->q_b, &L->k_b, &L->v_b};
-        BqTensor *xa = NULL;
-        for (int j = 0; j < 3; j++) {
-            if (IL->qkv[j].w) {
-                if ((rc = int8_linear(ctx, &IL->qkv[j], x, 1, &qkv[j]))) return rc;
-            } else {
-                if (!xa) xa = qact(qs, ctx, l, BQ_QP_QKV_IN, x);
-                qkv[j] = bq_op_linear(ctx, qact(qs, ctx, l, in_pt[j], xa),
-                                      bq_quant_weight(qs, ctx, l, weight_point[j], W[j]), bias[j]);
-            }
-        }
+/* The engine's BqLinearHook (layers/bert.h): the integer Linears of the layer, and the pooler and
+ * classifier in row_linear's fixed summation order; every other Linear is left to the forward. */
+static int hook_run(void *user, BqCtx *ctx, int l, BqLinearId id, BqTensor *x, const BqTensor *w,
+                    const BqTensor *b, BqTensor **out) {
+    const BqInt8Engine *e = user;
+    if (id == BQ_LIN_POOLER || id == BQ_LIN_CLASSIFIER) {
+        out[0] = row_linear(ctx, x, w, b);
+        return BQ_OK;
     }
-    BqTensor *q = qact(qs, ctx, l, BQ_QP_Q_OUT, qkv[0]);
-    BqTensor *k = qact(qs, ctx, l, BQ_QP_K_OUT, qkv[1]);
-    BqTensor *v = qact(qs, ctx, l, BQ_QP_V_OUT, qkv[2]);
-    BqTensor *s = bq_op_attn_scores(ctx, qact(qs, ctx, l, BQ_QP_MM1_Q, q), qact(qs, ctx, l, BQ_QP_MM1_K, k), nh);
-    s = qact(qs, ctx, l, BQ_QP_SCORES, s);
-    BqTensor *p = bq_op_softmax_mask(ctx, s, mask, scale, -FLT_MAX);
-    p = qact(qs, ctx, l, BQ_QP_PROBS, p);
-    p = bq_op_dropout(ctx, p, c->attention_probs_dropout_prob);
-    BqTensor *cx = bq_op_attn_context(ctx, qact(qs, ctx, l, BQ_QP_MM2_P, p), qact(qs, ctx, l, BQ_QP_MM2_V, v), nh);
-    cx = qact(qs, ctx, l, BQ_QP_CONTEXT, cx);
-
-    /* BertSelfOutput */
-    BqTensor *a;
-    if (IL->ao.w) {
-        if ((rc = int8_linear(ctx, &IL->ao, cx, 1, &a))) return rc;
-    } else {
-        a = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_AO_IN, cx), bq_quant_weight(qs, ctx, l, BQ_QP_W_AO, &L->ao_w),
-                         &L->ao_b);
+    const Int8Layer *IL = &e->layers[l];
+    const Int8Linear *il = NULL;
+    int nout = 1;
+    switch (id) {
+    case BQ_LIN_QKV: il = IL->fused_qkv ? &IL->qkv[0] : NULL, nout = 3; break;
+    case BQ_LIN_Q: case BQ_LIN_K: case BQ_LIN_V: il = IL->fused_qkv ? NULL : &IL->qkv[id - BQ_LIN_Q]; break;
+    case BQ_LIN_AO: il = &IL->ao; break;
+    case BQ_LIN_I: il = &IL->inter; break;
+    case BQ_LIN_O: il = &IL->out; break;
+    default: break;
     }
-    a = bq_op_dropout(ctx, a, c->hidden_dropout_prob);
-    a = bq_op_add(ctx, qact(qs, ctx, l, BQ_QP_ADD1_LOCAL, a), qact(qs, ctx, l, BQ_QP_ADD1_RESID, x));
-    a = qact(qs, ctx, l, BQ_QP_ATTN_RESID, a);
-    a = bq_op_layernorm(ctx, a, &L->ln1_w, &L->ln1_b, c->layer_norm_eps);
-    a = qact(qs, ctx, l, BQ_QP_ATTN_LN, a);
-
-    /* BertIntermediate */
-    BqTensor *h;
-    if (IL->inter.w) {
-        if ((rc = int8_linear(ctx, &IL->inter, a, 1, &h))) return rc;
-    } else {
-        h = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_I_IN, a), bq_quant_weight(qs, ctx, l, BQ_QP_W_I, &L->i_w),
-                         &L->i_b);
-    }
-    h = qact(qs, ctx, l, BQ_QP_INTER_OUT, h);
-    h = bq_op_gelu(ctx, h);
-    h = qact(qs, ctx, l, BQ_QP_GELU_OUT, h);
-
-    /* BertOutput */
-    BqTensor *o;
-    if (IL->out.w) {
-        if ((rc = int8_linear(ctx, &IL->out, h, 1, &o))) return rc;
-    } else {
-        o = bq_op_linear(ctx, qact(qs, ctx, l, BQ_QP_O_IN, h), bq_quant_weight(qs, ctx, l, BQ_QP_W_O, &L->o_w),
-                         &L->o_b);
-    }
-    o = bq_op_dropout(ctx, o, c->hidden_dropout_prob);
-    o = bq_op_add(ctx, qact(qs, ctx, l, BQ_QP_ADD2_LOCAL, o), qact(qs, ctx, l, BQ_QP_ADD2_RESID, a));
-    o = qact(qs, ctx, l, BQ_QP_OUT_RESID, o);
-    o = bq_op_layernorm(ctx, o, &L->ln2_w, &L->ln2_b, c->layer_norm_eps);
-    *y = qact(qs, ctx, l, BQ_QP_OUT_LN, o);
-    return BQ_OK;
+    if (!il || !il->w) return BQ_OK; /* the fake-quant fp32 Linear */
+    return int8_linear(ctx, il, x, nout, out);
 }
 
 int bq_int8_forward(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits) {
@@ -338,20 +276,6 @@ int bq_int8_forward(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *i
     if (!m->quant || e->num_layers != c->num_hidden_layers || e->hidden != c->hidden_size ||
         e->inter != c->intermediate_size)
         return bq_err(BQ_EINVAL, "int8 engine: the model is not the one the engine was prepared from");
-    int labelled = 0;
-    int st = bq_bert_check_input(m, in, &labelled);
-    if (st) return st;
-    BqTensor *x = bq_bert_embed(m, ctx, in);
-
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        int rc = layer_forward(&e->layers[l], m, ctx, l, x, in->attention_mask, &x);
-        if (rc) return rc;
-    }
-
-    /* BertPooler and the classifier, one example at a time (row_linear) */
-    BqTensor *pooled = bq_op_tanh(ctx, row_linear(ctx, bq_op_select_token(ctx, x, 0), &m->pool_w, &m->pool_b));
-    float cls_p = c->classifier_dropout >= 0 ? c->classifier_dropout : c->hidden_dropout_prob;
-    pooled = bq_op_dropout(ctx, pooled, cls_p);
-    *logits = row_linear(ctx, pooled, &m->cls_w, &m->cls_b);
-    return BQ_OK;
+    BqLinearHook hook = {.user = e, .run = hook_run};
+    return bq_bert_forward_hooked(m, ctx, in, &hook, logits, NULL);
 }
