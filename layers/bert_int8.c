@@ -140,6 +140,8 @@ int bq_int8_prepare(BqInt8Engine **out, const BqBert *m) {
                                  "Linear runs on integer codes; use fake quant, or the cpu scheme");
     if (qs->calib != BQ_CALIB_OFF) return bq_err(BQ_EINVAL, "int8 engine: the quantizers are still calibrating");
     for (int i = 0; i < qs->n; i++)
+        if (!qs->q[i].enabled) return bq_err(BQ_EINVAL, "int8 engine: quantizer %s is disabled", qs->q[i].name);
+    for (int i = 0; i < qs->n; i++)
         if (!qs->q[i].initialized)
             return bq_err(BQ_EINVAL, "int8 engine: quantizer %s has no range (calibrate or train first)",
                           qs->q[i].name);

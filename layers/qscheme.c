@@ -76,6 +76,7 @@ static void quantizer_init(BqQuantizer *q, const char *name, int layer, int poin
     q->bits = bits;
     q->axis = nch > 1 ? 0 : -1;
     q->nch = nch;
+    q->enabled = 1;
     q->amax = bq_calloc((size_t)nch, sizeof(float));
     q->scale = bq_calloc((size_t)nch, sizeof(float));
     if (is_weight) {

@@ -124,6 +124,7 @@ BqTensor *bq_quant_act(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTen
     BqQuantizer *q = bq_quant_at(qs, layer, point);
     if (!q) return x;
     BQ_CHECK(!q->is_weight);
+    if (!q->enabled) return x;
     if (qs->calib == BQ_CALIB_COLLECT) {
         if (q->hist) {
             BQ_CHECK(bq_tensor_is_contiguous(x));
@@ -142,6 +143,7 @@ BqTensor *bq_quant_weight(BqQuantState *qs, BqCtx *ctx, int layer, int point, Bq
     BqQuantizer *q = bq_quant_at(qs, layer, point);
     if (!q) return w;
     BQ_CHECK(q->is_weight);
+    if (!q->enabled) return w;
     if (qs->calib == BQ_CALIB_COLLECT) { /* weights are calibrated by their per-channel max */
         observe_weight(qs, q, w, 1);
         return w;

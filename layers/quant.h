@@ -127,6 +127,9 @@ typedef struct BqQuantizer {
      * NULL for activations. Weights follow PyTorch's default_per_channel_weight_fake_quant
      * (MovingAveragePerChannelMinMaxObserver, averaging constant 0.01), as the ORT example does. */
     float *ch_min, *ch_max;
+    int enabled;           /* 1 (bq_quant_create's default): quantize; 0: bq_quant_act/bq_quant_weight pass
+                              tensors through unquantized, so a run can leave chosen quantizers in fp32
+                              without rebuilding the table (src/sensitivity.c); never saved */
 } BqQuantizer;
 
 typedef struct BqQuantConfig {
@@ -135,7 +138,7 @@ typedef struct BqQuantConfig {
     int fuse_qkv;          /* one shared range for Q, K and V outputs (or inputs) */
     float clip_gelu;       /* > 0: cap the GELU-output amax at this value */
     float averaging_constant; /* moving-average observer constant, 0.01 */
-    char exclude[256];     /* comma-separated module names kept in fp32 ("classifier,pooler") */
+    char exclude[1024];    /* comma-separated module names kept in fp32 ("classifier,pooler") */
     /* additions (qat helper) */
     int64_t freeze_after;  /* > 0: freeze every range after this many optimizer steps */
 } BqQuantConfig;

@@ -13,6 +13,7 @@ int bq_cmd_export_hf(int argc, char **argv);  /* src/cmd_export_hf.c */
 int bq_cmd_calibrate(int argc, char **argv);  /* src/cmd_quant.c */
 int bq_cmd_qat(int argc, char **argv);        /* src/cmd_quant.c */
 int bq_cmd_info(int argc, char **argv);       /* src/cmd_quant.c */
+int bq_cmd_sensitivity(int argc, char **argv); /* src/cmd_sensitivity.c */
 int bq_cmd_export(int argc, char **argv);     /* src/cmd_export.c */
 int bq_cmd_pipeline(int argc, char **argv);   /* src/cmd_pipeline.c */
 int bq_cmd_bench(int argc, char **argv);      /* src/cmd_bench.c */

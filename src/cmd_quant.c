@@ -26,6 +26,7 @@
 #include "src/cli.h"
 #include "src/cmd_common.h"
 #include "src/metrics.h"
+#include "src/sensitivity.h"
 #include "src/train.h"
 
 /* Quantization flags shared by calibrate and qat. */
@@ -120,9 +121,60 @@ static int accuracy(BqBert *m, BqBatcher *b, double *acc) {
     return st;
 }
 
+/* --keep-fp32 auto: measures every group's sensitivity on up to `samples` validation examples (the last
+ * 10 % of the training examples, as in finetune) and keeps in fp32 the most harmful groups until the
+ * accuracy is within max_drop points of fp32 (src/sensitivity.h), without recalibrating. */
+static int keep_fp32_auto(BqBert *m, BqCliData *d, const BqTokenizer *tok, int seed, int threads, int batch_size,
+                          int samples, double max_drop) {
+    BqDataset *ds = NULL;
+    BqBatcher bt = {0};
+    BqSensitivity s;
+    memset(&s, 0, sizeof s);
+    unsigned char *keep = NULL;
+    char *entries = NULL;
+    BqDataSpec spec;
+    bq_cli_data_spec(&spec, d, "val", seed, threads);
+    spec.val_fraction = 0.1;
+    int st = bq_dataset_load(&ds, &spec, tok);
+    if (st) goto cleanup;
+    if ((st = bq_batcher_init(&bt, ds, batch_size, 0, (uint64_t)seed, 0))) goto cleanup;
+    if ((st = bq_sens_init(&s, m, &bt, samples))) goto cleanup;
+    fprintf(stderr, "[calibrate] --keep-fp32 auto: %d groups on %lld validation examples: fp32 %.4f, all "
+            "quantized %.4f\n", s.ng, (long long)s.n, s.acc_fp32, s.acc_quant);
+    if ((st = bq_sens_run_groups(&s, 0))) goto cleanup;
+    keep = bq_calloc((size_t)s.ng + 1, 1);
+    int kept = 0;
+    double acc = 0.0;
+    if ((st = bq_sens_keep_fp32(&s, max_drop, keep, &kept, &acc, 0))) goto cleanup;
+    size_t cap = 1, len = 0;
+    for (int k = 0; k < s.ng; k++) cap += keep[k] ? strlen(s.g[k].exclude) + 1 : 0;
+    entries = bq_calloc(cap, 1);
+    printf("keep-fp32: validation accuracy (%lld examples): fp32 %.4f, all quantized %.4f, with %d group%s in "
+           "fp32 %.4f (budget %.2f points)\n", (long long)s.n, s.acc_fp32, s.acc_quant, kept, kept == 1 ? "" : "s",
+           acc, max_drop);
+    for (int k = 0; k < s.ng; k++) {
+        if (!keep[k]) continue;
+        printf("keep-fp32: kept in fp32: %s (only this group quantized: accuracy %.4f)\n", s.g[k].name,
+               s.g[k].acc_only);
+        len += (size_t)snprintf(entries + len, cap - len, "%s%s", len ? "," : "", s.g[k].exclude);
+    }
+    if ((s.acc_fp32 - acc) * 100.0 > max_drop + 1e-9)
+        printf("keep-fp32: even with every group in fp32 the budget is not met\n");
+    bq_sens_free(&s);
+    if (len && (st = bq_sens_exclude(m, entries, "--keep-fp32"))) goto cleanup;
+cleanup:
+    bq_sens_free(&s);
+    free(keep);
+    free(entries);
+    if (bt.ds) bq_batcher_free(&bt);
+    if (ds) bq_dataset_free(ds);
+    return st;
+}
+
 int bq_cmd_calibrate(int argc, char **argv) {
-    const char *model = NULL, *out = NULL;
-    int batch_size = 32, seed = 42, threads = 0, eval_samples = 0;
+    const char *model = NULL, *out = NULL, *keep_fp32 = NULL;
+    int batch_size = 32, seed = 42, threads = 0, eval_samples = 0, keep_samples = 512;
+    double max_drop = 0.5;
     BqCliData d = {0};
     QuantOpts q;
     quant_opts_default(&q, "percentile");
@@ -137,6 +189,11 @@ int bq_cmd_calibrate(int argc, char **argv) {
         {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
         {"eval-samples", BQ_ARG_INT, &eval_samples,
          "also report fp32 and PTQ accuracy on this many test examples (0: skip)", 0, 0, 1e9},
+        {"keep-fp32", BQ_ARG_STR, &keep_fp32, "NAME,...: module prefixes left in fp32 (added to the exclude list); "
+         "auto: the most harmful groups until validation accuracy is within --max-drop of fp32", 0, 0, 0},
+        {"max-drop", BQ_ARG_FLOAT, &max_drop, "--keep-fp32 auto: accuracy budget in percentage points", 0, 0, 100},
+        {"keep-fp32-samples", BQ_ARG_INT, &keep_samples, "--keep-fp32 auto: validation examples measured", 0, 1,
+         1e9},
     };
     BqArgs args = {.cmd = "calibrate", .usage = "--model DIR --data PATH --out DIR [options]",
                    .summary = "Post-training quantization: place fake-quant modules and calibrate their ranges.",
@@ -144,6 +201,9 @@ int bq_cmd_calibrate(int argc, char **argv) {
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
     if ((st = bq_check_writable_parent(out))) return st;
+    if ((bq_args_given(&args, "max-drop") || bq_args_given(&args, "keep-fp32-samples")) &&
+        !(keep_fp32 && !strcmp(keep_fp32, "auto")))
+        return bq_err(BQ_EINVAL, "--max-drop and --keep-fp32-samples apply only with --keep-fp32 auto");
 
     BqTokenizer *tok = NULL;
     BqDataset *dcal = NULL, *dtest = NULL;
@@ -177,12 +237,18 @@ int bq_cmd_calibrate(int argc, char **argv) {
         if (st) goto cleanup;
     }
     if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &bcal, q.calib_samples, "calibrate"))) goto cleanup;
+    if (keep_fp32 && !strcmp(keep_fp32, "auto")) {
+        if ((st = keep_fp32_auto(&m, &d, tok, seed, threads, batch_size, keep_samples, max_drop))) goto cleanup;
+    } else if (keep_fp32 && (st = bq_sens_exclude(&m, keep_fp32, "--keep-fp32"))) {
+        goto cleanup;
+    }
     if (eval_samples > 0 && (st = accuracy(&m, &btest, &acc_ptq))) goto cleanup;
     m.data = d.used;
     if ((st = bq_ckpt_save(&m, out, model, NULL))) goto cleanup;
     printf("calibrate: %d quantizers, calibrator %s", m.quant->n, bq_calibrator_name(method));
     if (method == BQ_CALIBRATOR_PERCENTILE) printf(" %.4g", q.percentile);
     printf(", scheme %s; checkpoint %s\n", bq_scheme_name(qcfg.scheme), out);
+    if (keep_fp32) printf("calibrate: exclude list (kept in fp32) \"%s\"\n", m.quant->cfg.exclude);
     if (eval_samples > 0)
         printf("calibrate: accuracy on %lld test examples: fp32 %.4f, ptq %.4f\n", (long long)dtest->n, acc_fp32,
                acc_ptq);

@@ -21,6 +21,7 @@ static const Command COMMANDS[] = {
     {"qat", bq_cmd_qat, "quantization-aware fine-tuning with fake-quantized modules"},
     {"export", bq_cmd_export, "export a checkpoint to ONNX (fp32, or Q/DQ for quantized checkpoints)"},
     {"export-hf", bq_cmd_export_hf, "write a Hugging Face directory (config.json, model.safetensors)"},
+    {"sensitivity", bq_cmd_sensitivity, "per-group quantization sensitivity: accuracy and KL against fp32"},
     {"info", bq_cmd_info, "describe a checkpoint: config, parameters and every quantizer"},
     {"pipeline", bq_cmd_pipeline, "fine-tune, calibrate, QAT, export and evaluate, with a report"},
     {"bench", bq_cmd_bench, "latency of fp32, fake-quant and int8 forwards (and ONNX Runtime) on this CPU"},

@@ -1,0 +1,321 @@
+/* Per-group quantization sensitivity and the greedy fp32 fallback (src/sensitivity.h). The grouping
+ * follows the quantizer names of layers/qscheme.c; KL is computed in double from the logits. */
+#include "src/sensitivity.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/bq.h"
+#include "src/train.h"
+
+/* 1 when `prefix` equals a dotted prefix of name ("a.b" matches "a.b.c", not "a.bc"). */
+static int dotted_prefix(const char *prefix, const char *name) {
+    size_t len = strlen(prefix);
+    return strncmp(name, prefix, len) == 0 && (name[len] == '.' || name[len] == '\0');
+}
+
+/* The group name of quantizer q in scheme s (src/sensitivity.h). */
+static void group_name(const BqQuantizer *q, BqScheme s, char *out, size_t cap) {
+    const char *last = strrchr(q->name, '.');
+    BQ_CHECK(last != NULL);
+    int plen = (int)(last - q->name);
+    const char *role = last + 1;
+    if (!strncmp(role, "matmul_q_", 9) || !strncmp(role, "matmul_k_", 9))
+        snprintf(out, cap, "%.*s.matmul_qk", plen, q->name);
+    else if (!strncmp(role, "matmul_a_", 9) || !strncmp(role, "matmul_v_", 9))
+        snprintf(out, cap, "%.*s.matmul_av", plen, q->name);
+    else if (!strncmp(role, "add_", 4))
+        snprintf(out, cap, "%.*s.residual_add", plen, q->name);
+    else if (s == BQ_SCHEME_CPU && q->is_weight &&
+             (q->point == BQ_QP_W_Q || q->point == BQ_QP_W_K || q->point == BQ_QP_W_V)) {
+        /* query/key/value read the one attention.self input quantizer: one QKV group */
+        const char *p = q->name + plen;
+        while (p > q->name && *--p != '.') {}
+        snprintf(out, cap, "%.*s", (int)(p - q->name), q->name);
+    } else {
+        snprintf(out, cap, "%.*s", plen, q->name);
+    }
+}
+
+int bq_sens_groups(const BqQuantState *qs, BqSensGroup **out, int *ng) {
+    int st = BQ_OK;
+    *out = NULL;
+    *ng = 0;
+    BqSensGroup *g = bq_calloc((size_t)(qs->n > 0 ? qs->n : 1), sizeof *g);
+    int n = 0;
+    char name[sizeof g->name];
+    for (int i = 0; i < qs->n; i++) {
+        group_name(&qs->q[i], qs->cfg.scheme, name, sizeof name);
+        int k = 0;
+        while (k < n && strcmp(g[k].name, name)) k++;
+        if (k == n) snprintf(g[n++].name, sizeof name, "%s", name);
+        if (g[k].n == BQ_SENS_MAX_MEMBERS) {
+            st = bq_err(BQ_EINVAL, "sensitivity: group %s has more than %d quantizers", name, BQ_SENS_MAX_MEMBERS);
+            goto cleanup;
+        }
+        g[k].q[g[k].n++] = i;
+    }
+    /* exclude entries: the group name when it selects exactly the members, else every member's name */
+    for (int k = 0; k < n; k++) {
+        int exact = 1;
+        for (int i = 0; i < qs->n && exact; i++) {
+            int member = 0;
+            for (int j = 0; j < g[k].n; j++) member |= g[k].q[j] == i;
+            exact = member == dotted_prefix(g[k].name, qs->q[i].name);
+        }
+        if (exact) {
+            snprintf(g[k].exclude, sizeof g[k].exclude, "%s", g[k].name);
+            continue;
+        }
+        size_t len = 0;
+        for (int j = 0; j < g[k].n; j++)
+            len += (size_t)snprintf(g[k].exclude + len, sizeof g[k].exclude - len, "%s%s", j ? "," : "",
+                                    qs->q[g[k].q[j]].name);
+        BQ_CHECK(len < sizeof g[k].exclude);
+    }
+    *out = g;
+    *ng = n;
+    g = NULL;
+cleanup:
+    free(g);
+    return st;
+}
+
+/* Runs the forward over the measured examples with the current enabled flags. teacher NULL: stores
+ * the logits into s->teacher; else compares against it. */
+static int run_pass(BqSensitivity *s, int store, double *acc, double *kl) {
+    int st = BQ_OK;
+    BqCtx ctx = {.act = &s->act, .tape = NULL, .training = 0};
+    const int C = s->num_labels;
+    int64_t seen = 0, correct = 0;
+    double klsum = 0.0;
+    BqBatch b;
+    bq_batcher_seek(s->b, 0, 0);
+    while (seen < s->n && bq_batcher_next(s->b, &b)) {
+        size_t mark = bq_arena_mark(&s->act);
+        BqTensor *logits = NULL;
+        BqBertInput in = bq_batch_input(&b);
+        if ((st = bq_bert_forward(s->m, &ctx, &in, &logits, NULL))) goto cleanup;
+        s->forwards++;
+        int64_t rows = b.B < s->n - seen ? b.B : s->n - seen;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *z = logits->data + r * C;
+            float *t = s->teacher + (seen + r) * C;
+            if (store) {
+                memcpy(t, z, (size_t)C * sizeof *t);
+                s->labels[seen + r] = b.labels[r];
+            }
+            int arg = 0;
+            for (int c = 1; c < C; c++)
+                if (z[c] > z[arg]) arg = c;
+            correct += arg == s->labels[seen + r];
+            /* KL(p ‖ q) with p = softmax(t), q = softmax(z), via log-sum-exp */
+            double mt = t[0], mz = z[0], st_ = 0.0, sz = 0.0;
+            for (int c = 1; c < C; c++) mt = fmax(mt, t[c]), mz = fmax(mz, z[c]);
+            for (int c = 0; c < C; c++) st_ += exp(t[c] - mt), sz += exp(z[c] - mz);
+            double lt = mt + log(st_), lz = mz + log(sz), d = 0.0;
+            for (int c = 0; c < C; c++) {
+                double lp = t[c] - lt, lq = z[c] - lz;
+                d += exp(lp) * (lp - lq);
+            }
+            klsum += d > 0.0 ? d : 0.0;
+        }
+        seen += rows;
+        bq_arena_rewind(&s->act, mark);
+    }
+    if (store) s->n = seen;
+    if (seen == 0) {
+        st = bq_err(BQ_EINVAL, "sensitivity: no labelled examples to measure");
+        goto cleanup;
+    }
+    *acc = (double)correct / (double)seen;
+    *kl = klsum / (double)seen;
+cleanup:
+    return st;
+}
+
+static void set_enabled(BqQuantState *qs, const unsigned char *enabled) {
+    for (int i = 0; i < qs->n; i++) qs->q[i].enabled = enabled ? enabled[i] : 1;
+}
+
+int bq_sens_measure(BqSensitivity *s, const unsigned char *enabled, double *acc, double *kl) {
+    set_enabled(s->m->quant, enabled);
+    int st = run_pass(s, 0, acc, kl);
+    set_enabled(s->m->quant, NULL);
+    return st;
+}
+
+int bq_sens_init(BqSensitivity *s, BqBert *m, BqBatcher *b, int64_t max_examples) {
+    int st = BQ_OK;
+    unsigned char *off = NULL;
+    memset(s, 0, sizeof *s);
+    BqQuantState *qs = m->quant;
+    if (!qs) return bq_err(BQ_EINVAL, "sensitivity: the model has no quantizers (an fp32 checkpoint)");
+    for (int i = 0; i < qs->n; i++)
+        if (!qs->q[i].initialized)
+            return bq_err(BQ_EINVAL, "sensitivity: quantizer %s has no range (calibrate first)", qs->q[i].name);
+    s->m = m;
+    s->b = b;
+    s->num_labels = m->cfg.num_labels;
+    s->n = b->ds->n;
+    if (max_examples > 0 && max_examples < s->n) s->n = max_examples;
+    s->teacher = bq_calloc((size_t)(s->n > 0 ? s->n : 1) * (size_t)s->num_labels, sizeof(float));
+    s->labels = bq_calloc((size_t)(s->n > 0 ? s->n : 1), sizeof(int32_t));
+    if ((st = bq_arena_init(&s->act, (size_t)16 << 30, "sensitivity activations"))) goto cleanup;
+    if ((st = bq_sens_groups(qs, &s->g, &s->ng))) goto cleanup;
+    off = bq_calloc((size_t)qs->n + 1, 1);
+    double kl0;
+    set_enabled(qs, off);
+    st = run_pass(s, 1, &s->acc_fp32, &kl0);
+    set_enabled(qs, NULL);
+    if (st) goto cleanup;
+    if ((st = bq_sens_measure(s, NULL, &s->acc_quant, &s->kl_quant))) goto cleanup;
+cleanup:
+    free(off);
+    return st;
+}
+
+void bq_sens_free(BqSensitivity *s) {
+    free(s->teacher);
+    free(s->labels);
+    free(s->g);
+    if (s->act.base) bq_arena_free(&s->act);
+    memset(s, 0, sizeof *s);
+}
+
+int bq_sens_run_groups(BqSensitivity *s, int quiet) {
+    const int nq = s->m->quant->n;
+    unsigned char *en = bq_malloc((size_t)nq + 1);
+    int st = BQ_OK;
+    double t0 = bq_now();
+    for (int k = 0; k < s->ng; k++) {
+        BqSensGroup *g = &s->g[k];
+        memset(en, 0, (size_t)nq);
+        for (int j = 0; j < g->n; j++) en[g->q[j]] = 1;
+        if ((st = bq_sens_measure(s, en, &g->acc_only, &g->kl_only))) goto cleanup;
+        memset(en, 1, (size_t)nq);
+        for (int j = 0; j < g->n; j++) en[g->q[j]] = 0;
+        if ((st = bq_sens_measure(s, en, &g->acc_without, &g->kl_without))) goto cleanup;
+        if (!quiet)
+            fprintf(stderr, "[sensitivity] %d/%d %s: only quantized acc %.4f KL %.3g, only fp32 acc %.4f KL %.3g "
+                    "(%.0fs)\n", k + 1, s->ng, g->name, g->acc_only, g->kl_only, g->acc_without, g->kl_without,
+                    bq_now() - t0);
+    }
+cleanup:
+    free(en);
+    return st;
+}
+
+int *bq_sens_order(const BqSensitivity *s) {
+    int *o = bq_malloc((size_t)(s->ng > 0 ? s->ng : 1) * sizeof *o);
+    for (int k = 0; k < s->ng; k++) o[k] = k;
+    /* insertion sort (stable: table order among equals) */
+    for (int i = 1; i < s->ng; i++) {
+        int v = o[i], j = i;
+        const BqSensGroup *a = &s->g[v];
+        while (j > 0) {
+            const BqSensGroup *p = &s->g[o[j - 1]];
+            int before = a->acc_only < p->acc_only || (a->acc_only == p->acc_only && a->kl_only > p->kl_only);
+            if (!before) break;
+            o[j] = o[j - 1];
+            j--;
+        }
+        o[j] = v;
+    }
+    return o;
+}
+
+int bq_sens_keep_fp32(BqSensitivity *s, double max_drop_points, unsigned char *keep, int *kept, double *acc,
+                      int quiet) {
+    const int nq = s->m->quant->n;
+    int *order = bq_sens_order(s);
+    unsigned char *en = bq_malloc((size_t)nq + 1);
+    int st = BQ_OK;
+    memset(keep, 0, (size_t)s->ng);
+    memset(en, 1, (size_t)nq);
+    *kept = 0;
+    *acc = s->acc_quant;
+    for (int k = 0; k <= s->ng; k++) {
+        if ((s->acc_fp32 - *acc) * 100.0 <= max_drop_points + 1e-9) break;
+        if (k == s->ng) break;
+        const BqSensGroup *g = &s->g[order[k]];
+        keep[order[k]] = 1;
+        (*kept)++;
+        for (int j = 0; j < g->n; j++) en[g->q[j]] = 0;
+        double kl;
+        if ((st = bq_sens_measure(s, en, acc, &kl))) goto cleanup;
+        if (!quiet)
+            fprintf(stderr, "[keep-fp32] + %s: accuracy %.4f (fp32 %.4f, drop %.2f points)\n", g->name, *acc,
+                    s->acc_fp32, (s->acc_fp32 - *acc) * 100.0);
+    }
+cleanup:
+    free(order);
+    free(en);
+    return st;
+}
+
+int bq_sens_exclude(BqBert *m, const char *entries, const char *flag) {
+    int st = BQ_OK;
+    BqQuantState *old = m->quant, *qs = NULL;
+    BQ_CHECK(old != NULL);
+    BqQuantConfig cfg = old->cfg;
+    char *list = bq_malloc(strlen(entries) + 1);
+    strcpy(list, entries);
+    for (char *e = strtok(list, ","); e; e = strtok(NULL, ",")) {
+        while (*e == ' ') e++;
+        size_t len = strlen(e);
+        while (len > 0 && e[len - 1] == ' ') e[--len] = '\0';
+        if (!len) continue;
+        BqQuantConfig probe = old->cfg;
+        int used = snprintf(probe.exclude, sizeof probe.exclude, "%s", e);
+        BQ_CHECK(used >= 0);
+        if ((size_t)used >= sizeof probe.exclude) {
+            st = bq_err(BQ_EINVAL, "%s: entry '%s' is too long", flag, e);
+            goto cleanup;
+        }
+        if ((st = bq_quant_create(&qs, m, &probe))) goto cleanup;
+        int selects = qs->n < old->n;
+        bq_quant_free(qs);
+        qs = NULL;
+        if (!selects) {
+            st = bq_err(BQ_EINVAL, "%s: '%s' selects no quantizer of the %s scheme", flag, e,
+                        bq_scheme_name(old->cfg.scheme));
+            goto cleanup;
+        }
+        size_t cur = strlen(cfg.exclude);
+        if (cur + 1 + len + 1 > sizeof cfg.exclude) {
+            st = bq_err(BQ_EINVAL, "%s: the exclude list would exceed %zu characters", flag, sizeof cfg.exclude - 1);
+            goto cleanup;
+        }
+        snprintf(cfg.exclude + cur, sizeof cfg.exclude - cur, "%s%s", cur ? "," : "", e);
+    }
+    if ((st = bq_quant_create(&qs, m, &cfg))) goto cleanup;
+    for (int i = 0; i < qs->n; i++) {
+        BqQuantizer *q = &qs->q[i];
+        const BqQuantizer *o = NULL;
+        for (int k = 0; k < old->n && !o; k++)
+            if (!strcmp(old->q[k].name, q->name)) o = &old->q[k];
+        BQ_CHECK(o && o->nch == q->nch && o->bits == q->bits);
+        memcpy(q->amax, o->amax, (size_t)q->nch * sizeof *q->amax);
+        memcpy(q->scale, o->scale, (size_t)q->nch * sizeof *q->scale);
+        if (q->ch_min && o->ch_min) {
+            memcpy(q->ch_min, o->ch_min, (size_t)q->nch * sizeof *q->ch_min);
+            memcpy(q->ch_max, o->ch_max, (size_t)q->nch * sizeof *q->ch_max);
+        }
+        q->initialized = o->initialized;
+        q->frozen = o->frozen;
+        q->run_min = o->run_min;
+        q->run_max = o->run_max;
+    }
+    qs->observe = old->observe;
+    qs->steps_seen = old->steps_seen;
+    bq_quant_free(old);
+    m->quant = qs;
+    qs = NULL;
+cleanup:
+    if (qs) bq_quant_free(qs);
+    free(list);
+    return st;
+}

@@ -1,0 +1,139 @@
+"""`bertqat sensitivity` and `calibrate --keep-fp32` (src/sensitivity.c) on all-MiniLM-L6-v2 fine-tuned for
+a few steps on a tiny CSV made here (sentiment words, 32 tokens), cpu scheme:
+- a PTQ checkpoint whose layer-3 intermediate.dense input scale is multiplied by 50 (edited with h5py; the
+  Fletcher-32 checksums are rewritten by HDF5): that group ranks first in the printed table and in
+  sensitivity.json, whose groups each carry both measurements, and sensitivity.svg is well-formed XML;
+- an fp32 checkpoint is refused with an error naming --model;
+- --keep-fp32 auto runs the measurement, prints the kept groups and a final accuracy within --max-drop,
+  and records the groups in the exclude list;
+- --keep-fp32 NAME shows in `info`, the ONNX export of that checkpoint has no QuantizeLinear on that
+  module's path while the other Linears keep theirs, and it runs in ONNX Runtime with the logits
+  bertqat computes for the same batch (export --dump-logits; graph optimizations off, the Q/DQ semantics).
+"""
+import csv
+import json
+import os
+import random
+import re
+import shutil
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from conftest import MODEL, THREADS, run_bq
+
+h5py = pytest.importorskip("h5py")
+np = pytest.importorskip("numpy")
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+POS = "great wonderful superb lovely excellent fantastic moving".split()
+NEG = "awful terrible boring dreadful poor horrible dull".split()
+FILL = "the film was shown in a small town hall on a rainy evening".split()
+BROKEN = "bert.encoder.layer.3.intermediate.dense"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, bin_path):
+    if not os.path.isdir(MODEL):
+        pytest.skip(f"pretrained model not found at {MODEL}")
+    d = tmp_path_factory.mktemp("sens")
+    rng = random.Random(5)
+    with open(d / "data.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for i in range(320):
+            lab = i % 2
+            words = [rng.choice(FILL) for _ in range(rng.randint(3, 12))]
+            for _ in range(rng.randint(1, 3)):
+                words.insert(rng.randint(0, len(words)), rng.choice(POS if lab else NEG))
+            w.writerow([" ".join(words), lab])
+    common = ["--data", d / "data.csv", "--cache-dir", d / "cache", "--threads", THREADS]
+    run_bq("finetune", "--model", MODEL, "--out", d / "ft", "--max-seq-len", 32, "--max-steps", 40,
+           "--batch-size", 16, "--lr", 1e-4, "--val-fraction", 0.25, *common)
+    run_bq("calibrate", "--model", d / "ft", "--out", d / "ptq", "--scheme", "cpu", "--calib-samples", 64, *common)
+    return {"dir": d, "ft": d / "ft", "ptq": d / "ptq", "common": common}
+
+
+def break_scale(src, dst, name, factor):
+    shutil.copytree(src, dst)
+    with h5py.File(dst / "model.h5", "r+") as f:
+        g = f[f"quant/{name}"]
+        for k in ("amax", "scale"):
+            g[k][...] = g[k][...] * factor
+
+
+def test_broken_group_ranks_first(env, tmp_path):
+    broken = tmp_path / "broken"
+    break_scale(env["ptq"], broken, BROKEN + ".input_quantizer", 50.0)
+    out = tmp_path / "sens"
+    p = run_bq("sensitivity", "--model", broken, "--samples", 0, "--out", out, *env["common"])
+    print(p.stdout)
+    rows = [ln.split() for ln in p.stdout.splitlines() if re.match(r"\s+\d+\s+\S", ln)]
+    assert rows and rows[0][1] == BROKEN.replace("bert.encoder.", ""), p.stdout
+    assert len(rows) == 10
+    j = json.load(open(out / "sensitivity.json"))
+    assert j["groups"][0]["group"] == BROKEN and j["scheme"] == "cpu" and j["examples"] == 80
+    assert len(j["groups"]) == 24  # 6 layers x (QKV, attention.output.dense, intermediate.dense, output.dense)
+    assert j["accuracy_fp32"] - j["groups"][0]["only_quantized_accuracy"] > 0.02, j["groups"][0]
+    for g in j["groups"]:
+        for k in ("only_quantized_accuracy", "only_quantized_kl", "only_fp32_accuracy", "only_fp32_kl"):
+            assert k in g and g[k] == g[k]
+    root = ET.parse(out / "sensitivity.svg").getroot()
+    assert root.tag.endswith("svg") and len(list(root)) > 24
+    assert not any(n.endswith(".tmp") for n in os.listdir(out))
+
+
+def test_fp32_refused(env, tmp_path):
+    p = run_bq("sensitivity", "--model", env["ft"], "--out", tmp_path / "s", *env["common"], check=False)
+    assert p.returncode == 2 and "--model" in p.stderr and "calibrate" in p.stderr, p.stderr
+    assert not os.path.exists(tmp_path / "s" / "sensitivity.json")
+
+
+def test_keep_fp32_auto(env, tmp_path):
+    out = tmp_path / "auto"
+    p = run_bq("calibrate", "--model", env["ft"], "--out", out, "--scheme", "cpu", "--calib-samples", 64,
+               "--keep-fp32", "auto", "--max-drop", 0.0, *env["common"])
+    print(p.stdout)
+    m = re.search(r"fp32 ([\d.]+), all quantized ([\d.]+), with (\d+) groups? in fp32 ([\d.]+)", p.stdout)
+    assert m, p.stdout
+    fp32, final, kept = float(m.group(1)), float(m.group(4)), int(m.group(3))
+    assert (fp32 - final) * 100 <= 1e-6 or kept == 24, p.stdout
+    names = re.findall(r"kept in fp32: (\S+)", p.stdout)
+    assert len(names) == kept
+    exclude = json.load(open(out / "config.json"))["bertqat"]["quant"]["exclude"]
+    info = run_bq("info", out).stdout
+    for n in names:
+        assert n in exclude and n in info
+
+
+def test_keep_fp32_name(env, tmp_path):
+    out = tmp_path / "named"
+    run_bq("calibrate", "--model", env["ft"], "--out", out, "--scheme", "cpu", "--calib-samples", 64,
+           "--keep-fp32", BROKEN, *env["common"])
+    info = run_bq("info", out).stdout
+    assert BROKEN in info.split("quantizer ")[0] or f'{BROKEN}"' in info or f"{BROKEN}," in info, info
+    assert f"{BROKEN}.input_quantizer" not in info and f"{BROKEN}.weight_quantizer" not in info
+    assert "bert.encoder.layer.2.intermediate.dense.input_quantizer" in info
+    bad = run_bq("calibrate", "--model", env["ft"], "--out", tmp_path / "bad", "--scheme", "cpu",
+                 "--keep-fp32", "bert.encoder.layer.9", *env["common"], check=False)
+    assert bad.returncode == 2 and "--keep-fp32" in bad.stderr and not os.path.exists(tmp_path / "bad")
+    onnx_path = str(tmp_path / "named.onnx")
+    run_bq("export", "--model", out, "--out", onnx_path, "--dump-logits", onnx_path + ".json", "--dump-batch", 4,
+           "--dump-seq", 24)
+    g = onnx.load(onnx_path).graph
+    ql = [n for n in g.node if n.op_type == "QuantizeLinear"]
+    tag = re.compile(r"layer[._/]3[._/]intermediate[._/]dense")
+    assert ql and not [n.name for n in ql if tag.search(n.name) or any(tag.search(x) for x in n.input)]
+    assert [n for n in ql if re.search(r"layer[._/]2[._/]intermediate[._/]dense", n.name + " ".join(n.input))]
+    d = json.load(open(onnx_path + ".json"))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    s = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+    feed = {i.name: np.array(d[i.name], dtype=np.int32 if i.type == "tensor(int32)" else np.int64)
+            for i in s.get_inputs()}
+    got = s.run(None, feed)[0]
+    ref = np.array(d["logits"], dtype=np.float32)
+    err = float(np.abs(got - ref).max())
+    print(f"ONNX Runtime vs bertqat logits, layer 3 intermediate.dense in fp32: max err {err:.3g}")
+    assert err < 1e-3, err

@@ -1,0 +1,225 @@
+/* Per-group sensitivity and the greedy fp32 fallback (src/sensitivity.h) on the tiny model
+ * (tests/fixtures/bert_tiny: 2 layers, hidden 32, 3 labels) with synthetic examples whose labels are
+ * the fp32 model's own predictions (so fp32 accuracy is 1):
+ *  - grouping of every scheme: the expected group count, and each group's exclude entries, given to
+ *    bq_quant_create, remove exactly that group's quantizers;
+ *  - a disabled quantizer passes its tensor through (all disabled = the fp32 forward, bit for bit) and
+ *    the int8 engine refuses a model with one;
+ *  - a group whose input scale is multiplied by 50 (cpu scheme, layer 1 intermediate.dense) ranks
+ *    first by harm, and bq_sens_keep_fp32 keeps it in fp32 first and ends within the budget. */
+#include <math.h>
+
+#include "export/hf_load.h"
+#include "layers/bert_int8.h"
+#include "layers/quant.h"
+#include "src/sensitivity.h"
+#include "src/train.h"
+#include "tests/test_util.h"
+
+enum { N = 96, T = 16, BATCH = 16 };
+
+/* N random examples of lengths 6..T with [CLS] 101 ... [SEP] 102 (ids below the tiny vocabulary). */
+static BqDataset *make_dataset(int vocab, BqRng *rng) {
+    BqDataset *d = bq_calloc(1, sizeof *d);
+    d->n = N;
+    d->offsets = bq_calloc(N + 1, sizeof *d->offsets);
+    d->ids = bq_calloc((size_t)N * T, sizeof *d->ids);
+    d->types = bq_calloc((size_t)N * T, sizeof *d->types);
+    d->labels = bq_calloc(N, sizeof *d->labels);
+    d->full_len = bq_calloc(N, sizeof *d->full_len);
+    d->source_index = bq_calloc(N, sizeof *d->source_index);
+    d->nlabels = 3;
+    d->pad_id = 0;
+    int64_t o = 0;
+    for (int i = 0; i < N; i++) {
+        int len = 6 + (int)bq_rng_below(rng, T - 5);
+        d->offsets[i] = o;
+        for (int t = 0; t < len; t++) d->ids[o + t] = 1 + (int32_t)bq_rng_below(rng, (uint64_t)vocab - 1);
+        o += len;
+        d->full_len[i] = len;
+        d->source_index[i] = i;
+        if (len > d->max_len) d->max_len = len;
+    }
+    d->offsets[N] = o;
+    return d;
+}
+
+static void free_dataset(BqDataset *d) {
+    free(d->offsets);
+    free(d->ids);
+    free(d->types);
+    free(d->labels);
+    free(d->full_len);
+    free(d->source_index);
+    free(d);
+}
+
+/* Labels = argmax of m's forward (m->quant as set). */
+static int label_by_model(BqBert *m, BqDataset *d, BqBatcher *bt) {
+    BqArena act;
+    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "labels") == BQ_OK);
+    BqCtx ctx = {.act = &act};
+    BqBatch b;
+    int st = BQ_OK;
+    bq_batcher_seek(bt, 0, 0);
+    while (bq_batcher_next(bt, &b)) {
+        BqBertInput in = bq_batch_input(&b);
+        BqTensor *logits;
+        if ((st = bq_bert_forward(m, &ctx, &in, &logits, NULL))) break;
+        for (int64_t r = 0; r < b.B; r++) {
+            const float *z = logits->data + r * 3;
+            d->labels[b.example_index[r]] = z[1] > z[0] ? (z[2] > z[1] ? 2 : 1) : (z[2] > z[0] ? 2 : 0);
+        }
+        bq_arena_rewind(&act, 0);
+    }
+    bq_arena_free(&act);
+    return st;
+}
+
+static int calibrate(BqBert *m, const char *scheme, const char *exclude, BqBatcher *bt) {
+    BqQuantConfig qc;
+    bq_quant_config_default(&qc);
+    BQ_CHECK(bq_scheme_parse(&qc.scheme, scheme, "scheme") == BQ_OK);
+    snprintf(qc.exclude, sizeof qc.exclude, "%s", exclude);
+    if (m->quant) bq_quant_free(m->quant), m->quant = NULL;
+    int st = bq_quant_create(&m->quant, m, &qc);
+    if (st) return st;
+    BqArena act;
+    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "calib") == BQ_OK);
+    BqCtx ctx = {.act = &act};
+    bq_quant_calib_begin(m->quant, BQ_CALIBRATOR_MAX);
+    BqBatch b;
+    bq_batcher_seek(bt, 0, 0);
+    while (!st && bq_batcher_next(bt, &b)) {
+        BqBertInput in = bq_batch_input(&b);
+        BqTensor *logits;
+        st = bq_bert_forward(m, &ctx, &in, &logits, NULL);
+        bq_arena_rewind(&act, 0);
+    }
+    if (!st) st = bq_quant_calib_finish(m->quant, BQ_CALIBRATOR_MAX, 0.0);
+    bq_arena_free(&act);
+    return st;
+}
+
+/* Group count of each scheme and exact exclusion by each group's exclude entries. */
+static void check_groups(BqBert *m, BqBatcher *bt, const char *scheme, int want_groups) {
+    EXPECT(calibrate(m, scheme, "classifier,pooler", bt) == BQ_OK, "%s", bq_errmsg());
+    BqSensGroup *g = NULL;
+    int ng = 0;
+    EXPECT(bq_sens_groups(m->quant, &g, &ng) == BQ_OK);
+    EXPECT(ng == want_groups, "scheme %s: %d groups, expected %d", scheme, ng, want_groups);
+    int total = 0;
+    for (int k = 0; k < ng; k++) {
+        total += g[k].n;
+        BqQuantConfig qc = m->quant->cfg;
+        snprintf(qc.exclude, sizeof qc.exclude, "classifier,pooler,%s", g[k].exclude);
+        BqQuantState *qs = NULL;
+        EXPECT(bq_quant_create(&qs, m, &qc) == BQ_OK);
+        if (!qs) continue;
+        EXPECT(qs->n == m->quant->n - g[k].n, "scheme %s, group %s (exclude \"%s\"): %d quantizers left of %d",
+               scheme, g[k].name, g[k].exclude, qs->n, m->quant->n);
+        for (int i = 0; i < qs->n; i++)
+            for (int j = 0; j < g[k].n; j++)
+                EXPECT(strcmp(qs->q[i].name, m->quant->q[g[k].q[j]].name), "%s still present", qs->q[i].name);
+        bq_quant_free(qs);
+    }
+    EXPECT(total == m->quant->n, "scheme %s: groups hold %d of %d quantizers", scheme, total, m->quant->n);
+    printf("scheme %-8s %2d quantizers in %2d groups\n", scheme, m->quant->n, ng);
+    free(g);
+}
+
+int main(void) {
+    BqBert m;
+    memset(&m, 0, sizeof m);
+    BqRng rng;
+    bq_rng_seed(&rng, 11);
+    char *report = NULL;
+    int st = bq_hf_load(&m, "tests/fixtures/bert_tiny", 0, &rng, &report);
+    free(report);
+    if (st) {
+        fprintf(stderr, "FAIL: load tests/fixtures/bert_tiny: %s\n", bq_errmsg());
+        return 1;
+    }
+    BqDataset *ds = make_dataset(m.cfg.vocab_size, &rng);
+    BqBatcher bt = {0};
+    BQ_CHECK(bq_batcher_init(&bt, ds, BATCH, 0, 1, 0) == BQ_OK);
+    EXPECT(label_by_model(&m, ds, &bt) == BQ_OK);
+
+    /* ort: 3 attention Linears (weight + output), matmul_qk, softmax, matmul_av, attention.output.dense,
+     * 2 residual adds, 2 LayerNorms, intermediate.dense, GELU, output.dense = 14 per layer, + embeddings;
+     * qdqbert: 6 Linears (weight + input), matmul_qk, matmul_av, 2 residual adds = 10 per layer;
+     * cpu: QKV (shared input + 3 weights) and the other 3 Linears = 4 per layer. */
+    check_groups(&m, &bt, "ort", 2 * 14 + 1);
+    check_groups(&m, &bt, "qdqbert", 2 * 10);
+    check_groups(&m, &bt, "cpu", 2 * 4);
+
+    /* disabled quantizers: all off = fp32 bit for bit; the int8 engine refuses one off */
+    EXPECT(calibrate(&m, "cpu", "classifier,pooler", &bt) == BQ_OK);
+    {
+        BqArena act;
+        BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "t") == BQ_OK);
+        BqCtx ctx = {.act = &act};
+        BqBatch b;
+        bq_batcher_seek(&bt, 0, 0);
+        BQ_CHECK(bq_batcher_next(&bt, &b));
+        BqBertInput in = bq_batch_input(&b);
+        BqTensor *z0, *z1;
+        BqQuantState *qs = m.quant;
+        m.quant = NULL;
+        EXPECT(bq_bert_forward(&m, &ctx, &in, &z0, NULL) == BQ_OK);
+        m.quant = qs;
+        for (int i = 0; i < qs->n; i++) qs->q[i].enabled = 0;
+        EXPECT(bq_bert_forward(&m, &ctx, &in, &z1, NULL) == BQ_OK);
+        double maxd = 0;
+        for (int64_t k = 0; k < b.B * 3; k++) maxd = fmax(maxd, fabs((double)z0->data[k] - z1->data[k]));
+        printf("all quantizers disabled vs fp32: max |dlogit| %.3g\n", maxd);
+        EXPECT(maxd == 0.0, "max |dlogit| %g", maxd);
+        for (int i = 1; i < qs->n; i++) qs->q[i].enabled = 1;
+        BqInt8Engine *e = NULL;
+        EXPECT(bq_int8_prepare(&e, &m) == BQ_EINVAL && strstr(bq_errmsg(), "disabled"), "%s", bq_errmsg());
+        if (e) bq_int8_free(e);
+        qs->q[0].enabled = 1;
+        bq_arena_free(&act);
+    }
+
+    /* a broken group ranks first and is the first kept in fp32 */
+    const char *broken = "bert.encoder.layer.1.intermediate.dense";
+    BqQuantizer *bq = bq_quant_at(m.quant, 1, BQ_QP_I_IN);
+    BQ_CHECK(bq != NULL);
+    bq->amax[0] *= 50.0f;
+    bq_quant_update_scale(m.quant, bq);
+    BqSensitivity s;
+    EXPECT((st = bq_sens_init(&s, &m, &bt, 0)) == BQ_OK, "%s", bq_errmsg());
+    if (!st) {
+        EXPECT(s.n == N && s.acc_fp32 == 1.0, "n %lld, fp32 accuracy %g", (long long)s.n, s.acc_fp32);
+        EXPECT(bq_sens_run_groups(&s, 1) == BQ_OK);
+        int *order = bq_sens_order(&s);
+        for (int r = 0; r < s.ng; r++)
+            printf("  %d %-48s only int8 %.4f KL %.4g | only fp32 %.4f KL %.4g\n", r + 1, s.g[order[r]].name,
+                   s.g[order[r]].acc_only, s.g[order[r]].kl_only, s.g[order[r]].acc_without,
+                   s.g[order[r]].kl_without);
+        printf("fp32 %.4f, all quantized %.4f (KL %.4g)\n", s.acc_fp32, s.acc_quant, s.kl_quant);
+        EXPECT(!strcmp(s.g[order[0]].name, broken), "first: %s", s.g[order[0]].name);
+        EXPECT(s.acc_quant < s.acc_fp32 - 0.05, "the broken scale should cost accuracy: %g", s.acc_quant);
+        unsigned char keep[64] = {0};
+        int kept = 0;
+        double acc = 0;
+        BQ_CHECK(s.ng <= 64);
+        EXPECT(bq_sens_keep_fp32(&s, 2.0, keep, &kept, &acc, 1) == BQ_OK);
+        printf("keep-fp32 (max drop 2 points): %d kept, accuracy %.4f\n", kept, acc);
+        EXPECT(kept >= 1 && keep[order[0]], "kept %d", kept);
+        EXPECT((s.acc_fp32 - acc) * 100.0 <= 2.0 + 1e-9, "accuracy %g", acc);
+        for (int i = 0; i < m.quant->n; i++) EXPECT(m.quant->q[i].enabled == 1, "%s left disabled", m.quant->q[i].name);
+        free(order);
+        bq_sens_free(&s);
+    }
+
+    bq_batcher_free(&bt);
+    free_dataset(ds);
+    bq_quant_free(m.quant);
+    m.quant = NULL;
+    bq_bert_free(&m);
+    if (fails) printf("test_sensitivity: %d failures\n", fails);
+    else printf("test_sensitivity: ok\n");
+    return fails != 0;
+}
