@@ -78,7 +78,7 @@ static int write_svg(const BqSensitivity *s, const int *order, const char *path,
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (!f) return bq_err(BQ_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-    const int label_w = 330, bar_w = 300, gap = 40, row_h = 18, top = 70;
+    const int label_w = 330, bar_w = 300, gap = 60, row_h = 18, top = 70;
     const int W = label_w + 2 * bar_w + gap + 40, H = top + s->ng * row_h + 40;
     double dmin = 0.0, dmax = 0.0, kmax = 0.0;
     for (int k = 0; k < s->ng; k++) {
@@ -93,10 +93,18 @@ static int write_svg(const BqSensitivity *s, const int *order, const char *path,
     const int kx = label_w + bar_w + gap;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"monospace\" "
             "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
-    fprintf(f, "<text x=\"10\" y=\"20\" font-size=\"14\">Quantization sensitivity: %s (%lld examples; fp32 %.4f, "
-            "all quantized %.4f)</text>\n", model, (long long)s->n, s->acc_fp32, s->acc_quant);
-    fprintf(f, "<text x=\"%d\" y=\"50\">accuracy drop, points (only this group quantized)</text>\n", label_w);
-    fprintf(f, "<text x=\"%d\" y=\"50\">mean KL(fp32 || quantized)</text>\n", kx);
+    fprintf(f, "<text x=\"10\" y=\"20\" font-size=\"14\">Quantization sensitivity: %lld examples, fp32 %.4f, "
+            "all quantized %.4f</text>\n<text x=\"10\" y=\"36\" font-size=\"10\">", (long long)s->n, s->acc_fp32,
+            s->acc_quant);
+    for (const char *c = model; *c; c++) { /* the checkpoint path, XML-escaped */
+        if (*c == '&') fputs("&amp;", f);
+        else if (*c == '<') fputs("&lt;", f);
+        else if (*c == '>') fputs("&gt;", f);
+        else fputc(*c, f);
+    }
+    fprintf(f, "</text>\n<text x=\"%d\" y=\"52\">accuracy drop, points</text>\n", label_w);
+    fprintf(f, "<text x=\"%d\" y=\"52\">mean KL(fp32 || quantized)</text>\n", kx);
+    fprintf(f, "<text x=\"10\" y=\"52\" font-size=\"10\">group (only it quantized), most harmful first</text>\n");
     fprintf(f, "<text x=\"%d\" y=\"64\" font-size=\"10\">%.3g</text><text x=\"%d\" y=\"64\" font-size=\"10\" "
             "text-anchor=\"end\">%.3g</text>\n", label_w, dmin, label_w + bar_w, dmax);
     fprintf(f, "<text x=\"%d\" y=\"64\" font-size=\"10\">0</text><text x=\"%d\" y=\"64\" font-size=\"10\" "

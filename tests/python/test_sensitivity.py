@@ -2,7 +2,7 @@
 a few steps on a tiny CSV made here (sentiment words, 32 tokens), cpu scheme:
 - a PTQ checkpoint whose layer-3 intermediate.dense input scale is multiplied by 50 (edited with h5py; the
   Fletcher-32 checksums are rewritten by HDF5): that group ranks first in the printed table and in
-  sensitivity.json, whose groups each carry both measurements, and sensitivity.svg is well-formed XML;
+  sensitivity.json (with a KL at least ten times the next group's), whose groups each carry both measurements, and sensitivity.svg is well-formed XML;
 - an fp32 checkpoint is refused with an error naming --model;
 - --keep-fp32 auto runs the measurement, prints the kept groups and a final accuracy within --max-drop,
   and records the groups in the exclude list;
@@ -73,9 +73,10 @@ def test_broken_group_ranks_first(env, tmp_path):
     assert rows and rows[0][1] == BROKEN.replace("bert.encoder.", ""), p.stdout
     assert len(rows) == 10
     j = json.load(open(out / "sensitivity.json"))
-    assert j["groups"][0]["group"] == BROKEN and j["scheme"] == "cpu" and j["examples"] == 80
+    assert j["groups"][0]["group"] == BROKEN and j["scheme"] == "cpu" and j["examples"] == 32  # 10 % of 320
     assert len(j["groups"]) == 24  # 6 layers x (QKV, attention.output.dense, intermediate.dense, output.dense)
-    assert j["accuracy_fp32"] - j["groups"][0]["only_quantized_accuracy"] > 0.02, j["groups"][0]
+    # the fine-tuned model is confident enough that accuracy may not move; the KL must single it out
+    assert j["groups"][0]["only_quantized_kl"] > 10 * j["groups"][1]["only_quantized_kl"], j["groups"][:2]
     for g in j["groups"]:
         for k in ("only_quantized_accuracy", "only_quantized_kl", "only_fp32_accuracy", "only_fp32_kl"):
             assert k in g and g[k] == g[k]
