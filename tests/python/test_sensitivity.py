@@ -8,7 +8,8 @@ a few steps on a tiny CSV made here (sentiment words, 32 tokens), cpu scheme:
   and records the groups in the exclude list;
 - --keep-fp32 NAME shows in `info`, the ONNX export of that checkpoint has no QuantizeLinear on that
   module's path while the other Linears keep theirs, and it runs in ONNX Runtime with the logits
-  bertqat computes for the same batch (export --dump-logits; graph optimizations off, the Q/DQ semantics).
+  bertqat computes for the same batch (export --dump-logits; graph optimizations off, the Q/DQ semantics),
+  within test_onnx_export's bound for the cpu scheme (a tenth of the quantization noise).
 """
 import csv
 import json
@@ -136,5 +137,14 @@ def test_keep_fp32_name(env, tmp_path):
     got = s.run(None, feed)[0]
     ref = np.array(d["logits"], dtype=np.float32)
     err = float(np.abs(got - ref).max())
-    print(f"ONNX Runtime vs bertqat logits, layer 3 intermediate.dense in fp32: max err {err:.3g}")
-    assert err < 1e-3, err
+    # the bound of test_onnx_export.qdq_bound for the cpu scheme: a tenth of the quantization noise (the
+    # same batch through the fp32 export of the checkpoint) plus float rounding
+    fp = str(tmp_path / "named_fp32.onnx")
+    run_bq("export", "--model", out, "--out", fp, "--qdq", "off", "--dump-logits", fp + ".json", "--dump-batch", 4,
+           "--dump-seq", 24)
+    f = json.load(open(fp + ".json"))
+    assert f["input_ids"] == d["input_ids"]
+    noise = float(np.abs(np.array(f["logits"]) - ref).max())
+    print(f"ONNX Runtime vs bertqat logits, layer 3 intermediate.dense in fp32: max err {err:.3g}, "
+          f"quantization noise {noise:.3g}")
+    assert noise > 1e-3 and err <= 0.1 * noise + 1e-4, (err, noise)
