@@ -14,6 +14,9 @@ typedef struct BqReportRow {
     int64_t size_bytes;
     int same_as;           /* index of the row this one must agree with (an export and its checkpoint), or -1 */
     const char *note;      /* printed under the table, or NULL */
+    const char *predictions; /* TSV in RUN_DIR written by `eval --predictions` or scripts/onnx_eval.py
+                                --predictions, or NULL; with same_as, the report compares the two rows
+                                review by review */
 } BqReportRow;
 
 typedef struct BqReportInfo {
@@ -24,6 +27,8 @@ typedef struct BqReportInfo {
     int nstages;
     double seconds;
     int onnx_skipped;
+    const char *bench_json; /* file in RUN_DIR written by `bench --json` (the "Speed on this machine"
+                               section), or NULL */
 } BqReportInfo;
 
 int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, const BqReportInfo *info);
