@@ -1,6 +1,8 @@
 /* `bertqat pipeline`: the whole mission with sensible defaults — fp32 fine-tune → calibrate (PTQ)
  * → QAT fine-tune → ONNX export (fp32 and Q/DQ) → evaluation of every stage on the same test reviews
- * → report (RUN_DIR/report.md with a table and training-curve SVGs, and the table on stdout).
+ * (PTQ and QAT of the cpu scheme on the integer engine and as fake quant) → bench of the QAT model →
+ * report (RUN_DIR/report.md with a table, review-by-review agreement, the speed table and training-curve
+ * SVGs, and the table on stdout).
  *
  * Each stage runs this same executable as a child process (so each has its own memory, and SIGINT
  * reaches the training child, which saves a resumable checkpoint). A stage is done when its marker
@@ -399,7 +401,8 @@ int bq_cmd_pipeline(int argc, char **argv) {
     };
     BqArgs args = {.cmd = "pipeline", .usage = "--model DIR --data PATH --out RUN_DIR [options]",
                    .summary = "Fine-tune in fp32, calibrate (PTQ, percentile 99.99), QAT fine-tune, export fp32 and "
-                              "Q/DQ ONNX, evaluate every stage on the same test reviews and write RUN_DIR/report.md.",
+                              "Q/DQ ONNX, evaluate every stage on the same test reviews, time the QAT model (bench) and write "
+                              "RUN_DIR/report.md.",
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof specs[0])};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;

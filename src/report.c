@@ -1,5 +1,5 @@
-/* Pipeline report writer (see report.h): reads each stage's evaluation JSON and training JSONL log,
- * draws the curves as SVG and writes report.md atomically. */
+/* Pipeline report writer (see report.h): reads each stage's evaluation JSON, predictions TSV and training
+ * JSONL log and the bench JSON, draws the curves as SVG and writes report.md atomically. */
 #include "src/report.h"
 
 #include <errno.h>

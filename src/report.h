@@ -1,4 +1,5 @@
-/* The pipeline report: RUN_DIR/report.md (a results table and training curves as SVG pictures,
+/* The pipeline report: RUN_DIR/report.md (a results table with the engine of each row, review-by-review
+ * agreement of rows with a peer, the speed table of `bench --json`, and training curves as SVG pictures,
  * drawn here directly as SVG polylines: no plotting library is needed for two line charts) and the
  * same table on stdout. */
 #ifndef BQ_REPORT_H
