@@ -233,8 +233,8 @@ cleanup:
 }
 
 /* "## Speed on this machine" from `bench --json` (src/cmd_bench.c): the CPU, its ISA line, ms per
- * forward of every path at each batch size, the ratios and the bench's verdict. Nothing when the file
- * is missing (the bench stage did not run). */
+ * forward of every path at each batch size, the ratios and the bench's verdict; "(no result)" when the
+ * file is missing or unreadable. */
 static void speed_write(FILE *f, const char *run_dir, const char *name) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", run_dir, name);
