@@ -1,6 +1,8 @@
 /* `bertqat pipeline`: the whole mission with sensible defaults — fp32 fine-tune → calibrate (PTQ)
  * → QAT fine-tune → ONNX export (fp32 and Q/DQ) → evaluation of every stage on the same test reviews
- * → report (RUN_DIR/report.md with a table and training-curve SVGs, and the table on stdout).
+ * (PTQ and QAT of the cpu scheme on the integer engine and as fake quant) → bench of the QAT model →
+ * report (RUN_DIR/report.md with a table, review-by-review agreement, the speed table and training-curve
+ * SVGs, and the table on stdout).
  *
  * Each stage runs this same executable as a child process (so each has its own memory, and SIGINT
  * reaches the training child, which saves a resumable checkpoint). A stage is done when its marker
@@ -29,8 +31,8 @@
 extern char **environ;
 
 typedef struct Pipeline {
-    const char *model, *data, *out, *budget, *python, *vocab, *scheme;
-    int force, threads, seed;
+    const char *model, *data, *out, *budget, *python, *vocab, *scheme, *bench_batches;
+    int force, threads, seed, bench_rounds;
     char ran[64]; /* the first stage that ran in this invocation: every later stage runs as well */
     int train_samples, eval_samples, max_seq_len, batch_size, calib_samples;
     double epochs, qat_epochs, lr, qat_lr;
@@ -291,11 +293,21 @@ static int stage_export(Pipeline *p, const char *ckpt, const char *name, int cpu
     return st;
 }
 
-static int stage_eval(Pipeline *p, const char *name, const char *target, int onnx) {
-    char stage[64], json[4096], path[4096];
+/* Evaluates RUN_DIR/target as stage eval-<name>: RUN_DIR/eval-<name>.json (metrics) and
+ * RUN_DIR/pred-<name>.tsv (one line per review, read by the report's review-by-review agreement).
+ * engine, for a checkpoint, is passed as --engine (NULL: eval's default, auto). */
+static int stage_eval(Pipeline *p, const char *name, const char *target, int onnx, const char *engine) {
+    char stage[64], json[4096], path[4096], pred[4096], marker[4200];
     snprintf(stage, sizeof stage, "eval-%s", name);
     snprintf(json, sizeof json, "%s/eval-%s.json", p->out, name);
+    snprintf(pred, sizeof pred, "%s/pred-%s.tsv", p->out, name);
     snprintf(path, sizeof path, "%s/%s", p->out, target);
+    snprintf(marker, sizeof marker, "%s/.done-%s", p->out, stage);
+    /* the predictions are an output as well: a stage done without them runs again */
+    if (file_exists(marker) && !file_exists(pred)) {
+        fprintf(stderr, "[pipeline] %s: running again (%s is missing)\n", stage, pred);
+        if (remove(marker) != 0) return bq_err(BQ_EIO, "%s: cannot remove: %s", marker, strerror(errno));
+    }
     Argv a = {0};
     if (onnx) {
         char script[4096], tokdir[4096];
@@ -309,22 +321,52 @@ static int stage_eval(Pipeline *p, const char *name, const char *target, int onn
         av_add(&a, p->self), av_add(&a, "eval");
         av_add(&a, "--model"), av_add(&a, path);
         av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
+        if (engine) av_add(&a, "--engine"), av_add(&a, engine);
     }
     av_add(&a, "--data"), av_add(&a, p->data);
     av_add(&a, "--split"), av_add(&a, "test");
     av_add(&a, "--samples"), av_addf(&a, "%.0f", p->eval_samples);
     av_add(&a, "--max-seq-len"), av_addf(&a, "%.0f", p->max_seq_len);
     av_add(&a, "--seed"), av_addf(&a, "%.0f", p->seed);
+    av_add(&a, "--predictions"), av_add(&a, pred);
     av_add(&a, "--json");
     int st = stage_run(p, stage, &a, 1, json, NULL);
     av_free(&a);
     return st;
 }
 
+/* `bench` of the QAT checkpoint (fp32, fake quant, the integer engine) and, with a Python, of its CPU-layout
+ * export in ONNX Runtime, into RUN_DIR/bench.json for the report's speed table. It runs last, so that a
+ * change of --bench-rounds or --bench-batch-sizes re-runs only this stage. */
+static int stage_bench(Pipeline *p, int have_python) {
+    char json[4096], ckpt[4096], onnx[4096];
+    snprintf(json, sizeof json, "%s/bench.json", p->out);
+    snprintf(ckpt, sizeof ckpt, "%s/qat", p->out);
+    snprintf(onnx, sizeof onnx, "%s/qat-int8-cpu.onnx", p->out);
+    Argv a = {0};
+    av_add(&a, p->self), av_add(&a, "bench");
+    av_add(&a, "--model"), av_add(&a, ckpt);
+    if (have_python) av_add(&a, "--onnx"), av_add(&a, onnx), av_add(&a, "--python"), av_add(&a, p->python);
+    av_add(&a, "--batch-sizes"), av_add(&a, p->bench_batches);
+    av_add(&a, "--rounds"), av_addf(&a, "%.0f", p->bench_rounds);
+    av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
+    av_add(&a, "--json");
+    int st = stage_run(p, "bench", &a, 1, json, NULL);
+    av_free(&a);
+    return st;
+}
+
+/* Appends row to rows (at most 8) and returns its index, for the same_as of later rows. */
+static int row_add(BqReportRow *rows, int *nrows, BqReportRow row) {
+    BQ_CHECK(*nrows < 8);
+    rows[*nrows] = row;
+    return (*nrows)++;
+}
+
 int bq_cmd_pipeline(int argc, char **argv) {
     Pipeline p = {0};
     Pipeline o = {.train_samples = -1, .eval_samples = -1, .max_seq_len = -1, .batch_size = -1, .epochs = -1,
-                  .qat_epochs = -1, .lr = -1, .qat_lr = -1, .calib_samples = -1};
+                  .qat_epochs = -1, .lr = -1, .qat_lr = -1, .calib_samples = -1, .bench_rounds = -1};
     p.budget = "small";
     /* cpu: its int8 export is faster than fp32 on ONNX Runtime CPU (on an AMX Xeon, 2 threads, seq 128:
      * 1.67x at batch 1 and 2.47x at batch 32, where the ort scheme's ran at 0.87x and 0.81x) */
@@ -332,6 +374,7 @@ int bq_cmd_pipeline(int argc, char **argv) {
     p.python = getenv("BQ_PYTHON");
     p.seed = 42;
     p.threads = 0;
+    p.bench_batches = "1,32";
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &p.model, "pretrained Hugging Face BERT directory", 1, 0, 0},
         {"data", BQ_ARG_STR, &p.data, "IMDB archive or aclImdb folder (or CSV/JSONL)", 1, 0, 0},
@@ -352,19 +395,25 @@ int bq_cmd_pipeline(int argc, char **argv) {
         {"lr", BQ_ARG_FLOAT, &o.lr, "fp32 learning rate (-1: from --budget)", 0, -1, 1},
         {"qat-lr", BQ_ARG_FLOAT, &o.qat_lr, "QAT learning rate (-1: from --budget)", 0, -1, 1},
         {"calib-samples", BQ_ARG_INT, &o.calib_samples, "calibration examples (-1: from --budget)", 0, -1, 1e9},
+        {"bench-rounds", BQ_ARG_INT, &o.bench_rounds, "timed forwards per path and batch size of the bench stage (-1: "
+         "from --budget: small 5, full 10)", 0, -1, 1000},
+        {"bench-batch-sizes", BQ_ARG_STR, &p.bench_batches, "comma-separated batch sizes of the bench stage", 0, 0, 0},
     };
     BqArgs args = {.cmd = "pipeline", .usage = "--model DIR --data PATH --out RUN_DIR [options]",
                    .summary = "Fine-tune in fp32, calibrate (PTQ, percentile 99.99), QAT fine-tune, export fp32 and "
-                              "Q/DQ ONNX, evaluate every stage on the same test reviews and write RUN_DIR/report.md.",
+                              "Q/DQ ONNX, evaluate every stage on the same test reviews, time the QAT model (bench) and write "
+                              "RUN_DIR/report.md.",
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof specs[0])};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
     if (!strcmp(p.budget, "small")) {
         p.train_samples = 4000, p.eval_samples = 2000, p.max_seq_len = 128, p.batch_size = 32;
         p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
+        p.bench_rounds = 5;
     } else if (!strcmp(p.budget, "full")) {
         p.train_samples = 0, p.eval_samples = 0, p.max_seq_len = 128, p.batch_size = 32;
         p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
+        p.bench_rounds = 10;
     } else {
         return bq_err(BQ_EINVAL, "pipeline: --budget must be small or full, got '%s'", p.budget);
     }
@@ -380,10 +429,14 @@ int bq_cmd_pipeline(int argc, char **argv) {
     if (o.lr >= 0) p.lr = o.lr;
     if (o.qat_lr >= 0) p.qat_lr = o.qat_lr;
     if (o.calib_samples >= 0) p.calib_samples = o.calib_samples;
+    if (o.bench_rounds >= 0) p.bench_rounds = o.bench_rounds;
+    if (!p.bench_batches[0] || strspn(p.bench_batches, "0123456789,") != strlen(p.bench_batches))
+        return bq_err(BQ_EINVAL, "pipeline: --bench-batch-sizes '%s' is not a comma-separated list of batch sizes",
+                      p.bench_batches);
     if (p.max_seq_len < 8 || p.batch_size < 1 || p.epochs <= 0 || p.qat_epochs <= 0 || p.lr <= 0 || p.qat_lr <= 0 ||
-        p.calib_samples < 1)
+        p.calib_samples < 1 || p.bench_rounds < 1)
         return bq_err(BQ_EINVAL, "pipeline: --max-seq-len >= 8, --batch-size >= 1, --epochs/--qat-epochs/--lr/--qat-lr "
-                                 "> 0 and --calib-samples >= 1 are required");
+                                 "> 0, --calib-samples >= 1 and --bench-rounds >= 1 are required");
     char cfg[4096];
     snprintf(cfg, sizeof cfg, "%s/config.json", p.model);
     if (!file_exists(cfg)) return bq_err(BQ_EIO, "pipeline: --model %s: no config.json there", p.model);
@@ -411,16 +464,22 @@ int bq_cmd_pipeline(int argc, char **argv) {
      * fusions (CUDA) want */
     if ((st = stage_export(&p, "qat", "qat-int8-cpu", 1))) return st;
     if (!cpu_scheme && (st = stage_export(&p, "qat", "qat-int8", 0))) return st;
-    if ((st = stage_eval(&p, "fp32", "fp32", 0))) return st;
-    if ((st = stage_eval(&p, "ptq", "ptq", 0))) return st;
-    if ((st = stage_eval(&p, "qat", "qat", 0))) return st;
+    if ((st = stage_eval(&p, "fp32", "fp32", 0, NULL))) return st;
+    /* PTQ and QAT run eval's default engine (auto: the integer engine where it accepts the checkpoint, as
+     * for the cpu scheme); for the cpu scheme each is scored once more as fake quant, so the report shows
+     * the integer engine against the forward QAT trained, review by review */
+    if ((st = stage_eval(&p, "ptq", "ptq", 0, NULL))) return st;
+    if (cpu_scheme && (st = stage_eval(&p, "ptq-fake-quant", "ptq", 0, "fake-quant"))) return st;
+    if ((st = stage_eval(&p, "qat", "qat", 0, NULL))) return st;
+    if (cpu_scheme && (st = stage_eval(&p, "qat-fake-quant", "qat", 0, "fake-quant"))) return st;
     if (have_python) {
-        if ((st = stage_eval(&p, "onnx-fp32", "fp32.onnx", 1))) return st;
-        if ((st = stage_eval(&p, "onnx-int8-cpu", "qat-int8-cpu.onnx", 1))) return st;
-        if (!cpu_scheme && (st = stage_eval(&p, "onnx-int8", "qat-int8.onnx", 1))) return st;
+        if ((st = stage_eval(&p, "onnx-fp32", "fp32.onnx", 1, NULL))) return st;
+        if ((st = stage_eval(&p, "onnx-int8-cpu", "qat-int8-cpu.onnx", 1, NULL))) return st;
+        if (!cpu_scheme && (st = stage_eval(&p, "onnx-int8", "qat-int8.onnx", 1, NULL))) return st;
     } else {
         fprintf(stderr, "[pipeline] no Python with onnxruntime (--python); ONNX Runtime evaluation skipped\n");
     }
+    if ((st = stage_bench(&p, have_python))) return st;
 
     /* Which runtime each export is for: the CPU layout is the ONNX Runtime CPU deployment (integer
      * kernels); the default layout of the ort scheme is what onnxruntime.transformers.optimizer fuses
@@ -436,37 +495,51 @@ int bq_cmd_pipeline(int argc, char **argv) {
              "on x86 CPUs without VNNI its u8×s8 integer kernel saturates 16-bit sums, so on such CPUs its accuracy "
              "can differ from the checkpoint's (README, ONNX export). The CPU layout row is the exact CPU "
              "deployment.", default_for);
-    BqReportRow rows[6] = {
-        {"fp32", "eval-fp32.json", "fp32", "fp32/training_log.jsonl", 0, -1, NULL},
-        {ptq_label, "eval-ptq.json", "ptq", NULL, 0, -1, NULL},
-        {qat_label, "eval-qat.json", "qat", "qat/training_log.jsonl", 0, -1, NULL},
-        {"ONNX fp32 (for ORT CPU)", "eval-onnx-fp32.json", "fp32.onnx", NULL, 0, 0, NULL},
-        {"ONNX int8 QAT, CPU layout (for ORT CPU)", "eval-onnx-int8-cpu.json", "qat-int8-cpu.onnx", NULL, 0, 2,
-         NULL},
-        {int8_label, "eval-onnx-int8.json", "qat-int8.onnx", NULL, 0, 2, int8_note},
-    };
-    int nrows = !have_python ? 3 : cpu_scheme ? 5 : 6;
+    /* rows in table order; same_as indexes this array, so rows are appended with the index of their peer.
+     * The fake-quant rows keep their checkpoint's label: the report's engine column tells them apart. */
+    BqReportRow rows[8];
+    int nrows = 0, r_fp32, r_ptq, r_qat;
+#define ROW(label_, json_, artifact_, log_, same_, note_, pred_)                                              \
+    row_add(rows, &nrows, (BqReportRow){.label = label_, .eval_json = json_, .artifact = artifact_,            \
+                                        .train_log = log_, .same_as = same_, .note = note_, .predictions = pred_})
+    r_fp32 = ROW("fp32", "eval-fp32.json", "fp32", "fp32/training_log.jsonl", -1, NULL, "pred-fp32.tsv");
+    r_ptq = ROW(ptq_label, "eval-ptq.json", "ptq", NULL, -1, NULL, "pred-ptq.tsv");
+    if (cpu_scheme) ROW(ptq_label, "eval-ptq-fake-quant.json", "ptq", NULL, r_ptq, NULL, "pred-ptq-fake-quant.tsv");
+    r_qat = ROW(qat_label, "eval-qat.json", "qat", "qat/training_log.jsonl", -1, NULL, "pred-qat.tsv");
+    if (cpu_scheme) ROW(qat_label, "eval-qat-fake-quant.json", "qat", NULL, r_qat, NULL, "pred-qat-fake-quant.tsv");
+    if (have_python) {
+        ROW("ONNX fp32 (for ORT CPU)", "eval-onnx-fp32.json", "fp32.onnx", NULL, r_fp32, NULL, "pred-onnx-fp32.tsv");
+        ROW("ONNX int8 QAT, CPU layout (for ORT CPU)", "eval-onnx-int8-cpu.json", "qat-int8-cpu.onnx", NULL, r_qat,
+            NULL, "pred-onnx-int8-cpu.tsv");
+        if (!cpu_scheme)
+            ROW(int8_label, "eval-onnx-int8.json", "qat-int8.onnx", NULL, r_qat, int8_note, "pred-onnx-int8.tsv");
+    }
+#undef ROW
     for (int i = 0; i < nrows; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", p.out, rows[i].artifact);
         rows[i].size_bytes = path_size(path);
     }
     /* the stages of this invocation, in order; the report lists the settings each one ran with */
-    const char *stages[12] = {"fp32", "ptq", "qat", "export-fp32", "export-qat-int8-cpu"};
+    const char *stages[16] = {"fp32", "ptq", "qat", "export-fp32", "export-qat-int8-cpu"};
     int nstages = 5;
     if (!cpu_scheme) stages[nstages++] = "export-qat-int8";
-    stages[nstages++] = "eval-fp32", stages[nstages++] = "eval-ptq", stages[nstages++] = "eval-qat";
+    stages[nstages++] = "eval-fp32", stages[nstages++] = "eval-ptq";
+    if (cpu_scheme) stages[nstages++] = "eval-ptq-fake-quant";
+    stages[nstages++] = "eval-qat";
+    if (cpu_scheme) stages[nstages++] = "eval-qat-fake-quant";
     if (have_python) {
         stages[nstages++] = "eval-onnx-fp32", stages[nstages++] = "eval-onnx-int8-cpu";
         if (!cpu_scheme) stages[nstages++] = "eval-onnx-int8";
     }
+    stages[nstages++] = "bench";
     const char *recipe =
         "fp32 fine-tune (10% of the training reviews held out for validation, 5 evaluations per epoch, best "
         "kept) → PTQ (percentile 99.99) → QAT from the PTQ model with its ranges fixed → ONNX export → "
-        "evaluation of every stage on the same test reviews; the settings of each stage are listed under "
-        "\"Stages as run\"";
+        "evaluation of every stage on the same test reviews → bench of the QAT model; the settings of each "
+        "stage are listed under \"Stages as run\"";
     BqReportInfo info = {.model = p.model, .data = p.data, .budget = p.budget, .seconds = bq_now() - t0,
                          .runtime = bq_runtime_describe(), .recipe = recipe, .onnx_skipped = !have_python,
-                         .stages = stages, .nstages = nstages};
+                         .stages = stages, .nstages = nstages, .bench_json = "bench.json"};
     return bq_report_write(p.out, rows, nrows, &info);
 }

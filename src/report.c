@@ -1,5 +1,5 @@
-/* Pipeline report writer (see report.h): reads each stage's evaluation JSON and training JSONL log,
- * draws the curves as SVG and writes report.md atomically. */
+/* Pipeline report writer (see report.h): reads each stage's evaluation JSON, predictions TSV and training
+ * JSONL log and the bench JSON, draws the curves as SVG and writes report.md atomically. */
 #include "src/report.h"
 
 #include <errno.h>
@@ -126,6 +126,7 @@ typedef struct Metrics {
     int ok;
     double acc, f1, eps;
     long n;
+    char engine[96]; /* "engine" of eval --json (int8, fake-quant, fp32) or "runtime" of onnx_eval.py --json */
 } Metrics;
 
 static Metrics read_metrics(const char *run_dir, const char *name) {
@@ -140,8 +141,148 @@ static Metrics read_metrics(const char *run_dir, const char *name) {
     m.eps = json_num(o, "examples_per_s", &fe);
     m.n = (long)json_num(o, "examples", &fn);
     m.ok = fa;
+    const char *e = json_string_value(json_object_get(o, "engine"));
+    if (!e) e = json_string_value(json_object_get(o, "runtime"));
+    snprintf(m.engine, sizeof m.engine, "%s", e ? e : "-");
     json_decref(o);
     return m;
+}
+
+/* One line of a predictions TSV: index, true label, predicted label and the probability of the positive
+ * class (the file holds that of the predicted label). */
+typedef struct Pred {
+    long idx;
+    int label, pred;
+    double ppos;
+} Pred;
+
+static int cmp_pred(const void *a, const void *b) {
+    long x = ((const Pred *)a)->idx, y = ((const Pred *)b)->idx;
+    return x < y ? -1 : x > y;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Reads RUN_DIR/name (eval --predictions or scripts/onnx_eval.py --predictions) sorted by index; NULL when
+ * the file is missing, empty or has a line that is not four numbers. */
+static Pred *read_preds(const char *run_dir, const char *name, long *n) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", run_dir, name);
+    FILE *f = fopen(path, "r");
+    *n = 0;
+    if (!f) return NULL;
+    Pred *v = NULL;
+    long cap = 0;
+    char line[256];
+    int bad = 0;
+    while (fgets(line, sizeof line, f)) {
+        Pred q;
+        double prob;
+        if (sscanf(line, "%ld %d %d %lf", &q.idx, &q.label, &q.pred, &prob) != 4) {
+            bad = 1;
+            break;
+        }
+        q.ppos = q.pred == 1 ? prob : 1.0 - prob;
+        if (*n == cap) v = bq_realloc(v, sizeof *v * (size_t)(cap = cap ? 2 * cap : 1024));
+        v[(*n)++] = q;
+    }
+    fclose(f);
+    if (bad || *n == 0) {
+        free(v);
+        *n = 0;
+        return NULL;
+    }
+    qsort(v, (size_t)*n, sizeof *v, cmp_pred);
+    return v;
+}
+
+/* Review-by-review agreement of two prediction files over the same reviews, computed as
+ * scripts/compare_predictions.py does: the share of equal predicted labels and the median and maximum of
+ * |p_a(positive) - p_b(positive)|. ok is 0 when a file is missing or they list other reviews. */
+typedef struct Agreement {
+    int ok;
+    long n, differ;
+    double median_dp, max_dp;
+} Agreement;
+
+static Agreement agreement(const char *run_dir, const char *a_name, const char *b_name) {
+    Agreement g = {0};
+    long na = 0, nb = 0;
+    Pred *a = a_name ? read_preds(run_dir, a_name, &na) : NULL, *b = b_name ? read_preds(run_dir, b_name, &nb) : NULL;
+    double *dp = NULL;
+    if (!a || !b || na != nb) goto cleanup;
+    dp = bq_malloc(sizeof *dp * (size_t)na);
+    for (long i = 0; i < na; i++) {
+        if (a[i].idx != b[i].idx || a[i].label != b[i].label) goto cleanup;
+        g.differ += a[i].pred != b[i].pred;
+        dp[i] = fabs(a[i].ppos - b[i].ppos);
+        g.max_dp = fmax(g.max_dp, dp[i]);
+    }
+    qsort(dp, (size_t)na, sizeof *dp, cmp_double);
+    g.median_dp = na % 2 ? dp[na / 2] : 0.5 * (dp[na / 2 - 1] + dp[na / 2]);
+    g.n = na, g.ok = 1;
+
+cleanup:
+    free(a);
+    free(b);
+    free(dp);
+    return g;
+}
+
+/* "## Speed on this machine" from `bench --json` (src/cmd_bench.c): the CPU, its ISA line, ms per
+ * forward of every path at each batch size, the ratios and the bench's verdict; "(no result)" when the
+ * file is missing or unreadable. */
+static void speed_write(FILE *f, const char *run_dir, const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", run_dir, name);
+    json_t *j = json_load_file(path, 0, NULL), *res = j ? json_object_get(j, "results") : NULL;
+    if (!j || !json_is_array(res) || json_array_size(res) == 0) {
+        fprintf(f, "\n## Speed on this machine\n\n(no result: %s is missing or unreadable)\n", name);
+        if (j) json_decref(j);
+        return;
+    }
+#define JSTR(key) json_string_value(json_object_get(j, key))
+    const char *cpu = JSTR("cpu"), *isa = JSTR("onednn"), *blas = JSTR("blas"), *ort = JSTR("onnxruntime");
+    const char *verdict = JSTR("verdict");
+#undef JSTR
+    int found = 0;
+    fprintf(f, "\n## Speed on this machine\n\n");
+    fprintf(f, "- CPU: %s\n- ISA: %s\n- %s\n", cpu ? cpu : "?", isa ? isa : "?", blas ? blas : "?");
+    fprintf(f, "- `bertqat bench` of the QAT checkpoint%s: %.0f threads, seq %.0f, median ms per forward over "
+               "the timed rounds (%.0f) after a warm-up\n\n",
+            ort ? " and, in ONNX Runtime, its CPU-layout export" : "", json_num(j, "threads", &found),
+            json_num(j, "seq", &found), json_num(j, "rounds", &found));
+    fprintf(f, "| ms per forward |");
+    size_t nb = json_array_size(res);
+    for (size_t i = 0; i < nb; i++) fprintf(f, " batch %.0f |", json_num(json_array_get(res, i), "batch", &found));
+    fprintf(f, "\n|---|");
+    for (size_t i = 0; i < nb; i++) fprintf(f, "---|");
+    fprintf(f, "\n");
+    static const char *const keys[] = {"fp32_ms", "fake-quant_ms", "int8_ms", "onnxruntime_ms", "fp32_over_int8",
+                                       "onnxruntime_over_int8"};
+    char ort_label[96];
+    snprintf(ort_label, sizeof ort_label, "ONNX Runtime %s (int8 export, CPU layout)", ort ? ort : "");
+    const char *labels[] = {"fp32", "fake quant", "int8 engine", ort_label, "fp32 / int8 engine",
+                            "ONNX Runtime / int8 engine"};
+    int int8 = json_is_true(json_object_get(j, "int8_available"));
+    for (int k = 0; k < 6; k++) {
+        if ((k == 3 || k == 5) && !ort) continue;
+        if (k >= 4 && !int8) continue;
+        fprintf(f, "| %s |", labels[k]);
+        for (size_t i = 0; i < nb; i++) {
+            int has = 0;
+            double v = json_num(json_array_get(res, i), keys[k], &has);
+            if (!has) fprintf(f, " %s |", k == 2 ? "refused" : "-");
+            else fprintf(f, k >= 4 ? " %.2fx |" : " %.2f |", v);
+        }
+        fprintf(f, "\n");
+    }
+    fprintf(f, "\n%s\n", verdict ? verdict : "(the bench gave no verdict)");
+    printf("speed: %s\n", verdict ? verdict : "(no verdict)");
+    json_decref(j);
 }
 
 /* "model name" of /proc/cpuinfo, or the machine name from uname. */
@@ -213,11 +354,11 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
     if (info->recipe) fprintf(f, "- recipe: %s\n", info->recipe);
     fprintf(f, "- wall time of this invocation: %.0f s (stages done earlier are skipped; their times are below)\n\n",
             info->seconds);
-    const char *hdr = "| stage | accuracy | vs fp32 | F1 | examples | model size | examples/s |\n"
-                      "|---|---|---|---|---|---|---|\n";
+    const char *hdr = "| stage | engine | accuracy | vs fp32 | F1 | examples | model size | examples/s |\n"
+                      "|---|---|---|---|---|---|---|---|\n";
     fputs(hdr, f);
-    printf("\n%-40s %9s %8s %7s %9s %11s %11s\n", "stage", "accuracy", "vs fp32", "F1", "examples", "size",
-           "examples/s");
+    printf("\n%-40s %-11s %9s %8s %7s %9s %11s %11s\n", "stage", "engine", "accuracy", "vs fp32", "F1", "examples",
+           "size", "examples/s");
     double base = NAN;
     for (int i = 0; i < nrows; i++) {
         Metrics m = read_metrics(run_dir, rows[i].eval_json);
@@ -226,27 +367,49 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
         if (m.ok && i == 0) base = m.acc;
         if (m.ok && i > 0 && !isnan(base)) snprintf(delta, sizeof delta, "%+.2f pt", 100.0 * (m.acc - base));
         if (m.ok) {
-            fprintf(f, "| %s | %.4f | %s | %.4f | %ld | %s | %.1f |\n", rows[i].label, m.acc, delta, m.f1, m.n, size,
-                    m.eps);
-            printf("%-40s %9.4f %8s %7.4f %9ld %11s %11.1f\n", rows[i].label, m.acc, delta, m.f1, m.n, size, m.eps);
+            fprintf(f, "| %s | %s | %.4f | %s | %.4f | %ld | %s | %.1f |\n", rows[i].label, m.engine, m.acc, delta,
+                    m.f1, m.n, size, m.eps);
+            printf("%-40s %-11.11s %9.4f %8s %7.4f %9ld %11s %11.1f\n", rows[i].label, m.engine, m.acc, delta, m.f1,
+                   m.n, size, m.eps);
         } else {
-            fprintf(f, "| %s | (no result) | | | | %s | |\n", rows[i].label, size);
+            fprintf(f, "| %s | | (no result) | | | | %s | |\n", rows[i].label, size);
             printf("%-40s %9s\n", rows[i].label, "(no result)");
         }
     }
+    /* each row with a peer (an export and its checkpoint, fake quant and the integer engine) against it */
     int npar = 0;
-    for (int i = 0; i < nrows; i++) { /* exports against the checkpoints they came from */
+    for (int i = 0; i < nrows; i++) {
         if (rows[i].same_as < 0 || rows[i].same_as >= nrows) continue;
-        Metrics a = read_metrics(run_dir, rows[i].eval_json), b = read_metrics(run_dir, rows[rows[i].same_as].eval_json);
+        const BqReportRow *o = &rows[rows[i].same_as];
+        Metrics a = read_metrics(run_dir, rows[i].eval_json), b = read_metrics(run_dir, o->eval_json);
         if (!a.ok || !b.ok) continue;
-        fprintf(f, "%s%s vs %s: %+.2f pt accuracy on the same %ld reviews", npar++ ? "; " : "\n", rows[i].label,
-                rows[rows[i].same_as].label, 100.0 * (a.acc - b.acc), a.n);
+        if (!npar++)
+            fprintf(f, "\nReview by review (Δp = |p(positive) of one − p(positive) of the other|, as "
+                       "scripts/compare_predictions.py computes it):\n\n| compared | reviews | labels agree | accuracy "
+                       "difference | median Δp | max Δp |\n|---|---|---|---|---|---|\n");
+        /* "X vs Y" with the accuracy of X minus that of Y: one checkpoint on two engines reads "label: peer's
+         * engine vs this row's engine", an export "export vs checkpoint (its engine)" */
+        char what[512];
+        double diff = 100.0 * (a.acc - b.acc);
+        if (!strcmp(rows[i].label, o->label)) {
+            snprintf(what, sizeof what, "%s: %s vs %s", o->label, b.engine, a.engine);
+            diff = 100.0 * (b.acc - a.acc);
+        } else {
+            snprintf(what, sizeof what, "%s vs %s (%s)", rows[i].label, o->label, b.engine);
+        }
+        Agreement g = agreement(run_dir, rows[i].predictions, o->predictions);
+        if (g.ok)
+            fprintf(f, "| %s | %ld | %.2f%% (%ld differ) | %+.2f pt | %.2g | %.2g |\n", what, g.n,
+                    100.0 * (double)(g.n - g.differ) / (double)g.n, g.differ, diff, g.median_dp, g.max_dp);
+        else
+            fprintf(f, "| %s | %ld | (no predictions) | %+.2f pt | | |\n", what, a.n, diff);
     }
-    if (npar) fprintf(f, ".\n");
     for (int i = 0; i < nrows; i++)
         if (rows[i].note) fprintf(f, "\n%s: %s\n", rows[i].label, rows[i].note);
-    fprintf(f, "\nexamples/s: inference only (bertqat eval for checkpoints with fake quantization simulated in fp32; "
-               "ONNX Runtime CPU for the .onnx files), tokenization excluded.\n");
+    fprintf(f, "\nengine: what scored the row (`bertqat eval`: int8 is the integer engine, fake-quant the fp32 "
+               "simulation QAT trains, fp32 a float checkpoint; ONNX Runtime CPU for the .onnx files). examples/s: "
+               "inference only, tokenization excluded.\n");
+    if (info->bench_json) speed_write(f, run_dir, info->bench_json);
     /* Each stage's settings, thread count and wall time from its marker (src/cmd_pipeline.c, stage_run:
      * {"settings", "argv", "finished", "seconds"}), so the report shows what actually ran. Paths inside
      * RUN_DIR are printed relative to it. */

@@ -1,4 +1,5 @@
-/* The pipeline report: RUN_DIR/report.md (a results table and training curves as SVG pictures,
+/* The pipeline report: RUN_DIR/report.md (a results table with the engine of each row, review-by-review
+ * agreement of rows with a peer, the speed table of `bench --json`, and training curves as SVG pictures,
  * drawn here directly as SVG polylines: no plotting library is needed for two line charts) and the
  * same table on stdout. */
 #ifndef BQ_REPORT_H
@@ -14,6 +15,9 @@ typedef struct BqReportRow {
     int64_t size_bytes;
     int same_as;           /* index of the row this one must agree with (an export and its checkpoint), or -1 */
     const char *note;      /* printed under the table, or NULL */
+    const char *predictions; /* TSV in RUN_DIR written by `eval --predictions` or scripts/onnx_eval.py
+                                --predictions, or NULL; with same_as, the report compares the two rows
+                                review by review */
 } BqReportRow;
 
 typedef struct BqReportInfo {
@@ -24,6 +28,8 @@ typedef struct BqReportInfo {
     int nstages;
     double seconds;
     int onnx_skipped;
+    const char *bench_json; /* file in RUN_DIR written by `bench --json` (the "Speed on this machine"
+                               section), or NULL */
 } BqReportInfo;
 
 int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, const BqReportInfo *info);

@@ -3,7 +3,11 @@ from the session's fine-tuned all-MiniLM-L6-v2 (conftest.finetuned: a trained he
 quantized models' probabilities are spread and a quantization error shows in them):
 - every stage runs (fp32 fine-tune, PTQ, QAT from the PTQ model with fixed ranges, the ONNX exports,
   the evaluations with ONNX Runtime through this Python), with the default scheme cpu; the report has
-  a row per stage, names the runtime each export is for and lists the settings each stage ran with;
+  a row per stage with the engine that scored it, names the runtime each export is for and lists the
+  settings each stage ran with;
+- PTQ and QAT are scored by the integer engine and once more as fake quant; the report's
+  review-by-review rows equal scripts/compare_predictions.py's count on the same files, within
+  ENGINE_BOUNDS; the bench stage (1 round, batch 1 and 2) fills "Speed on this machine";
 - review by review (scripts/compare_predictions.py over `--predictions` of both evaluators): the fp32
   export predicts every review as the checkpoint does within 1e-4 in probability (ORT with and without
   its graph optimizations); the int8 exports of PTQ and QAT (CPU layout, ORT CPU's integer kernels)
@@ -11,7 +15,8 @@ quantized models' probabilities are spread and a quantization error shows in the
   quantizer scale doubled fails them;
 - the same command again skips every stage; with another --train-samples (and --scheme ort) every
   stage runs again, the log names the changed setting, and the report shows the new settings and the
-  ort scheme's rows (the default layout, for ONNX Runtime QOrdered on CUDA)."""
+  ort scheme's rows (the default layout, for ONNX Runtime QOrdered on CUDA; fake quant, which the
+  integer engine refuses, with the bench's reason)."""
 import json
 import os
 import subprocess
@@ -23,9 +28,10 @@ from onnx import numpy_helper
 
 from conftest import IMDB, ROOT, THREADS, run_bq
 
-STAGES = ["fp32", "ptq", "qat", "export-fp32", "export-qat-int8-cpu", "eval-fp32", "eval-ptq", "eval-qat",
-          "eval-onnx-fp32", "eval-onnx-int8-cpu"]
-ORT_STAGES = STAGES + ["export-qat-int8", "eval-onnx-int8"]
+STAGES = ["fp32", "ptq", "qat", "export-fp32", "export-qat-int8-cpu", "eval-fp32", "eval-ptq", "eval-ptq-fake-quant",
+          "eval-qat", "eval-qat-fake-quant", "eval-onnx-fp32", "eval-onnx-int8-cpu", "bench"]
+# the ort scheme: the integer engine refuses it, so no second (fake-quant) evaluation of PTQ and QAT
+ORT_STAGES = [s for s in STAGES if "fake-quant" not in s] + ["export-qat-int8", "eval-onnx-int8"]
 COMMON = ["--data", IMDB, "--split", "test", "--samples", 64, "--max-seq-len", 32, "--seed", 42]
 COMPARE = [sys.executable, os.path.join(ROOT, "scripts", "compare_predictions.py")]
 # Bounds of the int8 exports (CPU layout) against their checkpoints, review by review. ORT computes the
@@ -40,6 +46,15 @@ COMPARE = [sys.executable, os.path.join(ROOT, "scripts", "compare_predictions.py
 # smallest wrong scale; a wrong weight layout scrambles the Linears and moves the median far more. The
 # label and max bounds catch gross errors (a layout error puts agreement near 50%).
 QUANT_BOUNDS = ["--min-agree", "95", "--max-dp", "0.1", "--max-median-dp", "1e-3"]
+# Bounds of the integer engine against fake quant of the same checkpoint on these 64 reviews. The engine
+# sums the same integer products exactly where fake quant sums them in fp32, so they differ only where
+# that summation order puts a value on the other side of the next quantizer's rounding boundary: a rarer
+# event than between ORT and bertqat (which also differ in GELU, softmax and LayerNorm), so the ORT
+# bounds above hold a fortiori, and of 64 reviews at most one close to p = 0.5 may change its label
+# (tests/python/test_int8_engine.py measures >= 99% agreement on 200 reviews): labels agree on >= 63 of
+# 64 and the accuracies differ by at most 1/64. The median bound catches a systematic error (a wrong
+# scale in the engine moves every review), as for the exports.
+ENGINE_BOUNDS = ["--min-agree", "98", "--max-dp", "0.1", "--max-median-dp", "1e-3"]
 WRONG = "bert.encoder.layer.0.attention.self.input_quantizer.scale_0"
 
 
@@ -58,7 +73,7 @@ def test_pipeline_tiny(tmp_path, bin_path, finetuned):
     out = tmp_path / "run"
     args = ["pipeline", "--model", finetuned[0], "--data", IMDB, "--out", out, "--budget", "small", "--train-samples",
             96, "--eval-samples", 64, "--max-seq-len", 32, "--batch-size", 16, "--calib-samples", 16, "--threads",
-            THREADS, "--python", sys.executable]
+            THREADS, "--python", sys.executable, "--bench-rounds", 1, "--bench-batch-sizes", "1,2"]
     p = run_bq(*args, timeout=3600)
     log = p.stderr
     assert f"qat --model {out}/ptq" in log and "--ranges fixed" in log and "ranges: fixed" in log, log[-3000:]
@@ -70,27 +85,67 @@ def test_pipeline_tiny(tmp_path, bin_path, finetuned):
     assert not (out / ".done-export-qat-int8").exists()
     for f in ("fp32.onnx", "qat-int8-cpu.onnx", "report.md", "curves-loss.svg", "curves-eval.svg"):
         assert (out / f).stat().st_size > 0, f
-    acc = {}
-    for name in ("fp32", "ptq", "qat", "onnx-fp32", "onnx-int8-cpu"):
+    acc, engine = {}, {}
+    for name in ("fp32", "ptq", "ptq-fake-quant", "qat", "qat-fake-quant", "onnx-fp32", "onnx-int8-cpu"):
         r = json.loads((out / f"eval-{name}.json").read_text())
         assert r["examples"] == 64, (name, r)
-        acc[name] = r["accuracy"]
+        acc[name], engine[name] = r["accuracy"], r.get("engine", r.get("runtime"))
     print(f"\naccuracy on 64 test reviews: {acc}")
     assert acc["onnx-fp32"] == acc["fp32"], acc
+    # the cpu scheme: the pipeline's default engine for PTQ and QAT is the integer engine
+    assert engine["fp32"] == "fp32" and engine["onnx-int8-cpu"].startswith("onnxruntime"), engine
+    for ck in ("ptq", "qat"):
+        assert engine[ck] == "int8" and engine[f"{ck}-fake-quant"] == "fake-quant", engine
     report = (out / "report.md").read_text()
-    for row in ("| fp32 |", "| PTQ (cpu scheme", "| QAT (cpu scheme)", "| ONNX fp32 (for ORT CPU)",
-                "| ONNX int8 QAT, CPU layout (for ORT CPU)", "## Stages as run",
-                "- qat (", "`qat --model ptq --out qat --data"):
+    for row in ("| fp32 | fp32 |", "| PTQ (cpu scheme, percentile 99.99) | int8 |",
+                "| PTQ (cpu scheme, percentile 99.99) | fake-quant |", "| QAT (cpu scheme) | int8 |",
+                "| QAT (cpu scheme) | fake-quant |", "| ONNX fp32 (for ORT CPU) | onnxruntime",
+                "| ONNX int8 QAT, CPU layout (for ORT CPU) | onnxruntime", "## Stages as run",
+                "- qat (", "`qat --model ptq --out qat --data", "- eval-qat-fake-quant (", "--engine fake-quant",
+                "- bench (", "`bench --model qat --onnx qat-int8-cpu.onnx"):
         assert row in report, (row, report)
     assert "default layout" not in report, report
+
+    # int8 engine against fake quant, review by review: the report's agreement rows equal what
+    # scripts/compare_predictions.py finds in the same prediction files, within ENGINE_BOUNDS
+    for ck, label in (("ptq", "PTQ (cpu scheme, percentile 99.99)"), ("qat", "QAT (cpu scheme)")):
+        c = compare(out / f"pred-{ck}.tsv", out / f"pred-{ck}-fake-quant.tsv", *ENGINE_BOUNDS)
+        print(f"{ck}: int8 engine vs fake quant: {c.stdout.strip()}")
+        assert c.returncode == 0, c.stdout + c.stderr
+        differ = int(c.stdout.split("(")[1].split()[0])
+        line = [l for l in report.splitlines() if l.startswith(f"| {label}: int8 vs fake-quant |")]
+        assert len(line) == 1, report
+        cells = [x.strip() for x in line[0].strip("|").split("|")]
+        assert cells[1] == "64" and cells[2] == f"{100 * (64 - differ) / 64:.2f}% ({differ} differ)", (cells, c.stdout)
+        assert abs(acc[ck] - acc[f"{ck}-fake-quant"]) <= 1 / 64 + 1e-9, acc
+        assert cells[3] == f"{100 * (acc[ck] - acc[ck + '-fake-quant']):+.2f} pt", (cells, acc)
+
+    # speed: the bench of the QAT checkpoint and its export, at the batch sizes asked for, in the report
+    bench = json.loads((out / "bench.json").read_text())
+    assert bench["int8_available"] and bench["rounds"] == 1 and bench["seq"] == 32, bench
+    assert [r["batch"] for r in bench["results"]] == [1, 2], bench
+    for r in bench["results"]:
+        for k in ("fp32_ms", "fake-quant_ms", "int8_ms", "onnxruntime_ms"):
+            assert r[k] > 0, (k, r)
+    speed = report[report.index("## Speed on this machine"):report.index("## Stages as run")]
+    print(speed)
+    assert f"- CPU: {bench['cpu']}" in speed and "- ISA: oneDNN" in speed and bench["verdict"] in speed, speed
+    assert "| ms per forward | batch 1 | batch 2 |" in speed, speed
+    table = {}
+    for line in speed.splitlines():
+        if line.startswith("| ") and not line.startswith("| ms per forward"):
+            cells = [x.strip() for x in line.strip("|").split("|")]
+            table[cells[0]] = cells[1:]
+    ort_label = f"ONNX Runtime {bench['onnxruntime']} (int8 export, CPU layout)"
+    for label in ("fp32", "fake quant", "int8 engine", ort_label, "fp32 / int8 engine", "ONNX Runtime / int8 engine"):
+        nums = [float(x.rstrip("x")) for x in table[label]]
+        assert len(nums) == 2 and all(x > 0 for x in nums), (label, table)
 
     # fp32: the export predicts every one of the 64 reviews as the checkpoint does, p(positive) within
     # 1e-4, with ORT's graph optimizations on and off; one flipped label must fail, a file of other
     # reviews must be refused
-    tsv = {}
-    for ck in ("fp32", "ptq", "qat"):
-        tsv[ck] = tmp_path / f"bq-{ck}.tsv"
-        run_bq("eval", "--model", out / ck, "--threads", THREADS, "--predictions", tsv[ck], *COMMON)
+    # the checkpoints' predictions are the pipeline's own (eval --predictions, default engine)
+    tsv = {ck: out / f"pred-{ck}.tsv" for ck in ("fp32", "ptq", "qat")}
     assert sorted(int(l.split("\t")[0]) for l in tsv["fp32"].read_text().splitlines()) == list(range(64))
     for opt in ("all", "none"):
         t = tmp_path / f"ort-{opt}.tsv"
@@ -134,7 +189,8 @@ def test_pipeline_tiny(tmp_path, bin_path, finetuned):
     # the same command again: every stage is done, only the report is written
     p = run_bq(*args, timeout=600)
     assert "qat: done already" in p.stderr, p.stderr[-3000:]
-    for cmd in ("finetune --model", "qat --model", "calibrate --model", "export --model", "eval --model", "onnx_eval.py"):
+    for cmd in ("finetune --model", "qat --model", "calibrate --model", "export --model", "eval --model", "onnx_eval.py",
+                "bench --model"):
         assert cmd not in p.stderr, (cmd, p.stderr[-3000:])
 
     # another --train-samples (and the ort scheme): the fp32 stage names the change, every stage runs
@@ -152,6 +208,8 @@ def test_pipeline_tiny(tmp_path, bin_path, finetuned):
     report = (out / "report.md").read_text()
     for row in ("| PTQ (ort scheme", "| QAT (ort scheme)", "| ONNX int8 QAT, CPU layout (for ORT CPU)",
                 "| ONNX int8 QAT, default layout (for ONNX Runtime QOrdered (CUDA); ORT CPU here)",
-                "--train-samples 80", "- eval-onnx-int8 ("):
+                "--train-samples 80", "- eval-onnx-int8 (", "| QAT (ort scheme) | fake-quant |",
+                "## Speed on this machine", "| int8 engine | refused | refused |",
+                "int8 cannot run on this machine for this checkpoint: "):
         assert row in report, (row, report)
-    assert "--train-samples 96" not in report, report
+    assert "--train-samples 96" not in report and "eval-qat-fake-quant" not in report, report
