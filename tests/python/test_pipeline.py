@@ -51,10 +51,12 @@ QUANT_BOUNDS = ["--min-agree", "95", "--max-dp", "0.1", "--max-median-dp", "1e-3
 # that summation order puts a value on the other side of the next quantizer's rounding boundary: a rarer
 # event than between ORT and bertqat (which also differ in GELU, softmax and LayerNorm), so the ORT
 # bounds above hold a fortiori, and of 64 reviews at most one close to p = 0.5 may change its label
-# (tests/python/test_int8_engine.py measures >= 99% agreement on 200 reviews): labels agree on >= 63 of
-# 64 and the accuracies differ by at most 1/64. The median bound catches a systematic error (a wrong
-# scale in the engine moves every review), as for the exports.
-ENGINE_BOUNDS = ["--min-agree", "98", "--max-dp", "0.1", "--max-median-dp", "1e-3"]
+# (measured here: PTQ 63 of 64, QAT 64 of 64; tests/python/test_int8_engine.py: >= 99% on 200 reviews).
+# Which reviews sit that close depends on the CPU's fp32 summation order, so the label bound leaves room
+# for three (>= 61 of 64, the exports' 95%) and the accuracies may differ by at most 3/64. The median
+# bound is what catches a systematic error (a wrong scale in the engine moves every review), as for the
+# exports.
+ENGINE_BOUNDS = ["--min-agree", "95", "--max-dp", "0.1", "--max-median-dp", "1e-3"]
 WRONG = "bert.encoder.layer.0.attention.self.input_quantizer.scale_0"
 
 
@@ -117,7 +119,7 @@ def test_pipeline_tiny(tmp_path, bin_path, finetuned):
         assert len(line) == 1, report
         cells = [x.strip() for x in line[0].strip("|").split("|")]
         assert cells[1] == "64" and cells[2] == f"{100 * (64 - differ) / 64:.2f}% ({differ} differ)", (cells, c.stdout)
-        assert abs(acc[ck] - acc[f"{ck}-fake-quant"]) <= 1 / 64 + 1e-9, acc
+        assert abs(acc[ck] - acc[f"{ck}-fake-quant"]) <= 3 / 64 + 1e-9, acc
         assert cells[3] == f"{100 * (acc[ck] - acc[ck + '-fake-quant']):+.2f} pt", (cells, acc)
 
     # speed: the bench of the QAT checkpoint and its export, at the batch sizes asked for, in the report
