@@ -104,6 +104,8 @@ int bq_runtime_boot(int argc, char **argv);
 /* Sets the thread count for OpenMP loops and OpenBLAS (threads <= 0: number of online CPUs). */
 void bq_runtime_set_threads(int threads);
 int bq_runtime_threads(void);
+/* The CPU's name: the first "model name" of /proc/cpuinfo, else "unknown CPU". */
+void bq_cpu_model(char *buf, size_t n);
 /* One line naming the BLAS library, its kernel (core) and the thread count. */
 const char *bq_runtime_describe(void);
 

@@ -19,24 +19,6 @@
 
 enum { T = 128 };
 
-static void cpu_model(char *buf, size_t n) {
-    snprintf(buf, n, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "model name", 10)) {
-            char *p = strchr(line, ':');
-            if (p) {
-                p += 2;
-                p[strcspn(p, "\n")] = 0;
-                snprintf(buf, n, "%s", p);
-            }
-            break;
-        }
-    fclose(f);
-}
-
 static void fill_input(int32_t *ids, float *mask, int B, BqRng *rng, int vocab) {
     for (int i = 0; i < B * T; i++) {
         ids[i] = i % T == 0 ? 101 % vocab : 1000 + (int32_t)bq_rng_below(rng, (uint64_t)(vocab - 1000));
@@ -91,7 +73,7 @@ int main(int argc, char **argv) {
     BqRng rng;
     bq_rng_seed(&rng, 1);
     char cpu[256];
-    cpu_model(cpu, sizeof cpu);
+    bq_cpu_model(cpu, sizeof cpu);
     const char *source;
     if (stat(dir, &sb) == 0) {
         char *report = NULL;

@@ -28,25 +28,6 @@ extern char **environ;
 enum { P_FP32, P_FAKE, P_INT8, P_ORT, NPATHS };
 static const char *const PATH_NAMES[NPATHS] = {"fp32", "fake-quant", "int8", "onnxruntime"};
 
-/* First "model name" of /proc/cpuinfo, else "unknown CPU". */
-static void cpu_model(char *buf, size_t n) {
-    snprintf(buf, n, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "model name", 10)) {
-            char *p = strchr(line, ':');
-            if (p) {
-                p += 1 + (p[1] == ' ');
-                p[strcspn(p, "\n")] = 0;
-                snprintf(buf, n, "%s", p);
-            }
-            break;
-        }
-    fclose(f);
-}
-
 /* "1,32" into at most MAX_BATCHES sizes in [1, 4096]. */
 static int parse_batches(const char *s, int *out, int *n) {
     *n = 0;
@@ -266,7 +247,7 @@ int bq_cmd_bench(int argc, char **argv) {
         snprintf(verdict + n, sizeof verdict - (size_t)n, " as fast as fp32 (it pays off at >= %.1fx at every batch "
                  "size).", PAYS_OFF);
     }
-    cpu_model(cpu, sizeof cpu);
+    bq_cpu_model(cpu, sizeof cpu);
     if (json) {
         j = json_object();
         json_object_set_new(j, "model", json_string(model));

@@ -285,25 +285,6 @@ static void speed_write(FILE *f, const char *run_dir, const char *name) {
     json_decref(j);
 }
 
-/* "model name" of /proc/cpuinfo, or the machine name from uname. */
-static void cpu_model(char *buf, size_t n) {
-    snprintf(buf, n, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10)) continue;
-        char *c = strchr(line, ':');
-        if (!c) break;
-        c++;
-        while (*c == ' ' || *c == '\t') c++;
-        c[strcspn(c, "\n")] = 0;
-        snprintf(buf, n, "%s", c);
-        break;
-    }
-    fclose(f);
-}
-
 static void human_size(char *buf, size_t n, int64_t b) {
     if (b <= 0) snprintf(buf, n, "-");
     else if (b >= 1 << 20) snprintf(buf, n, "%.1f MiB", (double)b / (1 << 20));
@@ -346,7 +327,7 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
     time_t now = time(NULL);
     char date[64], cpu[128];
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
-    cpu_model(cpu, sizeof cpu);
+    bq_cpu_model(cpu, sizeof cpu);
     fprintf(f, "# bertqat pipeline report\n\n");
     fprintf(f, "- date: %s; machine: %s, %ld CPUs, %s %s; %s\n", date, cpu, sysconf(_SC_NPROCESSORS_ONLN), u.sysname,
             u.machine, info->runtime);
