@@ -50,7 +50,7 @@ void bq_dataset_free(BqDataset *d) {
     free(d->labels);
     free(d->full_len);
     free(d->source_index);
-    for (int i = 0; i < d->nlabels; i++) free(d->label_names[i]);
+    for (int i = 0; d->label_names && i < d->nlabels; i++) free(d->label_names[i]);
     free(d->label_names);
     free(d->cache_path);
     free(d);

@@ -44,16 +44,6 @@ static BqDataset *make_dataset(int vocab, BqRng *rng) {
     return d;
 }
 
-static void free_dataset(BqDataset *d) {
-    free(d->offsets);
-    free(d->ids);
-    free(d->types);
-    free(d->labels);
-    free(d->full_len);
-    free(d->source_index);
-    free(d);
-}
-
 /* Labels = argmax of m's forward (m->quant as set). */
 static int label_by_model(BqBert *m, BqDataset *d, BqBatcher *bt) {
     BqArena act;
@@ -215,7 +205,7 @@ int main(void) {
     }
 
     bq_batcher_free(&bt);
-    free_dataset(ds);
+    bq_dataset_free(ds);
     bq_quant_free(m.quant);
     m.quant = NULL;
     bq_bert_free(&m);
