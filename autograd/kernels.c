@@ -471,6 +471,50 @@ void bq_kernel_cross_entropy_backward(float *dlogits, float dloss, const float *
             dlogits[b * C + c] += g * (probs[b * C + c] - (c == labels[b] ? 1.0f : 0.0f));
 }
 
+/* ---- span cross entropy (BertForQuestionAnswering's loss) ---- */
+
+void bq_kernel_span_ce_forward(float *loss, float *probs, int64_t *cnt, const float *logits, const int32_t *pos,
+                               int64_t B, int64_t T) {
+    double side[2] = {0.0, 0.0};
+    cnt[0] = cnt[1] = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int k = 0; k < 2; k++) {
+            const float *z = logits + b * T * 2 + k; /* stride 2 over t */
+            float *p = probs + b * T * 2 + k;
+            float mx = z[0];
+            for (int64_t t = 1; t < T; t++)
+                if (z[2 * t] > mx) mx = z[2 * t];
+            double s = 0.0;
+            for (int64_t t = 0; t < T; t++) s += exp((double)z[2 * t] - mx);
+            double lse = mx + log(s);
+            for (int64_t t = 0; t < T; t++) p[2 * t] = (float)exp((double)z[2 * t] - lse);
+            int32_t y = pos[2 * b + k];
+            if (y < T) {
+                side[k] += lse - (double)z[2 * (int64_t)y];
+                cnt[k]++;
+            }
+        }
+    double l = 0.0;
+    for (int k = 0; k < 2; k++)
+        if (cnt[k]) l += side[k] / (double)cnt[k];
+    *loss = (float)(l / 2.0);
+}
+
+void bq_kernel_span_ce_backward(float *dlogits, float dloss, const float *probs, const int64_t *cnt,
+                                const int32_t *pos, int64_t B, int64_t T) {
+    for (int k = 0; k < 2; k++) {
+        if (!cnt[k]) continue;
+        float g = dloss / (2.0f * (float)cnt[k]);
+        for (int64_t b = 0; b < B; b++) {
+            int32_t y = pos[2 * b + k];
+            if (y >= T) continue;
+            float *d = dlogits + b * T * 2 + k;
+            const float *p = probs + b * T * 2 + k;
+            for (int64_t t = 0; t < T; t++) d[2 * t] += g * (p[2 * t] - (t == y ? 1.0f : 0.0f));
+        }
+    }
+}
+
 /* ---- fake quantization ---- */
 
 /* q = clamp(rne(x/s), qmin, qmax) is computed as rne(clamp(x/s, qmin, qmax)): rounding is monotonic

@@ -82,6 +82,14 @@ void bq_kernel_cross_entropy_forward(float *loss, float *probs, const float *log
 void bq_kernel_cross_entropy_backward(float *dlogits, float dloss, const float *probs, const int32_t *labels,
                                       int64_t B, int64_t C);
 
+/* logits (B,T,2), pos (B,2) in [0,T] (T: ignored) → *loss = (Σ_k mean over b with pos[b,k] < T of
+ * −log softmax_t(logits[b,:,k])[pos[b,k]]) / 2; probs (B,T,2) saved; cnt[k] = number of examples
+ * counted on side k. Backward: dlogits[b,t,k] += dloss·(probs − onehot)/(2·cnt[k]) for counted b. */
+void bq_kernel_span_ce_forward(float *loss, float *probs, int64_t *cnt, const float *logits, const int32_t *pos,
+                               int64_t B, int64_t T);
+void bq_kernel_span_ce_backward(float *dlogits, float dloss, const float *probs, const int64_t *cnt,
+                                const int32_t *pos, int64_t B, int64_t T);
+
 /* Fake quantization of x viewed as (outer, nscale, inner): element (o,c,i) uses scale[c] (per tensor:
  * nscale = 1, inner = n). q = clamp(nearbyintf(x/s), qmin, qmax) with a true division, out = q·s.
  * Backward (straight-through): dx += dout where qmin <= nearbyintf(x/s) <= qmax, else nothing — the

@@ -29,6 +29,7 @@ const char *bq_op_name(BqOp op) {
         [BQ_OP_LAYERNORM] = "layernorm", [BQ_OP_GELU] = "gelu", [BQ_OP_TANH] = "tanh",
         [BQ_OP_SOFTMAX_MASK] = "softmax_mask", [BQ_OP_DROPOUT] = "dropout", [BQ_OP_SELECT_TOKEN] = "select_token",
         [BQ_OP_CROSS_ENTROPY] = "cross_entropy", [BQ_OP_FAKEQUANT] = "fakequant",
+        [BQ_OP_SPAN_CROSS_ENTROPY] = "span_cross_entropy",
     };
     return op >= 0 && op < BQ_OP_COUNT ? names[op] : "?";
 }
@@ -412,6 +413,32 @@ static void back_cross_entropy(BqNode *nd) {
                                          nd->iparam[1]);
 }
 
+BqTensor *bq_op_span_cross_entropy(BqCtx *ctx, BqTensor *logits, const int32_t *pos) {
+    CONTIG(logits);
+    BQ_CHECK(logits->ndim == 3 && logits->shape[2] == 2 && pos != NULL);
+    int64_t B = logits->shape[0], T = logits->shape[1];
+    for (int64_t i = 0; i < 2 * B; i++) BQ_CHECK(pos[i] >= 0 && pos[i] <= T);
+    int64_t one = 1;
+    BqTensor *loss = bq_tensor_new(ctx, 1, &one);
+    float *probs = bq_arena_alloc(ctx->act, (size_t)(B * T * 2) * sizeof(float));
+    int64_t cnt[2];
+    bq_kernel_span_ce_forward(loss->data, probs, cnt, logits->data, pos, B, T);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_SPAN_CROSS_ENTROPY, loss);
+        nd->in[0] = logits;
+        nd->ids = pos;
+        nd->saved = probs;
+        nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = cnt[0], nd->iparam[3] = cnt[1];
+    }
+    return loss;
+}
+
+static void back_span_cross_entropy(BqNode *nd) {
+    if (nd->in[0]->grad)
+        bq_kernel_span_ce_backward(nd->in[0]->grad, nd->out->grad[0], nd->saved, &nd->iparam[2], nd->ids,
+                                   nd->iparam[0], nd->iparam[1]);
+}
+
 /* Views x as (outer, nscale, inner). Per tensor, the rows of the last axis serve as `outer` so the
  * kernel still has rows to spread over threads. */
 static void fq_dims(const BqTensor *x, int64_t nscale, int axis, int64_t *outer, int64_t *inner) {
@@ -503,6 +530,7 @@ static const BackFn g_backward[BQ_OP_COUNT] = {
     [BQ_OP_SELECT_TOKEN] = back_select_token,
     [BQ_OP_CROSS_ENTROPY] = back_cross_entropy,
     [BQ_OP_FAKEQUANT] = back_fakequant,
+    [BQ_OP_SPAN_CROSS_ENTROPY] = back_span_cross_entropy,
 };
 
 void bq_backward(BqCtx *ctx, BqTensor *loss) {

@@ -42,6 +42,7 @@ typedef enum BqOp {
     BQ_OP_SELECT_TOKEN,  /* y[b,:] = x[b,t,:] */
     BQ_OP_CROSS_ENTROPY, /* loss = mean_b −log softmax(logits[b])[label[b]] */
     BQ_OP_FAKEQUANT,     /* y = clamp(rne(x/s), qmin, qmax)·s, straight-through gradient */
+    BQ_OP_SPAN_CROSS_ENTROPY, /* loss = (CE over T of logits[:,:,0] + CE of logits[:,:,1]) / 2 */
     BQ_OP_COUNT
 } BqOp;
 
@@ -112,6 +113,12 @@ BqTensor *bq_op_dropout(BqCtx *ctx, BqTensor *x, float p);
 BqTensor *bq_op_select_token(BqCtx *ctx, BqTensor *x, int64_t t);
 /* logits (B,C), labels (B) in [0,C) → scalar loss (shape (1)), mean over the batch. */
 BqTensor *bq_op_cross_entropy(BqCtx *ctx, BqTensor *logits, const int32_t *labels);
+/* Question-answering loss of HF's BertForQuestionAnswering: logits (B,T,2) (start at [b,t,0], end at
+ * [b,t,1]), pos (B,2) = (start, end) token index per example, each in [0,T] where T is the ignored
+ * index → scalar loss (shape (1)) = (CE_start + CE_end) / 2, each CE the mean over its non-ignored
+ * examples of −log softmax over T. A side whose examples are all ignored contributes 0 (PyTorch gives
+ * NaN there). pos must stay alive until backward. */
+BqTensor *bq_op_span_cross_entropy(BqCtx *ctx, BqTensor *logits, const int32_t *pos);
 /* Symmetric fake quantization with zero point 0. nscale == 1: per tensor. Otherwise per channel
  * along `axis` of x, nscale == x->shape[axis]. scale is read when the op runs (the caller owns it
  * and keeps it alive until backward). Exact numerics: q = clamp(rne(x / s), qmin, qmax), y = q·s;

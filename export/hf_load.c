@@ -47,6 +47,11 @@ static int unused_head(const char *name) {
     return strncmp(name, "cls.", 4) == 0 || strncmp(name, "bert.cls.", 9) == 0;
 }
 
+static int is_head(const char *pname) {
+    return strncmp(pname, "bert.pooler.", 12) == 0 || strncmp(pname, "classifier.", 11) == 0 ||
+           strncmp(pname, "qa_outputs.", 11) == 0;
+}
+
 /* Parameter index for a checkpoint name: with or without "bert.", legacy LayerNorm gamma/beta. */
 static int param_index(const BqParamTable *t, const char *name) {
     int i = bq_params_find(t, name);
@@ -65,9 +70,6 @@ static int param_index(const BqParamTable *t, const char *name) {
     return -1;
 }
 
-static int is_head(const char *pname) {
-    return strncmp(pname, "bert.pooler.", 12) == 0 || strncmp(pname, "classifier.", 11) == 0;
-}
 
 /* After loading: every parameter not loaded must be a head parameter; builds the report. */
 static int finish(const BqBert *m, const char *path, const unsigned char *loaded, Str *unused, char **report) {
@@ -81,13 +83,17 @@ static int finish(const BqBert *m, const char *path, const unsigned char *loaded
             free(r.s);
             return bq_err(BQ_EFORMAT, "%s: missing tensor \"%s\" (expected shape %s)", path, t->p[i].name, a);
         }
-        str_add(&r, r.n ? ", " : "Some weights of BertForSequenceClassification were not initialized from the "
-                                  "checkpoint and are newly initialized: ");
+        str_add(&r, r.n ? ", "
+                        : m->cfg.head == BQ_HEAD_QA
+                              ? "Some weights of BertForQuestionAnswering were not initialized from the "
+                                "checkpoint and are newly initialized: "
+                              : "Some weights of BertForSequenceClassification were not initialized from the "
+                                "checkpoint and are newly initialized: ");
         str_add(&r, t->p[i].name);
     }
     if (unused->n) {
         if (r.n) str_add(&r, "\n");
-        str_add(&r, "Unused weights of the checkpoint (pre-training heads): ");
+        str_add(&r, "Unused weights of the checkpoint (heads of other tasks): ");
         str_add(&r, unused->s);
     }
     if (report) *report = r.s;
@@ -126,6 +132,11 @@ static int load_safetensors(BqBert *m, const char *path, char **report) {
             continue;
         }
         int idx = param_index(&m->params, t->name);
+        if (idx < 0 && is_head(t->name)) { /* the other task's head, as HF drops it */
+            if (unused.n) str_add(&unused, ", ");
+            str_add(&unused, t->name);
+            continue;
+        }
         if (idx < 0) {
             char b[64];
             shape_str(b, sizeof b, t->ndim, t->shape);
@@ -159,6 +170,11 @@ static int load_tf(BqBert *m, const char *path, char **report) {
             continue;
         }
         int idx = param_index(&m->params, t->pt_name);
+        if (idx < 0 && is_head(t->pt_name)) { /* the other task's head, as HF drops it */
+            if (unused.n) str_add(&unused, ", ");
+            str_add(&unused, t->tf_name);
+            continue;
+        }
         if (idx < 0) {
             rc = bq_err(BQ_EFORMAT, "%s: unknown weight \"%s\" (as \"%s\") is not a BertForSequenceClassification parameter",
                         path, t->tf_name, t->pt_name);

@@ -1,10 +1,10 @@
-/* BertForSequenceClassification: the parameter table (HF state-dict names and order), HF
- * initialisation, and the forward pass recorded on the tape, with the fake-quantization hooks of
- * layers/quant.h at every placement point of docs/design.md §4.
+/* BertForSequenceClassification and BertForQuestionAnswering: the parameter table (HF state-dict
+ * names and order), HF initialisation, and the forward pass recorded on the tape, with the
+ * fake-quantization hooks of layers/quant.h at every placement point of docs/design.md §4.
  *
  * Reference: Hugging Face transformers 4.40 models/bert/modeling_bert.py (BertEmbeddings,
  * BertSelfAttention eager path, BertSelfOutput, BertIntermediate, BertOutput, BertPooler,
- * BertForSequenceClassification, BertPreTrainedModel._init_weights) and get_extended_attention_mask
+ * BertForSequenceClassification, BertForQuestionAnswering, BertPreTrainedModel._init_weights) and get_extended_attention_mask
  * (additive mask (1 − mask)·finfo(float32).min, added after the 1/√d scaling).
  *
  * Memory: parameters live in one 64-byte aligned block (each tensor starts on a 64-byte boundary),
@@ -74,10 +74,11 @@ static void table_add_ln(BqParamTable *t, int cap, const char *prefix, int64_t h
     table_add(t, cap, n, 1, h, 0, 0, BQ_INIT_ZEROS);
 }
 
-/* The table in the order of BertForSequenceClassification.state_dict(). */
+/* The table in the order of BertForSequenceClassification.state_dict() (pooler, classifier) or
+ * BertForQuestionAnswering.state_dict() (qa_outputs, no pooler). */
 static void table_build(BqParamTable *t, const BqBertConfig *c) {
     const int64_t H = c->hidden_size, I = c->intermediate_size;
-    const int cap = 5 + 16 * c->num_hidden_layers + 4;
+    const int cap = 5 + 16 * c->num_hidden_layers + (c->head == BQ_HEAD_QA ? 2 : 4);
     t->p = bq_calloc((size_t)cap, sizeof *t->p);
     t->n = 0;
     t->total = 0;
@@ -105,8 +106,12 @@ static void table_build(BqParamTable *t, const BqBertConfig *c) {
         snprintf(pre, sizeof pre, "bert.encoder.layer.%d.output.LayerNorm", l);
         table_add_ln(t, cap, pre, H);
     }
-    table_add_linear(t, cap, "bert.pooler.dense", H, H);
-    table_add_linear(t, cap, "classifier", c->num_labels, H);
+    if (c->head == BQ_HEAD_QA) {
+        table_add_linear(t, cap, "qa_outputs", c->num_labels, H);
+    } else {
+        table_add_linear(t, cap, "bert.pooler.dense", H, H);
+        table_add_linear(t, cap, "classifier", c->num_labels, H);
+    }
     BQ_CHECK(t->n == cap);
 }
 
@@ -191,10 +196,15 @@ int bq_bert_create(BqBert *m, const BqBertConfig *cfg, int with_grad, BqRng *rng
                                &L->ln1_w, &L->ln1_b, &L->i_w, &L->i_b, &L->o_w, &L->o_b, &L->ln2_w, &L->ln2_b};
         for (int j = 0; j < 16; j++) *order[j] = param_view(t, k++);
     }
-    m->pool_w = param_view(t, k++);
-    m->pool_b = param_view(t, k++);
-    m->cls_w = param_view(t, k++);
-    m->cls_b = param_view(t, k++);
+    if (c->head == BQ_HEAD_QA) {
+        m->qa_w = param_view(t, k++);
+        m->qa_b = param_view(t, k++);
+    } else {
+        m->pool_w = param_view(t, k++);
+        m->pool_b = param_view(t, k++);
+        m->cls_w = param_view(t, k++);
+        m->cls_b = param_view(t, k++);
+    }
     BQ_CHECK(k == t->n);
     return BQ_OK;
 
@@ -212,6 +222,39 @@ void bq_bert_free(BqBert *m) {
     bq_config_free(&m->cfg);
     /* m->quant belongs to whoever attached it (layers/quant.c) */
     memset(m, 0, sizeof *m);
+}
+
+/* The encoder parameters are the table's entries up to the head, in the same order for both heads. */
+static int encoder_param_count(const BqBertConfig *c) { return 5 + 16 * c->num_hidden_layers; }
+
+int bq_bert_set_head(BqBert *m, BqHead head, BqRng *rng) {
+    BQ_CHECK(m && rng && m->params.data);
+    if (m->cfg.head == head) return BQ_OK;
+    BqBertConfig cfg = m->cfg;
+    cfg.head = head;
+    /* both heads of HF have num_labels outputs; the QA head's are start and end */
+    cfg.num_labels = 2;
+    cfg.id2label = bq_calloc(2, sizeof(char *));
+    for (int i = 0; i < 2; i++) {
+        char b[32];
+        snprintf(b, sizeof b, "LABEL_%d", i);
+        cfg.id2label[i] = bq_strdup(b);
+    }
+    BqBert n;
+    int rc = bq_bert_create(&n, &cfg, m->params.grad != NULL, rng); /* takes cfg.id2label */
+    if (rc) return rc;
+    const int ne = encoder_param_count(&m->cfg);
+    for (int i = 0; i < ne; i++) {
+        const BqParam *p = &m->params.p[i];
+        BQ_CHECK(strcmp(p->name, n.params.p[i].name) == 0 && p->numel == n.params.p[i].numel);
+        memcpy(n.params.data + n.params.p[i].offset, m->params.data + p->offset, (size_t)p->numel * sizeof(float));
+    }
+    n.quant = m->quant;
+    n.data = m->data;
+    m->quant = NULL;
+    bq_bert_free(m);
+    *m = n;
+    return BQ_OK;
 }
 
 /* ---- forward ---- */
@@ -320,6 +363,13 @@ static int check_input(const BqBert *m, const BqBertInput *in, int *labelled) {
             return bq_err(BQ_EFORMAT, "batch: token type %d at (%lld,%lld) is outside type_vocab_size %d",
                           in->token_type_ids[i], (long long)(i / T), (long long)(i % T), c->type_vocab_size);
     }
+    if (c->head == BQ_HEAD_QA) {
+        /* HF clamps positions to [0,T]; T is the ignored index, so only negative means unlabeled */
+        *labelled = in->start_positions != NULL && in->end_positions != NULL;
+        for (int64_t b = 0; *labelled && b < B; b++)
+            if (in->start_positions[b] < 0 || in->end_positions[b] < 0) *labelled = 0;
+        return BQ_OK;
+    }
     *labelled = in->labels != NULL;
     for (int64_t b = 0; *labelled && b < B; b++) {
         if (in->labels[b] < 0) *labelled = 0;
@@ -369,6 +419,21 @@ int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const B
     BqTensor *x = embed(m, ctx, in);
     for (int l = 0; l < c->num_hidden_layers; l++)
         if ((st = layer_forward(m, ctx, hook, l, x, in->attention_mask, &x))) return st;
+
+    if (c->head == BQ_HEAD_QA) {
+        /* qa_outputs on every token (no dropout in HF's head): (B,T,2), fp32 in every scheme */
+        *logits = bq_op_linear(ctx, x, &m->qa_w, &m->qa_b);
+        if (loss && labelled) {
+            const int64_t B = in->B, T = in->T;
+            int32_t *pos = bq_arena_alloc(ctx->act, (size_t)(2 * B) * sizeof(int32_t));
+            for (int64_t b = 0; b < B; b++) {
+                pos[2 * b] = in->start_positions[b] > T ? (int32_t)T : in->start_positions[b];
+                pos[2 * b + 1] = in->end_positions[b] > T ? (int32_t)T : in->end_positions[b];
+            }
+            *loss = bq_op_span_cross_entropy(ctx, *logits, pos);
+        }
+        return BQ_OK;
+    }
 
     /* BertPooler: tanh(dense(x[:, 0])); then dropout and the classifier */
     BqTensor *pooled, *cls = bq_op_select_token(ctx, x, 0);

@@ -1,6 +1,8 @@
-/* BertForSequenceClassification with Hugging Face module structure and parameter names
- * (transformers models/bert/modeling_bert.py): BertEmbeddings, BertSelfAttention, BertSelfOutput,
- * BertIntermediate, BertOutput, BertLayer, BertEncoder, BertPooler, dropout + classifier.
+/* BertForSequenceClassification and BertForQuestionAnswering with Hugging Face module structure and
+ * parameter names (transformers models/bert/modeling_bert.py): BertEmbeddings, BertSelfAttention,
+ * BertSelfOutput, BertIntermediate, BertOutput, BertLayer, BertEncoder, then either BertPooler, dropout
+ * and classifier (BQ_HEAD_CLS) or qa_outputs on every token's final hidden state (BQ_HEAD_QA, no
+ * pooler: HF builds its BertModel with add_pooling_layer=False).
  *
  * One parameter table (BqParamTable) with the HF names of BertForSequenceClassification's state dict
  * ("bert.embeddings.word_embeddings.weight", ..., "classifier.bias") drives allocation, init, the
@@ -15,7 +17,14 @@
 
 #define BQ_NAME_MAX 128
 
+/* The task head on top of the encoder; config.json "architectures" names it. */
+typedef enum BqHead {
+    BQ_HEAD_CLS, /* BertForSequenceClassification (also any config without a QA architecture) */
+    BQ_HEAD_QA   /* BertForQuestionAnswering */
+} BqHead;
+
 typedef struct BqBertConfig {
+    BqHead head;
     int vocab_size;
     int hidden_size;
     int num_hidden_layers;
@@ -29,12 +38,13 @@ typedef struct BqBertConfig {
     float attention_probs_dropout_prob;
     float classifier_dropout;  /* < 0: use hidden_dropout_prob (HF classifier_dropout = null) */
     float initializer_range;
-    int num_labels;
+    int num_labels;            /* BQ_HEAD_QA: 2 (qa_outputs has num_labels outputs, start and end) */
     char **id2label;           /* num_labels strings, owned */
 } BqBertConfig;
 
 /* Parses a Hugging Face config.json (model_type bert; hidden_act must be gelu). num_labels comes from
- * id2label/num_labels when present, else 2. Errors name the file and key. */
+ * id2label/num_labels when present, else 2. head is BQ_HEAD_QA when "architectures" lists
+ * BertForQuestionAnswering, else BQ_HEAD_CLS. Errors name the file and key. */
 int bq_config_load(BqBertConfig *cfg, const char *path);
 void bq_config_free(BqBertConfig *cfg);
 /* Checks internal consistency (heads divide hidden, positive sizes); errors name the field. */
@@ -89,7 +99,8 @@ typedef struct BqBert {
     BqParamTable params;
     BqTensor word_emb, pos_emb, type_emb, emb_ln_w, emb_ln_b;
     BqBertLayer *layers;
-    BqTensor pool_w, pool_b, cls_w, cls_b;
+    BqTensor pool_w, pool_b, cls_w, cls_b;  /* BQ_HEAD_CLS only (views with NULL data otherwise) */
+    BqTensor qa_w, qa_b;                    /* qa_outputs (2,H) and (2); BQ_HEAD_QA only */
     struct BqQuantState *quant;
     BqDataMeta data;
 } BqBert;
@@ -108,17 +119,25 @@ typedef struct BqBertInput {
     const float *attention_mask;   /* (B,T) 1 = token, 0 = padding; NULL: no padding */
     const int32_t *token_type_ids; /* (B,T), or NULL: all 0 */
     const int32_t *labels;         /* (B), or NULL; a label < 0 (unlabeled) disables the loss */
+    /* BQ_HEAD_QA: token index of the answer's first and last token per example, (B) each, or NULL (no
+     * loss). As HF, positions are clamped to [0,T] and T is ignored by the loss; a negative one
+     * (unlabeled) disables the loss. */
+    const int32_t *start_positions;
+    const int32_t *end_positions;
 } BqBertInput;
 
 /* Forward pass of BertForSequenceClassification: logits (B, num_labels); when the input has labels
- * (all >= 0) and loss != NULL, also the mean cross-entropy loss (shape (1)). Records on ctx->tape
- * when set. Fake quantization happens at the placement points of m->quant, if any. Bad ids, types,
+ * (all >= 0) and loss != NULL, also the mean cross-entropy loss (shape (1)). BertForQuestionAnswering
+ * (cfg.head BQ_HEAD_QA): logits (B,T,2), start logit at [b,t,0] and end logit at [b,t,1] (HF splits
+ * the same tensor into start_logits and end_logits); with start and end positions, loss =
+ * (CE(start) + CE(end)) / 2 (bq_op_span_cross_entropy). Records on ctx->tape when set. Fake quantization happens at the placement points of m->quant, if any. Bad ids, types,
  * labels or lengths are BQ_EINVAL/BQ_EFORMAT errors. */
 int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits, BqTensor **loss);
 
 /* The Linears of the model as an engine hook sees them: the six of each encoder layer, query, key and
  * value as one product (asked first; when the hook declines, each is asked alone), then the pooler and
- * the classifier (layer -1). */
+ * the classifier (layer -1). qa_outputs is not offered to hooks: it always runs in fp32 through
+ * bq_op_linear. */
 typedef enum BqLinearId {
     BQ_LIN_Q, BQ_LIN_K, BQ_LIN_V, BQ_LIN_AO, BQ_LIN_I, BQ_LIN_O, BQ_LIN_QKV, BQ_LIN_POOLER, BQ_LIN_CLASSIFIER
 } BqLinearId;
@@ -133,6 +152,12 @@ typedef struct BqLinearHook {
     int (*run)(void *user, BqCtx *ctx, int layer, BqLinearId id, BqTensor *x, const BqTensor *w,
                const BqTensor *b, BqTensor **out);
 } BqLinearHook;
+
+/* Replaces m's head by `head` as HF's from_pretrained does for a checkpoint of another architecture:
+ * the encoder parameters are kept, the new head's parameters are freshly initialised from rng
+ * (qa_outputs, or pooler + classifier with cfg.num_labels), the old head's are dropped. A quantized
+ * model keeps its quantizers (they sit in the encoder). No-op when the head is already `head`. */
+int bq_bert_set_head(BqBert *m, BqHead head, BqRng *rng);
 
 /* bq_bert_forward with hook (may be NULL) asked for every Linear; only without a tape. */
 int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const BqLinearHook *hook,

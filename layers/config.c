@@ -73,6 +73,9 @@ int bq_config_validate(const BqBertConfig *c) {
     if (!(c->initializer_range >= 0)) return bq_err(BQ_EFORMAT, "config: initializer_range must be >= 0");
     if (c->num_labels < 1 || c->num_labels > 100000)
         return bq_err(BQ_EFORMAT, "config: num_labels must be in 1..100000 (got %d)", c->num_labels);
+    if (c->head == BQ_HEAD_QA && c->num_labels != 2)
+        return bq_err(BQ_EFORMAT, "config: BertForQuestionAnswering needs num_labels 2 (start, end), got %d",
+                      c->num_labels);
     return BQ_OK;
 }
 
@@ -144,6 +147,11 @@ int bq_config_load(BqBertConfig *cfg, const char *path) {
         goto cleanup;
     if ((st = get_float(j, path, "classifier_dropout", &c.classifier_dropout, -1.0f))) goto cleanup;
     if ((st = get_float(j, path, "initializer_range", &c.initializer_range, 0.02f))) goto cleanup;
+    json_t *arch = json_object_get(j, "architectures"), *a;
+    size_t ai;
+    if (json_is_array(arch))
+        json_array_foreach(arch, ai, a) if (json_is_string(a) && !strcmp(json_string_value(a), "BertForQuestionAnswering"))
+            c.head = BQ_HEAD_QA;
     json_t *i2l = json_object_get(j, "id2label");
     if (i2l && !json_is_null(i2l)) {
         if (!json_is_object(i2l)) {
@@ -188,7 +196,8 @@ static json_t *real_of_float(float x) {
 
 json_t *bq_config_to_json(const BqBertConfig *c) {
     json_t *j = json_object();
-    json_object_set_new(j, "architectures", json_pack("[s]", "BertForSequenceClassification"));
+    json_object_set_new(j, "architectures", json_pack("[s]", c->head == BQ_HEAD_QA ? "BertForQuestionAnswering"
+                                                                                  : "BertForSequenceClassification"));
     json_object_set_new(j, "model_type", json_string("bert"));
     json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
     json_object_set_new(j, "hidden_size", json_integer(c->hidden_size));
@@ -207,7 +216,7 @@ json_t *bq_config_to_json(const BqBertConfig *c) {
     json_object_set_new(j, "layer_norm_eps", real_of_float(c->layer_norm_eps));
     json_object_set_new(j, "pad_token_id", json_integer(c->pad_token_id));
     json_object_set_new(j, "position_embedding_type", json_string("absolute"));
-    json_object_set_new(j, "problem_type", json_string("single_label_classification"));
+    if (c->head != BQ_HEAD_QA) json_object_set_new(j, "problem_type", json_string("single_label_classification"));
     json_object_set_new(j, "torch_dtype", json_string("float32"));
     json_object_set_new(j, "use_cache", json_true());
     json_t *i2l = json_object(), *l2i = json_object();

@@ -6,7 +6,8 @@
 
 #include "layers/bert.h"
 
-/* Writes cfg as a transformers-loadable config.json (architectures BertForSequenceClassification,
+/* Writes cfg as a transformers-loadable config.json (architectures BertForSequenceClassification
+ * or BertForQuestionAnswering by cfg->head,
  * model_type bert, hidden_act gelu, id2label / label2id, ...) to PATH atomically. extra (may be
  * NULL, not stolen) is stored under the key "bertqat". */
 int bq_config_save(const BqBertConfig *cfg, const char *path, json_t *extra);
