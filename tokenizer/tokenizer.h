@@ -35,6 +35,18 @@ uint64_t bq_tokenizer_hash(const BqTokenizer *t);
 void bq_tokenizer_tokenize(const BqTokenizer *t, const char *text, size_t len, int32_t **ids, int64_t *n,
                            int64_t *cap);
 
+/* As bq_tokenizer_tokenize, and also appends each word piece's source span: (*offs)[2k], (*offs)[2k+1]
+ * are the [begin, end) BYTE offsets into text of piece k (the caller frees *offs; it grows with *ids
+ * and holds 2 * *cap entries). The span is that of Hugging Face tokenizers' offset_mapping, in bytes
+ * instead of characters: from the first byte of the original character the piece's first normalized
+ * character came from to the last byte of the original character its last one came from ("##"
+ * excluded; an accent stripped or a lowercase expansion belongs to its source character; a word that
+ * becomes [UNK] spans the whole word; an added/special token its literal). HF's Python offsets count
+ * Unicode code points: for valid UTF-8, char_offset = the number of bytes of text[0, byte_offset) that
+ * are not continuation bytes (10xxxxxx). Never fails on bad UTF-8 (invalid bytes are dropped). */
+void bq_tokenizer_tokenize_offsets(const BqTokenizer *t, const char *text, size_t len, int32_t **ids,
+                                   int64_t **offs, int64_t *n, int64_t *cap);
+
 typedef enum BqTruncation { BQ_TRUNC_HEAD = 0, BQ_TRUNC_TAIL = 1, BQ_TRUNC_HEAD_TAIL = 2 } BqTruncation;
 
 /* [CLS] a [SEP] (or [CLS] a [SEP] b [SEP] when b != NULL), truncated to max_len tokens in total
