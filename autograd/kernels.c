@@ -266,11 +266,17 @@ void bq_kernel_embedding_forward(float *out, const float *table, const int32_t *
 /* Each thread owns a block of columns and visits the tokens in order: no two threads write the same
  * element and repeated ids accumulate in a fixed order. */
 void bq_kernel_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int64_t N, int64_t H) {
+    bq_kernel_embedding_backward_pad(dtable, dout, ids, N, H, -1);
+}
+
+void bq_kernel_embedding_backward_pad(float *dtable, const float *dout, const int32_t *ids, int64_t N, int64_t H,
+                                      int32_t padding_idx) {
     int64_t nblk = (H + COLBLK - 1) / COLBLK;
 #pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
     for (int64_t blk = 0; blk < nblk; blk++) {
         int64_t c0 = blk * COLBLK, c1 = c0 + COLBLK < H ? c0 + COLBLK : H;
         for (int64_t n = 0; n < N; n++) {
+            if (ids[n] == padding_idx) continue;
             float *dst = dtable + (int64_t)ids[n] * H;
             const float *src = dout + n * H;
             for (int64_t c = c0; c < c1; c++) dst[c] += src[c];

@@ -45,6 +45,10 @@ void bq_kernel_colsum_acc(float *dst, const float *src, int64_t rows, int64_t C)
 /* out (N,H) = table[ids[n],:]; backward scatter-adds into dtable, partitioned over columns. */
 void bq_kernel_embedding_forward(float *out, const float *table, const int32_t *ids, int64_t N, int64_t H);
 void bq_kernel_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int64_t N, int64_t H);
+/* The same, skipping the tokens whose id is padding_idx (torch nn.Embedding(padding_idx): that row
+ * never receives a gradient); padding_idx < 0 skips nothing. */
+void bq_kernel_embedding_backward_pad(float *dtable, const float *dout, const int32_t *ids, int64_t N, int64_t H,
+                                      int32_t padding_idx);
 
 /* Two-pass LayerNorm over rows of length H; mean and rstd (N) are saved for backward. */
 void bq_kernel_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,

@@ -242,6 +242,11 @@ static void back_add(BqNode *nd) {
 }
 
 BqTensor *bq_op_embedding(BqCtx *ctx, BqTensor *table, const int32_t *ids, int64_t B, int64_t T) {
+    return bq_op_embedding_pad(ctx, table, ids, B, T, -1);
+}
+
+BqTensor *bq_op_embedding_pad(BqCtx *ctx, BqTensor *table, const int32_t *ids, int64_t B, int64_t T,
+                              int32_t padding_idx) {
     CONTIG(table);
     BQ_CHECK(table->ndim == 2 && ids != NULL);
     int64_t H = table->shape[1];
@@ -252,14 +257,15 @@ BqTensor *bq_op_embedding(BqCtx *ctx, BqTensor *table, const int32_t *ids, int64
         BqNode *nd = tape_push(ctx, BQ_OP_EMBEDDING, y);
         nd->in[0] = table;
         nd->ids = ids;
-        nd->iparam[0] = B * T, nd->iparam[1] = H;
+        nd->iparam[0] = B * T, nd->iparam[1] = H, nd->iparam[2] = padding_idx;
     }
     return y;
 }
 
 static void back_embedding(BqNode *nd) {
     if (nd->in[0]->grad)
-        bq_kernel_embedding_backward(nd->in[0]->grad, nd->out->grad, nd->ids, nd->iparam[0], nd->iparam[1]);
+        bq_kernel_embedding_backward_pad(nd->in[0]->grad, nd->out->grad, nd->ids, nd->iparam[0], nd->iparam[1],
+                                         (int32_t)nd->iparam[2]);
 }
 
 typedef struct LnSaved {

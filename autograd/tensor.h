@@ -100,6 +100,10 @@ BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nhead
 BqTensor *bq_op_add(BqCtx *ctx, BqTensor *a, BqTensor *b);
 /* table (V,H), ids (B·T) in [0,V) (checked by the caller) → (B,T,H). */
 BqTensor *bq_op_embedding(BqCtx *ctx, BqTensor *table, const int32_t *ids, int64_t B, int64_t T);
+/* The same; the backward gives row padding_idx no gradient (torch nn.Embedding(padding_idx), which
+ * HF's BertEmbeddings uses for the word embeddings with pad_token_id); padding_idx < 0: none. */
+BqTensor *bq_op_embedding_pad(BqCtx *ctx, BqTensor *table, const int32_t *ids, int64_t B, int64_t T,
+                              int32_t padding_idx);
 /* x (...,H), w and b (H). */
 BqTensor *bq_op_layernorm(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b, float eps);
 BqTensor *bq_op_gelu(BqCtx *ctx, BqTensor *x);

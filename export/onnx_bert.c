@@ -319,6 +319,29 @@ static const char *encoder_layer(Ex *e, int l, const char *x, const char *mask_a
 #undef LIN
 }
 
+/* BertForQuestionAnswering's head on the encoder output x (B,T,H), as torch.onnx.export writes
+ * logits = qa_outputs(x); start, end = logits.split(1, dim=-1); squeeze(-1): MatMul + Add (fp32 in
+ * every scheme) → Split (axis -1, sizes 1, 1) → Squeeze(axes -1) into the graph outputs
+ * "start_logits" and "end_logits" (batch, sequence). */
+static void qa_head(Ex *e, const char *x) {
+    const char *lg = linear(e, x, "/qa_outputs", &e->m->qa_w, &e->m->qa_b, "qa_outputs.weight", "qa_outputs.bias", NULL);
+    int64_t two = 2, ones[2] = {1, 1}, last = -1;
+    const char *sizes = bq_onnx_init_int64(e->g, "/Constant_split", 1, &two, ones);
+    Onnx__NodeProto *sp = bq_onnx_node(e->g, "Split", "/Split", 2, (const char *const[]){lg, sizes}, 2,
+                                       (const char *const[]){"/Split_output_0", "/Split_output_1"});
+    bq_onnx_attr_int(e->g, sp, "axis", -1);
+    int64_t one = 1;
+    const char *ax = bq_onnx_init_int64(e->g, "/Constant_squeeze_axes", 1, &one, &last);
+    bq_onnx_node(e->g, "Squeeze", "/Squeeze", 2, (const char *const[]){sp->output[0], ax}, 1,
+                 (const char *const[]){"start_logits"});
+    bq_onnx_node(e->g, "Squeeze", "/Squeeze_1", 2, (const char *const[]){sp->output[1], ax}, 1,
+                 (const char *const[]){"end_logits"});
+    const int64_t dyn[2] = {-1, -1};
+    const char *dp[2] = {"batch", "sequence"};
+    bq_onnx_output(e->g, "start_logits", BQ_ONNX_FLOAT, 2, dyn, dp);
+    bq_onnx_output(e->g, "end_logits", BQ_ONNX_FLOAT, 2, dyn, dp);
+}
+
 int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *opt, const char *path,
                         BqOnnxStats *stats) {
     BqOnnxStats st_local;
@@ -332,7 +355,8 @@ int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *
     /* the cpu scheme exists for ORT CPU: its only layout is the CPU layout */
     e.cpu = opt->qdq && (opt->cpu_layout || qs->cfg.scheme == BQ_SCHEME_CPU);
     if (opt->qdq) e.placed = bq_calloc((size_t)qs->n + 1, 1);
-    e.g = bq_onnx_graph_new("bertqat_bert_for_sequence_classification");
+    e.g = bq_onnx_graph_new(c->head == BQ_HEAD_QA ? "bertqat_bert_for_question_answering"
+                                                   : "bertqat_bert_for_sequence_classification");
     int st = BQ_OK;
     float *wordfold = NULL;
     const int itype = opt->input_int32 ? BQ_ONNX_INT32 : BQ_ONNX_INT64;
@@ -423,6 +447,10 @@ int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *
         goto cleanup;
     }
 
+    if (c->head == BQ_HEAD_QA) {
+        qa_head(&e, x);
+        goto metadata;
+    }
     /* BertPooler: tanh(dense(x[:, 0])); classifier (dropout is the identity at inference) */
     int64_t zero = 0;
     const char *i0 = bq_onnx_init_int64(e.g, "/bert/pooler/Constant_index0", 0, NULL, &zero);
@@ -454,6 +482,8 @@ int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *
         FMT(name, "id2label.%d", i);
         bq_onnx_metadata(e.g, name, c->id2label[i]);
     }
+metadata:
+    bq_onnx_metadata(e.g, "task", c->head == BQ_HEAD_QA ? "question-answering" : "text-classification");
     bq_onnx_metadata(e.g, "quantization", opt->qdq ? bq_scheme_name(qs->cfg.scheme) : "none");
     if (opt->qdq) bq_onnx_metadata(e.g, "qdq_layout", e.cpu ? "cpu" : "default");
     stats->cpu_layout = e.cpu;

@@ -394,7 +394,9 @@ static BqTensor *embed(BqBert *m, BqCtx *ctx, const BqBertInput *in) {
     if (!type_ids) type_ids = bq_arena_alloc_zero(ctx->act, (size_t)(B * T) * sizeof(int32_t));
 
     /* LayerNorm(word + token_type + position), HF's summation order */
-    BqTensor *x = bq_op_embedding(ctx, &m->word_emb, in->input_ids, B, T);
+    /* nn.Embedding(padding_idx=pad_token_id): the [PAD] row gets no gradient. Only the QA loss reaches
+     * padding positions (it spans every token), so classification gradients are the same either way. */
+    BqTensor *x = bq_op_embedding_pad(ctx, &m->word_emb, in->input_ids, B, T, c->pad_token_id);
     x = bq_op_add(ctx, x, bq_op_embedding(ctx, &m->type_emb, type_ids, B, T));
     x = bq_op_add(ctx, x, bq_op_embedding(ctx, &m->pos_emb, pos_ids, B, T));
     x = bq_op_layernorm(ctx, x, &m->emb_ln_w, &m->emb_ln_b, c->layer_norm_eps);
