@@ -2,8 +2,9 @@
  * record. Records are the lines of FILE or stdin (a trailing \r is part of the text and cleaned away as
  * whitespace), or NUL-separated with --null-separated (then texts may hold newlines). With --pair a
  * record is "A<TAB>B". Without --max-seq-len the plain word pieces are printed; with it (or --special)
- * the encoded form [CLS] A [SEP] (B [SEP]) truncated to that length. Reference: HF tokenizers
- * Tokenizer.encode(text, add_special_tokens). */
+ * the encoded form [CLS] A [SEP] (B [SEP]) truncated to that length. --offsets (plain pieces only) adds
+ * " ||" and each piece's "begin:end" byte span in the record (HF offset_mapping, in bytes). Reference:
+ * HF tokenizers Tokenizer.encode(text, add_special_tokens). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,7 @@ static void print_ids(FILE *out, const BqTokenizer *tok, const int32_t *ids, con
 int bq_cmd_tokenize(int argc, char **argv) {
     const char *vocab = NULL, *trunc_s = "head";
     int max_len = 0, ids_flag = 0, tokens_flag = 0, pair = 0, nul = 0, special = 0, show_types = 0;
-    int lower = -1, strip = -1;
+    int lower = -1, strip = -1, offsets_flag = 0;
     const BqArgSpec specs[] = {
         {"vocab", BQ_ARG_STR, &vocab, "vocab.txt (tokenizer_config.json / tokenizer.json next to it are honoured)", 1, 0, 0},
         {"max-seq-len", BQ_ARG_INT, &max_len, "print [CLS] .. [SEP] truncated to N tokens (0: plain pieces)", 0, 0, 1 << 30},
@@ -43,6 +44,7 @@ int bq_cmd_tokenize(int argc, char **argv) {
         {"pair", BQ_ARG_FLAG, &pair, "each record is two texts separated by a TAB", 0, 0, 0},
         {"null-separated", BQ_ARG_FLAG, &nul, "records are separated by NUL bytes instead of newlines", 0, 0, 0},
         {"lowercase", BQ_ARG_INT, &lower, "override do_lower_case (-1: from config)", 0, -1, 1},
+        {"offsets", BQ_ARG_FLAG, &offsets_flag, "also print each piece's begin:end byte span after ' ||' (plain pieces)", 0, 0, 0},
         {"strip-accents", BQ_ARG_INT, &strip, "override strip_accents (-1: follow config / lowercase)", 0, -1, 1},
     };
     BqArgs args = {.cmd = "tokenize", .usage = "--vocab PATH [--max-seq-len N] [--ids|--tokens] [--pair] [FILE]",
@@ -60,6 +62,7 @@ int bq_cmd_tokenize(int argc, char **argv) {
     char *rec = NULL;
     size_t rcap = 0;
     int32_t *ids = NULL, *types = NULL;
+    int64_t *offs = NULL;
     int64_t n = 0, cap = 0, ecap = 0;
     const char *in_name = args.npositional ? args.positional[0] : "<stdin>";
     BqTokenizerOptions opts = {.do_lower_case = lower, .strip_accents = strip, .tokenize_chinese_chars = -1};
@@ -73,6 +76,10 @@ int bq_cmd_tokenize(int argc, char **argv) {
         }
     }
     int encoded = max_len > 0 || special || pair;
+    if (offsets_flag && encoded) {
+        st = bq_err(BQ_EINVAL, "tokenize: --offsets prints plain pieces (no --max-seq-len, --special or --pair)");
+        goto cleanup;
+    }
     ssize_t got;
     while ((got = getdelim(&rec, &rcap, nul ? '\0' : '\n', in)) >= 0) {
         size_t len = (size_t)got;
@@ -92,6 +99,14 @@ int bq_cmd_tokenize(int argc, char **argv) {
         }
         if (!encoded) {
             n = 0;
+            if (offsets_flag) {
+                bq_tokenizer_tokenize_offsets(tok, a, alen, &ids, &offs, &n, &cap);
+                for (int64_t i = 0; i < n; i++) fprintf(stdout, i ? " %d" : "%d", ids[i]);
+                fputs(" ||", stdout);
+                for (int64_t i = 0; i < n; i++) fprintf(stdout, " %lld:%lld", (long long)offs[2 * i], (long long)offs[2 * i + 1]);
+                fputc('\n', stdout);
+                continue;
+            }
             bq_tokenizer_tokenize(tok, a, alen, &ids, &n, &cap);
             print_ids(stdout, tok, ids, NULL, n, tokens_flag);
             continue;
@@ -115,6 +130,7 @@ cleanup:
     free(rec);
     free(ids);
     free(types);
+    free(offs);
     bq_tokenizer_free(tok);
     return st;
 }

@@ -12,6 +12,9 @@
  *      U+0130 -> "i\u0307")
  *   -> pre-tokenize: split on whitespace, every punctuation char (P* or ASCII punctuation) is a word
  *   -> WordPiece: greedy longest-match-first, "##" continuation, > 100 chars or no match -> [UNK].
+ * With offsets (bq_tokenizer_tokenize_offsets) every normalized byte of the current word carries the
+ * byte span of the original character it came from, which is how HF's NormalizedString alignments map
+ * a piece back to the original text (an inserted or replaced character shares its source's span).
  * The ASCII bytes go through a 256-entry class table; the vocabulary is two open-addressing hash tables
  * (word-initial tokens, and "##" tokens keyed without their prefix) so continuation lookups need no copy.
  * Character classes come from utf8proc, except the code points listed in hf_unicode_overrides.h, where
@@ -231,16 +234,23 @@ static int utf8_put(char *o, int32_t c) {
 
 /* ---- output buffer ---- */
 
+/* offs NULL: no offset tracking (bq_tokenizer_tokenize); else 2 entries per id (begin, end). */
 typedef struct Out {
     int32_t **ids;
+    int64_t **offs;
     int64_t *n, *cap;
 } Out;
 
-static inline void out_push(Out *o, int32_t id) {
+static inline void out_push(Out *o, int32_t id, int64_t ob, int64_t oe) {
     if (*o->n >= *o->cap) {
         int64_t nc = *o->cap < 64 ? 64 : *o->cap * 2;
         *o->ids = bq_realloc(*o->ids, (size_t)nc * sizeof(int32_t));
+        if (o->offs) *o->offs = bq_realloc(*o->offs, (size_t)nc * 2 * sizeof(int64_t));
         *o->cap = nc;
+    }
+    if (o->offs) {
+        (*o->offs)[2 * *o->n] = ob;
+        (*o->offs)[2 * *o->n + 1] = oe;
     }
     (*o->ids)[(*o->n)++] = id;
 }
@@ -251,12 +261,16 @@ typedef struct Word {
     char b[WORD_BUF];
     int len;    /* bytes */
     int chars;  /* chars (may exceed MAX_WORD_CHARS; bytes stop being stored then) */
+    /* Offset tracking only (Out.offs set): source span [ob[k], oe[k]) of the original character that
+     * normalized byte k came from; first_b / last_e span the whole word, also past MAX_WORD_CHARS. */
+    int64_t first_b, last_e;
+    int64_t ob[WORD_BUF], oe[WORD_BUF];
 } Word;
 
 static void wordpiece(const BqTokenizer *tk, Word *w, Out *o) {
     if (!w->chars) return;
     if (w->chars > MAX_WORD_CHARS) {
-        out_push(o, tk->unk);
+        out_push(o, tk->unk, w->first_b, w->last_e);
         w->len = w->chars = 0;
         return;
     }
@@ -280,31 +294,39 @@ static void wordpiece(const BqTokenizer *tk, Word *w, Out *o) {
         }
         if (id < 0) {
             *o->n = mark; /* no match anywhere: the whole word is [UNK] */
-            out_push(o, tk->unk);
+            out_push(o, tk->unk, w->first_b, w->last_e);
             w->len = w->chars = 0;
             return;
         }
-        out_push(o, id);
+        out_push(o, id, o->offs ? w->ob[start] : 0, o->offs ? w->oe[end - 1] : 0);
         start = end;
     }
     w->len = w->chars = 0;
 }
 
-static inline void word_add(Word *w, const char *b, int n) {
+/* Appends n normalized bytes that came from the original character at [ob, oe). */
+static inline void word_add(Word *w, const char *b, int n, const Out *o, int64_t ob, int64_t oe) {
+    if (o->offs) {
+        if (!w->chars) w->first_b = ob;
+        w->last_e = oe;
+    }
     if (w->chars < MAX_WORD_CHARS) { /* past 100 chars only the count matters: the word is [UNK] */
+        if (o->offs)
+            for (int k = 0; k < n; k++) w->ob[w->len + k] = ob, w->oe[w->len + k] = oe;
         memcpy(w->b + w->len, b, (size_t)n);
         w->len += n;
     }
     w->chars++;
 }
 
-/* appends normalized char c (after cleaning/CJK) to the current word, or emits it as punctuation */
-static void emit_norm_char(const BqTokenizer *tk, Word *w, int32_t c, Out *o) {
+/* appends normalized char c (after cleaning/CJK; from the original character at [ob, oe)) to the
+ * current word, or emits it as punctuation */
+static void emit_norm_char(const BqTokenizer *tk, Word *w, int32_t c, Out *o, int64_t ob, int64_t oe) {
     char tmp[4];
     if (is_punct(c)) {
         wordpiece(tk, w, o);
         int n = utf8_put(tmp, c);
-        word_add(w, tmp, n);
+        word_add(w, tmp, n, o, ob, oe);
         wordpiece(tk, w, o);
         return;
     }
@@ -312,28 +334,34 @@ static void emit_norm_char(const BqTokenizer *tk, Word *w, int32_t c, Out *o) {
         wordpiece(tk, w, o);
         return;
     }
-    word_add(w, tmp, utf8_put(tmp, c));
+    word_add(w, tmp, utf8_put(tmp, c), o, ob, oe);
 }
 
-static void lower_emit(const BqTokenizer *tk, Word *w, int32_t c, Out *o) {
+static void lower_emit(const BqTokenizer *tk, Word *w, int32_t c, Out *o, int64_t ob, int64_t oe) {
     if (tk->lower) {
         if (c == 0x130) { /* Rust to_lowercase: U+0130 -> U+0069 U+0307 */
-            emit_norm_char(tk, w, 0x69, o);
-            emit_norm_char(tk, w, 0x307, o);
+            emit_norm_char(tk, w, 0x69, o, ob, oe);
+            emit_norm_char(tk, w, 0x307, o, ob, oe);
             return;
         }
         c = utf8proc_tolower(c);
     }
-    emit_norm_char(tk, w, c, o);
+    emit_norm_char(tk, w, c, o, ob, oe);
 }
 
-static void tokenize_segment(const BqTokenizer *tk, const uint8_t *s, size_t n, Word *w, Out *o) {
+/* s[0, n) is text[base, base + n) (base only matters for offsets). */
+static void tokenize_segment(const BqTokenizer *tk, const uint8_t *s, size_t n, int64_t base, Word *w, Out *o) {
     size_t i = 0;
     while (i < n) {
         uint8_t b = s[i];
         if (b < 0x80) { /* ASCII fast path */
             switch (ascii_class[b]) {
             case C_WORD:
+                if (o->offs) {
+                    if (!w->chars) w->first_b = base + (int64_t)i;
+                    w->last_e = base + (int64_t)i + 1;
+                    if (w->chars < MAX_WORD_CHARS) w->ob[w->len] = base + (int64_t)i, w->oe[w->len] = base + (int64_t)i + 1;
+                }
                 if (w->chars < MAX_WORD_CHARS) w->b[w->len++] = tk->lower ? ascii_lower[b] : (char)b;
                 w->chars++;
                 break;
@@ -341,6 +369,8 @@ static void tokenize_segment(const BqTokenizer *tk, const uint8_t *s, size_t n, 
             case C_PUNCT:
                 wordpiece(tk, w, o);
                 w->b[0] = (char)b, w->len = 1, w->chars = 1;
+                w->first_b = w->ob[0] = base + (int64_t)i;
+                w->last_e = w->oe[0] = base + (int64_t)i + 1;
                 wordpiece(tk, w, o);
                 break;
             default: break;
@@ -349,7 +379,9 @@ static void tokenize_segment(const BqTokenizer *tk, const uint8_t *s, size_t n, 
             continue;
         }
         int32_t c;
+        int64_t cb = base + (int64_t)i;
         i += (size_t)utf8_next(s + i, n - i, &c);
+        int64_t ce = base + (int64_t)i;
         if (c < 0 || c == 0xFFFD) continue;
         if (is_ws(c)) { /* checked before is_other: \t\n\r handled above; U+0085 is Cc and dropped */
             if (c == 0x85) continue;
@@ -364,7 +396,7 @@ static void tokenize_segment(const BqTokenizer *tk, const uint8_t *s, size_t n, 
                 utf8proc_ssize_t nd = utf8proc_decompose_char(c, d, 4, UTF8PROC_DECOMPOSE, NULL);
                 if (nd == 1) c = d[0];
             }
-            lower_emit(tk, w, c, o);
+            lower_emit(tk, w, c, o, cb, ce);
             wordpiece(tk, w, o);
             continue;
         }
@@ -377,19 +409,18 @@ static void tokenize_segment(const BqTokenizer *tk, const uint8_t *s, size_t n, 
             }
             for (utf8proc_ssize_t k = 0; k < nd; k++) {
                 if (is_mn(d[k])) continue;
-                lower_emit(tk, w, d[k], o);
+                lower_emit(tk, w, d[k], o, cb, ce);
             }
         } else {
-            lower_emit(tk, w, c, o);
+            lower_emit(tk, w, c, o, cb, ce);
         }
     }
 }
 
-void bq_tokenizer_tokenize(const BqTokenizer *t, const char *text, size_t len, int32_t **ids, int64_t *n,
-                           int64_t *cap) {
-    Out o = {ids, n, cap};
+static void tokenize_impl(const BqTokenizer *t, const char *text, size_t len, Out o) {
     Word w;
     w.len = w.chars = 0;
+    w.first_b = w.last_e = 0;
     const uint8_t *s = (const uint8_t *)text;
     size_t seg = 0;
     if (t->nadded) {
@@ -402,15 +433,29 @@ void bq_tokenizer_tokenize(const BqTokenizer *t, const char *text, size_t len, i
                 if (ad->len > bl && ad->len <= len - i && !memcmp(s + i, ad->s, ad->len)) best = a, bl = ad->len;
             }
             if (best < 0) continue;
-            tokenize_segment(t, s + seg, i - seg, &w, &o);
+            tokenize_segment(t, s + seg, i - seg, (int64_t)seg, &w, &o);
             wordpiece(t, &w, &o);
-            out_push(&o, t->added[best].id);
+            out_push(&o, t->added[best].id, (int64_t)i, (int64_t)(i + bl));
             i += bl - 1;
             seg = i + 1;
         }
     }
-    tokenize_segment(t, s + seg, len - seg, &w, &o);
+    tokenize_segment(t, s + seg, len - seg, (int64_t)seg, &w, &o);
     wordpiece(t, &w, &o);
+}
+
+void bq_tokenizer_tokenize(const BqTokenizer *t, const char *text, size_t len, int32_t **ids, int64_t *n,
+                           int64_t *cap) {
+    Out o = {ids, NULL, n, cap};
+    tokenize_impl(t, text, len, o);
+}
+
+void bq_tokenizer_tokenize_offsets(const BqTokenizer *t, const char *text, size_t len, int32_t **ids,
+                                   int64_t **offs, int64_t *n, int64_t *cap) {
+    /* an existing *ids buffer of *cap entries needs its offsets buffer at the same capacity */
+    *offs = bq_realloc(*offs, (size_t)(*cap > 0 ? *cap : 1) * 2 * sizeof(int64_t));
+    Out o = {ids, offs, n, cap};
+    tokenize_impl(t, text, len, o);
 }
 
 /* ---- encode with truncation ---- */
