@@ -12,6 +12,8 @@ typedef struct BqBatch {
     int32_t *token_type_ids; /* (B,T) */
     int32_t *labels;         /* (B); -1 when unlabeled (predict) */
     int64_t *example_index;  /* (B) index of each example in its split, for reports */
+    int32_t *start_positions; /* (B) question answering: answer start/end token (datasets/squad.h); */
+    int32_t *end_positions;   /* NULL for classification batches */
 } BqBatch;
 
 #endif

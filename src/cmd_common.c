@@ -215,6 +215,12 @@ void bq_cli_splits_free(BqCliSplits *s) {
 
 int bq_cli_train_run(BqBert *m, const BqCliTrain *t, BqCliSplits *s, const BqCliData *d, const char *dir,
                      const char *out, const char *tag, BqTrainResult *res) {
+    return bq_cli_train_run_sources(m, t, &s->strain, s->val ? &s->sval : NULL, d, dir, out, tag, res);
+}
+
+int bq_cli_train_run_sources(BqBert *m, const BqCliTrain *t, BqBatchSource *train, BqBatchSource *val,
+                             const BqCliData *d, const char *dir, const char *out, const char *tag,
+                             BqTrainResult *res) {
     m->data = d->used;
     BqTrainConfig tc;
     bq_train_config_default(&tc);
@@ -235,7 +241,7 @@ int bq_cli_train_run(BqBert *m, const BqCliTrain *t, BqCliSplits *s, const BqCli
     tc.logdir = t->logdir;
     tc.tag = tag;
     memset(res, 0, sizeof *res);
-    int st = bq_train(m, &tc, &s->strain, s->val ? &s->sval : NULL, out, res);
+    int st = bq_train(m, &tc, train, val, out, res);
     if (st) return st;
     printf("%s: %lld steps in %.1fs (%.3f s/step), last loss %.4f", tag, (long long)res->steps, res->seconds,
            res->steps > 0 ? res->seconds / (double)res->steps : 0.0, res->last_loss);

@@ -147,5 +147,10 @@ void bq_cli_splits_free(BqCliSplits *s);
 /* Records d->used in m->data, fills a BqTrainConfig from t and trains m into `out` (src/train.h). */
 int bq_cli_train_run(BqBert *m, const BqCliTrain *t, BqCliSplits *s, const BqCliData *d, const char *dir,
                      const char *out, const char *tag, BqTrainResult *res);
+/* The same on any batch sources (val may be NULL: no evaluation, the final model is the last step);
+ * question answering trains through it (src/qa.h). */
+int bq_cli_train_run_sources(BqBert *m, const BqCliTrain *t, BqBatchSource *train, BqBatchSource *val,
+                             const BqCliData *d, const char *dir, const char *out, const char *tag,
+                             BqTrainResult *res);
 
 #endif

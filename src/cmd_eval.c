@@ -1,6 +1,8 @@
 /* `bertqat eval` (accuracy, precision, recall, F1, confusion matrix, throughput of a checkpoint on a
  * labelled split) and `bertqat predict` (label and probability per text, from arguments or stdin
- * lines). Metric definitions: src/metrics.h (sklearn semantics). */
+ * lines). Metric definitions: src/metrics.h (sklearn semantics). For a question-answering model
+ * (src/qa.h): eval prints the official SQuAD v1.1 exact match and F1 and writes the official
+ * {id: answer} predictions; predict answers --question/--context or every line of a JSONL file. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -15,6 +17,7 @@
 #include "src/cli.h"
 #include "src/cmd_common.h"
 #include "src/metrics.h"
+#include "src/qa.h"
 #include "src/train.h"
 
 #define ACT_RESERVE ((size_t)64 << 30)
@@ -98,15 +101,79 @@ static void eval_print(const BqBert *m, const BqConfusion *conf, const BqCliData
     }
 }
 
+/* ---- question answering ---- */
+
+static int eval_qa(const char *model, BqCliData *d, const BqCliQa *q, int samples, int batch_size, int threads,
+                   int json, const char *engine, const char *predictions) {
+    BqTokenizer *tok = NULL;
+    BqBert m;
+    memset(&m, 0, sizeof m);
+    BqSquadSet *s = NULL;
+    BqInt8Engine *eng = NULL;
+    const char *engine_name = NULL;
+    char **answers = NULL;
+    BqSquadScore sc;
+    double secs = 0;
+    int st;
+    if ((st = bq_qa_model_load(&m, &tok, model, 0, "eval")) ||
+        (st = bq_cli_engine_select(&eng, &m, engine, "eval", &engine_name)) ||
+        (st = bq_qa_data_load(&s, d, &m, tok, q, samples, threads, "eval")) ||
+        (st = bq_qa_answer(&m, eng, s, q, batch_size, &sc, &answers, &secs)))
+        goto cleanup;
+    if (predictions && (st = bq_squad_write_predictions(predictions, s, answers))) goto cleanup;
+    double qps = (double)sc.n / (secs > 1e-9 ? secs : 1e-9);
+    if (json) {
+        json_t *j = json_object();
+        json_object_set_new(j, "model", json_string(model));
+        json_object_set_new(j, "data", json_string(d->path));
+        json_object_set_new(j, "task", json_string("qa"));
+        json_object_set_new(j, "examples", json_integer(sc.n));
+        json_object_set_new(j, "windows", json_integer(s->n));
+        json_object_set_new(j, "exact_match", json_real(sc.exact_match));
+        json_object_set_new(j, "f1", json_real(sc.f1));
+        json_object_set_new(j, "seconds", json_real(secs));
+        json_object_set_new(j, "examples_per_s", json_real(qps));
+        json_object_set_new(j, "max_seq_len", json_integer(s->T));
+        json_object_set_new(j, "doc_stride", json_integer(q->doc_stride));
+        json_object_set_new(j, "max_query_length", json_integer(q->max_query_length));
+        json_object_set_new(j, "n_best", json_integer(q->n_best));
+        json_object_set_new(j, "max_answer_len", json_integer(q->max_answer_len));
+        json_object_set_new(j, "batch_size", json_integer(batch_size));
+        json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
+        json_object_set_new(j, "engine", json_string(engine_name));
+        char *txt = json_dumps(j, JSON_INDENT(2));
+        printf("%s\n", txt);
+        free(txt);
+        json_decref(j);
+    } else {
+        printf("model        %s\ndata         %s (%lld questions, %lld windows, seq %lld, doc stride %d, query <= %d)\n",
+               model, d->path, (long long)sc.n, (long long)s->n, (long long)s->T, q->doc_stride, q->max_query_length);
+        printf("exact match  %.2f\nf1           %.2f\n", sc.exact_match, sc.f1);
+        printf("speed        %.1f questions/s (%.2fs, %d threads)\nengine       %s\n", qps, secs, bq_runtime_threads(),
+               engine_name);
+        if (predictions) printf("predictions  %s\n", predictions);
+    }
+cleanup:
+    if (answers) bq_squad_answers_free(answers, s->n_examples);
+    bq_squad_free(s);
+    if (tok) bq_tokenizer_free(tok);
+    bq_int8_free(eng);
+    bq_bert_free(&m);
+    return st;
+}
+
 int bq_cmd_eval(int argc, char **argv) {
     const char *model = NULL, *split = "test", *predictions = NULL, *engine = "auto", *engine_name = NULL;
     int samples = 0, batch_size = 64, threads = 0, json = 0, seed = 42;
     double val_fraction = 0.1;
     int train_samples = 0;
     BqCliData d = {0};
+    BqCliQa q;
+    bq_cli_qa_default(&q);
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "native checkpoint (or HF directory)", 1, 0, 0},
-        {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL", 1, 0, 0},
+        {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL; question answering: SQuAD v1.1 JSON "
+         "(dev set)", 1, 0, 0},
         {"split", BQ_ARG_STR, &split, "test, val or train", 0, 0, 0},
         {"samples", BQ_ARG_INT, &samples, "examples to evaluate (0: all; test: seeded selection)", 0, 0, 1e9},
         BQ_CLI_DATA_SPECS(d),
@@ -118,7 +185,10 @@ int bq_cmd_eval(int argc, char **argv) {
         {"json", BQ_ARG_FLAG, &json, "print one JSON object instead of a table", 0, 0, 0},
         {"engine", BQ_ARG_STR, &engine, BQ_CLI_ENGINE_HELP, 0, 0, 0},
         {"predictions", BQ_ARG_STR, &predictions, "write index, label, predicted label, its probability per example "
-         "(TSV) to this file", 0, 0, 0},
+         "(TSV) to this file; question answering: the official {id: answer} JSON", 0, 0, 0},
+        BQ_CLI_TASK_SPEC(q),
+        BQ_CLI_QA_WINDOW_SPECS(q),
+        BQ_CLI_QA_POST_SPECS(q),
     };
     BqArgs args = {.cmd = "eval", .usage = "--model CKPT --data PATH [options]",
                    .summary = "Evaluate a checkpoint: accuracy, precision, recall, F1, confusion matrix, examples/s.",
@@ -129,6 +199,9 @@ int bq_cmd_eval(int argc, char **argv) {
         return bq_err(BQ_EINVAL, "--split: '%s' is not test, val or train", split);
     if (predictions && (st = bq_check_writable_parent(predictions))) return bq_err_ctx(st, "--predictions");
     bq_runtime_set_threads(threads);
+    int qa = 0;
+    if ((st = bq_cli_task_resolve(&args, &q, model, &qa))) return st;
+    if (qa) return eval_qa(model, &d, &q, samples, batch_size, threads, json, engine, predictions);
 
     BqTokenizer *tok = NULL;
     BqDataset *ds = NULL;

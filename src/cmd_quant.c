@@ -69,10 +69,10 @@ static int quant_config_from_opts(BqQuantConfig *cfg, const QuantOpts *o) {
     return BQ_OK;
 }
 
-/* Places quantizers on m and calibrates them over up to `samples` examples of `calib` (forward
- * only, no tape). Replaces any quantizer state m already has. */
+/* Places quantizers on m and calibrates them over up to `samples` examples of epoch 0 of `calib`
+ * (forward only, no tape). Replaces any quantizer state m already has. */
 static int calibrate_model(BqBert *m, const BqQuantConfig *qcfg, BqCalibrator method, double percentile,
-                           BqBatcher *calib, int64_t samples, const char *tag) {
+                           BqBatchSource *calib, int64_t samples, const char *tag) {
     int st = BQ_OK;
     BqArena act = {0};
     if (m->quant) bq_quant_free(m->quant), m->quant = NULL;
@@ -82,15 +82,17 @@ static int calibrate_model(BqBert *m, const BqQuantConfig *qcfg, BqCalibrator me
     BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
     int64_t seen = 0;
     double t0 = bq_now();
-    bq_batcher_seek(calib, 0, 0);
-    BqBatch b;
-    while (seen < samples && bq_batcher_next(calib, &b)) {
+    if ((st = calib->begin_epoch(calib->ctx, 0))) goto cleanup;
+    const BqBatch *b;
+    while (seen < samples) {
+        if ((st = calib->next(calib->ctx, &b))) goto cleanup;
+        if (!b) break;
         size_t mark = bq_arena_mark(&act);
         BqTensor *logits = NULL;
-        BqBertInput in = bq_batch_input(&b);
+        BqBertInput in = bq_batch_input(b);
         if ((st = bq_bert_forward(m, &ctx, &in, &logits, NULL))) goto cleanup;
         bq_arena_rewind(&act, mark);
-        seen += b.B;
+        seen += b->B;
     }
     if (seen == 0) {
         st = bq_err(BQ_EINVAL, "--calib-samples: no calibration examples");
@@ -236,7 +238,10 @@ int bq_cmd_calibrate(int argc, char **argv) {
         m.quant = keep;
         if (st) goto cleanup;
     }
-    if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &bcal, q.calib_samples, "calibrate"))) goto cleanup;
+    BqBatchSource scal;
+    BqBatcherSource bscal;
+    bq_batch_source_batcher(&scal, &bscal, &bcal);
+    if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &scal, q.calib_samples, "calibrate"))) goto cleanup;
     if (keep_fp32 && !strcmp(keep_fp32, "auto")) {
         if ((st = keep_fp32_auto(&m, &d, tok, seed, threads, batch_size, keep_samples, max_drop))) goto cleanup;
     } else if (keep_fp32 && (st = bq_sens_exclude(&m, keep_fp32, "--keep-fp32"))) {
@@ -331,7 +336,7 @@ int bq_cmd_qat(int argc, char **argv) {
         fprintf(stderr, "[qat] starting from the input's %d calibrated quantizers (scheme %s)\n", m.quant->n,
                 bq_scheme_name(m.quant->cfg.scheme));
         m.quant->cfg.freeze_after = qcfg.freeze_after;
-    } else if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &sp.btrain, q.calib_samples, "qat"))) {
+    } else if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &sp.strain, q.calib_samples, "qat"))) {
         goto cleanup;
     }
     bq_quant_freeze(m.quant, fixed);

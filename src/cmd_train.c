@@ -1,5 +1,6 @@
 /* `bertqat finetune`: fp32 fine-tuning of a Hugging Face BERT (or a native checkpoint) for sequence
- * classification, HF Trainer semantics (see src/train.h). Defaults follow HF TrainingArguments where
+ * classification or, with a question-answering model or --task qa, for SQuAD question answering
+ * (src/qa.h), HF Trainer semantics (see src/train.h). Defaults follow HF TrainingArguments where
  * they exist (lr 5e-5, 1 epoch, warmup 0, weight decay 0, max_grad_norm 1.0, seed 42) and the ONNX
  * Runtime IMDB example otherwise (batch 32, seq 128, 10% of the training reviews for validation); the
  * shared flags and set-up are in src/cmd_common.h. */
@@ -10,18 +11,50 @@
 #include "src/args.h"
 #include "src/cli.h"
 #include "src/cmd_common.h"
+#include "src/qa.h"
+
+/* Question answering: the encoder (and qa_outputs when the model has them) trained on the SQuAD
+ * windows of d->path, no validation pass (the final model is the last step; `eval` scores EM/F1). */
+static int finetune_qa(const char *model, const char *out, BqCliData *d, BqCliTrain *t, const BqCliQa *q) {
+    BqTokenizer *tok = NULL;
+    BqBert m;
+    memset(&m, 0, sizeof m);
+    BqSquadSet *s = NULL;
+    BqQaSource qs;
+    memset(&qs, 0, sizeof qs);
+    BqBatchSource src;
+    BqTrainResult res;
+    int st;
+    if ((st = bq_qa_model_load(&m, &tok, model, (uint64_t)t->seed, "finetune")) ||
+        (st = bq_qa_data_load(&s, d, &m, tok, q, t->train_samples, t->threads, "finetune")))
+        goto cleanup;
+    if (t->dropout >= 0) m.cfg.hidden_dropout_prob = m.cfg.attention_probs_dropout_prob = (float)t->dropout;
+    bq_qa_source_init(&qs, &src, s, s->n, t->batch_size, 1, (uint64_t)t->seed);
+    if ((st = bq_cli_train_run_sources(&m, t, &src, NULL, d, model, out, "finetune", &res))) goto cleanup;
+    printf("; checkpoint %s\n", out);
+cleanup:
+    if (qs.order) bq_qa_source_free(&qs);
+    bq_squad_free(s);
+    if (tok) bq_tokenizer_free(tok);
+    bq_bert_free(&m);
+    return st;
+}
 
 int bq_cmd_finetune(int argc, char **argv) {
     const char *model = NULL, *out = NULL;
     BqCliData d = {0};
     BqCliTrain t;
     bq_cli_train_default(&t, 5e-5);
+    BqCliQa q;
+    bq_cli_qa_default(&q);
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "Hugging Face BERT directory or native checkpoint", 1, 0, 0},
-        {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL", 1, 0, 0},
+        {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL; question answering: SQuAD v1.1 JSON", 1, 0, 0},
         {"out", BQ_ARG_STR, &out, "output checkpoint directory (replaced atomically)", 1, 0, 0},
         BQ_CLI_TRAIN_SPECS(t),
         BQ_CLI_DATA_SPECS(d),
+        BQ_CLI_TASK_SPEC(q),
+        BQ_CLI_QA_WINDOW_SPECS(q),
     };
     BqArgs args = {.cmd = "finetune", .usage = "--model DIR --data PATH --out DIR [options]",
                    .summary = "Fine-tune BERT for sequence classification (fp32), HF Trainer semantics.",
@@ -29,6 +62,9 @@ int bq_cmd_finetune(int argc, char **argv) {
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
     bq_runtime_set_threads(t.threads);
+    int qa = 0;
+    if ((st = bq_cli_task_resolve(&args, &q, model, &qa))) return st;
+    if (qa) return finetune_qa(model, out, &d, &t, &q);
 
     BqTokenizer *tok = NULL;
     BqCliSplits sp;

@@ -22,7 +22,8 @@
 /* The model's view of a batch (layers/bert.h does not know datasets/). */
 static inline BqBertInput bq_batch_input(const BqBatch *b) {
     return (BqBertInput){.B = b->B, .T = b->T, .input_ids = b->input_ids, .attention_mask = b->attention_mask,
-                         .token_type_ids = b->token_type_ids, .labels = b->labels};
+                         .token_type_ids = b->token_type_ids, .labels = b->labels,
+                         .start_positions = b->start_positions, .end_positions = b->end_positions};
 }
 
 /* Where batches come from. The trainer never owns the batches: `next` hands out a batch that stays

@@ -1,0 +1,89 @@
+/* Question answering in the CLI (BertForQuestionAnswering, layers/bert.h BQ_HEAD_QA, on SQuAD v1.1
+ * data, datasets/squad.h): the task choice shared by every command (--task, from the model's head by
+ * default), the window and post-processing flags, a batch source over SQuAD windows for the trainer
+ * and the calibrator, the inference pass that fills start/end logits per window, and EM/F1 scoring
+ * through run_qa.py's post-processing. The commands themselves stay in src/cmd_*.c and call these. */
+#ifndef BQ_QA_H
+#define BQ_QA_H
+
+#include "datasets/squad.h"
+#include "layers/bert.h"
+#include "layers/bert_int8.h"
+#include "src/args.h"
+#include "src/cmd_common.h"
+#include "src/train.h"
+
+/* Defaults of the QA flags: run_qa.py's (max_seq_length 384, doc_stride 128, max query 64 pieces,
+ * n_best_size 20, max_answer_length 30). */
+#define BQ_QA_MAX_SEQ_LEN 384
+
+typedef struct BqCliQa {
+    const char *task;     /* "qa", "cls", or NULL: the model's head decides */
+    int doc_stride, max_query_length, n_best, max_answer_len;
+} BqCliQa;
+
+void bq_cli_qa_default(BqCliQa *q);
+
+#define BQ_CLI_TASK_SPEC(q)                                                                                     \
+    {"task", BQ_ARG_STR, &(q).task, "qa or cls (default: from the model's head; qa on a classification model "  \
+     "keeps the encoder and creates qa_outputs, as Hugging Face does)", 0, 0, 0}
+
+/* Windowing of SQuAD examples (commands that encode SQuAD data). */
+#define BQ_CLI_QA_WINDOW_SPECS(q)                                                                               \
+    {"doc-stride", BQ_ARG_INT, &(q).doc_stride, "QA: context tokens shared by consecutive windows", 0, 1, 8192}, \
+    {"max-query-length", BQ_ARG_INT, &(q).max_query_length, "QA: question tokens kept", 0, 1, 8192}
+
+/* Post-processing of start/end logits into answers (commands that answer questions). */
+#define BQ_CLI_QA_POST_SPECS(q)                                                                                 \
+    {"n-best", BQ_ARG_INT, &(q).n_best, "QA: start and end candidates per window", 0, 1, 1000},                 \
+    {"max-answer-len", BQ_ARG_INT, &(q).max_answer_len, "QA: longest answer in tokens", 0, 1, 8192}
+
+/* The task of a command on the model at dir: --task when given (qa or cls), else the head named by
+ * DIR/config.json's architectures. *qa = 1 for question answering. Then checks the flags of the other
+ * task were not given (a QA flag on a classification run, or --truncation/--text-column/
+ * --text-pair-column/--label-column on a QA run): each is an error naming the flag. A classification
+ * task on a question-answering checkpoint is an error (its encoder was trained for spans). */
+int bq_cli_task_resolve(const BqArgs *args, const BqCliQa *q, const char *dir, int *qa);
+
+/* Loads the model and tokenizer at dir (bq_cli_model_load) and gives the model the QA head: a
+ * classification model keeps its encoder and gets a fresh qa_outputs drawn from seed (a note on
+ * stderr names what was dropped). */
+int bq_qa_model_load(BqBert *m, BqTokenizer **tok, const char *dir, uint64_t seed, const char *tag);
+
+/* Resolves the sequence length (--max-seq-len, else the checkpoint's, else 384) into d->used and loads
+ * the SQuAD file d->path windowed with q's settings; max_examples > 0 keeps the first questions. A
+ * file that is not SQuAD JSON is an error naming the file (and saying the model answers questions).
+ * "[tag] ..." lines on stderr say what was loaded. */
+int bq_qa_data_load(BqSquadSet **out, BqCliData *d, const BqBert *m, const BqTokenizer *tok, const BqCliQa *q,
+                    int64_t max_examples, int threads, const char *tag);
+
+/* A BqBatchSource over the first n windows of a SQuAD set: batches of up to B windows, padded to the
+ * longest window of the batch (dynamic padding, as run_qa.py without --pad_to_max_length), carrying
+ * start/end positions. shuffle: the order of epoch e is a permutation drawn from (seed, e); else the
+ * set's order. The source points into qs; neither may move while in use. */
+typedef struct BqQaSource {
+    const BqSquadSet *s;
+    int64_t n, B, pos;
+    int shuffle;
+    uint64_t seed;
+    int32_t *order;
+    BqBatch cur;
+} BqQaSource;
+void bq_qa_source_init(BqQaSource *qs, BqBatchSource *src, const BqSquadSet *s, int64_t n, int64_t B, int shuffle,
+                       uint64_t seed);
+void bq_qa_source_free(BqQaSource *qs);
+
+/* Start and end logits (s->n, s->T) of every window, through the integer engine e when set, else the
+ * forward of m (fp32 or fake quant); columns past a window's length are -INFINITY, so padding never
+ * takes an n-best slot (run_qa.py pads every window to 384 and ranks the padding's logits too; the
+ * two agree unless a padding position ranks among a window's n-best). Batches of B windows, each
+ * padded to its longest window. */
+int bq_qa_logits(BqBert *m, BqInt8Engine *e, const BqSquadSet *s, int64_t B, float *start, float *end);
+
+/* Answers of every question of s from its windows' logits (run_qa.py post-processing with q's n-best
+ * and max answer length) and their official EM/F1. *answers (may be NULL) receives the texts (free
+ * with bq_squad_answers_free(*answers, s->n_examples)). */
+int bq_qa_answer(BqBert *m, BqInt8Engine *e, const BqSquadSet *s, const BqCliQa *q, int64_t B, BqSquadScore *score,
+                 char ***answers, double *seconds);
+
+#endif
