@@ -11,7 +11,9 @@
  *   steps (--ranges observe, ONNX Runtime's example), or the ranges stay as calibrated and only the
  *   weights learn (--ranges fixed, pytorch-quantization / QDQBERT).
  * The quantization convention (symmetric int8, zero point 0, scale = amax/127; the cpu scheme's weights
- * 7-bit, amax/63) is in layers/quant.h. */
+ * 7-bit, amax/63) is in layers/quant.h. A question-answering model (src/qa.h) calibrates and trains on
+ * SQuAD windows; its qa_outputs, like the classifier, has no quantizer (none of layers/quant.h's points
+ * is outside the encoder, except the embeddings' LayerNorm output). */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -26,6 +28,7 @@
 #include "src/cli.h"
 #include "src/cmd_common.h"
 #include "src/metrics.h"
+#include "src/qa.h"
 #include "src/sensitivity.h"
 #include "src/train.h"
 
@@ -173,6 +176,56 @@ cleanup:
     return st;
 }
 
+/* ---- question answering ---- */
+
+/* calibrate and qat on SQuAD: the model with its QA head, the first `questions` questions of d->path
+ * (0: all) windowed, in a seeded shuffled order. */
+typedef struct QaTrainData {
+    BqTokenizer *tok;
+    BqSquadSet *s;
+    BqQaSource qs;
+    BqBatchSource src;
+} QaTrainData;
+
+static int qa_train_data(QaTrainData *q, BqBert *m, const char *model, BqCliData *d, const BqCliQa *qa,
+                         int64_t questions, int batch_size, int seed, int threads, const char *tag) {
+    memset(q, 0, sizeof *q);
+    int st = bq_qa_model_load(m, &q->tok, model, (uint64_t)seed, tag);
+    if (!st) st = bq_qa_data_load(&q->s, d, m, q->tok, qa, questions, threads, tag);
+    if (!st) bq_qa_source_init(&q->qs, &q->src, q->s, q->s->n, batch_size, 1, (uint64_t)seed);
+    return st;
+}
+
+static void qa_train_data_free(QaTrainData *q) {
+    if (q->qs.order) bq_qa_source_free(&q->qs);
+    bq_squad_free(q->s);
+    if (q->tok) bq_tokenizer_free(q->tok);
+    memset(q, 0, sizeof *q);
+}
+
+static int calibrate_qa(const char *model, const char *out, BqCliData *d, const BqCliQa *qa, const QuantOpts *q,
+                        BqCalibrator method, const BqQuantConfig *qcfg, int batch_size, int seed, int threads) {
+    BqBert m;
+    memset(&m, 0, sizeof m);
+    QaTrainData td;
+    /* calib_samples counts windows; a question gives at least one */
+    int st = qa_train_data(&td, &m, model, d, qa, q->calib_samples, batch_size, seed, threads, "calibrate");
+    if (!st) st = calibrate_model(&m, qcfg, method, q->percentile, &td.src, q->calib_samples, "calibrate");
+    if (!st) {
+        m.data = d->used;
+        st = bq_ckpt_save(&m, out, model, NULL);
+    }
+    if (!st) {
+        printf("calibrate: %d quantizers, calibrator %s", m.quant->n, bq_calibrator_name(method));
+        if (method == BQ_CALIBRATOR_PERCENTILE) printf(" %.4g", q->percentile);
+        printf(", scheme %s; question answering; checkpoint %s\n", bq_scheme_name(qcfg->scheme), out);
+    }
+    qa_train_data_free(&td);
+    if (m.quant) bq_quant_free(m.quant), m.quant = NULL;
+    bq_bert_free(&m);
+    return st;
+}
+
 int bq_cmd_calibrate(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *keep_fp32 = NULL;
     int batch_size = 32, seed = 42, threads = 0, eval_samples = 0, keep_samples = 512;
@@ -180,9 +233,12 @@ int bq_cmd_calibrate(int argc, char **argv) {
     BqCliData d = {0};
     QuantOpts q;
     quant_opts_default(&q, "percentile");
+    BqCliQa qa;
+    bq_cli_qa_default(&qa);
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "fp32 checkpoint (native or Hugging Face directory)", 1, 0, 0},
-        {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL (training split is used)", 1, 0, 0},
+        {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL (training split is used); question "
+         "answering: SQuAD v1.1 JSON (training file)", 1, 0, 0},
         {"out", BQ_ARG_STR, &out, "output PTQ checkpoint directory (replaced atomically)", 1, 0, 0},
         QUANT_SPECS(q),
         {"batch-size", BQ_ARG_INT, &batch_size, "examples per calibration forward", 0, 1, 65536},
@@ -196,6 +252,8 @@ int bq_cmd_calibrate(int argc, char **argv) {
         {"max-drop", BQ_ARG_FLOAT, &max_drop, "--keep-fp32 auto: accuracy budget in percentage points", 0, 0, 100},
         {"keep-fp32-samples", BQ_ARG_INT, &keep_samples, "--keep-fp32 auto: validation examples measured", 0, 1,
          1e9},
+        BQ_CLI_TASK_SPEC(qa),
+        BQ_CLI_QA_WINDOW_SPECS(qa),
     };
     BqArgs args = {.cmd = "calibrate", .usage = "--model DIR --data PATH --out DIR [options]",
                    .summary = "Post-training quantization: place fake-quant modules and calibrate their ranges.",
@@ -216,6 +274,11 @@ int bq_cmd_calibrate(int argc, char **argv) {
     BqQuantConfig qcfg;
     if ((st = bq_calibrator_parse(&method, q.calibrator)) || (st = quant_config_from_opts(&qcfg, &q))) return st;
     bq_runtime_set_threads(threads);
+    int is_qa = 0;
+    if ((st = bq_cli_task_resolve(&args, &qa, model, &is_qa))) return st;
+    if (is_qa && eval_samples > 0)
+        return bq_err(BQ_EINVAL, "--eval-samples: question answering is scored by `bertqat eval` on the dev set");
+    if (is_qa) return calibrate_qa(model, out, &d, &qa, &q, method, &qcfg, batch_size, seed, threads);
     BqDataSpec spec;
     if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)seed, "calibrate")) ||
         (st = bq_cli_data_resolve(&d, &m, "calibrate")))
@@ -295,9 +358,12 @@ int bq_cmd_qat(int argc, char **argv) {
     bq_cli_train_default(&t, 2e-5);
     QuantOpts q;
     quant_opts_default(&q, "max");
+    BqCliQa qa;
+    bq_cli_qa_default(&qa);
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "fp32 or PTQ checkpoint (native) or Hugging Face directory", 1, 0, 0},
-        {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL", 1, 0, 0},
+        {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL; question answering: SQuAD v1.1 JSON", 1,
+         0, 0},
         {"out", BQ_ARG_STR, &out, "output checkpoint directory (replaced atomically)", 1, 0, 0},
         QUANT_SPECS(q),
         {"freeze-ranges-after", BQ_ARG_INT, &q.freeze_after, "freeze every range after N optimizer steps (0: never)",
@@ -306,6 +372,8 @@ int bq_cmd_qat(int argc, char **argv) {
          "calibrated (or PTQ input's) ranges never move (pytorch-quantization)", 0, 0, 0},
         BQ_CLI_TRAIN_SPECS(t),
         BQ_CLI_DATA_SPECS(d),
+        BQ_CLI_TASK_SPEC(qa),
+        BQ_CLI_QA_WINDOW_SPECS(qa),
     };
     BqArgs args = {.cmd = "qat", .usage = "--model DIR --data PATH --out DIR [options]",
                    .summary = "Quantization-aware fine-tuning with fake-quant modules and moving-average observers.",
@@ -327,16 +395,31 @@ int bq_cmd_qat(int argc, char **argv) {
         return bq_err(BQ_EINVAL, "--ranges: '%s' is not observe or fixed", ranges);
     int fixed = !strcmp(ranges, "fixed");
     bq_runtime_set_threads(t.threads);
-    if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)t.seed, "qat"))) goto cleanup;
+    int is_qa = 0;
+    QaTrainData td;
+    memset(&td, 0, sizeof td);
+    BqBatchSource *strain = &sp.strain, *sval = NULL;
+    if ((st = bq_cli_task_resolve(&args, &qa, model, &is_qa))) return st;
+    if (is_qa) {
+        if ((st = qa_train_data(&td, &m, model, &d, &qa, t.train_samples, t.batch_size, t.seed, t.threads, "qat")))
+            goto cleanup;
+        if (t.dropout >= 0) m.cfg.hidden_dropout_prob = m.cfg.attention_probs_dropout_prob = (float)t.dropout;
+        strain = &td.src;
+    } else if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)t.seed, "qat"))) {
+        goto cleanup;
+    }
     /* Ranges: keep a calibrated input's (its config wins; --freeze-ranges-after still applies), else calibrate. */
     int calibrated = m.quant && bq_quant_count_initialized(m.quant) == m.quant->n;
     if (calibrated && (st = check_kept_quant_flags(&args, &qcfg, &m.quant->cfg, model))) goto cleanup;
-    if ((st = bq_cli_splits_load(&sp, &m, model, &d, &t, tok, "qat"))) goto cleanup;
+    if (!is_qa) {
+        if ((st = bq_cli_splits_load(&sp, &m, model, &d, &t, tok, "qat"))) goto cleanup;
+        sval = sp.val ? &sp.sval : NULL;
+    }
     if (calibrated) {
         fprintf(stderr, "[qat] starting from the input's %d calibrated quantizers (scheme %s)\n", m.quant->n,
                 bq_scheme_name(m.quant->cfg.scheme));
         m.quant->cfg.freeze_after = qcfg.freeze_after;
-    } else if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &sp.strain, q.calib_samples, "qat"))) {
+    } else if ((st = calibrate_model(&m, &qcfg, method, q.percentile, strain, q.calib_samples, "qat"))) {
         goto cleanup;
     }
     bq_quant_freeze(m.quant, fixed);
@@ -345,12 +428,13 @@ int bq_cmd_qat(int argc, char **argv) {
     fprintf(stderr, "[qat] ranges: %s\n", fixed ? "fixed (calibrated ranges, weights learn around them)"
                                               : "moving-average observers (c = 0.01)");
     /* the trainer calls bq_quant_step after each optimizer step (freeze at --freeze-ranges-after) */
-    if ((st = bq_cli_train_run(&m, &t, &sp, &d, model, out, "qat", &res))) goto cleanup;
+    if ((st = bq_cli_train_run_sources(&m, &t, strain, sval, &d, model, out, "qat", &res))) goto cleanup;
     printf("; %d quantizers (scheme %s)%s; checkpoint %s\n", m.quant->n, bq_scheme_name(m.quant->cfg.scheme),
            m.quant->q[0].frozen ? ", frozen" : "", out);
 
 cleanup:
     bq_cli_splits_free(&sp);
+    qa_train_data_free(&td);
     if (tok) bq_tokenizer_free(tok);
     if (m.quant) bq_quant_free(m.quant), m.quant = NULL;
     bq_bert_free(&m);
