@@ -1,7 +1,8 @@
 /* `bertqat export`: ONNX export of a checkpoint (export/onnx_bert.h, docs/design.md). fp32 for an fp32
  * checkpoint, Q/DQ at the quantizer points for a quantized one. --dump-logits writes a random padded
- * batch and bertqat's own logits for it as JSON, so tests compare ONNX Runtime against the C forward
- * on exactly the exported weights. */
+ * batch and bertqat's own logits for it as JSON ("logits" (B, num_labels), or for a question-answering
+ * model "start_logits" and "end_logits" (B,T)), so tests compare ONNX Runtime against the C forward on
+ * exactly the exported weights. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,7 +91,7 @@ run:
     BqTensor *logits = NULL;
     if ((st = bq_bert_forward(m, &ctx, &batch, &logits, NULL))) goto cleanup;
     j = json_object();
-    json_t *ji = json_array(), *jm = json_array(), *jt = json_array(), *jl = json_array();
+    json_t *ji = json_array(), *jm = json_array(), *jt = json_array(), *jl = json_array(), *je = json_array();
     for (int b = 0; b < B; b++) {
         json_t *ri = json_array(), *rm = json_array(), *rt = json_array(), *rl = json_array();
         for (int t = 0; t < T; t++) {
@@ -98,8 +99,17 @@ run:
             json_array_append_new(rm, json_integer((int)mask[b * T + t]));
             json_array_append_new(rt, json_integer(types[b * T + t]));
         }
-        for (int k = 0; k < m->cfg.num_labels; k++)
-            json_array_append_new(rl, json_real(logits->data[b * m->cfg.num_labels + k]));
+        if (m->cfg.head == BQ_HEAD_QA) { /* (B,T,2): start then end rows */
+            json_t *re = json_array();
+            for (int t = 0; t < T; t++) {
+                json_array_append_new(rl, json_real(logits->data[(b * T + t) * 2]));
+                json_array_append_new(re, json_real(logits->data[(b * T + t) * 2 + 1]));
+            }
+            json_array_append_new(je, re);
+        } else {
+            for (int k = 0; k < m->cfg.num_labels; k++)
+                json_array_append_new(rl, json_real(logits->data[b * m->cfg.num_labels + k]));
+        }
         json_array_append_new(ji, ri);
         json_array_append_new(jm, rm);
         json_array_append_new(jt, rt);
@@ -109,7 +119,13 @@ run:
     json_object_set_new(j, "attention_mask", jm);
     if (with_types) json_object_set_new(j, "token_type_ids", jt);
     else json_decref(jt);
-    json_object_set_new(j, "logits", jl);
+    if (m->cfg.head == BQ_HEAD_QA) {
+        json_object_set_new(j, "start_logits", jl);
+        json_object_set_new(j, "end_logits", je);
+    } else {
+        json_object_set_new(j, "logits", jl);
+        json_decref(je);
+    }
     json_object_set_new(j, "quantized", json_boolean(m->quant != NULL));
     size_t n = strlen(path);
     tmp = bq_malloc(n + 5);
@@ -135,7 +151,7 @@ cleanup:
 }
 
 int bq_cmd_export(int argc, char **argv) {
-    const char *model = NULL, *out = NULL, *qdq = "auto", *dump = NULL, *dump_in = NULL;
+    const char *model = NULL, *out = NULL, *qdq = "auto", *dump = NULL, *dump_in = NULL, *task = NULL;
     int opset = 13, no_types = 0, int32 = 0, cpu = 0, num_labels = 0, dump_b = 4, dump_t = 0, dump_seed = 1;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "native checkpoint (or HF directory: fresh classifier)", 1, 0, 0},
@@ -152,6 +168,8 @@ int bq_cmd_export(int argc, char **argv) {
          "length, else 32)", 0, 0, 8192},
         {"dump-seed", BQ_ARG_INT, &dump_seed, "seed of the --dump-logits batch", 0, 0, 1 << 30},
         {"dump-inputs", BQ_ARG_STR, &dump_in, "--dump-logits on this JSON batch {input_ids, attention_mask, token_type_ids}", 0, 0, 0},
+        {"task", BQ_ARG_STR, &task, "qa or cls (default: from the model's head; qa on a classification model keeps "
+         "the encoder and creates qa_outputs, seed 0)", 0, 0, 0},
     };
     BqArgs args = {.cmd = "export", .usage = "--model CKPT --out FILE.onnx [options]",
                    .summary = "Export a checkpoint to ONNX (fp32, or Q/DQ for a quantized checkpoint).",
@@ -171,8 +189,21 @@ int bq_cmd_export(int argc, char **argv) {
     char *report = NULL;
     BqRng rng;
     bq_rng_seed(&rng, 0);
+    if (task && strcmp(task, "qa") && strcmp(task, "cls")) return bq_err(BQ_EINVAL, "--task: '%s' is not qa or cls", task);
     if ((st = bq_model_load_any(&m, model, num_labels, &rng, &report))) goto cleanup;
     if (report) fprintf(stderr, "export: %s\n", report);
+    if (task && !strcmp(task, "cls") && m.cfg.head == BQ_HEAD_QA) {
+        st = bq_err(BQ_EINVAL, "--task cls: %s is a question-answering model (BertForQuestionAnswering)", model);
+        goto cleanup;
+    }
+    if (task && !strcmp(task, "qa") && m.cfg.head != BQ_HEAD_QA) {
+        if (num_labels > 0) {
+            st = bq_err(BQ_EINVAL, "--num-labels: a question-answering model has start and end outputs only");
+            goto cleanup;
+        }
+        fprintf(stderr, "export: %s: encoder kept, qa_outputs newly initialized (seed 0)\n", model);
+        if ((st = bq_bert_set_head(&m, BQ_HEAD_QA, &rng))) goto cleanup;
+    }
     if (want == 1 && !m.quant) {
         st = bq_err(BQ_EINVAL, "--qdq on: %s is an fp32 checkpoint (no quantizers)", model);
         goto cleanup;
