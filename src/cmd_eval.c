@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "autograd/bq.h"
 #include "datasets/dataset.h"
@@ -155,6 +156,129 @@ static int eval_qa(const char *model, BqCliData *d, const BqCliQa *q, int sample
     }
 cleanup:
     if (answers) bq_squad_answers_free(answers, s->n_examples);
+    bq_squad_free(s);
+    if (tok) bq_tokenizer_free(tok);
+    bq_int8_free(eng);
+    bq_bert_free(&m);
+    return st;
+}
+
+/* The questions to answer as a SQuAD v1.1 JSON file at tmp (mkstemp template, filled in): one
+ * paragraph per question; each gets the placeholder reference answer "the context's first character at
+ * 0", which the reader requires and predict never scores. From --question/--context (jsonl NULL) or
+ * a JSONL file with "question" and "context" fields (and an optional "id"; default the line number). */
+static int qa_questions_file(char *tmp, const char *question, const char *context, const char *jsonl) {
+    json_t *data = json_array();
+    int st = BQ_OK, fd = -1;
+    FILE *in = NULL;
+    char *line = NULL;
+    size_t cap = 0;
+    if (jsonl && !(in = fopen(jsonl, "r"))) {
+        st = bq_err(BQ_EIO, "--data %s: %s", jsonl, strerror(errno));
+        goto cleanup;
+    }
+    for (int64_t ln = 1;; ln++) {
+        json_t *row = NULL;
+        const char *q = question, *c = context;
+        char idb[32];
+        snprintf(idb, sizeof idb, "%lld", (long long)ln);
+        const char *id = idb;
+        if (in) {
+            ssize_t n = getline(&line, &cap, in);
+            if (n < 0) break;
+            while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+            if (n == 0) continue;
+            json_error_t e;
+            row = json_loads(line, 0, &e);
+            json_t *jq = json_object_get(row, "question"), *jc = json_object_get(row, "context"),
+                   *ji = json_object_get(row, "id");
+            if (!row || !json_is_string(jq) || !json_is_string(jc) || (ji && !json_is_string(ji))) {
+                json_decref(row);
+                st = bq_err(BQ_EFORMAT, "--data %s: line %lld: %s", jsonl, (long long)ln,
+                            !row ? e.text : "needs string fields \"question\" and \"context\" (and \"id\" if any)");
+                goto cleanup;
+            }
+            q = json_string_value(jq), c = json_string_value(jc);
+            if (ji) id = json_string_value(ji);
+        } else if (ln > 1) {
+            break;
+        }
+        if (!*c || !*q) {
+            json_decref(row);
+            if (in)
+                st = bq_err(BQ_EINVAL, "--data %s: line %lld: empty %s", jsonl, (long long)ln, *q ? "context" : "question");
+            else
+                st = bq_err(BQ_EINVAL, "--%s: empty", *q ? "context" : "question");
+            goto cleanup;
+        }
+        size_t first = 1; /* the placeholder answer: the first UTF-8 character */
+        while (c[first] && ((unsigned char)c[first] & 0xC0) == 0x80) first++;
+        json_t *qa = json_pack("{s:s, s:s, s:[{s:s%, s:i}]}", "id", id, "question", q, "answers", "text", c, first,
+                               "answer_start", 0);
+        json_t *para = json_pack("{s:s, s:[o]}", "context", c, "qas", qa);
+        json_array_append_new(data, json_pack("{s:s, s:[o]}", "title", "", "paragraphs", para));
+        json_decref(row);
+    }
+    if (json_array_size(data) == 0) {
+        st = bq_err(BQ_EINVAL, "--data %s: no questions", jsonl);
+        goto cleanup;
+    }
+    json_t *doc = json_pack("{s:s, s:O}", "version", "1.1", "data", data);
+    if ((fd = mkstemp(tmp)) < 0 || json_dumpfd(doc, fd, JSON_COMPACT) != 0)
+        st = bq_err(BQ_EIO, "%s: cannot write the questions file", tmp);
+    json_decref(doc);
+cleanup:
+    if (fd >= 0) close(fd);
+    if (in) fclose(in);
+    free(line);
+    json_decref(data);
+    return st;
+}
+
+/* predict for a question-answering model: one line per question, "id<TAB>answer" (--json: an object
+ * with id, question and answer). A .json --data is read as SQuAD v1.1 itself. */
+static int predict_qa(const char *model, BqCliData *d, const BqCliQa *q, const char *question, const char *context,
+                      int threads, int json, const char *engine) {
+    BqTokenizer *tok = NULL;
+    BqBert m;
+    memset(&m, 0, sizeof m);
+    BqSquadSet *s = NULL;
+    BqInt8Engine *eng = NULL;
+    const char *engine_name = NULL, *data = d->path;
+    char **answers = NULL, tmp[] = "/tmp/bertqat-questions-XXXXXX";
+    int made = 0, st;
+    BqSquadScore sc;
+    size_t n = data ? strlen(data) : 0;
+    if (!data && (!question || !context)) return bq_err(BQ_EINVAL, "predict: a question-answering model needs "
+                                                        "--question and --context, or --data FILE.jsonl");
+    if (data && (question || context)) return bq_err(BQ_EINVAL, "predict: --data and --question/--context exclude each other");
+    if (!data || !(n >= 5 && !strcmp(data + n - 5, ".json"))) {
+        if ((st = qa_questions_file(tmp, question, context, data))) return st;
+        made = 1;
+        d->path = tmp;
+        d->no_cache = 1;
+    }
+    if ((st = bq_qa_model_load(&m, &tok, model, 0, "predict")) ||
+        (st = bq_cli_engine_select(&eng, &m, engine, "predict", &engine_name)) ||
+        (st = bq_qa_data_load(&s, d, &m, tok, q, 0, threads, "predict")) ||
+        (st = bq_qa_answer(&m, eng, s, q, 32, &sc, &answers, NULL)))
+        goto cleanup;
+    for (int64_t i = 0; i < s->n_examples; i++) {
+        const BqSquadExample *x = &s->examples[i];
+        if (json) {
+            json_t *j = json_pack("{s:s, s:s, s:s}", "id", x->id, "question", x->question, "answer", answers[i]);
+            char *l = json_dumps(j, JSON_COMPACT);
+            printf("%s\n", l);
+            free(l);
+            json_decref(j);
+        } else {
+            printf("%s\t%s\n", x->id, answers[i]);
+        }
+    }
+cleanup:
+    if (answers) bq_squad_answers_free(answers, s->n_examples);
+    if (made) remove(tmp);
+    d->path = data;
     bq_squad_free(s);
     if (tok) bq_tokenizer_free(tok);
     bq_int8_free(eng);
@@ -410,6 +534,9 @@ int bq_cmd_predict(int argc, char **argv) {
     const char *model = NULL, *split = "test", *engine = "auto", *engine_name = NULL;
     int threads = 0, json = 0, seed = 42;
     BqCliData d = {0};
+    BqCliQa q;
+    bq_cli_qa_default(&q);
+    const char *question = NULL, *context = NULL;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "native checkpoint (or HF directory)", 1, 0, 0},
         BQ_CLI_DATA_SPECS(d),
@@ -420,6 +547,12 @@ int bq_cmd_predict(int argc, char **argv) {
         {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
         {"json", BQ_ARG_FLAG, &json, "one JSON object per line", 0, 0, 0},
         {"engine", BQ_ARG_STR, &engine, BQ_CLI_ENGINE_HELP, 0, 0, 0},
+        BQ_CLI_TASK_SPEC(q),
+        {"question", BQ_ARG_STR, &question, "QA: the question (with --context)", 0, 0, 0},
+        {"context", BQ_ARG_STR, &context, "QA: the text holding the answer (with --question); or --data FILE.jsonl "
+         "with question/context (and optional id) fields, or a SQuAD .json; prints id<TAB>answer", 0, 0, 0},
+        BQ_CLI_QA_WINDOW_SPECS(q),
+        BQ_CLI_QA_POST_SPECS(q),
     };
     BqArgs args = {.cmd = "predict", .usage = "--model CKPT [TEXT...]   (no TEXT: one text per stdin line)",
                    .summary = "Classify texts: prints the label and its probability per text, as label<TAB>probability"
@@ -431,6 +564,13 @@ int bq_cmd_predict(int argc, char **argv) {
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
     if (d.path && args.npositional) return bq_err(BQ_EINVAL, "predict: --data and TEXT arguments exclude each other");
+    int qa = 0;
+    if ((st = bq_cli_task_resolve(&args, &q, model, &qa))) return st;
+    if (qa && args.npositional) return bq_err(BQ_EINVAL, "predict: a question-answering model takes --question and --context, not TEXT");
+    if (qa) {
+        bq_runtime_set_threads(threads);
+        return predict_qa(model, &d, &q, question, context, threads, json, engine);
+    }
     if (strcmp(split, "test") && strcmp(split, "val") && strcmp(split, "train"))
         return bq_err(BQ_EINVAL, "--split: '%s' is not test, val or train", split);
     bq_runtime_set_threads(threads);
