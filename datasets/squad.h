@@ -50,7 +50,8 @@ typedef struct BqSquadExample {
     char *id;              /* the question id ("qas"[].id) */
     char *title;           /* the article title ("" when absent) */
     char *question;        /* UTF-8, as in the file */
-    char *context;         /* UTF-8, as in the file */
+    char *context;         /* UTF-8, as in the file; points into BqSquadSet.contexts (shared by the
+                            * questions of one paragraph) */
     int64_t context_len;   /* bytes */
     int n_answers;         /* >= 1 */
     char **answers;        /* (n_answers) reference answer texts */
@@ -61,6 +62,8 @@ typedef struct BqSquadExample {
 typedef struct BqSquadSet {
     int64_t n_examples;
     BqSquadExample *examples; /* (n_examples) in file order */
+    int64_t n_contexts;       /* distinct paragraphs the examples come from */
+    char **contexts;          /* (n_contexts) their texts (storage of BqSquadExample.context) */
     int64_t n;                /* windows, grouped by example in example order */
     int64_t T;                /* max_seq_len: every window row has T entries */
     int32_t *input_ids;       /* (n,T) [CLS] q [SEP] c [SEP] [PAD]... */
@@ -99,14 +102,16 @@ void bq_squad_batch(const BqSquadSet *s, const int64_t *windows, int64_t B, int6
                     int32_t *start, int32_t *end);
 
 /* run_qa.py post-processing (utils_qa.py postprocess_qa_predictions, version_2_with_negative false).
- * start_logits, end_logits: (s->n, s->T) row-major, one row per window (columns past a window's len
- * are ignored). For each window, the n_best highest start and the n_best highest end logits (ties:
- * lower position first) are paired; a pair is kept when both pieces are context pieces, end >= start
- * and end - start + 1 <= max_answer_len; its score is start_logit + end_logit. Each example's answer is
- * the context bytes [offsets[start].begin, offsets[end].end) of its best pair over all its windows
- * (ties: the first found in window, start-rank, end-rank order, as Python's stable sort), or the
- * string "empty" when no pair is valid (as run_qa.py). *answers receives s->n_examples malloc'd
- * strings in a malloc'd array (free with bq_squad_answers_free). n_best >= 1, max_answer_len >= 1. */
+ * start_logits, end_logits: (s->n, s->T) row-major, one row per window. Columns past a window's len
+ * take part in the ranking, as in run_qa.py whose windows are padded to max_seq_len: pass the model's
+ * logits for the padded window, or -INFINITY there to leave them out. For each window, the n_best
+ * highest start and the n_best highest end logits over its T columns (ties: lower position first) are
+ * paired; a pair is kept when both are context pieces, end >= start and end - start + 1 <=
+ * max_answer_len; its score is start_logit + end_logit (float). Each example's answer is the context
+ * bytes [offsets[start].begin, offsets[end].end) of its best pair over all its windows (ties: the first
+ * found in window, start-rank, end-rank order, as Python's stable sort), or the string "empty" when no
+ * pair is valid (as run_qa.py). *answers receives s->n_examples malloc'd strings in a malloc'd array
+ * (free with bq_squad_answers_free). Errors (BQ_EINVAL): n_best < 1 or max_answer_len < 1. */
 int bq_squad_postprocess(const BqSquadSet *s, const float *start_logits, const float *end_logits, int n_best,
                          int max_answer_len, char ***answers);
 void bq_squad_answers_free(char **answers, int64_t n);
