@@ -324,7 +324,7 @@ int bq_cmd_eval(int argc, char **argv) {
     if (predictions && (st = bq_check_writable_parent(predictions))) return bq_err_ctx(st, "--predictions");
     bq_runtime_set_threads(threads);
     int qa = 0;
-    if ((st = bq_cli_task_resolve(&args, &q, model, &qa))) return st;
+    if ((st = bq_cli_task_resolve(&args, &q, model, &qa)) || (st = bq_cli_task_check_data(qa, d.path))) return st;
     if (qa) return eval_qa(model, &d, &q, samples, batch_size, threads, json, engine, predictions);
 
     BqTokenizer *tok = NULL;
@@ -565,7 +565,7 @@ int bq_cmd_predict(int argc, char **argv) {
     if (st || args.help) return st;
     if (d.path && args.npositional) return bq_err(BQ_EINVAL, "predict: --data and TEXT arguments exclude each other");
     int qa = 0;
-    if ((st = bq_cli_task_resolve(&args, &q, model, &qa))) return st;
+    if ((st = bq_cli_task_resolve(&args, &q, model, &qa)) || (st = bq_cli_task_check_data(qa, d.path))) return st;
     if (qa && args.npositional) return bq_err(BQ_EINVAL, "predict: a question-answering model takes --question and --context, not TEXT");
     if (qa) {
         bq_runtime_set_threads(threads);

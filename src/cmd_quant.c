@@ -275,7 +275,7 @@ int bq_cmd_calibrate(int argc, char **argv) {
     if ((st = bq_calibrator_parse(&method, q.calibrator)) || (st = quant_config_from_opts(&qcfg, &q))) return st;
     bq_runtime_set_threads(threads);
     int is_qa = 0;
-    if ((st = bq_cli_task_resolve(&args, &qa, model, &is_qa))) return st;
+    if ((st = bq_cli_task_resolve(&args, &qa, model, &is_qa)) || (st = bq_cli_task_check_data(is_qa, d.path))) return st;
     if (is_qa && eval_samples > 0)
         return bq_err(BQ_EINVAL, "--eval-samples: question answering is scored by `bertqat eval` on the dev set");
     if (is_qa) return calibrate_qa(model, out, &d, &qa, &q, method, &qcfg, batch_size, seed, threads);
@@ -399,7 +399,7 @@ int bq_cmd_qat(int argc, char **argv) {
     QaTrainData td;
     memset(&td, 0, sizeof td);
     BqBatchSource *strain = &sp.strain, *sval = NULL;
-    if ((st = bq_cli_task_resolve(&args, &qa, model, &is_qa))) return st;
+    if ((st = bq_cli_task_resolve(&args, &qa, model, &is_qa)) || (st = bq_cli_task_check_data(is_qa, d.path))) return st;
     if (is_qa) {
         if ((st = qa_train_data(&td, &m, model, &d, &qa, t.train_samples, t.batch_size, t.seed, t.threads, "qat")))
             goto cleanup;

@@ -63,7 +63,7 @@ int bq_cmd_finetune(int argc, char **argv) {
     if (st || args.help) return st;
     bq_runtime_set_threads(t.threads);
     int qa = 0;
-    if ((st = bq_cli_task_resolve(&args, &q, model, &qa))) return st;
+    if ((st = bq_cli_task_resolve(&args, &q, model, &qa)) || (st = bq_cli_task_check_data(qa, d.path))) return st;
     if (qa) return finetune_qa(model, out, &d, &t, &q);
 
     BqTokenizer *tok = NULL;

@@ -60,6 +60,23 @@ int bq_cli_task_resolve(const BqArgs *args, const BqCliQa *q, const char *dir, i
     return BQ_OK;
 }
 
+int bq_cli_task_check_data(int qa, const char *data) {
+    size_t n = data ? strlen(data) : 0;
+    if (qa || n < 5 || strcmp(data + n - 5, ".json")) return BQ_OK;
+    FILE *f = fopen(data, "rb");
+    if (!f) return BQ_OK; /* the data loader names the problem */
+    char *buf = bq_malloc(65537);
+    size_t got = fread(buf, 1, 65536, f);
+    fclose(f);
+    buf[got] = 0;
+    int squad = strstr(buf, "\"paragraphs\"") != NULL;
+    free(buf);
+    if (squad)
+        return bq_err(BQ_EINVAL, "--data %s: SQuAD question-answering data, but the model has a classification head "
+                      "(--task qa trains a question-answering head on its encoder)", data);
+    return BQ_OK;
+}
+
 int bq_qa_model_load(BqBert *m, BqTokenizer **tok, const char *dir, uint64_t seed, const char *tag) {
     int st = bq_cli_model_load(m, tok, dir, 0, seed, tag);
     if (st || m->cfg.head == BQ_HEAD_QA) return st;

@@ -44,6 +44,9 @@ void bq_cli_qa_default(BqCliQa *q);
  * --text-pair-column/--label-column on a QA run): each is an error naming the flag. A classification
  * task on a question-answering checkpoint is an error (its encoder was trained for spans). */
 int bq_cli_task_resolve(const BqArgs *args, const BqCliQa *q, const char *dir, int *qa);
+/* For a classification task, data (may be NULL) must not be SQuAD JSON (a .json file whose first 64 KiB
+ * hold "paragraphs"): an error naming the file and the flag to use instead. */
+int bq_cli_task_check_data(int qa, const char *data);
 
 /* Loads the model and tokenizer at dir (bq_cli_model_load) and gives the model the QA head: a
  * classification model keeps its encoder and gets a fresh qa_outputs drawn from seed (a note on
