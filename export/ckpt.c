@@ -165,6 +165,8 @@ static json_t *data_meta_to_json(const BqDataMeta *d) {
     json_object_set_new(o, "text_column", d->text_column[0] ? json_string(d->text_column) : json_null());
     json_object_set_new(o, "text_pair_column", d->text_pair_column[0] ? json_string(d->text_pair_column) : json_null());
     json_object_set_new(o, "label_column", d->label_column[0] ? json_string(d->label_column) : json_null());
+    if (d->doc_stride > 0) json_object_set_new(o, "doc_stride", json_integer(d->doc_stride));
+    if (d->max_query_length > 0) json_object_set_new(o, "max_query_length", json_integer(d->max_query_length));
     return o;
 }
 
@@ -194,6 +196,16 @@ static int data_meta_from_json(BqDataMeta *d, json_t *o, const char *path) {
         (st = data_column_from_json(o, "text_pair_column", r.text_pair_column, path)) ||
         (st = data_column_from_json(o, "label_column", r.label_column, path)))
         return st;
+    /* question answering windows, absent in classification checkpoints */
+    static const char *const qa_keys[2] = {"doc_stride", "max_query_length"};
+    int *qa_dst[2] = {&r.doc_stride, &r.max_query_length};
+    for (int k = 0; k < 2; k++) {
+        json_t *v = json_object_get(o, qa_keys[k]);
+        if (!v) continue;
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1 << 20)
+            return bq_err(BQ_EFORMAT, "%s: bertqat.data.%s must be a positive integer", path, qa_keys[k]);
+        *qa_dst[k] = (int)json_integer_value(v);
+    }
     *d = r;
     return BQ_OK;
 }

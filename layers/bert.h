@@ -92,6 +92,8 @@ typedef struct BqDataMeta {
     char text_column[BQ_COLUMN_MAX];
     char text_pair_column[BQ_COLUMN_MAX];     /* "": single texts, not sentence pairs */
     char label_column[BQ_COLUMN_MAX];
+    int doc_stride;                           /* question answering windows (src/qa.h); 0: not recorded */
+    int max_query_length;
 } BqDataMeta;
 
 typedef struct BqBert {

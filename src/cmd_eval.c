@@ -104,7 +104,7 @@ static void eval_print(const BqBert *m, const BqConfusion *conf, const BqCliData
 
 /* ---- question answering ---- */
 
-static int eval_qa(const char *model, BqCliData *d, const BqCliQa *q, int samples, int batch_size, int threads,
+static int eval_qa(const char *model, BqCliData *d, BqCliQa *q, int samples, int batch_size, int threads,
                    int json, const char *engine, const char *predictions) {
     BqTokenizer *tok = NULL;
     BqBert m;
@@ -237,7 +237,7 @@ cleanup:
 
 /* predict for a question-answering model: one line per question, "id<TAB>answer" (--json: an object
  * with id, question and answer). A .json --data is read as SQuAD v1.1 itself. */
-static int predict_qa(const char *model, BqCliData *d, const BqCliQa *q, const char *question, const char *context,
+static int predict_qa(const char *model, BqCliData *d, BqCliQa *q, const char *question, const char *context,
                       int threads, int json, const char *engine) {
     BqTokenizer *tok = NULL;
     BqBert m;

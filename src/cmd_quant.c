@@ -187,7 +187,7 @@ typedef struct QaTrainData {
     BqBatchSource src;
 } QaTrainData;
 
-static int qa_train_data(QaTrainData *q, BqBert *m, const char *model, BqCliData *d, const BqCliQa *qa,
+static int qa_train_data(QaTrainData *q, BqBert *m, const char *model, BqCliData *d, BqCliQa *qa,
                          int64_t questions, int batch_size, int seed, int threads, const char *tag) {
     memset(q, 0, sizeof *q);
     int st = bq_qa_model_load(m, &q->tok, model, (uint64_t)seed, tag);
@@ -203,7 +203,7 @@ static void qa_train_data_free(QaTrainData *q) {
     memset(q, 0, sizeof *q);
 }
 
-static int calibrate_qa(const char *model, const char *out, BqCliData *d, const BqCliQa *qa, const QuantOpts *q,
+static int calibrate_qa(const char *model, const char *out, BqCliData *d, BqCliQa *qa, const QuantOpts *q,
                         BqCalibrator method, const BqQuantConfig *qcfg, int batch_size, int seed, int threads) {
     BqBert m;
     memset(&m, 0, sizeof m);
@@ -462,9 +462,13 @@ int bq_cmd_info(int argc, char **argv) {
     if ((st = bq_model_load_any(&m, dir, 0, &rng, &report))) goto cleanup;
     const BqBertConfig *c = &m.cfg;
     printf("checkpoint   %s (%s)\n", dir, bq_ckpt_is_native(dir) ? "native" : "Hugging Face");
-    printf("config       layers %d, hidden %d, heads %d, intermediate %d, vocab %d, max positions %d, labels %d\n",
+    printf("config       %s: layers %d, hidden %d, heads %d, intermediate %d, vocab %d, max positions %d, labels %d\n",
+           c->head == BQ_HEAD_QA ? "BertForQuestionAnswering" : "BertForSequenceClassification",
            c->num_hidden_layers, c->hidden_size, c->num_attention_heads, c->intermediate_size, c->vocab_size,
            c->max_position_embeddings, c->num_labels);
+    if (m.data.doc_stride > 0)
+        printf("qa windows   max_seq_len %d, doc stride %d, question tokens <= %d\n", m.data.max_seq_len,
+               m.data.doc_stride, m.data.max_query_length);
     if (m.data.max_seq_len > 0)
         printf("data         max_seq_len %d, truncation %s, text column %s, pair column %s, label column %s\n",
                m.data.max_seq_len, bq_truncation_name(m.data.truncation),

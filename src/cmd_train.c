@@ -15,7 +15,7 @@
 
 /* Question answering: the encoder (and qa_outputs when the model has them) trained on the SQuAD
  * windows of d->path, no validation pass (the final model is the last step; `eval` scores EM/F1). */
-static int finetune_qa(const char *model, const char *out, BqCliData *d, BqCliTrain *t, const BqCliQa *q) {
+static int finetune_qa(const char *model, const char *out, BqCliData *d, BqCliTrain *t, BqCliQa *q) {
     BqTokenizer *tok = NULL;
     BqBert m;
     memset(&m, 0, sizeof m);

@@ -16,8 +16,6 @@
 
 void bq_cli_qa_default(BqCliQa *q) {
     memset(q, 0, sizeof *q);
-    q->doc_stride = 128;
-    q->max_query_length = 64;
     q->n_best = 20;
     q->max_answer_len = 30;
 }
@@ -88,7 +86,7 @@ int bq_qa_model_load(BqBert *m, BqTokenizer **tok, const char *dir, uint64_t see
     return bq_bert_set_head(m, BQ_HEAD_QA, &rng);
 }
 
-int bq_qa_data_load(BqSquadSet **out, BqCliData *d, const BqBert *m, const BqTokenizer *tok, const BqCliQa *q,
+int bq_qa_data_load(BqSquadSet **out, BqCliData *d, const BqBert *m, const BqTokenizer *tok, BqCliQa *q,
                     int64_t max_examples, int threads, const char *tag) {
     *out = NULL;
     const char *from = "flag";
@@ -97,6 +95,9 @@ int bq_qa_data_load(BqSquadSet **out, BqCliData *d, const BqBert *m, const BqTok
         L = m->data.max_seq_len > 0 ? m->data.max_seq_len : BQ_QA_MAX_SEQ_LEN;
         from = m->data.max_seq_len > 0 ? "checkpoint" : "default";
     }
+    if (q->doc_stride <= 0) q->doc_stride = m->data.doc_stride > 0 ? m->data.doc_stride : BQ_QA_DOC_STRIDE;
+    if (q->max_query_length <= 0)
+        q->max_query_length = m->data.max_query_length > 0 ? m->data.max_query_length : BQ_QA_MAX_QUERY_LENGTH;
     if (L > m->cfg.max_position_embeddings)
         return bq_err(BQ_EINVAL, "--max-seq-len: %d exceeds the model's max_position_embeddings %d", L,
                       m->cfg.max_position_embeddings);
@@ -108,6 +109,8 @@ int bq_qa_data_load(BqSquadSet **out, BqCliData *d, const BqBert *m, const BqTok
                       q->max_query_length);
     memset(&d->used, 0, sizeof d->used);
     d->used.max_seq_len = L;
+    d->used.doc_stride = q->doc_stride;
+    d->used.max_query_length = q->max_query_length;
     BqSquadOptions o;
     bq_squad_options_default(&o);
     o.max_seq_len = L;

@@ -14,12 +14,16 @@
 #include "src/train.h"
 
 /* Defaults of the QA flags: run_qa.py's (max_seq_length 384, doc_stride 128, max query 64 pieces,
- * n_best_size 20, max_answer_length 30). */
+ * n_best_size 20, max_answer_length 30). A checkpoint records the windowing it was trained with, and
+ * the flags left at 0 take it. */
 #define BQ_QA_MAX_SEQ_LEN 384
+#define BQ_QA_DOC_STRIDE 128
+#define BQ_QA_MAX_QUERY_LENGTH 64
 
 typedef struct BqCliQa {
     const char *task;     /* "qa", "cls", or NULL: the model's head decides */
-    int doc_stride, max_query_length, n_best, max_answer_len;
+    int doc_stride, max_query_length; /* 0: the checkpoint's, else the defaults above */
+    int n_best, max_answer_len;
 } BqCliQa;
 
 void bq_cli_qa_default(BqCliQa *q);
@@ -30,8 +34,10 @@ void bq_cli_qa_default(BqCliQa *q);
 
 /* Windowing of SQuAD examples (commands that encode SQuAD data). */
 #define BQ_CLI_QA_WINDOW_SPECS(q)                                                                               \
-    {"doc-stride", BQ_ARG_INT, &(q).doc_stride, "QA: context tokens shared by consecutive windows", 0, 1, 8192}, \
-    {"max-query-length", BQ_ARG_INT, &(q).max_query_length, "QA: question tokens kept", 0, 1, 8192}
+    {"doc-stride", BQ_ARG_INT, &(q).doc_stride, "QA: context tokens shared by consecutive windows (0: the "    \
+     "checkpoint's, else 128)", 0, 0, 8192},                                                                    \
+    {"max-query-length", BQ_ARG_INT, &(q).max_query_length, "QA: question tokens kept (0: the checkpoint's, "   \
+     "else 64)", 0, 0, 8192}
 
 /* Post-processing of start/end logits into answers (commands that answer questions). */
 #define BQ_CLI_QA_POST_SPECS(q)                                                                                 \
@@ -53,11 +59,12 @@ int bq_cli_task_check_data(int qa, const char *data);
  * stderr names what was dropped). */
 int bq_qa_model_load(BqBert *m, BqTokenizer **tok, const char *dir, uint64_t seed, const char *tag);
 
-/* Resolves the sequence length (--max-seq-len, else the checkpoint's, else 384) into d->used and loads
- * the SQuAD file d->path windowed with q's settings; max_examples > 0 keeps the first questions. A
+/* Resolves the sequence length (--max-seq-len, else the checkpoint's, else 384), doc stride and query
+ * length (flag, else the checkpoint's, else 128 and 64) into d->used and q, and loads the SQuAD file
+ * d->path windowed with them; max_examples > 0 keeps the first questions. A
  * file that is not SQuAD JSON is an error naming the file (and saying the model answers questions).
  * "[tag] ..." lines on stderr say what was loaded. */
-int bq_qa_data_load(BqSquadSet **out, BqCliData *d, const BqBert *m, const BqTokenizer *tok, const BqCliQa *q,
+int bq_qa_data_load(BqSquadSet **out, BqCliData *d, const BqBert *m, const BqTokenizer *tok, BqCliQa *q,
                     int64_t max_examples, int threads, const char *tag);
 
 /* A BqBatchSource over the first n windows of a SQuAD set: batches of up to B windows, padded to the

@@ -1,0 +1,229 @@
+"""Question answering through the CLI (src/qa.h, layers/bert.h BQ_HEAD_QA) on a few hundred SQuAD v1.1
+questions with a tiny random BERT (2 layers, hidden 32, the bert-base-uncased vocabulary), written here
+as a Hugging Face directory whose config names no head (architectures BertModel):
+- finetune --task qa keeps the encoder and creates qa_outputs; the checkpoint is a
+  BertForQuestionAnswering (config architectures, qa_outputs tensors, no pooler/classifier); calibrate
+  (ort and cpu schemes) and qat continue from it with the task taken from the head;
+- ONNX export of the fp32, QAT (cpu scheme) and PTQ (ort scheme) checkpoints: outputs start_logits and
+  end_logits (batch, sequence), equal to bertqat's forward on the same batch (--dump-logits) within 1e-4
+  (the ort scheme's int8 layout with session.x64quantprecision=1, as test_onnx_export);
+  the fp32 export fuses as the classifier's does (EmbedLayerNormalization 1, Attention L,
+  SkipLayerNormalization 2L, BiasGelu L) and the ort-scheme Q/DQ export into the QOrdered ops;
+- `bertqat eval` EM/F1 (and its official predictions JSON) equal scripts/onnx_eval_qa.py's on the fp32
+  export, which windows and post-processes independently with Hugging Face `tokenizers` offsets;
+- predict answers --question/--context and JSONL;
+- bad flags and data of the other task give one-line errors and write nothing."""
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from conftest import DATA, ROOT, THREADS, VOCAB, run_bq
+
+SQUAD_TRAIN = os.path.join(DATA, "squad", "train-v1.1-rebuilt.json")
+SQUAD_DEV = os.path.join(DATA, "squad", "dev-v1.1.json")
+IMDB = os.path.join(DATA, "imdb", "aclImdb_train_test.tar.gz")
+L, H, NH, I = 2, 32, 4, 64
+SEQ = ["--max-seq-len", 128, "--doc-stride", 32]
+QUESTIONS = 300
+
+
+def write_tiny(d):
+    """A random BertModel-shaped HF directory (no task head) with the bert-base-uncased tokenizer."""
+    from safetensors.numpy import save_file
+    os.makedirs(d)
+    vdir = os.path.dirname(VOCAB)
+    for f in os.listdir(vdir):
+        shutil.copy(os.path.join(vdir, f), d)
+    cfg = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 30522, "hidden_size": H,
+           "num_hidden_layers": L, "num_attention_heads": NH, "intermediate_size": I, "max_position_embeddings": 512,
+           "type_vocab_size": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+           "attention_probs_dropout_prob": 0.1, "layer_norm_eps": 1e-12, "initializer_range": 0.02, "pad_token_id": 0}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    rng = np.random.default_rng(0)
+    w = {}
+
+    def normal(*shape):
+        return rng.normal(0, 0.02, shape).astype(np.float32)
+
+    def lin(n, o, i):
+        w[n + ".weight"], w[n + ".bias"] = normal(o, i), np.zeros(o, np.float32)
+
+    def ln(n):
+        w[n + ".weight"], w[n + ".bias"] = np.ones(H, np.float32), np.zeros(H, np.float32)
+
+    w["embeddings.word_embeddings.weight"] = normal(30522, H)
+    w["embeddings.position_embeddings.weight"] = normal(512, H)
+    w["embeddings.token_type_embeddings.weight"] = normal(2, H)
+    ln("embeddings.LayerNorm")
+    for layer in range(L):
+        p = f"encoder.layer.{layer}."
+        for q in ("query", "key", "value"):
+            lin(p + "attention.self." + q, H, H)
+        lin(p + "attention.output.dense", H, H)
+        ln(p + "attention.output.LayerNorm")
+        lin(p + "intermediate.dense", I, H)
+        lin(p + "output.dense", H, I)
+        ln(p + "output.LayerNorm")
+    save_file(w, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    for p in (SQUAD_TRAIN, SQUAD_DEV, VOCAB):
+        assert os.path.exists(p), f"missing {p}"
+    r = tmp_path_factory.mktemp("qa")
+    write_tiny(str(r / "tiny"))
+    common = ["--threads", THREADS, "--cache-dir", r / "cache"]
+    p = run_bq("finetune", "--model", r / "tiny", "--data", SQUAD_TRAIN, "--out", r / "fp32", "--task", "qa",
+               "--train-samples", QUESTIONS, "--batch-size", 16, "--lr", 1e-3, *SEQ, *common)
+    assert "qa_outputs newly initialized" in p.stderr
+    run_bq("calibrate", "--model", r / "fp32", "--data", SQUAD_TRAIN, "--out", r / "ptq-cpu", "--scheme", "cpu",
+           "--calib-samples", 64, "--doc-stride", 32, *common)
+    run_bq("calibrate", "--model", r / "fp32", "--data", SQUAD_TRAIN, "--out", r / "ptq-ort", "--scheme", "ort",
+           "--calib-samples", 64, "--doc-stride", 32, *common)
+    run_bq("qat", "--model", r / "ptq-cpu", "--data", SQUAD_TRAIN, "--out", r / "qat", "--train-samples", 100,
+           "--batch-size", 16, "--lr", 1e-4, "--ranges", "fixed", "--doc-stride", 32, *common)
+    return r
+
+
+def export(ckpt, out, seq=48):
+    run_bq("export", "--model", ckpt, "--out", out, "--dump-logits", str(out) + ".json", "--dump-batch", 5,
+           "--dump-seq", seq)
+    with open(str(out) + ".json") as f:
+        return json.load(f)
+
+
+def ort_run(path, d, config=None):
+    """start and end logits in ONNX Runtime CPU (default session; config: extra session entries)."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    for k, v in (config or {}).items():
+        so.add_session_config_entry(k, v)
+    s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    assert [o.name for o in s.get_outputs()] == ["start_logits", "end_logits"]
+    feed = {i.name: np.array(d[i.name], dtype=np.int64) for i in s.get_inputs()}
+    return s.run(None, feed)
+
+
+def optimize(src, dst):
+    p = subprocess.run([sys.executable, "-m", "onnxruntime.transformers.optimizer", "--input", str(src), "--output",
+                        str(dst), "--model_type", "bert", "--num_heads", str(NH), "--hidden_size", str(H),
+                        "--opt_level", "0"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and os.path.exists(dst), p.stdout[-2000:] + p.stderr[-3000:]
+    return collections.Counter(n.op_type for n in onnx.load(str(dst)).graph.node)
+
+
+def test_checkpoint_is_bert_for_question_answering(runs):
+    cfg = json.load(open(runs / "fp32" / "config.json"))
+    assert cfg["architectures"] == ["BertForQuestionAnswering"]
+    info = run_bq("info", "--all", runs / "qat").stdout.splitlines()
+    params = [l.split()[0] for l in info if l.startswith("  ") and not l.startswith("  parameter")]
+    assert params[-2:] == ["qa_outputs.weight", "qa_outputs.bias"], params[-3:]
+    assert not any("pooler" in n or "classifier" in n for n in params)
+    # qa_outputs stays fp32: no quantizer names it
+    assert not any("qa_outputs" in l for l in info if "_quantizer" in l)
+
+
+@pytest.mark.parametrize("kind", ["fp32", "qat", "ptq-ort"])
+def test_export_matches_checkpoint(runs, tmp_path, kind):
+    out = tmp_path / f"{kind}.onnx"
+    d = export(runs / kind, out)
+    m = onnx.load(str(out))
+    onnx.checker.check_model(m, full_check=True)
+    assert [(o.name, [x.dim_param or x.dim_value for x in o.type.tensor_type.shape.dim]) for o in m.graph.output] == \
+        [("start_logits", ["batch", "sequence"]), ("end_logits", ["batch", "sequence"])]
+    # the ort scheme's default int8 layout is exact in ORT only with session.x64quantprecision=1 (its x86
+    # U8S8 kernels without VNNI saturate 16-bit sums; tests/python/test_onnx_export.py check_qdq_vs_c)
+    start, end = ort_run(out, d, {"session.x64quantprecision": "1"} if kind == "ptq-ort" else None)
+    err = max(float(np.abs(start - np.array(d["start_logits"])).max()),
+              float(np.abs(end - np.array(d["end_logits"])).max()))
+    print(f"{kind}: ORT vs bertqat start/end logits max err {err:.3g}")
+    assert start.shape == (5, 48) and err < 1e-4
+
+
+def test_fusions(runs, tmp_path):
+    export(runs / "fp32", tmp_path / "fp32.onnx")
+    ops = optimize(tmp_path / "fp32.onnx", tmp_path / "fp32_opt.onnx")
+    print("optimized fp32 QA:", dict(ops))
+    assert ops["EmbedLayerNormalization"] == 1 and ops["Attention"] == L
+    assert ops["SkipLayerNormalization"] == 2 * L and ops["BiasGelu"] + ops["Gelu"] == L
+    run_bq("export", "--model", runs / "ptq-ort", "--out", tmp_path / "ort.onnx")
+    ops = optimize(tmp_path / "ort.onnx", tmp_path / "ort_opt.onnx")
+    print("optimized ort Q/DQ QA:", dict(ops))
+    assert ops["QOrderedAttention"] == L and ops["QOrderedLayerNormalization"] == 2 * L
+    assert ops["QOrderedGelu"] == L and ops["QOrderedMatMul"] == 3 * L
+
+
+def test_eval_equals_onnx_runtime(runs, tmp_path):
+    out = tmp_path / "fp32.onnx"
+    run_bq("export", "--model", runs / "fp32", "--out", out)
+    n = 200
+    p = run_bq("eval", "--model", runs / "fp32", "--data", SQUAD_DEV, "--samples", n, "--json", "--predictions",
+               tmp_path / "c.json", "--threads", THREADS, "--cache-dir", runs / "cache", "--doc-stride", 32)
+    c = json.loads(p.stdout)
+    q = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "onnx_eval_qa.py"), "--onnx", str(out),
+                        "--tokenizer", str(runs / "fp32"), "--data", SQUAD_DEV, "--samples", str(n),
+                        "--max-seq-len", "128", "--doc-stride", "32", "--threads", THREADS, "--json",
+                        "--predictions", str(tmp_path / "o.json")], capture_output=True, text=True, timeout=600)
+    assert q.returncode == 0, q.stderr[-3000:]
+    o = json.loads(q.stdout)
+    print(f"bertqat eval: EM {c['exact_match']:.4f} F1 {c['f1']:.4f} ({c['windows']} windows); "
+          f"ONNX Runtime: EM {o['exact_match']:.4f} F1 {o['f1']:.4f} ({o['windows']} windows)")
+    assert c["examples"] == o["examples"] == n and c["windows"] == o["windows"]
+    pc, po = json.load(open(tmp_path / "c.json")), json.load(open(tmp_path / "o.json"))
+    assert list(pc) == list(po)
+    diff = [k for k in pc if pc[k] != po[k]]
+    assert not diff, f"{len(diff)} answers differ, e.g. {[(pc[k], po[k]) for k in diff[:3]]}"
+    assert abs(c["exact_match"] - o["exact_match"]) < 1e-9 and abs(c["f1"] - o["f1"]) < 1e-9
+    # the trained head beats chance on the questions it never saw only weakly; the text output prints both
+    t = run_bq("eval", "--model", runs / "qat", "--data", SQUAD_DEV, "--samples", 50, "--doc-stride", 32,
+               "--threads", THREADS, "--cache-dir", runs / "cache").stdout
+    assert "exact match" in t and "f1" in t and "engine       int8" in t
+
+
+def test_predict(runs, tmp_path):
+    p = run_bq("predict", "--model", runs / "fp32", "--question", "Who won the game?", "--context",
+               "The Denver Broncos won the game against the Carolina Panthers.")
+    idx, ans = p.stdout.rstrip("\n").split("\t")
+    assert idx == "1" and ans and ans in "The Denver Broncos won the game against the Carolina Panthers."
+    f = tmp_path / "q.jsonl"
+    f.write_text(json.dumps({"id": "a", "question": "Where?", "context": "It opened in Paris, near the café."}) + "\n" +
+                 json.dumps({"question": "When?", "context": "In 1999 it closed."}) + "\n")
+    lines = [json.loads(l) for l in run_bq("predict", "--model", runs / "fp32", "--data", f, "--json").stdout.splitlines()]
+    assert [x["id"] for x in lines] == ["a", "2"] and all(x["answer"] for x in lines)
+
+
+def test_errors(runs, tmp_path):
+    out = tmp_path / "out"
+    cases = [
+        (["eval", "--model", runs / "fp32", "--data", IMDB], "not a SQuAD v1.1 JSON file"),
+        (["eval", "--model", runs / "tiny", "--data", SQUAD_DEV], "SQuAD question-answering data"),
+        (["finetune", "--model", runs / "tiny", "--data", SQUAD_TRAIN, "--out", out, "--doc-stride", 64],
+         "--doc-stride applies to question answering only"),
+        (["finetune", "--model", runs / "fp32", "--data", SQUAD_TRAIN, "--out", out, "--task", "cls"],
+         "is a question-answering model"),
+        (["finetune", "--model", runs / "fp32", "--data", SQUAD_TRAIN, "--out", out, "--task", "ner"],
+         "--task: 'ner' is not qa or cls"),
+        (["finetune", "--model", runs / "fp32", "--data", SQUAD_TRAIN, "--out", out, "--truncation", "tail"],
+         "--truncation applies to classification only"),
+        (["eval", "--model", runs / "fp32", "--data", SQUAD_DEV, "--doc-stride", 100], "--doc-stride: 100 must be below"),
+        (["eval", "--model", runs / "fp32", "--data", SQUAD_DEV, "--max-seq-len", 1000], "max_position_embeddings"),
+        (["predict", "--model", runs / "fp32", "--question", "Who?"], "--question and --context"),
+        (["predict", "--model", runs / "fp32", "some text"], "not TEXT"),
+        (["calibrate", "--model", runs / "fp32", "--data", SQUAD_TRAIN, "--out", out, "--eval-samples", 10],
+         "--eval-samples"),
+    ]
+    for args, msg in cases:
+        p = run_bq(*args, check=False)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode != 0 and msg in lines[-1] and lines[-1].startswith("bertqat "), (args, p.stderr[-800:])
+        assert not out.exists()
