@@ -8,7 +8,12 @@
  * reaches the training child, which saves a resumable checkpoint). A stage is done when its marker
  * file RUN_DIR/.done-<stage> records the settings it would run with now (stage_run); such stages are
  * skipped unless --force, and a changed setting runs that stage and every later one again. A training
- * stage interrupted with the same settings is resumed with --resume. */
+ * stage interrupted with the same settings is resumed with --resume.
+ *
+ * --task qa runs the same stages for SQuAD v1.1 question answering (src/qa.h): --data is the folder with
+ * the training file (train-v1.1.json or train-v1.1-rebuilt.json) and dev-v1.1.json; fp32 fine-tuning
+ * creates qa_outputs on the pretrained encoder; every stage is scored by exact match and F1 on the same
+ * dev questions (`eval`, and scripts/onnx_eval_qa.py for the exports); there is no bench stage. */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -31,8 +36,11 @@
 extern char **environ;
 
 typedef struct Pipeline {
-    const char *model, *data, *out, *budget, *python, *vocab, *scheme, *bench_batches;
+    const char *model, *data, *out, *budget, *python, *vocab, *scheme, *bench_batches, *task;
     int force, threads, seed, bench_rounds;
+    int qa;                                /* --task qa */
+    int doc_stride;                        /* --task qa: 128, or half a window's context when that is shorter */
+    char train_data[4096], eval_data[4096]; /* the data of the training and evaluation stages */
     char ran[64]; /* the first stage that ran in this invocation: every later stage runs as well */
     int train_samples, eval_samples, max_seq_len, batch_size, calib_samples;
     double epochs, qat_epochs, lr, qat_lr;
@@ -223,10 +231,11 @@ cleanup:
 }
 
 static void av_common_train(Argv *a, const Pipeline *p, double epochs, double lr) {
-    av_add(a, "--data"), av_add(a, p->data);
+    av_add(a, "--data"), av_add(a, p->train_data);
     av_add(a, "--train-samples"), av_addf(a, "%.0f", p->train_samples);
-    av_add(a, "--eval-samples"), av_addf(a, "%.0f", p->eval_samples);
+    if (!p->qa) av_add(a, "--eval-samples"), av_addf(a, "%.0f", p->eval_samples);
     av_add(a, "--max-seq-len"), av_addf(a, "%.0f", p->max_seq_len);
+    if (p->qa) av_add(a, "--doc-stride"), av_addf(a, "%.0f", p->doc_stride);
     av_add(a, "--batch-size"), av_addf(a, "%.0f", p->batch_size);
     av_add(a, "--epochs"), av_addf(a, "%g", epochs);
     av_add(a, "--lr"), av_addf(a, "%g", lr);
@@ -246,7 +255,8 @@ static int stage_train(Pipeline *p, const char *stage, const char *cmd, const ch
     int is_qat = !strcmp(cmd, "qat");
     av_common_train(&a, p, is_qat ? p->qat_epochs : p->epochs, is_qat ? p->qat_lr : p->lr);
     av_add(&a, "--logdir"), av_add(&a, logdir);
-    av_add(&a, "--evals-per-epoch"), av_add(&a, "5");
+    if (p->qa) av_add(&a, "--task"), av_add(&a, "qa"); /* QA trains without validation passes */
+    else av_add(&a, "--evals-per-epoch"), av_add(&a, "5");
     /* QAT starts from the PTQ checkpoint and keeps its percentile ranges fixed while the weights
      * learn (pytorch-quantization's recipe): on IMDB the moving-average observers started from max
      * calibration lost 4-6 points of validation accuracy against fp32 (README, "QAT recipe"). */
@@ -264,13 +274,14 @@ static int stage_calibrate(Pipeline *p) {
     Argv a = {0};
     av_add(&a, p->self), av_add(&a, "calibrate");
     av_add(&a, "--model"), av_add(&a, from);
-    av_add(&a, "--data"), av_add(&a, p->data);
+    av_add(&a, "--data"), av_add(&a, p->train_data);
     av_add(&a, "--out"), av_add(&a, out);
     av_add(&a, "--scheme"), av_add(&a, p->scheme);
     av_add(&a, "--calibrator"), av_add(&a, "percentile");
     av_add(&a, "--percentile"), av_add(&a, "99.99");
     av_add(&a, "--calib-samples"), av_addf(&a, "%.0f", p->calib_samples);
     av_add(&a, "--max-seq-len"), av_addf(&a, "%.0f", p->max_seq_len);
+    if (p->qa) av_add(&a, "--doc-stride"), av_addf(&a, "%.0f", p->doc_stride);
     av_add(&a, "--seed"), av_addf(&a, "%.0f", p->seed);
     av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
     int st = stage_run(p, "ptq", &a, 1, NULL, NULL);
@@ -300,7 +311,7 @@ static int stage_eval(Pipeline *p, const char *name, const char *target, int onn
     char stage[64], json[4096], path[4096], pred[4096], marker[4200];
     snprintf(stage, sizeof stage, "eval-%s", name);
     snprintf(json, sizeof json, "%s/eval-%s.json", p->out, name);
-    snprintf(pred, sizeof pred, "%s/pred-%s.tsv", p->out, name);
+    snprintf(pred, sizeof pred, "%s/pred-%s.%s", p->out, name, p->qa ? "json" : "tsv");
     snprintf(path, sizeof path, "%s/%s", p->out, target);
     snprintf(marker, sizeof marker, "%s/.done-%s", p->out, stage);
     /* the predictions are an output as well: a stage done without them runs again */
@@ -311,7 +322,7 @@ static int stage_eval(Pipeline *p, const char *name, const char *target, int onn
     Argv a = {0};
     if (onnx) {
         char script[4096], tokdir[4096];
-        snprintf(script, sizeof script, "%s/scripts/onnx_eval.py", BQ_SOURCE_DIR);
+        snprintf(script, sizeof script, "%s/scripts/%s", BQ_SOURCE_DIR, p->qa ? "onnx_eval_qa.py" : "onnx_eval.py");
         snprintf(tokdir, sizeof tokdir, "%s/fp32", p->out);
         av_add(&a, p->python), av_add(&a, script);
         av_add(&a, "--onnx"), av_add(&a, path);
@@ -323,11 +334,12 @@ static int stage_eval(Pipeline *p, const char *name, const char *target, int onn
         av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
         if (engine) av_add(&a, "--engine"), av_add(&a, engine);
     }
-    av_add(&a, "--data"), av_add(&a, p->data);
-    av_add(&a, "--split"), av_add(&a, "test");
+    av_add(&a, "--data"), av_add(&a, p->eval_data);
+    if (!p->qa) av_add(&a, "--split"), av_add(&a, "test");
     av_add(&a, "--samples"), av_addf(&a, "%.0f", p->eval_samples);
     av_add(&a, "--max-seq-len"), av_addf(&a, "%.0f", p->max_seq_len);
-    av_add(&a, "--seed"), av_addf(&a, "%.0f", p->seed);
+    if (p->qa) av_add(&a, "--doc-stride"), av_addf(&a, "%.0f", p->doc_stride);
+    if (!p->qa) av_add(&a, "--seed"), av_addf(&a, "%.0f", p->seed);
     av_add(&a, "--predictions"), av_add(&a, pred);
     av_add(&a, "--json");
     int st = stage_run(p, stage, &a, 1, json, NULL);
@@ -356,6 +368,16 @@ static int stage_bench(Pipeline *p, int have_python) {
     return st;
 }
 
+/* The predictions file of eval stage `name`: pred-<name>.tsv, or pred-<name>.json (official SQuAD
+ * {id: answer}) for --task qa. The string lives until the process ends (at most 16 per run). */
+static const char *pred_file(const Pipeline *p, const char *name) {
+    static char buf[16][96];
+    static int k;
+    BQ_CHECK(k < 16);
+    snprintf(buf[k], sizeof buf[k], "pred-%s.%s", name, p->qa ? "json" : "tsv");
+    return buf[k++];
+}
+
 /* Appends row to rows (at most 8) and returns its index, for the same_as of later rows. */
 static int row_add(BqReportRow *rows, int *nrows, BqReportRow row) {
     BQ_CHECK(*nrows < 8);
@@ -375,9 +397,13 @@ int bq_cmd_pipeline(int argc, char **argv) {
     p.seed = 42;
     p.threads = 0;
     p.bench_batches = "1,32";
+    p.task = "cls";
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &p.model, "pretrained Hugging Face BERT directory", 1, 0, 0},
-        {"data", BQ_ARG_STR, &p.data, "IMDB archive or aclImdb folder (or CSV/JSONL)", 1, 0, 0},
+        {"data", BQ_ARG_STR, &p.data, "IMDB archive or aclImdb folder (or CSV/JSONL); --task qa: the folder with "
+         "train-v1.1.json (or train-v1.1-rebuilt.json) and dev-v1.1.json", 1, 0, 0},
+        {"task", BQ_ARG_STR, &p.task, "cls (sequence classification) or qa (SQuAD v1.1 question answering: "
+         "exact match and F1 per stage, no bench)", 0, 0, 0},
         {"out", BQ_ARG_STR, &p.out, "run directory (created; stages already done are skipped)", 1, 0, 0},
         {"budget", BQ_ARG_STR, &p.budget, "small (a few thousand reviews, seq 128) or full (IMDB recipe)", 0, 0, 0},
         {"python", BQ_ARG_STR, &p.python, "Python with onnxruntime for the ONNX evaluation (env BQ_PYTHON; else the source tree's .venv)", 0, 0, 0},
@@ -406,7 +432,21 @@ int bq_cmd_pipeline(int argc, char **argv) {
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof specs[0])};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
-    if (!strcmp(p.budget, "small")) {
+    if (strcmp(p.task, "cls") && strcmp(p.task, "qa"))
+        return bq_err(BQ_EINVAL, "pipeline: --task must be cls or qa, got '%s'", p.task);
+    p.qa = !strcmp(p.task, "qa");
+    if (p.qa && !strcmp(p.budget, "small")) {
+        /* about 30 minutes on 2 idle Zen 3 cores for MiniLM (docs/qa.md): 4,000 training questions and
+         * 1,000 dev questions at 256 tokens (doc stride 128) */
+        p.train_samples = 4000, p.eval_samples = 1000, p.max_seq_len = 256, p.batch_size = 32;
+        p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
+        p.bench_rounds = 5;
+    } else if (p.qa && !strcmp(p.budget, "full")) {
+        /* one epoch on all 87,599 training questions, every dev question, run_qa.py's 384 tokens */
+        p.train_samples = 0, p.eval_samples = 0, p.max_seq_len = 384, p.batch_size = 32;
+        p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
+        p.bench_rounds = 10;
+    } else if (!strcmp(p.budget, "small")) {
         p.train_samples = 4000, p.eval_samples = 2000, p.max_seq_len = 128, p.batch_size = 32;
         p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
         p.bench_rounds = 5;
@@ -441,6 +481,20 @@ int bq_cmd_pipeline(int argc, char **argv) {
     snprintf(cfg, sizeof cfg, "%s/config.json", p.model);
     if (!file_exists(cfg)) return bq_err(BQ_EIO, "pipeline: --model %s: no config.json there", p.model);
     if (!file_exists(p.data)) return bq_err(BQ_EIO, "pipeline: --data %s: no such file or directory", p.data);
+    /* a window holds max_seq_len - 3 - (at most 64) question tokens of context; the stride must stay below */
+    p.doc_stride = p.max_seq_len - 67 > 2 * 128 ? 128 : (p.max_seq_len - 67) / 2;
+    if (p.qa && p.doc_stride < 1)
+        return bq_err(BQ_EINVAL, "pipeline: --max-seq-len %d is too short for question answering (>= 70)", p.max_seq_len);
+    snprintf(p.train_data, sizeof p.train_data, "%s", p.data);
+    snprintf(p.eval_data, sizeof p.eval_data, "%s", p.data);
+    if (p.qa) {
+        snprintf(p.train_data, sizeof p.train_data, "%s/train-v1.1.json", p.data);
+        if (!file_exists(p.train_data)) snprintf(p.train_data, sizeof p.train_data, "%s/train-v1.1-rebuilt.json", p.data);
+        snprintf(p.eval_data, sizeof p.eval_data, "%s/dev-v1.1.json", p.data);
+        if (!file_exists(p.train_data) || !file_exists(p.eval_data))
+            return bq_err(BQ_EIO, "pipeline: --data %s: --task qa needs a folder with train-v1.1.json (or "
+                          "train-v1.1-rebuilt.json) and dev-v1.1.json", p.data);
+    }
     if ((st = bq_mkdir_p(p.out))) return bq_err_ctx(st, "pipeline: --out");
     ssize_t n = readlink("/proc/self/exe", p.self, sizeof p.self - 1);
     if (n <= 0) return bq_err(BQ_EIO, "pipeline: cannot locate the bertqat executable");
@@ -479,7 +533,7 @@ int bq_cmd_pipeline(int argc, char **argv) {
     } else {
         fprintf(stderr, "[pipeline] no Python with onnxruntime (--python); ONNX Runtime evaluation skipped\n");
     }
-    if ((st = stage_bench(&p, have_python))) return st;
+    if (!p.qa && (st = stage_bench(&p, have_python))) return st;
 
     /* Which runtime each export is for: the CPU layout is the ONNX Runtime CPU deployment (integer
      * kernels); the default layout of the ort scheme is what onnxruntime.transformers.optimizer fuses
@@ -502,17 +556,17 @@ int bq_cmd_pipeline(int argc, char **argv) {
 #define ROW(label_, json_, artifact_, log_, same_, note_, pred_)                                              \
     row_add(rows, &nrows, (BqReportRow){.label = label_, .eval_json = json_, .artifact = artifact_,            \
                                         .train_log = log_, .same_as = same_, .note = note_, .predictions = pred_})
-    r_fp32 = ROW("fp32", "eval-fp32.json", "fp32", "fp32/training_log.jsonl", -1, NULL, "pred-fp32.tsv");
-    r_ptq = ROW(ptq_label, "eval-ptq.json", "ptq", NULL, -1, NULL, "pred-ptq.tsv");
-    if (cpu_scheme) ROW(ptq_label, "eval-ptq-fake-quant.json", "ptq", NULL, r_ptq, NULL, "pred-ptq-fake-quant.tsv");
-    r_qat = ROW(qat_label, "eval-qat.json", "qat", "qat/training_log.jsonl", -1, NULL, "pred-qat.tsv");
-    if (cpu_scheme) ROW(qat_label, "eval-qat-fake-quant.json", "qat", NULL, r_qat, NULL, "pred-qat-fake-quant.tsv");
+    r_fp32 = ROW("fp32", "eval-fp32.json", "fp32", "fp32/training_log.jsonl", -1, NULL, pred_file(&p, "fp32"));
+    r_ptq = ROW(ptq_label, "eval-ptq.json", "ptq", NULL, -1, NULL, pred_file(&p, "ptq"));
+    if (cpu_scheme) ROW(ptq_label, "eval-ptq-fake-quant.json", "ptq", NULL, r_ptq, NULL, pred_file(&p, "ptq-fake-quant"));
+    r_qat = ROW(qat_label, "eval-qat.json", "qat", "qat/training_log.jsonl", -1, NULL, pred_file(&p, "qat"));
+    if (cpu_scheme) ROW(qat_label, "eval-qat-fake-quant.json", "qat", NULL, r_qat, NULL, pred_file(&p, "qat-fake-quant"));
     if (have_python) {
-        ROW("ONNX fp32 (for ORT CPU)", "eval-onnx-fp32.json", "fp32.onnx", NULL, r_fp32, NULL, "pred-onnx-fp32.tsv");
+        ROW("ONNX fp32 (for ORT CPU)", "eval-onnx-fp32.json", "fp32.onnx", NULL, r_fp32, NULL, pred_file(&p, "onnx-fp32"));
         ROW("ONNX int8 QAT, CPU layout (for ORT CPU)", "eval-onnx-int8-cpu.json", "qat-int8-cpu.onnx", NULL, r_qat,
-            NULL, "pred-onnx-int8-cpu.tsv");
+            NULL, pred_file(&p, "onnx-int8-cpu"));
         if (!cpu_scheme)
-            ROW(int8_label, "eval-onnx-int8.json", "qat-int8.onnx", NULL, r_qat, int8_note, "pred-onnx-int8.tsv");
+            ROW(int8_label, "eval-onnx-int8.json", "qat-int8.onnx", NULL, r_qat, int8_note, pred_file(&p, "onnx-int8"));
     }
 #undef ROW
     for (int i = 0; i < nrows; i++) {
@@ -532,14 +586,19 @@ int bq_cmd_pipeline(int argc, char **argv) {
         stages[nstages++] = "eval-onnx-fp32", stages[nstages++] = "eval-onnx-int8-cpu";
         if (!cpu_scheme) stages[nstages++] = "eval-onnx-int8";
     }
-    stages[nstages++] = "bench";
-    const char *recipe =
+    if (!p.qa) stages[nstages++] = "bench";
+    const char *recipe = p.qa ?
+        "fp32 fine-tune of a new qa_outputs head and the encoder on the first training questions (no validation "
+        "pass; the last step is kept) → PTQ (percentile 99.99) → QAT from the PTQ model with its ranges fixed → "
+        "ONNX export → exact match and F1 of every stage on the same dev questions (official SQuAD v1.1 "
+        "scoring); the settings of each stage are listed under \"Stages as run\"" :
         "fp32 fine-tune (10% of the training reviews held out for validation, 5 evaluations per epoch, best "
         "kept) → PTQ (percentile 99.99) → QAT from the PTQ model with its ranges fixed → ONNX export → "
         "evaluation of every stage on the same test reviews → bench of the QAT model; the settings of each "
         "stage are listed under \"Stages as run\"";
     BqReportInfo info = {.model = p.model, .data = p.data, .budget = p.budget, .seconds = bq_now() - t0,
                          .runtime = bq_runtime_describe(), .recipe = recipe, .onnx_skipped = !have_python,
-                         .stages = stages, .nstages = nstages, .bench_json = "bench.json"};
+                         .stages = stages, .nstages = nstages, .bench_json = p.qa ? NULL : "bench.json",
+                         .qa = p.qa};
     return bq_report_write(p.out, rows, nrows, &info);
 }

@@ -129,14 +129,15 @@ typedef struct Metrics {
     char engine[96]; /* "engine" of eval --json (int8, fake-quant, fp32) or "runtime" of onnx_eval.py --json */
 } Metrics;
 
-static Metrics read_metrics(const char *run_dir, const char *name) {
+/* qa: acc holds the exact match (x100) and f1 the SQuAD F1 (x100). */
+static Metrics read_metrics(const char *run_dir, const char *name, int qa) {
     Metrics m = {0};
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", run_dir, name);
     json_t *o = json_load_file(path, 0, NULL);
     if (!o) return m;
     int fa = 0, ff = 0, fe = 0, fn = 0;
-    m.acc = json_num(o, "accuracy", &fa);
+    m.acc = json_num(o, qa ? "exact_match" : "accuracy", &fa);
     m.f1 = json_num(o, "f1", &ff);
     m.eps = json_num(o, "examples_per_s", &fe);
     m.n = (long)json_num(o, "examples", &fn);
@@ -229,6 +230,34 @@ cleanup:
     free(a);
     free(b);
     free(dp);
+    return g;
+}
+
+/* Answer-by-answer agreement of two official SQuAD predictions files ({id: answer}): ok is 0 when a
+ * file is missing or they answer other questions. */
+static Agreement qa_agreement(const char *run_dir, const char *a_name, const char *b_name) {
+    Agreement g = {0};
+    char pa[4096], pb[4096];
+    if (!a_name || !b_name) return g;
+    snprintf(pa, sizeof pa, "%s/%s", run_dir, a_name);
+    snprintf(pb, sizeof pb, "%s/%s", run_dir, b_name);
+    json_t *a = json_load_file(pa, 0, NULL), *b = json_load_file(pb, 0, NULL);
+    if (json_is_object(a) && json_is_object(b) && json_object_size(a) == json_object_size(b) && json_object_size(a)) {
+        const char *k;
+        json_t *v;
+        g.ok = 1;
+        json_object_foreach(a, k, v) {
+            json_t *w = json_object_get(b, k);
+            if (!json_is_string(v) || !json_is_string(w)) {
+                g.ok = 0;
+                break;
+            }
+            g.differ += strcmp(json_string_value(v), json_string_value(w)) != 0;
+        }
+        g.n = (long)json_object_size(a);
+    }
+    json_decref(a);
+    json_decref(b);
     return g;
 }
 
@@ -335,16 +364,37 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
     if (info->recipe) fprintf(f, "- recipe: %s\n", info->recipe);
     fprintf(f, "- wall time of this invocation: %.0f s (stages done earlier are skipped; their times are below)\n\n",
             info->seconds);
-    const char *hdr = "| stage | engine | accuracy | vs fp32 | F1 | examples | model size | examples/s |\n"
-                      "|---|---|---|---|---|---|---|---|\n";
+    const int qa = info->qa;
+    const char *hdr = qa ? "| stage | engine | exact match | F1 | F1 vs fp32 | questions | model size | questions/s |\n"
+                           "|---|---|---|---|---|---|---|---|\n"
+                         : "| stage | engine | accuracy | vs fp32 | F1 | examples | model size | examples/s |\n"
+                           "|---|---|---|---|---|---|---|---|\n";
     fputs(hdr, f);
-    printf("\n%-40s %-11s %9s %8s %7s %9s %11s %11s\n", "stage", "engine", "accuracy", "vs fp32", "F1", "examples",
-           "size", "examples/s");
+    if (qa)
+        printf("\n%-40s %-11s %11s %7s %10s %9s %11s %11s\n", "stage", "engine", "exact match", "F1", "F1 vs fp32",
+               "questions", "size", "questions/s");
+    else
+        printf("\n%-40s %-11s %9s %8s %7s %9s %11s %11s\n", "stage", "engine", "accuracy", "vs fp32", "F1", "examples",
+               "size", "examples/s");
     double base = NAN;
     for (int i = 0; i < nrows; i++) {
-        Metrics m = read_metrics(run_dir, rows[i].eval_json);
+        Metrics m = read_metrics(run_dir, rows[i].eval_json, qa);
         char size[32], delta[32] = "";
         human_size(size, sizeof size, rows[i].size_bytes);
+        if (qa) { /* EM and F1 are percentages already; the delta is of F1 */
+            if (m.ok && i == 0) base = m.f1;
+            if (m.ok && i > 0 && !isnan(base)) snprintf(delta, sizeof delta, "%+.2f", m.f1 - base);
+            if (m.ok) {
+                fprintf(f, "| %s | %s | %.2f | %.2f | %s | %ld | %s | %.1f |\n", rows[i].label, m.engine, m.acc, m.f1,
+                        delta, m.n, size, m.eps);
+                printf("%-40s %-11.11s %11.2f %7.2f %10s %9ld %11s %11.1f\n", rows[i].label, m.engine, m.acc, m.f1,
+                       delta, m.n, size, m.eps);
+            } else {
+                fprintf(f, "| %s | | (no result) | | | | %s | |\n", rows[i].label, size);
+                printf("%-40s %11s\n", rows[i].label, "(no result)");
+            }
+            continue;
+        }
         if (m.ok && i == 0) base = m.acc;
         if (m.ok && i > 0 && !isnan(base)) snprintf(delta, sizeof delta, "%+.2f pt", 100.0 * (m.acc - base));
         if (m.ok) {
@@ -362,8 +412,26 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
     for (int i = 0; i < nrows; i++) {
         if (rows[i].same_as < 0 || rows[i].same_as >= nrows) continue;
         const BqReportRow *o = &rows[rows[i].same_as];
-        Metrics a = read_metrics(run_dir, rows[i].eval_json), b = read_metrics(run_dir, o->eval_json);
+        Metrics a = read_metrics(run_dir, rows[i].eval_json, qa), b = read_metrics(run_dir, o->eval_json, qa);
         if (!a.ok || !b.ok) continue;
+        if (qa) {
+            if (!npar++)
+                fprintf(f, "\nAnswer by answer:\n\n| compared | questions | answers agree | F1 difference |\n"
+                           "|---|---|---|---|\n");
+            char what[512];
+            if (!strcmp(rows[i].label, o->label))
+                snprintf(what, sizeof what, "%s: %s vs %s", o->label, b.engine, a.engine);
+            else
+                snprintf(what, sizeof what, "%s vs %s (%s)", rows[i].label, o->label, b.engine);
+            double diff = !strcmp(rows[i].label, o->label) ? b.f1 - a.f1 : a.f1 - b.f1;
+            Agreement g = qa_agreement(run_dir, rows[i].predictions, o->predictions);
+            if (g.ok)
+                fprintf(f, "| %s | %ld | %.2f%% (%ld differ) | %+.2f |\n", what, g.n,
+                        100.0 * (double)(g.n - g.differ) / (double)g.n, g.differ, diff);
+            else
+                fprintf(f, "| %s | %ld | (no predictions) | %+.2f |\n", what, a.n, diff);
+            continue;
+        }
         if (!npar++)
             fprintf(f, "\nReview by review (Δp = |p(positive) of one − p(positive) of the other|, as "
                        "scripts/compare_predictions.py computes it):\n\n| compared | reviews | labels agree | accuracy "

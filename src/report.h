@@ -30,6 +30,9 @@ typedef struct BqReportInfo {
     int onnx_skipped;
     const char *bench_json; /* file in RUN_DIR written by `bench --json` (the "Speed on this machine"
                                section), or NULL */
+    int qa;                 /* question answering: rows hold SQuAD exact match and F1 (x100, `eval --json`,
+                               scripts/onnx_eval_qa.py --json), predictions are {id: answer} JSON files and
+                               compared answer by answer */
 } BqReportInfo;
 
 int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, const BqReportInfo *info);
