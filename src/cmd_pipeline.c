@@ -437,13 +437,15 @@ int bq_cmd_pipeline(int argc, char **argv) {
     p.qa = !strcmp(p.task, "qa");
     if (p.qa && !strcmp(p.budget, "small")) {
         /* about 30 minutes on 2 idle Zen 3 cores for MiniLM (docs/qa.md): 4,000 training questions and
-         * 1,000 dev questions at 256 tokens (doc stride 128) */
-        p.train_samples = 4000, p.eval_samples = 1000, p.max_seq_len = 256, p.batch_size = 32;
+         * 1,000 dev questions at 256 tokens; batch 16, as the (B, heads, T, T) attention activations of a
+         * training step grow with T² (MiniLM at batch 32 and T 256 held 6.3 GB) */
+        p.train_samples = 4000, p.eval_samples = 1000, p.max_seq_len = 256, p.batch_size = 16;
         p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
         p.bench_rounds = 5;
     } else if (p.qa && !strcmp(p.budget, "full")) {
-        /* one epoch on all 87,599 training questions, every dev question, run_qa.py's 384 tokens */
-        p.train_samples = 0, p.eval_samples = 0, p.max_seq_len = 384, p.batch_size = 32;
+        /* one epoch on all 87,599 training questions, every dev question, run_qa.py's 384 tokens and its
+         * example's batch size 12 */
+        p.train_samples = 0, p.eval_samples = 0, p.max_seq_len = 384, p.batch_size = 12;
         p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
         p.bench_rounds = 10;
     } else if (!strcmp(p.budget, "small")) {

@@ -76,11 +76,18 @@ int bq_cli_task_check_data(int qa, const char *data) {
 }
 
 int bq_qa_model_load(BqBert *m, BqTokenizer **tok, const char *dir, uint64_t seed, const char *tag) {
-    int st = bq_cli_model_load(m, tok, dir, 0, seed, tag);
-    if (st || m->cfg.head == BQ_HEAD_QA) return st;
+    char vocab[4200], *report = NULL;
     BqRng rng;
     bq_rng_seed(&rng, seed);
-    fprintf(stderr, "[%s] %s has a classification head: keeping its encoder, dropping bert.pooler and "
+    int st = bq_model_load_any(m, dir, 0, &rng, &report);
+    /* the loader's note on a fresh classifier would mislead: that classifier is dropped below */
+    if (!st && report && m->cfg.head == BQ_HEAD_QA) fprintf(stderr, "[%s] %s\n", tag, report);
+    free(report);
+    if (st) return st;
+    snprintf(vocab, sizeof vocab, "%s/vocab.txt", dir);
+    if ((st = bq_tokenizer_load(tok, vocab, NULL))) return st;
+    if (m->cfg.head == BQ_HEAD_QA) return BQ_OK;
+    fprintf(stderr, "[%s] %s is not a question-answering model: keeping its encoder, dropping any pooler and "
             "classifier, qa_outputs newly initialized (seed %llu)\n", tag, dir, (unsigned long long)seed);
     memset(&m->data, 0, sizeof m->data); /* its sequence length was chosen for another task */
     return bq_bert_set_head(m, BQ_HEAD_QA, &rng);

@@ -54,9 +54,9 @@ int bq_cli_task_resolve(const BqArgs *args, const BqCliQa *q, const char *dir, i
  * hold "paragraphs"): an error naming the file and the flag to use instead. */
 int bq_cli_task_check_data(int qa, const char *data);
 
-/* Loads the model and tokenizer at dir (bq_cli_model_load) and gives the model the QA head: a
- * classification model keeps its encoder and gets a fresh qa_outputs drawn from seed (a note on
- * stderr names what was dropped). */
+/* Loads the model at dir (native checkpoint or Hugging Face directory) and its tokenizer (dir/vocab.txt)
+ * and gives the model the QA head: a model with another head or none keeps its encoder and gets a
+ * fresh qa_outputs drawn from seed (a note on stderr says so). */
 int bq_qa_model_load(BqBert *m, BqTokenizer **tok, const char *dir, uint64_t seed, const char *tag);
 
 /* Resolves the sequence length (--max-seq-len, else the checkpoint's, else 384), doc stride and query
