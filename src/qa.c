@@ -234,7 +234,7 @@ int bq_qa_logits(BqBert *m, BqInt8Engine *e, const BqSquadSet *s, int64_t B, flo
         if ((st = bq_infer_forward(m, e, &ctx, &in, &lg))) break;
         for (int64_t i = 0; i < b->B; i++) {
             int64_t w = b->example_index[i];
-            for (int64_t t = 0; t < b->T; t++) {
+            for (int64_t t = 0; t < s->len[w]; t++) { /* the batch's padding stays -INFINITY */
                 start[w * s->T + t] = lg->data[(i * b->T + t) * 2];
                 end[w * s->T + t] = lg->data[(i * b->T + t) * 2 + 1];
             }

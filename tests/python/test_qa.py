@@ -5,8 +5,9 @@ as a Hugging Face directory whose config names no head (architectures BertModel)
   BertForQuestionAnswering (config architectures, qa_outputs tensors, no pooler/classifier); calibrate
   (ort and cpu schemes) and qat continue from it with the task taken from the head;
 - ONNX export of the fp32, QAT (cpu scheme) and PTQ (ort scheme) checkpoints: outputs start_logits and
-  end_logits (batch, sequence), equal to bertqat's forward on the same batch (--dump-logits) within 1e-4
-  (the ort scheme's int8 layout with session.x64quantprecision=1, as test_onnx_export);
+  end_logits (batch, sequence), equal to bertqat's forward on the same batch (--dump-logits): fp32 and
+  the ort scheme's int8 layout (with session.x64quantprecision=1) within 1e-4, the cpu-scheme QAT export
+  in ORT's integer kernels within test_onnx_export's rounding-flip bound (0.1 of the quantization noise);
   the fp32 export fuses as the classifier's does (EmbedLayerNormalization 1, Attention L,
   SkipLayerNormalization 2L, BiasGelu L) and the ort-scheme Q/DQ export into the QOrdered ops;
 - `bertqat eval` EM/F1 (and its official predictions JSON) equal scripts/onnx_eval_qa.py's on the fp32
@@ -32,7 +33,7 @@ SQUAD_DEV = os.path.join(DATA, "squad", "dev-v1.1.json")
 IMDB = os.path.join(DATA, "imdb", "aclImdb_train_test.tar.gz")
 L, H, NH, I = 2, 32, 4, 64
 SEQ = ["--max-seq-len", 128, "--doc-stride", 32]
-QUESTIONS = 300
+QUESTIONS = 200
 
 
 def write_tiny(d):
@@ -95,9 +96,9 @@ def runs(tmp_path_factory):
     return r
 
 
-def export(ckpt, out, seq=48):
+def export(ckpt, out, *extra, seq=48):
     run_bq("export", "--model", ckpt, "--out", out, "--dump-logits", str(out) + ".json", "--dump-batch", 5,
-           "--dump-seq", seq)
+           "--dump-seq", seq, *extra)
     with open(str(out) + ".json") as f:
         return json.load(f)
 
@@ -144,10 +145,20 @@ def test_export_matches_checkpoint(runs, tmp_path, kind):
     # the ort scheme's default int8 layout is exact in ORT only with session.x64quantprecision=1 (its x86
     # U8S8 kernels without VNNI saturate 16-bit sums; tests/python/test_onnx_export.py check_qdq_vs_c)
     start, end = ort_run(out, d, {"session.x64quantprecision": "1"} if kind == "ptq-ort" else None)
-    err = max(float(np.abs(start - np.array(d["start_logits"])).max()),
-              float(np.abs(end - np.array(d["end_logits"])).max()))
-    print(f"{kind}: ORT vs bertqat start/end logits max err {err:.3g}")
-    assert start.shape == (5, 48) and err < 1e-4
+    ref = np.stack([np.array(d["start_logits"]), np.array(d["end_logits"])])
+    err = float(np.abs(np.stack([start, end]) - ref).max())
+    bound = 1e-4
+    if kind == "qat":
+        # ORT's integer kernels and bertqat's fake quant round x/s alike except where their fp32 sums differ
+        # in the last bits at a rounding boundary: one-step flips, a fraction of the quantization noise N
+        # (test_onnx_export.py qdq_bound; the cpu scheme's measured 0.06 N, bound 0.1 N + 1e-4)
+        f = export(runs / kind, tmp_path / "fp32_ref.onnx", "--qdq", "off")
+        assert f["input_ids"] == d["input_ids"]
+        noise = float(np.abs(ref - np.stack([np.array(f["start_logits"]), np.array(f["end_logits"])])).max())
+        assert noise > 1e-3, f"quantization changed the logits by only {noise:.3g}"
+        bound = 0.1 * noise + 1e-4
+    print(f"{kind}: ORT vs bertqat start/end logits max err {err:.3g}, bound {bound:.3g}")
+    assert start.shape == (5, 48) and err < bound
 
 
 def test_fusions(runs, tmp_path):
@@ -184,6 +195,10 @@ def test_eval_equals_onnx_runtime(runs, tmp_path):
     diff = [k for k in pc if pc[k] != po[k]]
     assert not diff, f"{len(diff)} answers differ, e.g. {[(pc[k], po[k]) for k in diff[:3]]}"
     assert abs(c["exact_match"] - o["exact_match"]) < 1e-9 and abs(c["f1"] - o["f1"]) < 1e-9
+    # batches pad to their longest window: the answers must not depend on the batch size
+    run_bq("eval", "--model", runs / "fp32", "--data", SQUAD_DEV, "--samples", n, "--batch-size", 7, "--predictions",
+           tmp_path / "c7.json", "--threads", THREADS, "--cache-dir", runs / "cache", "--doc-stride", 32)
+    assert json.load(open(tmp_path / "c7.json")) == pc
     # the trained head beats chance on the questions it never saw only weakly; the text output prints both
     t = run_bq("eval", "--model", runs / "qat", "--data", SQUAD_DEV, "--samples", 50, "--doc-stride", 32,
                "--threads", THREADS, "--cache-dir", runs / "cache").stdout
