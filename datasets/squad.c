@@ -91,6 +91,8 @@ static int read_json(BqSquadSet *s, const char *path, int64_t max_examples, int6
     *ex_par = NULL;
     if (!root) {
         if (jerr.line < 0) st = bq_err(BQ_EIO, "%s: %s", path, jerr.text);
+        else if (json_error_code(&jerr) == json_error_invalid_utf8)
+            st = bq_err(BQ_EFORMAT, "%s: invalid UTF-8 (line %d, column %d: %s)", path, jerr.line, jerr.column, jerr.text);
         else st = bq_err(BQ_EFORMAT, "%s: invalid JSON (line %d, column %d: %s)", path, jerr.line, jerr.column, jerr.text);
         goto cleanup;
     }

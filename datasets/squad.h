@@ -97,7 +97,8 @@ void bq_squad_free(BqSquadSet *s);
 /* Copies windows[0..B) of s into a batch of B rows of T columns (caller buffers in *b, each sized
  * B*T or B; T >= the longest len among them and <= s->T), cutting the padding beyond T (dynamic
  * padding). b->labels is left untouched; start/end (B) receive the labels (either may be NULL);
- * b->example_index receives the window indices. Sets b->B and b->T. */
+ * b->example_index (when not NULL) receives the window indices; windows may be b->example_index
+ * itself (row r reads windows[r] before writing it). Sets b->B and b->T. */
 void bq_squad_batch(const BqSquadSet *s, const int64_t *windows, int64_t B, int64_t T, BqBatch *b,
                     int32_t *start, int32_t *end);
 

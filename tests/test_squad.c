@@ -378,7 +378,7 @@ static void malformed(void) {
         {"bad_utf8",
          "{\"data\":[{\"paragraphs\":[{\"context\":\"ab\xff\",\"qas\":[{\"id\":\"q-u\",\"question\":\"x\","
          "\"answers\":[{\"text\":\"ab\",\"answer_start\":0}]}]}]}]}",
-         "invalid JSON"},
+         "invalid UTF-8"},
         {"not_squad", "[1, 2, 3]", "\"data\""},
     };
     char path[400], dir[400];
@@ -414,7 +414,8 @@ static void malformed(void) {
     if (s) {
         EXPECT(s->n_examples == 1 && s->examples[0].n_answers == 2 && s->examples[0].answer_start[0] == 14 &&
                s->examples[0].answer_start[1] == 11 && !strcmp(s->examples[0].title, "T"));
-        /* the label covers "paris": [CLS] where ? [SEP] cafe [UNK]? in paris [SEP] */
+        /* the label covers "paris", the last context piece: run_qa.py's edge case (docs/squad.md §2,
+         * its start loop would run into [SEP] and the padding), labelled at the piece here */
         int32_t st0 = s->start_positions[0], en0 = s->end_positions[0];
         EXPECT(st0 > 0 && st0 == en0 && s->offsets[2 * st0] == 14 && s->offsets[2 * st0 + 1] == 19, "label %d..%d", st0, en0);
         /* bq_squad_batch: dynamic padding to the window's length */
@@ -440,32 +441,34 @@ static void malformed(void) {
     EXPECT(bq_squad_load(&s, path, tok, &o) != 0 && strstr(bq_errmsg(), path));
 }
 
-/* the cache: a corrupt file is detected and rebuilt */
-static void corrupt_cache(const char *dev) {
+/* the cache: a corrupt file is detected and rebuilt (on the small file of malformed()) */
+static void corrupt_cache(void) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/ok.json", tmp);
     BqSquadOptions o;
     bq_squad_options_default(&o);
     o.cache_dir = cache;
-    o.max_examples = 300;
     BqSquadSet *a = NULL, *b = NULL;
-    EXPECT(bq_squad_load(&a, dev, tok, &o) == 0 && a && a->n_examples == 300 && a->cache_path);
+    EXPECT(bq_squad_load(&a, path, tok, &o) == 0 && a && a->n_examples == 1 && a->cache_path && !a->from_cache);
     if (!a) return;
     FILE *f = fopen(a->cache_path, "r+b");
     EXPECT(f != NULL);
     if (f) {
-        fseek(f, 200, SEEK_SET);
+        fseek(f, -3, SEEK_END);
+        long at = ftell(f);
         int c = fgetc(f);
-        fseek(f, 200, SEEK_SET);
+        fseek(f, at, SEEK_SET);
         fputc(c ^ 0x20, f);
         fclose(f);
     }
-    EXPECT(bq_squad_load(&b, dev, tok, &o) == 0 && b && b->cache_rejected == 1 && b->from_cache == 0);
+    EXPECT(bq_squad_load(&b, path, tok, &o) == 0 && b && b->cache_rejected == 1 && b->from_cache == 0);
     if (b)
         EXPECT(b->n == a->n && !memcmp(b->input_ids, a->input_ids, (size_t)(a->n * a->T) * 4) &&
                !memcmp(b->offsets, a->offsets, (size_t)(a->n * a->T) * 8));
     bq_squad_free(a);
     bq_squad_free(b);
     b = NULL;
-    EXPECT(bq_squad_load(&b, dev, tok, &o) == 0 && b && b->from_cache == 1);
+    EXPECT(bq_squad_load(&b, path, tok, &o) == 0 && b && b->from_cache == 1);
     bq_squad_free(b);
 }
 
@@ -499,7 +502,7 @@ int main(void) {
     size_t i;
     json_t *cfg;
     json_array_foreach(json_object_get(fx, "configs"), i, cfg) check_config(dev, cfg, fx);
-    corrupt_cache(dev);
+    corrupt_cache();
     json_decref(fx);
     bq_tokenizer_free(t);
     bq_test_rmtree(tmp);

@@ -96,3 +96,12 @@ def test_offsets_all_dev_contexts_and_questions(tmp_path):
     texts = contexts + questions
     n = compare("dev contexts + questions", texts, ours(texts, tmp_path), theirs(texts))
     assert n == 0
+
+
+def test_offsets_flag_refuses_encoded_forms():
+    """--offsets prints plain pieces only: with --pair or --max-seq-len it stops with one line."""
+    for extra in (["--pair"], ["--max-seq-len", "16"], ["--special"]):
+        p = run_bq("tokenize", "--vocab", os.path.join(MODEL, "vocab.txt"), "--offsets", *extra, check=False,
+                   input="a\tb\n")
+        assert p.returncode != 0 and p.stdout == "", (extra, p.returncode, p.stdout)
+        assert "--offsets" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
