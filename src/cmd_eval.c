@@ -315,7 +315,8 @@ int bq_cmd_eval(int argc, char **argv) {
         BQ_CLI_QA_POST_SPECS(q),
     };
     BqArgs args = {.cmd = "eval", .usage = "--model CKPT --data PATH [options]",
-                   .summary = "Evaluate a checkpoint: accuracy, precision, recall, F1, confusion matrix, examples/s.",
+                   .summary = "Evaluate a checkpoint: accuracy, precision, recall, F1, confusion matrix, examples/s; a "
+                              "question-answering model: SQuAD exact match and F1.",
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
@@ -554,7 +555,7 @@ int bq_cmd_predict(int argc, char **argv) {
         BQ_CLI_QA_WINDOW_SPECS(q),
         BQ_CLI_QA_POST_SPECS(q),
     };
-    BqArgs args = {.cmd = "predict", .usage = "--model CKPT [TEXT...]   (no TEXT: one text per stdin line)",
+    BqArgs args = {.cmd = "predict", .usage = "--model CKPT [TEXT...]   (no TEXT: one text per stdin line; QA: --question Q --context C)",
                    .summary = "Classify texts: prints the label and its probability per text, as label<TAB>probability"
                               "<TAB>text. A model trained on sentence pairs (or --text-pair-column) reads each TEXT or "
                               "stdin line as text<TAB>pair. Length, truncation and columns default to the checkpoint's "

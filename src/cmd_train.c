@@ -57,7 +57,8 @@ int bq_cmd_finetune(int argc, char **argv) {
         BQ_CLI_QA_WINDOW_SPECS(q),
     };
     BqArgs args = {.cmd = "finetune", .usage = "--model DIR --data PATH --out DIR [options]",
-                   .summary = "Fine-tune BERT for sequence classification (fp32), HF Trainer semantics.",
+                   .summary = "Fine-tune BERT for sequence classification, or for SQuAD question answering "
+                              "(--task qa or a BertForQuestionAnswering model), in fp32 with HF Trainer semantics.",
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
