@@ -172,6 +172,10 @@ int bq_cmd_sensitivity(int argc, char **argv) {
     char path[4096];
     bq_runtime_set_threads(threads);
     if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)seed, "sensitivity"))) goto cleanup;
+    if (m.cfg.head == BQ_HEAD_QA) {
+        st = bq_err(BQ_EINVAL, "--model %s: a question-answering model; the sensitivity scan scores classifiers", model);
+        goto cleanup;
+    }
     if (!m.quant) {
         st = bq_err(BQ_EINVAL, "--model %s: an fp32 checkpoint has no quantizers; calibrate it first "
                     "(bertqat calibrate)", model);
