@@ -367,8 +367,12 @@ int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const B
     int st = check_input(m, in, &labelled);
     if (st) return st;
     BqTensor *x = embed(m, ctx, in);
-    for (int l = 0; l < c->num_hidden_layers; l++)
-        if ((st = layer_forward(m, ctx, hook, l, x, in->attention_mask, &x))) return st;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        BqTensor *y = NULL;
+        if (hook && hook->layer && (st = hook->layer(hook->user, ctx, l, x, in->attention_mask, &y))) return st;
+        if (!y && (st = layer_forward(m, ctx, hook, l, x, in->attention_mask, &y))) return st;
+        x = y;
+    }
 
     /* BertPooler: tanh(dense(x[:, 0])); then dropout and the classifier */
     BqTensor *pooled, *cls = bq_op_select_token(ctx, x, 0);

@@ -46,6 +46,23 @@ static int parse_batches(const char *s, int *out, int *n) {
     return BQ_OK;
 }
 
+/* "fp32,int8" into a bit mask over P_FP32..P_INT8. */
+static int parse_paths(const char *s, unsigned *mask) {
+    *mask = 0;
+    const char *p = s;
+    while (*p) {
+        size_t len = strcspn(p, ",");
+        int found = 0;
+        for (int i = P_FP32; i <= P_INT8; i++)
+            if (strlen(PATH_NAMES[i]) == len && strncmp(p, PATH_NAMES[i], len) == 0) *mask |= 1u << i, found = 1;
+        if (!found) return bq_err(BQ_EINVAL, "--paths: '%s' is not a comma-separated list of fp32, fake-quant, int8", s);
+        p += len;
+        if (*p) p++;
+    }
+    if (!*mask) return bq_err(BQ_EINVAL, "--paths: empty");
+    return BQ_OK;
+}
+
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -67,8 +84,8 @@ static int run_path(int p, BqBert *m, BqInt8Engine *e, BqArena *act, const BqBer
 
 /* Median milliseconds of fp32, fake quant and (e set) int8 at batch B after one warm-up round; the
  * paths alternate within each round so that a change of machine load affects them alike. */
-static int time_batch(BqBert *m, BqInt8Engine *e, BqArena *act, int B, int T, int rounds, BqRng *rng,
-                      double med[NPATHS]) {
+static int time_batch(BqBert *m, BqInt8Engine *e, BqArena *act, int B, int T, int rounds, unsigned paths,
+                      BqRng *rng, double med[NPATHS]) {
     int32_t *ids = bq_malloc(sizeof(int32_t) * (size_t)B * (size_t)T);
     float *mask = bq_malloc(sizeof(float) * (size_t)B * (size_t)T);
     double *t = bq_malloc(sizeof(double) * (size_t)rounds * NPATHS);
@@ -80,13 +97,13 @@ static int time_batch(BqBert *m, BqInt8Engine *e, BqArena *act, int B, int T, in
     BqBertInput in = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask};
     for (int r = -1; r < rounds && !st; r++)
         for (int p = P_FP32; p <= P_INT8 && !st; p++) {
-            if (p == P_INT8 && !e) continue;
+            if ((p == P_INT8 && !e) || !(paths >> p & 1)) continue;
             double dt;
             st = run_path(p, m, e, act, &in, &dt);
             if (r >= 0) t[p * rounds + r] = dt;
         }
     for (int p = P_FP32; p <= P_INT8 && !st; p++) {
-        if (p == P_INT8 && !e) continue;
+        if ((p == P_INT8 && !e) || !(paths >> p & 1)) continue;
         qsort(t + p * rounds, (size_t)rounds, sizeof *t, cmp_d);
         med[p] = rounds % 2 ? t[p * rounds + rounds / 2] * 1e3
                             : 0.5 * (t[p * rounds + rounds / 2 - 1] + t[p * rounds + rounds / 2]) * 1e3;
@@ -165,12 +182,14 @@ cleanup:
 }
 
 int bq_cmd_bench(int argc, char **argv) {
-    const char *model = NULL, *onnx = NULL, *batch_arg = "1,32", *python = getenv("BQ_PYTHON");
+    const char *model = NULL, *onnx = NULL, *batch_arg = "1,32", *paths_arg = "fp32,fake-quant,int8",
+               *python = getenv("BQ_PYTHON");
     int seq = 0, threads = 0, rounds = 10, json = 0;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "quantized checkpoint (PTQ or QAT)", 1, 0, 0},
         {"onnx", BQ_ARG_STR, &onnx, "also time this ONNX file in ONNX Runtime (e.g. the checkpoint's export)", 0, 0, 0},
         {"batch-sizes", BQ_ARG_STR, &batch_arg, "comma-separated batch sizes", 0, 0, 0},
+        {"paths", BQ_ARG_STR, &paths_arg, "comma-separated bertqat forwards to time: fp32, fake-quant, int8", 0, 0, 0},
         {"seq", BQ_ARG_INT, &seq, "tokens per example (0: the checkpoint's max_seq_len, else 128)", 0, 0, 8192},
         {"threads", BQ_ARG_INT, &threads, "threads, for bertqat and ONNX Runtime alike (0: all cores)", 0, 0, 4096},
         {"rounds", BQ_ARG_INT, &rounds, "timed forwards per path and batch size, after one warm-up", 0, 1, MAX_ROUNDS},
@@ -186,6 +205,8 @@ int bq_cmd_bench(int argc, char **argv) {
     if (st || args.help) return st;
     int bs[MAX_BATCHES], nb = 0;
     if ((st = parse_batches(batch_arg, bs, &nb))) return st;
+    unsigned paths;
+    if ((st = parse_paths(paths_arg, &paths))) return st;
     char venv_python[4200];
     snprintf(venv_python, sizeof venv_python, "%s/.venv/bin/python", BQ_SOURCE_DIR);
     if (!python || !*python) python = venv_python;
@@ -227,7 +248,7 @@ int bq_cmd_bench(int argc, char **argv) {
     bq_rng_seed(&rng, 1);
     for (int i = 0; i < nb; i++) {
         fprintf(stderr, "[bench] batch %d, seq %d: %d rounds\n", bs[i], T, rounds);
-        if ((st = time_batch(&m, eng, &act, bs[i], T, rounds, &rng, med[i]))) goto cleanup;
+        if ((st = time_batch(&m, eng, &act, bs[i], T, rounds, paths, &rng, med[i]))) goto cleanup;
     }
     if (onnx && (st = time_onnx(python, onnx, bs, nb, T, bq_runtime_threads(), rounds, m.cfg.vocab_size, ort,
                                 ort_version, sizeof ort_version)))
