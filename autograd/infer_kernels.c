@@ -146,8 +146,8 @@ IK_VEC void bq_infer_residual_layernorm(float *out, uint8_t *codes, const int32_
     }
 }
 
-IK_VEC void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                                const float *bias, float sq, int64_t M, int64_t N) {
+IK_VEC static void gelu_quant_portable(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                                      const float *bias, float sq, int64_t M, int64_t N) {
 #pragma omp parallel for if (M >= PAR_ROWS) schedule(static)
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++)
@@ -219,28 +219,250 @@ IK_INLINE void softmax_row(float *y, const float *mrow, float scale, int64_t T) 
     for (int64_t j = 0; j < T; j++) y[j] *= inv;
 }
 
-IK_VEC void bq_infer_attention(uint8_t *codes, const float *qkv, const float *mask, float *scratch,
-                               int64_t nthreads, float scale, float sq, int64_t B, int64_t T, int64_t NH,
-                               int64_t d) {
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define IK_FMA __attribute__((target("avx2,fma")))
+#define IK_FMA_INLINE static inline __attribute__((always_inline, target("avx2,fma")))
+
+/* R (1..4) rows of S = Q·Kt, 16 keys at a time, fused multiply-adds over the head dimension e. */
+IK_FMA_INLINE void scores_rows_fma(float *S, int64_t Tp, const float *q, int64_t ldq, const float *Kt, int64_t d,
+                                   const int R) {
+    for (int64_t j = 0; j < Tp; j += 16) {
+        __m256 acc[4][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int64_t e = 0; e < d; e++) {
+            const __m256 k0 = _mm256_load_ps(Kt + e * Tp + j), k1 = _mm256_load_ps(Kt + e * Tp + j + 8);
+            for (int r = 0; r < R; r++) {
+                const __m256 qb = _mm256_broadcast_ss(q + r * ldq + e);
+                acc[r][0] = _mm256_fmadd_ps(qb, k0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(qb, k1, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            _mm256_store_ps(S + r * Tp + j, acc[r][0]);
+            _mm256_store_ps(S + r * Tp + j + 8, acc[r][1]);
+        }
+    }
+}
+
+/* 8 uint8 codes of x at scale s: quant_u8's value for every input (NaN → 0 first, then the clamp). */
+IK_FMA_INLINE void quant8_fma(uint8_t *dst, __m256 x, __m256 s) {
+    __m256 v = _mm256_div_ps(x, s);
+    v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
+    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-128.0f)), _mm256_set1_ps(127.0f));
+    __m256i i = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
+                                 _mm256_set1_epi32(128));
+    __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64((__m128i *)dst, _mm_packus_epi16(w, w));
+}
+
+/* e^x for 8 lanes: exp_fast's range reduction and polynomial with fused multiply-adds. */
+IK_FMA_INLINE __m256 exp8_fma(__m256 x) {
+    const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    y = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ), y);
+    return _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_GT_OQ));
+}
+
+/* The masked softmax of one row (softmax_row's operations; exp with fused multiply-adds; T a multiple
+ * of 8, the row padded to a multiple of 16). */
+IK_FMA_INLINE void softmax_row_fma(float *y, const float *mrow, float scale, int64_t T) {
+    const __m256 sc = _mm256_set1_ps(scale), one = _mm256_set1_ps(1.0f), mv = _mm256_set1_ps(-FLT_MAX);
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < T; j += 8) {
+        __m256 v = _mm256_mul_ps(sc, _mm256_load_ps(y + j));
+        if (mrow) v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_sub_ps(one, _mm256_loadu_ps(mrow + j)), mv));
+        _mm256_store_ps(y + j, v);
+        mx = _mm256_max_ps(mx, v);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const __m256 m = _mm256_broadcastss_ps(m4);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < T; j += 8) {
+        const __m256 e = exp8_fma(_mm256_sub_ps(_mm256_load_ps(y + j), m));
+        _mm256_store_ps(y + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float l[8];
+    _mm256_storeu_ps(l, sum);
+    const __m256 inv = _mm256_set1_ps(1.0f / (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))));
+    for (int64_t j = 0; j < T; j += 8) _mm256_store_ps(y + j, _mm256_mul_ps(_mm256_load_ps(y + j), inv));
+}
+
+/* Kt[e][j] = k[j][e] for j < T (T a multiple of 8, d a multiple of 8), in 8×8 blocks. */
+IK_FMA_INLINE void transpose_fma(float *Kt, int64_t Tp, const float *k, int64_t ld, int64_t T, int64_t d) {
+    for (int64_t j = 0; j < T; j += 8)
+        for (int64_t e = 0; e < d; e += 8) {
+            __m256 r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(k + (j + i) * ld + e);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+                u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+                u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+                u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm256_store_ps(Kt + (e + i) * Tp + j, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+                _mm256_store_ps(Kt + (e + i + 4) * Tp + j, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+            }
+        }
+}
+
+/* R rows of C = P·V (d columns, 16 or 8 at a time), written as codes at scale sq. */
+IK_FMA_INLINE void context_rows_fma(uint8_t *codes, int64_t ldc, const float *P, int64_t Tp, const float *V,
+                                    int64_t ldv, int64_t T, int64_t d, float sq, const int R) {
+    const __m256 s = _mm256_set1_ps(sq);
+    for (int64_t c = 0; c < d; c += 16) {
+        const int two = c + 16 <= d;
+        __m256 acc[4][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        if (two) {
+            for (int64_t j = 0; j < T; j++) {
+                const __m256 v0 = _mm256_loadu_ps(V + j * ldv + c), v1 = _mm256_loadu_ps(V + j * ldv + c + 8);
+                for (int r = 0; r < R; r++) {
+                    const __m256 pb = _mm256_broadcast_ss(P + r * Tp + j);
+                    acc[r][0] = _mm256_fmadd_ps(pb, v0, acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(pb, v1, acc[r][1]);
+                }
+            }
+        } else {
+            for (int64_t j = 0; j < T; j++) {
+                const __m256 v0 = _mm256_loadu_ps(V + j * ldv + c);
+                for (int r = 0; r < R; r++)
+                    acc[r][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(P + r * Tp + j), v0, acc[r][0]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            quant8_fma(codes + r * ldc + c, acc[r][0], s);
+            if (two) quant8_fma(codes + r * ldc + c + 8, acc[r][1], s);
+        }
+    }
+}
+
+/* gelu_quant_portable's row with fused multiply-adds, 8 columns at a time (N a multiple of 8). */
+IK_FMA static void gelu_quant_rows_fma(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                                       const float *bias, float sq, int64_t M, int64_t N) {
+    static const float cf[10] = {0.17087277f, -0.82215223f, 1.48851587f,  -1.13520398f, 0.27886807f,
+                                 -0.18628806f, 0.09678418f, 0.37409196f, 1.00002368f,  -1.26551223f};
+    const __m256 s = _mm256_set1_ps(sq), one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+#pragma omp parallel for if (M >= PAR_ROWS) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n += 8) {
+            const __m256i a = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)(acc + m * N + n)),
+                                               _mm256_loadu_si256((const __m256i *)(comp + n)));
+            const __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(scale + n), _mm256_loadu_ps(bias + n));
+            const __m256 z = _mm256_mul_ps(_mm256_and_ps(x, absmask), _mm256_set1_ps((float)M_SQRT1_2));
+            const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(half, z, one));
+            __m256 p = _mm256_set1_ps(cf[0]);
+            for (int i = 1; i < 10; i++) p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(cf[i]));
+            const __m256 h = _mm256_mul_ps(half, _mm256_mul_ps(t, exp8_fma(_mm256_fnmadd_ps(z, z, p))));
+            const __m256 cdf = _mm256_blendv_ps(_mm256_sub_ps(one, h), h, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+            quant8_fma(codes + m * N + n, _mm256_mul_ps(x, cdf), s);
+        }
+}
+
+/* One (batch, head) pair on AVX2 + FMA; the softmax is softmax_row (the same bits as the portable path). */
+IK_FMA static void attn_head_fma(uint8_t *c, int64_t ldc, const float *q, const float *k, const float *v,
+                                 int64_t ld, const float *mrow, float *Kt, float *S, float scale, float sq,
+                                 int64_t T, int64_t d) {
+    const int64_t Tp = pad16(T), T8 = T / 8 * 8;
+    transpose_fma(Kt, Tp, k, ld, T8, d);
+    for (int64_t j = T8; j < T; j++)
+        for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
+    for (int64_t e = 0; e < d; e++)
+        for (int64_t j = T; j < Tp; j++) Kt[e * Tp + j] = 0.0f;
+    int64_t i = 0;
+    for (; i + 4 <= T; i += 4) scores_rows_fma(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 4);
+    for (; i < T; i++) scores_rows_fma(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 1);
+    for (i = 0; i < T; i++) {
+        if (T == T8) softmax_row_fma(S + i * Tp, mrow, scale, T);
+        else softmax_row(S + i * Tp, mrow, scale, T);
+    }
+    for (i = 0; i + 4 <= T; i += 4) context_rows_fma(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 4);
+    for (; i < T; i++) context_rows_fma(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 1);
+}
+
+static int have_fma(void) {
+    static int v = -1;
+    if (v < 0) v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return v;
+}
+#else
+static int have_fma(void) { return 0; }
+#endif
+
+/* One (batch, head) pair, portable (vector extensions, separate multiply and add). */
+static void attn_head(uint8_t *c, int64_t ldc, const float *q, const float *k, const float *v, int64_t ld,
+                      const float *mrow, float *Kt, float *S, float scale, float sq, int64_t T, int64_t d) {
+    const int64_t Tp = pad16(T);
+    for (int64_t j = 0; j < T; j++)
+        for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
+    for (int64_t e = 0; e < d; e++)
+        for (int64_t j = T; j < Tp; j++) Kt[e * Tp + j] = 0.0f;
+    int64_t i = 0;
+    for (; i + 4 <= T; i += 4) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 4);
+    for (; i < T; i++) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 1);
+    for (i = 0; i < T; i++) softmax_row(S + i * Tp, mrow, scale, T);
+    for (i = 0; i + 4 <= T; i += 4) context_rows(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 4);
+    for (; i < T; i++) context_rows(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 1);
+}
+
+/* The products use fused multiply-adds where the CPU has AVX2 and FMA (rounding differs from the
+ * portable path's separate multiply and add, so results are the same on every CPU of one kind, not
+ * across kinds; batch size and thread count never change them). */
+void bq_infer_attention(uint8_t *codes, const float *qkv, const float *mask, float *scratch, int64_t nthreads,
+                        float scale, float sq, int64_t B, int64_t T, int64_t NH, int64_t d) {
     BQ_CHECK(d % 8 == 0 && omp_get_max_threads() <= nthreads);
     const int64_t H = NH * d, ld = 3 * H, Tp = pad16(T), per = bq_infer_attention_scratch(T, d);
+    const int fma = have_fma();
 #pragma omp parallel for if (B * NH > 1) schedule(static)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         const int64_t b = bh / NH, h = bh % NH;
         float *Kt = scratch + (int64_t)omp_get_thread_num() * per;
         float *S = Kt + d * Tp;
-        const float *q = qkv + b * T * ld + h * d, *k = q + H, *v = q + 2 * H;
+        const float *q = qkv + b * T * ld + h * d;
         const float *mrow = mask ? mask + b * T : NULL;
-        for (int64_t e = 0; e < d; e++) {
-            for (int64_t j = 0; j < T; j++) Kt[e * Tp + j] = k[j * ld + e];
-            for (int64_t j = T; j < Tp; j++) Kt[e * Tp + j] = 0.0f;
-        }
-        int64_t i = 0;
-        for (; i + 4 <= T; i += 4) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 4);
-        for (; i < T; i++) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 1);
-        for (i = 0; i < T; i++) softmax_row(S + i * Tp, mrow, scale, T);
         uint8_t *c = codes + b * T * H + h * d;
-        for (i = 0; i + 4 <= T; i += 4) context_rows(c + i * H, H, S + i * Tp, Tp, v, ld, T, d, sq, 4);
-        for (; i < T; i++) context_rows(c + i * H, H, S + i * Tp, Tp, v, ld, T, d, sq, 1);
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (fma) {
+            attn_head_fma(c, H, q, q + H, q + 2 * H, ld, mrow, Kt, S, scale, sq, T, d);
+            continue;
+        }
+#endif
+        attn_head(c, H, q, q + H, q + 2 * H, ld, mrow, Kt, S, scale, sq, T, d);
     }
+}
+
+/* With AVX2 and FMA (and N a multiple of 8) the fused multiply-add version: its values differ from the
+ * portable ones (and from autograd/kernels.c's GELU) in the last bits, so a code can land on the other
+ * side of a rounding boundary; the same on every CPU of one kind. */
+void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                         const float *bias, float sq, int64_t M, int64_t N) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_fma() && N % 8 == 0) {
+        gelu_quant_rows_fma(codes, acc, comp, scale, bias, sq, M, N);
+        return;
+    }
+#endif
+    gelu_quant_portable(codes, acc, comp, scale, bias, sq, M, N);
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "autograd/bq.h"
@@ -68,15 +69,25 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* One forward of path p (fp32: m->quant detached for the call). Seconds in *dt. */
+/* Process CPU time in seconds (all threads). */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int g_cpu_clock; /* --clock cpu */
+
+/* One forward of path p (fp32: m->quant detached for the call). Seconds in *dt: wall time, or process
+ * CPU time with --clock cpu. */
 static int run_path(int p, BqBert *m, BqInt8Engine *e, BqArena *act, const BqBertInput *in, double *dt) {
     struct BqQuantState *qs = m->quant;
     if (p == P_FP32) m->quant = NULL;
     BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
     BqTensor *lg = NULL;
-    double t0 = bq_now();
+    double t0 = g_cpu_clock ? cpu_now() : bq_now();
     int st = p == P_INT8 ? bq_int8_forward(e, m, &ctx, in, &lg) : bq_bert_forward(m, &ctx, in, &lg, NULL);
-    *dt = bq_now() - t0;
+    *dt = (g_cpu_clock ? cpu_now() : bq_now()) - t0;
     m->quant = qs;
     bq_arena_rewind(act, 0);
     return st;
@@ -171,7 +182,8 @@ static int time_onnx(const char *python, const char *onnx, const int *bs, int nb
         st = bq_err(BQ_EFORMAT, "--onnx %s: unexpected output of %s", onnx, script);
         goto cleanup;
     }
-    for (int i = 0; i < nb; i++) ort[i] = json_number_value(json_object_get(json_array_get(res, (size_t)i), "median_ms"));
+    for (int i = 0; i < nb; i++)
+        ort[i] = json_number_value(json_object_get(json_array_get(res, (size_t)i), g_cpu_clock ? "cpu_median_ms" : "median_ms"));
     snprintf(version, vlen, "%s", json_string_value(json_object_get(j, "onnxruntime")) ?
              json_string_value(json_object_get(j, "onnxruntime")) : "?");
 
@@ -184,6 +196,7 @@ cleanup:
 int bq_cmd_bench(int argc, char **argv) {
     const char *model = NULL, *onnx = NULL, *batch_arg = "1,32", *paths_arg = "fp32,fake-quant,int8",
                *python = getenv("BQ_PYTHON");
+    const char *clock_arg = "wall";
     int seq = 0, threads = 0, rounds = 10, json = 0;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "quantized checkpoint (PTQ or QAT)", 1, 0, 0},
@@ -195,6 +208,8 @@ int bq_cmd_bench(int argc, char **argv) {
         {"rounds", BQ_ARG_INT, &rounds, "timed forwards per path and batch size, after one warm-up", 0, 1, MAX_ROUNDS},
         {"python", BQ_ARG_STR, &python, "Python with onnxruntime for --onnx (env BQ_PYTHON; else the source tree's "
          ".venv)", 0, 0, 0},
+        {"clock", BQ_ARG_STR, &clock_arg, "wall (latency) or cpu (process CPU time of all threads, spin-waits "
+         "included: a measure that a loaded machine disturbs less, meant for --threads 1)", 0, 0, 0},
         {"json", BQ_ARG_FLAG, &json, "print the results as one JSON object instead of a table", 0, 0, 0},
     };
     BqArgs args = {.cmd = "bench", .usage = "--model CKPT [--onnx FILE] [options]",
@@ -207,6 +222,9 @@ int bq_cmd_bench(int argc, char **argv) {
     if ((st = parse_batches(batch_arg, bs, &nb))) return st;
     unsigned paths;
     if ((st = parse_paths(paths_arg, &paths))) return st;
+    if (strcmp(clock_arg, "wall") && strcmp(clock_arg, "cpu"))
+        return bq_err(BQ_EINVAL, "--clock: '%s' is neither wall nor cpu", clock_arg);
+    g_cpu_clock = !strcmp(clock_arg, "cpu");
     char venv_python[4200];
     snprintf(venv_python, sizeof venv_python, "%s/.venv/bin/python", BQ_SOURCE_DIR);
     if (!python || !*python) python = venv_python;
@@ -254,11 +272,18 @@ int bq_cmd_bench(int argc, char **argv) {
                                 ort_version, sizeof ort_version)))
         goto cleanup;
 
-    int pays = eng != NULL;
-    for (int i = 0; i < nb && eng; i++) pays &= med[i][P_FP32] / med[i][P_INT8] >= PAYS_OFF;
+    /* shown[p]: path p was timed; int8 against fp32 only when both were */
+    int shown[NPATHS];
+    for (int p = P_FP32; p <= P_INT8; p++) shown[p] = (paths >> p & 1) && (p != P_INT8 || eng);
+    shown[P_ORT] = onnx != NULL;
+    const int cmp = shown[P_FP32] && shown[P_INT8];
+    int pays = cmp;
+    for (int i = 0; i < nb && cmp; i++) pays &= med[i][P_FP32] / med[i][P_INT8] >= PAYS_OFF;
     char verdict[2048];
     if (!eng) {
         snprintf(verdict, sizeof verdict, "int8 cannot run on this machine for this checkpoint: %s.", reason);
+    } else if (!cmp) {
+        snprintf(verdict, sizeof verdict, "int8 against fp32: not compared (--paths %s).", paths_arg);
     } else {
         int n = snprintf(verdict, sizeof verdict, "int8 %s on this machine: the integer forward is ",
                          pays ? "pays off" : "does not pay off");
@@ -278,6 +303,7 @@ int bq_cmd_bench(int argc, char **argv) {
         json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
         json_object_set_new(j, "seq", json_integer(T));
         json_object_set_new(j, "rounds", json_integer(rounds));
+        json_object_set_new(j, "clock", json_string(clock_arg));
         json_object_set_new(j, "int8_available", json_boolean(eng != NULL));
         if (!eng) json_object_set_new(j, "int8_refused", json_string(reason));
         if (onnx) json_object_set_new(j, "onnx", json_string(onnx));
@@ -287,13 +313,13 @@ int bq_cmd_bench(int argc, char **argv) {
             json_t *r = json_object();
             json_object_set_new(r, "batch", json_integer(bs[i]));
             for (int p = 0; p < NPATHS; p++) {
-                if ((p == P_INT8 && !eng) || (p == P_ORT && !onnx)) continue;
+                if (!shown[p]) continue;
                 char key[64];
                 snprintf(key, sizeof key, "%s_ms", PATH_NAMES[p]);
                 json_object_set_new(r, key, json_real(p == P_ORT ? ort[i] : med[i][p]));
             }
-            if (eng) json_object_set_new(r, "fp32_over_int8", json_real(med[i][P_FP32] / med[i][P_INT8]));
-            if (eng && onnx) json_object_set_new(r, "onnxruntime_over_int8", json_real(ort[i] / med[i][P_INT8]));
+            if (cmp) json_object_set_new(r, "fp32_over_int8", json_real(med[i][P_FP32] / med[i][P_INT8]));
+            if (shown[P_INT8] && onnx) json_object_set_new(r, "onnxruntime_over_int8", json_real(ort[i] / med[i][P_INT8]));
             json_array_append_new(rows, r);
         }
         json_object_set_new(j, "results", rows);
@@ -304,15 +330,15 @@ int bq_cmd_bench(int argc, char **argv) {
         free(s);
     } else {
         printf("CPU        %s\n%s\n%s\n", cpu, bq_dnnl_describe(), bq_runtime_describe());
-        printf("model      %s, seq %d, %d threads, median of %d rounds after a warm-up\n", model, T,
-               bq_runtime_threads(), rounds);
+        printf("model      %s, seq %d, %d threads, median of %d rounds after a warm-up (%s)\n", model, T,
+               bq_runtime_threads(), rounds, g_cpu_clock ? "process CPU time" : "wall time");
         if (eng)
             printf("int8       %d integer Linears in %d GEMMs, packed in %.0f ms\n", bq_int8_linear_count(eng),
                    bq_int8_gemm_count(eng), prep_ms);
         else
             printf("int8       not available: %s\n", reason);
         if (onnx) printf("ORT        onnxruntime %s on %s\n", ort_version, onnx);
-        printf("\n%-22s", "ms per forward");
+        printf("\n%-22s", g_cpu_clock ? "CPU ms per forward" : "ms per forward");
         for (int i = 0; i < nb; i++) {
             char h[32];
             snprintf(h, sizeof h, "batch %d", bs[i]);
@@ -320,17 +346,17 @@ int bq_cmd_bench(int argc, char **argv) {
         }
         printf("\n");
         for (int p = 0; p < NPATHS; p++) {
-            if ((p == P_INT8 && !eng) || (p == P_ORT && !onnx)) continue;
+            if (!shown[p]) continue;
             printf("%-22s", PATH_NAMES[p]);
             for (int i = 0; i < nb; i++) printf(" %12.2f", p == P_ORT ? ort[i] : med[i][p]);
             printf("\n");
         }
-        if (eng) {
+        if (cmp) {
             printf("%-22s", "fp32 / int8");
             for (int i = 0; i < nb; i++) printf(" %11.2fx", med[i][P_FP32] / med[i][P_INT8]);
             printf("\n");
         }
-        if (eng && onnx) {
+        if (shown[P_INT8] && onnx) {
             printf("%-22s", "onnxruntime / int8");
             for (int i = 0; i < nb; i++) printf(" %11.2fx", ort[i] / med[i][P_INT8]);
             printf("\n");
