@@ -20,7 +20,10 @@
 #define IK_VEC
 #endif
 #define IK_INLINE static inline __attribute__((always_inline))
-#define PAR_ROWS 16 /* rows below which a kernel stays on the calling thread */
+/* Elements below which an epilogue stays on the calling thread: a LayerNorm pass over one sequence
+ * (128 × 384) takes tens of microseconds, less than waking and joining a second thread costs on a loaded
+ * machine. */
+#define PAR_MIN_ELEMS 65536
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4))); /* unaligned load/store */
@@ -112,18 +115,11 @@ IK_INLINE float row_max8(const float *x, int64_t n) {
 
 /* ---- GEMM epilogues ---- */
 
-IK_VEC void bq_infer_dequant_bias(float *y, const int32_t *acc, const int32_t *comp, const float *scale,
-                                  const float *bias, int64_t M, int64_t N) {
-#pragma omp parallel for if (M >= PAR_ROWS) schedule(static)
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t n = 0; n < N; n++) y[m * N + n] = dequant(acc[m * N + n], comp[n], scale[n], bias[n]);
-}
-
 IK_VEC void bq_infer_residual_layernorm(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
                                         const float *scale, const float *bias, const float *resid,
                                         const float *lnw, const float *lnb, float eps, float sq, int64_t M,
                                         int64_t N) {
-#pragma omp parallel for if (M >= PAR_ROWS) schedule(static)
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++) {
         float *y = out + m * N;
         const int32_t *a = acc + m * N;
@@ -148,7 +144,7 @@ IK_VEC void bq_infer_residual_layernorm(float *out, uint8_t *codes, const int32_
 
 IK_VEC static void gelu_quant_portable(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
                                       const float *bias, float sq, int64_t M, int64_t N) {
-#pragma omp parallel for if (M >= PAR_ROWS) schedule(static)
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++)
             codes[m * N + n] = quant_u8(gelu(dequant(acc[m * N + n], comp[n], scale[n], bias[n])), sq);
@@ -158,8 +154,24 @@ IK_VEC static void gelu_quant_portable(uint8_t *codes, const int32_t *acc, const
 
 static int64_t pad16(int64_t x) { return (x + 15) / 16 * 16; }
 
+
+/* K_hᵀ (d, Tp), S/P (T, Tp), then Q_h, K_h, V_h (T, d) each; every block starts 64-byte aligned. */
 int64_t bq_infer_attention_scratch(int64_t T, int64_t d) {
-    return d * pad16(T) + T * pad16(T) + 16; /* K_hᵀ, then S/P; 16 floats keep both 64-byte aligned */
+    return d * pad16(T) + T * pad16(T) + 3 * pad16(T * d) + 16;
+}
+
+/* Q_h, K_h, V_h (T, d) each, contiguous at dst, dst + Td, dst + 2·Td (Td = pad16(T·d)), dequantized
+ * from the query/key/value accumulators acc (T rows, leading dim ld) of head h. */
+IK_INLINE void dequant_head(float *dst, const int32_t *acc, int64_t ld, const int32_t *comp, const float *scale,
+                            const float *bias, int64_t H, int64_t h, int64_t T, int64_t d) {
+    const int64_t Td = pad16(T * d);
+    for (int part = 0; part < 3; part++) {
+        const int64_t c0 = part * H + h * d;
+        float *o = dst + part * Td;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t e = 0; e < d; e++)
+                o[t * d + e] = dequant(acc[t * ld + c0 + e], comp[c0 + e], scale[c0 + e], bias[c0 + e]);
+    }
 }
 
 /* S rows [0,R) (leading dim Tp) = the R query rows q (leading dim ldq) · Kt (d, Tp). */
@@ -365,7 +377,7 @@ IK_FMA static void gelu_quant_rows_fma(uint8_t *codes, const int32_t *acc, const
                                  -0.18628806f, 0.09678418f, 0.37409196f, 1.00002368f,  -1.26551223f};
     const __m256 s = _mm256_set1_ps(sq), one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-#pragma omp parallel for if (M >= PAR_ROWS) schedule(static)
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n += 8) {
             const __m256i a = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)(acc + m * N + n)),
@@ -382,10 +394,12 @@ IK_FMA static void gelu_quant_rows_fma(uint8_t *codes, const int32_t *acc, const
 }
 
 /* One (batch, head) pair on AVX2 + FMA; the softmax is softmax_row (the same bits as the portable path). */
-IK_FMA static void attn_head_fma(uint8_t *c, int64_t ldc, const float *q, const float *k, const float *v,
-                                 int64_t ld, const float *mrow, float *Kt, float *S, float scale, float sq,
-                                 int64_t T, int64_t d) {
-    const int64_t Tp = pad16(T), T8 = T / 8 * 8;
+IK_FMA static void attn_head_fma(uint8_t *c, int64_t ldc, const int32_t *acc, int64_t lda, const int32_t *comp,
+                                 const float *qscale, const float *bias, int64_t h, const float *mrow, float *Kt,
+                                 float scale, float sq, int64_t T, int64_t d) {
+    const int64_t Tp = pad16(T), T8 = T / 8 * 8, ld = d;
+    float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
+    dequant_head(q, acc, lda, comp, qscale, bias, ldc, h, T, d);
     transpose_fma(Kt, Tp, k, ld, T8, d);
     for (int64_t j = T8; j < T; j++)
         for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
@@ -412,9 +426,12 @@ static int have_fma(void) { return 0; }
 #endif
 
 /* One (batch, head) pair, portable (vector extensions, separate multiply and add). */
-static void attn_head(uint8_t *c, int64_t ldc, const float *q, const float *k, const float *v, int64_t ld,
-                      const float *mrow, float *Kt, float *S, float scale, float sq, int64_t T, int64_t d) {
-    const int64_t Tp = pad16(T);
+static void attn_head(uint8_t *c, int64_t ldc, const int32_t *acc, int64_t lda, const int32_t *comp,
+                      const float *qscale, const float *bias, int64_t h, const float *mrow, float *Kt, float scale,
+                      float sq, int64_t T, int64_t d) {
+    const int64_t Tp = pad16(T), ld = d;
+    float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
+    dequant_head(q, acc, lda, comp, qscale, bias, ldc, h, T, d);
     for (int64_t j = 0; j < T; j++)
         for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
     for (int64_t e = 0; e < d; e++)
@@ -430,26 +447,26 @@ static void attn_head(uint8_t *c, int64_t ldc, const float *q, const float *k, c
 /* The products use fused multiply-adds where the CPU has AVX2 and FMA (rounding differs from the
  * portable path's separate multiply and add, so results are the same on every CPU of one kind, not
  * across kinds; batch size and thread count never change them). */
-void bq_infer_attention(uint8_t *codes, const float *qkv, const float *mask, float *scratch, int64_t nthreads,
-                        float scale, float sq, int64_t B, int64_t T, int64_t NH, int64_t d) {
+void bq_infer_attention(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
+                        const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
+                        float sq, int64_t B, int64_t T, int64_t NH, int64_t d) {
     BQ_CHECK(d % 8 == 0 && omp_get_max_threads() <= nthreads);
-    const int64_t H = NH * d, ld = 3 * H, Tp = pad16(T), per = bq_infer_attention_scratch(T, d);
+    const int64_t H = NH * d, lda = 3 * H, per = bq_infer_attention_scratch(T, d);
     const int fma = have_fma();
 #pragma omp parallel for if (B * NH > 1) schedule(static)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         const int64_t b = bh / NH, h = bh % NH;
         float *Kt = scratch + (int64_t)omp_get_thread_num() * per;
-        float *S = Kt + d * Tp;
-        const float *q = qkv + b * T * ld + h * d;
+        const int32_t *a = acc + b * T * lda;
         const float *mrow = mask ? mask + b * T : NULL;
         uint8_t *c = codes + b * T * H + h * d;
 #if defined(__x86_64__) && defined(__GNUC__)
         if (fma) {
-            attn_head_fma(c, H, q, q + H, q + 2 * H, ld, mrow, Kt, S, scale, sq, T, d);
+            attn_head_fma(c, H, a, lda, comp, qscale, bias, h, mrow, Kt, scale, sq, T, d);
             continue;
         }
 #endif
-        attn_head(c, H, q, q + H, q + 2 * H, ld, mrow, Kt, S, scale, sq, T, d);
+        attn_head(c, H, a, lda, comp, qscale, bias, h, mrow, Kt, scale, sq, T, d);
     }
 }
 

@@ -21,10 +21,6 @@
 
 #include <stdint.h>
 
-/* y (M,N) = the dequantized accumulators plus bias. */
-void bq_infer_dequant_bias(float *y, const int32_t *acc, const int32_t *comp, const float *scale,
-                           const float *bias, int64_t M, int64_t N);
-
 /* out (M,N) = LayerNorm(dequant(acc) + bias + resid) with weight lnw and bias lnb (BertSelfOutput,
  * BertOutput without dropout), and, when codes is not NULL, codes (M,N) = its uint8 codes at scale sq
  * (the next Linear's input quantizer). out may not alias resid. */
@@ -40,12 +36,14 @@ void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp
 /* Scratch floats per thread that bq_infer_attention needs for sequences of T tokens and head size d. */
 int64_t bq_infer_attention_scratch(int64_t T, int64_t d);
 
-/* The attention block of one layer on qkv (B,T,3H) (query | key | value column blocks, H = NH·d,
- * d a multiple of 8): for every (b, h), S = Q_h·K_hᵀ, P = softmax(scale·S + (1 − mask)·(−FLT_MAX))
- * over keys (mask (B,T) of 0/1, or NULL), C_h = P·V_h; codes (B,T,H) = uint8 codes of C at scale sq.
- * scratch: nthreads · bq_infer_attention_scratch(T, d) floats, 64-byte aligned, where nthreads is at
- * least omp_get_max_threads(). */
-void bq_infer_attention(uint8_t *codes, const float *qkv, const float *mask, float *scratch, int64_t nthreads,
-                        float scale, float sq, int64_t B, int64_t T, int64_t NH, int64_t d);
+/* The attention block of one layer on the accumulators acc (B,T,3H) of the fused query/key/value GEMM
+ * (query | key | value column blocks, H = NH·d, d a multiple of 8; comp, qscale, bias: (3H)): for every
+ * (b, h), Q_h, K_h, V_h = dequant + bias of its columns, S = Q_h·K_hᵀ,
+ * P = softmax(scale·S + (1 − mask)·(−FLT_MAX)) over keys (mask (B,T) of 0/1, or NULL), C_h = P·V_h;
+ * codes (B,T,H) = uint8 codes of C at scale sq. scratch: nthreads · bq_infer_attention_scratch(T, d)
+ * floats, 64-byte aligned, where nthreads is at least omp_get_max_threads(). */
+void bq_infer_attention(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
+                        const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
+                        float sq, int64_t B, int64_t T, int64_t NH, int64_t d);
 
 #endif

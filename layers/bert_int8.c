@@ -311,14 +311,13 @@ static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *ma
     int32_t *acc = bq_arena_alloc(ctx->act, (size_t)(M * (I > 3 * H ? I : 3 * H)) * sizeof(int32_t));
     const Int8Linear *lq = &IL->qkv[0], *la = &IL->ao, *li = &IL->inter, *lo = &IL->out;
 
-    float *qkv = bq_arena_alloc(ctx->act, (size_t)(M * 3 * H) * sizeof(float));
     if ((rc = bq_qgemm_raw(lq->w, cx, M, acc))) return rc;
-    bq_infer_dequant_bias(qkv, acc, bq_qgemm_weights_comp(lq->w), lq->scale, lq->bias, M, 3 * H);
 
     const int64_t nthr = omp_get_max_threads();
     float *scratch = bq_arena_alloc(ctx->act, (size_t)(nthr * bq_infer_attention_scratch(T, d)) * sizeof(float));
     uint8_t *cc = bq_arena_alloc(ctx->act, (size_t)(M * H));
-    bq_infer_attention(cc, qkv, mask, scratch, nthr, scale, la->sx, B, T, NH, d);
+    bq_infer_attention(cc, acc, bq_qgemm_weights_comp(lq->w), lq->scale, lq->bias, mask, scratch, nthr, scale,
+                       la->sx, B, T, NH, d);
 
     if ((rc = bq_qgemm_raw(la->w, cc, M, acc))) return rc;
     int64_t shape[3] = {B, T, H};
