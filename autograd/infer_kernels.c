@@ -10,6 +10,7 @@
 #include <float.h>
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "autograd/bq.h"
@@ -416,10 +417,12 @@ IK_FMA static void attn_head_fma(uint8_t *c, int64_t ldc, const int32_t *acc, in
     for (; i < T; i++) context_rows_fma(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 1);
 }
 
+/* 1 when the CPU has AVX2 and FMA and the environment does not set BQ_INFER_PORTABLE (which tests
+ * set to run the portable kernels on such CPUs too). */
 static int have_fma(void) {
     static int v = -1;
     if (v < 0) v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return v;
+    return v && !getenv("BQ_INFER_PORTABLE");
 }
 #else
 static int have_fma(void) { return 0; }
