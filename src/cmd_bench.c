@@ -78,6 +78,13 @@ static double cpu_now(void) {
 
 static int g_cpu_clock; /* --clock cpu */
 
+/* OMP_WAIT_POLICY as libgomp read it at start: idle threads spin (active, the default) or sleep
+ * (passive), which decides the latency on a machine whose cores other jobs also use. */
+static const char *wait_policy(void) {
+    const char *w = getenv("OMP_WAIT_POLICY");
+    return w && *w ? w : "default (spin, then sleep)";
+}
+
 /* One forward of path p (fp32: m->quant detached for the call). Seconds in *dt: wall time, or process
  * CPU time with --clock cpu. */
 static int run_path(int p, BqBert *m, BqInt8Engine *e, BqArena *act, const BqBertInput *in, double *dt) {
@@ -304,6 +311,7 @@ int bq_cmd_bench(int argc, char **argv) {
         json_object_set_new(j, "seq", json_integer(T));
         json_object_set_new(j, "rounds", json_integer(rounds));
         json_object_set_new(j, "clock", json_string(clock_arg));
+        json_object_set_new(j, "omp_wait_policy", json_string(wait_policy()));
         json_object_set_new(j, "int8_available", json_boolean(eng != NULL));
         if (!eng) json_object_set_new(j, "int8_refused", json_string(reason));
         if (onnx) json_object_set_new(j, "onnx", json_string(onnx));
@@ -332,6 +340,7 @@ int bq_cmd_bench(int argc, char **argv) {
         printf("CPU        %s\n%s\n%s\n", cpu, bq_dnnl_describe(), bq_runtime_describe());
         printf("model      %s, seq %d, %d threads, median of %d rounds after a warm-up (%s)\n", model, T,
                bq_runtime_threads(), rounds, g_cpu_clock ? "process CPU time" : "wall time");
+        printf("OpenMP     wait policy %s\n", wait_policy());
         if (eng)
             printf("int8       %d integer Linears in %d GEMMs, packed in %.0f ms\n", bq_int8_linear_count(eng),
                    bq_int8_gemm_count(eng), prep_ms);
