@@ -364,6 +364,13 @@ cleanup:
     return rc;
 }
 
+int bq_qgemm_raw(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc) {
+    return run_raw(w, xu8, M, acc);
+}
+
+const int32_t *bq_qgemm_weights_comp(const BqQGemmWeights *w) { return w->comp; }
+const float *bq_qgemm_weights_scale(const BqQGemmWeights *w) { return w->sw; }
+
 int bq_qgemm_s32(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc) {
     int rc = run_raw(w, xu8, M, acc);
     if (rc) return rc;

@@ -54,6 +54,14 @@ void bq_qgemm_quantize_u8(uint8_t *out, const float *x, int64_t n, float sx);
  * (BQ_ENOMEM for memory, else BQ_EINVAL with oneDNN's status). */
 int bq_qgemm_s32(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc);
 
+/* acc (M,N) = Σ_k (qx[m,k] + 128)·qw[n,k], exact and NOT yet corrected: acc − comp[n] is the product
+ * of the codes (comp = bq_qgemm_weights_comp, 128·Σ_k qw[n,k]). For fused epilogues
+ * (autograd/infer_kernels.h) that fold the correction into their pass. Errors as bq_qgemm_s32. */
+int bq_qgemm_raw(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc);
+/* (N) the zero-point corrections 128·Σ_k qw[n,k] and the weight scales sw[n] (per-tensor expanded). */
+const int32_t *bq_qgemm_weights_comp(const BqQGemmWeights *w);
+const float *bq_qgemm_weights_scale(const BqQGemmWeights *w);
+
 /* The whole Linear: y = fl(fl(acc·fl(sx·sw[n])) + b[n]) (b may be NULL: no bias). The N columns are
  * split into nout equal blocks; block j is written to out[j] as a contiguous (M, N/nout) array (the
  * fused query/key/value GEMM writes three tensors). scratch: M·N int32 of caller memory. */

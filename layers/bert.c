@@ -419,8 +419,12 @@ int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const B
     int st = check_input(m, in, &labelled);
     if (st) return st;
     BqTensor *x = embed(m, ctx, in);
-    for (int l = 0; l < c->num_hidden_layers; l++)
-        if ((st = layer_forward(m, ctx, hook, l, x, in->attention_mask, &x))) return st;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        BqTensor *y = NULL;
+        if (hook && hook->layer && (st = hook->layer(hook->user, ctx, l, x, in->attention_mask, &y))) return st;
+        if (!y && (st = layer_forward(m, ctx, hook, l, x, in->attention_mask, &y))) return st;
+        x = y;
+    }
 
     if (c->head == BQ_HEAD_QA) {
         /* qa_outputs on every token (no dropout in HF's head): (B,T,2), fp32 in every scheme */

@@ -153,6 +153,10 @@ typedef struct BqLinearHook {
     void *user;
     int (*run)(void *user, BqCtx *ctx, int layer, BqLinearId id, BqTensor *x, const BqTensor *w,
                const BqTensor *b, BqTensor **out);
+    /* Optional (NULL: never): asked first for each whole encoder layer on x (B,T,H) with the batch's
+     * attention mask (B,T) or NULL; sets *y (B,T,H) when it computed the layer, leaves it NULL to let
+     * the forward run the layer (asking run() for its Linears), or returns an error status. */
+    int (*layer)(void *user, BqCtx *ctx, int layer, BqTensor *x, const float *mask, BqTensor **y);
 } BqLinearHook;
 
 /* Replaces m's head by `head` as HF's from_pretrained does for a checkpoint of another architecture:

@@ -18,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
+#include "autograd/infer_kernels.h"
 #include "autograd/qgemm.h"
 #include "layers/quant.h"
 
@@ -25,17 +28,20 @@ typedef struct Int8Linear {
     BqQGemmWeights *w; /* NULL: this Linear runs as the fake-quant fp32 Linear */
     float sx;          /* the input quantizer's scale */
     float *bias;       /* (N) copy, concatenated for the fused query/key/value product */
+    float *scale;      /* (N) fl(sx·sw[n]), the dequantization factors of autograd/qgemm.h */
 } Int8Linear;
 
 typedef struct Int8Layer {
     int fused_qkv;       /* qkv[0] is the (3H, H) product of query, key and value */
+    int whole;           /* the layer runs as one fused block (layer_run); see bq_int8_prepare */
     Int8Linear qkv[3], ao, inter, out;
 } Int8Layer;
 
 struct BqInt8Engine {
-    int num_layers, hidden, inter;
+    int num_layers, hidden, inter, heads;
     Int8Layer *layers;
-    int nlinear, ngemm;
+    int nlinear, ngemm, nwhole;
+    int use_whole;       /* bq_int8_set_layer_fusion */
 };
 
 /* ---- preparation ---- */
@@ -48,6 +54,20 @@ static BqQuantizer *input_quantizer(BqQuantState *qs, int l, int j) {
     BqQuantizer *shared = j < 3 ? bq_quant_at(qs, l, BQ_QP_QKV_IN) : NULL;
     if (a && shared) return NULL;
     return a ? a : shared;
+}
+
+/* 1 when the only quantizers of layer l are the Linears' inputs and weights (the cpu scheme): then
+ * everything between two GEMMs is fp32 and the layer can run as one fused block. */
+static int linear_points_only(BqQuantState *qs, int l) {
+    for (int pt = 0; pt < BQ_QP_LAYER_COUNT; pt++) {
+        if (!bq_quant_at(qs, l, pt)) continue;
+        switch (pt) {
+        case BQ_QP_W_Q: case BQ_QP_W_K: case BQ_QP_W_V: case BQ_QP_W_AO: case BQ_QP_W_I: case BQ_QP_W_O:
+        case BQ_QP_QKV_IN: case BQ_QP_AO_IN: case BQ_QP_I_IN: case BQ_QP_O_IN: break;
+        default: return 0;
+        }
+    }
+    return 1;
 }
 
 static const int weight_point[6] = {BQ_QP_W_Q, BQ_QP_W_K, BQ_QP_W_V, BQ_QP_W_AO, BQ_QP_W_I, BQ_QP_W_O};
@@ -107,6 +127,8 @@ static int pack_linear(Int8Linear *il, const BqBert *m, int l, const int *js, in
         row += n;
     }
     il->sx = iq->scale[0];
+    il->scale = bq_malloc((size_t)N * sizeof(float));
+    for (int64_t n = 0; n < N; n++) il->scale[n] = il->sx * sw[n];
     rc = bq_qgemm_weights_create(&il->w, codes, sw, N, N, K, bits,
                                  bq_quant_at(qs, l, weight_point[js[0]])->name);
 
@@ -124,6 +146,7 @@ void bq_int8_free(BqInt8Engine *e) {
         for (int j = 0; j < 6; j++) {
             bq_qgemm_weights_free(all[j]->w);
             free(all[j]->bias);
+            free(all[j]->scale);
         }
     }
     free(e->layers);
@@ -150,6 +173,8 @@ int bq_int8_prepare(BqInt8Engine **out, const BqBert *m) {
     e->num_layers = c->num_hidden_layers;
     e->hidden = c->hidden_size;
     e->inter = c->intermediate_size;
+    e->heads = c->num_attention_heads;
+    e->use_whole = 1;
     e->layers = bq_calloc((size_t)e->num_layers, sizeof *e->layers);
     int rc = BQ_OK;
     for (int l = 0; l < e->num_layers; l++) {
@@ -183,6 +208,9 @@ int bq_int8_prepare(BqInt8Engine **out, const BqBert *m) {
                 if ((rc = pack_linear(rest[j - 3], m, l, &j, 1, iq[j]))) goto cleanup;
                 e->nlinear++, e->ngemm++;
             }
+        IL->whole = IL->fused_qkv && ok[3] && ok[4] && ok[5] && linear_points_only(qs, l) &&
+                    (c->hidden_size / c->num_attention_heads) % 8 == 0;
+        e->nwhole += IL->whole;
     }
     if (e->nlinear == 0) {
         rc = bq_err(BQ_EINVAL, "int8 engine: scheme '%s' leaves no Linear with both input and weight quantized",
@@ -198,6 +226,8 @@ cleanup:
 }
 
 int bq_int8_linear_count(const BqInt8Engine *e) { return e->nlinear; }
+int bq_int8_fused_layer_count(const BqInt8Engine *e) { return e->use_whole ? e->nwhole : 0; }
+void bq_int8_set_layer_fusion(BqInt8Engine *e, int on) { e->use_whole = on != 0; }
 int bq_int8_gemm_count(const BqInt8Engine *e) { return e->ngemm; }
 
 /* ---- forward ---- */
@@ -246,11 +276,77 @@ static int int8_linear(BqCtx *ctx, const Int8Linear *il, const BqTensor *x, int 
     return bq_qgemm_linear(il->w, codes, M, il->sx, il->bias, nout, dst, acc);
 }
 
+/* State of one forward, the hook's user pointer: the codes a fused layer computed for its successor's
+ * query/key/value input along with its output (pend_src), so that layer need not quantize again. */
+typedef struct Fwd {
+    const BqInt8Engine *e;
+    const BqBert *m;
+    const float *pend_src;
+    uint8_t *pend_codes;
+} Fwd;
+
+/* The whole encoder layer l on x (B,T,H) as 4 integer GEMMs, each followed by one fused pass that ends
+ * in the next GEMM's codes (autograd/infer_kernels.h):
+ *   codes(x) → QKV GEMM → +bias → attention → codes(context)
+ *   → AO GEMM → +bias +x → LayerNorm = a, codes(a) → I GEMM → +bias → GELU → codes
+ *   → O GEMM → +bias +a → LayerNorm = y, codes(y) for layer l+1.
+ * The ops and their order are layer_forward's of layers/bert.c for a model whose only quantizers are
+ * the Linears' inputs and weights. */
+static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask, BqTensor **y) {
+    Fwd *f = user;
+    const BqInt8Engine *e = f->e;
+    const Int8Layer *IL = &e->layers[l];
+    if (!e->use_whole || !IL->whole) return BQ_OK;
+    BQ_CHECK(bq_tensor_is_contiguous(x) && x->ndim == 3 && x->shape[2] == e->hidden);
+    const BqBertLayer *L = &f->m->layers[l];
+    const int64_t B = x->shape[0], T = x->shape[1], H = e->hidden, I = e->inter, NH = e->heads, d = H / NH;
+    const int64_t M = B * T;
+    const float eps = f->m->cfg.layer_norm_eps, scale = 1.0f / sqrtf((float)(H / NH));
+    int rc;
+    uint8_t *cx = f->pend_codes;
+    if (f->pend_src != x->data || !cx) {
+        cx = bq_arena_alloc(ctx->act, (size_t)(M * H));
+        bq_qgemm_quantize_u8(cx, x->data, M * H, IL->qkv[0].sx);
+    }
+    int32_t *acc = bq_arena_alloc(ctx->act, (size_t)(M * (I > 3 * H ? I : 3 * H)) * sizeof(int32_t));
+    const Int8Linear *lq = &IL->qkv[0], *la = &IL->ao, *li = &IL->inter, *lo = &IL->out;
+
+    if ((rc = bq_qgemm_raw(lq->w, cx, M, acc))) return rc;
+
+    const int64_t nthr = omp_get_max_threads();
+    float *scratch = bq_arena_alloc(ctx->act, (size_t)(nthr * bq_infer_attention_scratch(T, d)) * sizeof(float));
+    uint8_t *cc = bq_arena_alloc(ctx->act, (size_t)(M * H));
+    bq_infer_attention(cc, acc, bq_qgemm_weights_comp(lq->w), lq->scale, lq->bias, mask, scratch, nthr, scale,
+                       la->sx, B, T, NH, d);
+
+    if ((rc = bq_qgemm_raw(la->w, cc, M, acc))) return rc;
+    int64_t shape[3] = {B, T, H};
+    BqTensor *a = bq_tensor_new(ctx, 3, shape);
+    uint8_t *ca = bq_arena_alloc(ctx->act, (size_t)(M * H));
+    bq_infer_residual_layernorm(a->data, ca, acc, bq_qgemm_weights_comp(la->w), la->scale, la->bias, x->data,
+                                L->ln1_w.data, L->ln1_b.data, eps, li->sx, M, H);
+
+    if ((rc = bq_qgemm_raw(li->w, ca, M, acc))) return rc;
+    uint8_t *ch = bq_arena_alloc(ctx->act, (size_t)(M * I));
+    bq_infer_gelu_quant(ch, acc, bq_qgemm_weights_comp(li->w), li->scale, li->bias, lo->sx, M, I);
+
+    if ((rc = bq_qgemm_raw(lo->w, ch, M, acc))) return rc;
+    BqTensor *o = bq_tensor_new(ctx, 3, shape);
+    const int next = l + 1 < e->num_layers && e->layers[l + 1].whole;
+    uint8_t *cn = next ? bq_arena_alloc(ctx->act, (size_t)(M * H)) : NULL;
+    bq_infer_residual_layernorm(o->data, cn, acc, bq_qgemm_weights_comp(lo->w), lo->scale, lo->bias, a->data,
+                                L->ln2_w.data, L->ln2_b.data, eps, next ? e->layers[l + 1].qkv[0].sx : 1.0f, M, H);
+    f->pend_src = o->data;
+    f->pend_codes = cn;
+    *y = o;
+    return BQ_OK;
+}
+
 /* The engine's BqLinearHook (layers/bert.h): the integer Linears of the layer, and the pooler and
  * classifier in row_linear's fixed summation order; every other Linear is left to the forward. */
 static int hook_run(void *user, BqCtx *ctx, int l, BqLinearId id, BqTensor *x, const BqTensor *w,
                     const BqTensor *b, BqTensor **out) {
-    const BqInt8Engine *e = user;
+    const BqInt8Engine *e = ((const Fwd *)user)->e;
     if (id == BQ_LIN_POOLER || id == BQ_LIN_CLASSIFIER) {
         out[0] = row_linear(ctx, x, w, b);
         return BQ_OK;
@@ -278,6 +374,7 @@ int bq_int8_forward(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *i
     if (!m->quant || e->num_layers != c->num_hidden_layers || e->hidden != c->hidden_size ||
         e->inter != c->intermediate_size)
         return bq_err(BQ_EINVAL, "int8 engine: the model is not the one the engine was prepared from");
-    BqLinearHook hook = {.user = e, .run = hook_run};
+    Fwd f = {.e = e, .m = m};
+    BqLinearHook hook = {.user = &f, .run = hook_run, .layer = layer_run};
     return bq_bert_forward_hooked(m, ctx, in, &hook, logits, NULL);
 }

@@ -30,6 +30,15 @@ void bq_int8_free(BqInt8Engine *e);
 int bq_int8_linear_count(const BqInt8Engine *e);
 int bq_int8_gemm_count(const BqInt8Engine *e);
 
+/* Encoder layers that run as one fused block: when the layer's only quantizers are its Linears'
+ * inputs and weights (the cpu scheme), query/key/value share one input quantizer and the head size is
+ * a multiple of 8, the layer is 4 integer GEMMs, each followed by a single pass that dequantizes,
+ * adds bias (and residual + LayerNorm, or GELU) and quantizes for the next GEMM, with the attention
+ * block in between (autograd/infer_kernels.h). Other layers run op by op through layers/bert.c. On by
+ * default; bq_int8_set_layer_fusion(e, 0) turns it off (tests compare both). */
+int bq_int8_fused_layer_count(const BqInt8Engine *e);
+void bq_int8_set_layer_fusion(BqInt8Engine *e, int on);
+
 /* logits (B, num_labels) of the batch, in ctx->act, as bq_bert_forward computes them in evaluation
  * (ctx->tape must be NULL and ctx->training 0). m must be the model e was prepared from. Bad ids,
  * types or lengths are BQ_EINVAL/BQ_EFORMAT errors as in bq_bert_forward. */

@@ -4,7 +4,9 @@ Feeds random input ids of shape (batch, seq) (attention mask all ones, token typ
 each input declares), runs one warm-up inference per batch size and then --rounds timed ones, and
 prints one JSON object on stdout:
   {"onnxruntime": VERSION, "threads": N, "seq": T,
-   "results": [{"batch": B, "median_ms": X, "times_ms": [...]}, ...]}
+   "results": [{"batch": B, "median_ms": X, "times_ms": [...], "cpu_median_ms": Y}, ...]}
+where cpu_median_ms is the median of the process CPU time per inference (time.process_time: all
+threads, spin-waiting included; a load-independent measure at --threads 1 on a shared machine).
 Errors go to stderr with exit status 1 (bad model), 2 (bad arguments) or 3 (onnxruntime missing)."""
 import argparse
 import json
@@ -60,12 +62,14 @@ def main():
             else:
                 feed[i.name] = np.zeros((b, a.seq), dt)
         sess.run(None, feed)
-        times = []
+        times, cpu = [], []
         for _ in range(a.rounds):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             sess.run(None, feed)
             times.append((time.perf_counter() - t0) * 1e3)
-        results.append({"batch": b, "median_ms": float(np.median(times)), "times_ms": times})
+            cpu.append((time.process_time() - c0) * 1e3)
+        results.append({"batch": b, "median_ms": float(np.median(times)), "times_ms": times,
+                        "cpu_median_ms": float(np.median(cpu))})
     print(json.dumps({"onnxruntime": ort.__version__, "threads": a.threads, "seq": a.seq, "results": results}))
     return 0
 

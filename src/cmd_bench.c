@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "autograd/bq.h"
@@ -46,20 +47,54 @@ static int parse_batches(const char *s, int *out, int *n) {
     return BQ_OK;
 }
 
+/* "fp32,int8" into a bit mask over P_FP32..P_INT8. */
+static int parse_paths(const char *s, unsigned *mask) {
+    *mask = 0;
+    const char *p = s;
+    while (*p) {
+        size_t len = strcspn(p, ",");
+        int found = 0;
+        for (int i = P_FP32; i <= P_INT8; i++)
+            if (strlen(PATH_NAMES[i]) == len && strncmp(p, PATH_NAMES[i], len) == 0) *mask |= 1u << i, found = 1;
+        if (!found) return bq_err(BQ_EINVAL, "--paths: '%s' is not a comma-separated list of fp32, fake-quant, int8", s);
+        p += len;
+        if (*p) p++;
+    }
+    if (!*mask) return bq_err(BQ_EINVAL, "--paths: empty");
+    return BQ_OK;
+}
+
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-/* One forward of path p (fp32: m->quant detached for the call). Seconds in *dt. */
+/* Process CPU time in seconds (all threads). */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int g_cpu_clock; /* --clock cpu */
+
+/* OMP_WAIT_POLICY as libgomp read it at start: idle threads spin (active, the default) or sleep
+ * (passive), which decides the latency on a machine whose cores other jobs also use. */
+static const char *wait_policy(void) {
+    const char *w = getenv("OMP_WAIT_POLICY");
+    return w && *w ? w : "default (spin, then sleep)";
+}
+
+/* One forward of path p (fp32: m->quant detached for the call). Seconds in *dt: wall time, or process
+ * CPU time with --clock cpu. */
 static int run_path(int p, BqBert *m, BqInt8Engine *e, BqArena *act, const BqBertInput *in, double *dt) {
     struct BqQuantState *qs = m->quant;
     if (p == P_FP32) m->quant = NULL;
     BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
     BqTensor *lg = NULL;
-    double t0 = bq_now();
+    double t0 = g_cpu_clock ? cpu_now() : bq_now();
     int st = p == P_INT8 ? bq_int8_forward(e, m, &ctx, in, &lg) : bq_bert_forward(m, &ctx, in, &lg, NULL);
-    *dt = bq_now() - t0;
+    *dt = (g_cpu_clock ? cpu_now() : bq_now()) - t0;
     m->quant = qs;
     bq_arena_rewind(act, 0);
     return st;
@@ -67,8 +102,8 @@ static int run_path(int p, BqBert *m, BqInt8Engine *e, BqArena *act, const BqBer
 
 /* Median milliseconds of fp32, fake quant and (e set) int8 at batch B after one warm-up round; the
  * paths alternate within each round so that a change of machine load affects them alike. */
-static int time_batch(BqBert *m, BqInt8Engine *e, BqArena *act, int B, int T, int rounds, BqRng *rng,
-                      double med[NPATHS]) {
+static int time_batch(BqBert *m, BqInt8Engine *e, BqArena *act, int B, int T, int rounds, unsigned paths,
+                      BqRng *rng, double med[NPATHS]) {
     int32_t *ids = bq_malloc(sizeof(int32_t) * (size_t)B * (size_t)T);
     float *mask = bq_malloc(sizeof(float) * (size_t)B * (size_t)T);
     double *t = bq_malloc(sizeof(double) * (size_t)rounds * NPATHS);
@@ -80,13 +115,13 @@ static int time_batch(BqBert *m, BqInt8Engine *e, BqArena *act, int B, int T, in
     BqBertInput in = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask};
     for (int r = -1; r < rounds && !st; r++)
         for (int p = P_FP32; p <= P_INT8 && !st; p++) {
-            if (p == P_INT8 && !e) continue;
+            if ((p == P_INT8 && !e) || !(paths >> p & 1)) continue;
             double dt;
             st = run_path(p, m, e, act, &in, &dt);
             if (r >= 0) t[p * rounds + r] = dt;
         }
     for (int p = P_FP32; p <= P_INT8 && !st; p++) {
-        if (p == P_INT8 && !e) continue;
+        if ((p == P_INT8 && !e) || !(paths >> p & 1)) continue;
         qsort(t + p * rounds, (size_t)rounds, sizeof *t, cmp_d);
         med[p] = rounds % 2 ? t[p * rounds + rounds / 2] * 1e3
                             : 0.5 * (t[p * rounds + rounds / 2 - 1] + t[p * rounds + rounds / 2]) * 1e3;
@@ -154,7 +189,8 @@ static int time_onnx(const char *python, const char *onnx, const int *bs, int nb
         st = bq_err(BQ_EFORMAT, "--onnx %s: unexpected output of %s", onnx, script);
         goto cleanup;
     }
-    for (int i = 0; i < nb; i++) ort[i] = json_number_value(json_object_get(json_array_get(res, (size_t)i), "median_ms"));
+    for (int i = 0; i < nb; i++)
+        ort[i] = json_number_value(json_object_get(json_array_get(res, (size_t)i), g_cpu_clock ? "cpu_median_ms" : "median_ms"));
     snprintf(version, vlen, "%s", json_string_value(json_object_get(j, "onnxruntime")) ?
              json_string_value(json_object_get(j, "onnxruntime")) : "?");
 
@@ -165,17 +201,22 @@ cleanup:
 }
 
 int bq_cmd_bench(int argc, char **argv) {
-    const char *model = NULL, *onnx = NULL, *batch_arg = "1,32", *python = getenv("BQ_PYTHON");
+    const char *model = NULL, *onnx = NULL, *batch_arg = "1,32", *paths_arg = "fp32,fake-quant,int8",
+               *python = getenv("BQ_PYTHON");
+    const char *clock_arg = "wall";
     int seq = 0, threads = 0, rounds = 10, json = 0;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "quantized checkpoint (PTQ or QAT)", 1, 0, 0},
         {"onnx", BQ_ARG_STR, &onnx, "also time this ONNX file in ONNX Runtime (e.g. the checkpoint's export)", 0, 0, 0},
         {"batch-sizes", BQ_ARG_STR, &batch_arg, "comma-separated batch sizes", 0, 0, 0},
+        {"paths", BQ_ARG_STR, &paths_arg, "comma-separated bertqat forwards to time: fp32, fake-quant, int8", 0, 0, 0},
         {"seq", BQ_ARG_INT, &seq, "tokens per example (0: the checkpoint's max_seq_len, else 128)", 0, 0, 8192},
         {"threads", BQ_ARG_INT, &threads, "threads, for bertqat and ONNX Runtime alike (0: all cores)", 0, 0, 4096},
         {"rounds", BQ_ARG_INT, &rounds, "timed forwards per path and batch size, after one warm-up", 0, 1, MAX_ROUNDS},
         {"python", BQ_ARG_STR, &python, "Python with onnxruntime for --onnx (env BQ_PYTHON; else the source tree's "
          ".venv)", 0, 0, 0},
+        {"clock", BQ_ARG_STR, &clock_arg, "wall (latency) or cpu (process CPU time of all threads, spin-waits "
+         "included: a measure that a loaded machine disturbs less, meant for --threads 1)", 0, 0, 0},
         {"json", BQ_ARG_FLAG, &json, "print the results as one JSON object instead of a table", 0, 0, 0},
     };
     BqArgs args = {.cmd = "bench", .usage = "--model CKPT [--onnx FILE] [options]",
@@ -186,6 +227,11 @@ int bq_cmd_bench(int argc, char **argv) {
     if (st || args.help) return st;
     int bs[MAX_BATCHES], nb = 0;
     if ((st = parse_batches(batch_arg, bs, &nb))) return st;
+    unsigned paths;
+    if ((st = parse_paths(paths_arg, &paths))) return st;
+    if (strcmp(clock_arg, "wall") && strcmp(clock_arg, "cpu"))
+        return bq_err(BQ_EINVAL, "--clock: '%s' is neither wall nor cpu", clock_arg);
+    g_cpu_clock = !strcmp(clock_arg, "cpu");
     char venv_python[4200];
     snprintf(venv_python, sizeof venv_python, "%s/.venv/bin/python", BQ_SOURCE_DIR);
     if (!python || !*python) python = venv_python;
@@ -227,17 +273,24 @@ int bq_cmd_bench(int argc, char **argv) {
     bq_rng_seed(&rng, 1);
     for (int i = 0; i < nb; i++) {
         fprintf(stderr, "[bench] batch %d, seq %d: %d rounds\n", bs[i], T, rounds);
-        if ((st = time_batch(&m, eng, &act, bs[i], T, rounds, &rng, med[i]))) goto cleanup;
+        if ((st = time_batch(&m, eng, &act, bs[i], T, rounds, paths, &rng, med[i]))) goto cleanup;
     }
     if (onnx && (st = time_onnx(python, onnx, bs, nb, T, bq_runtime_threads(), rounds, m.cfg.vocab_size, ort,
                                 ort_version, sizeof ort_version)))
         goto cleanup;
 
-    int pays = eng != NULL;
-    for (int i = 0; i < nb && eng; i++) pays &= med[i][P_FP32] / med[i][P_INT8] >= PAYS_OFF;
+    /* shown[p]: path p was timed; int8 against fp32 only when both were */
+    int shown[NPATHS];
+    for (int p = P_FP32; p <= P_INT8; p++) shown[p] = (paths >> p & 1) && (p != P_INT8 || eng);
+    shown[P_ORT] = onnx != NULL;
+    const int cmp = shown[P_FP32] && shown[P_INT8];
+    int pays = cmp;
+    for (int i = 0; i < nb && cmp; i++) pays &= med[i][P_FP32] / med[i][P_INT8] >= PAYS_OFF;
     char verdict[2048];
     if (!eng) {
         snprintf(verdict, sizeof verdict, "int8 cannot run on this machine for this checkpoint: %s.", reason);
+    } else if (!cmp) {
+        snprintf(verdict, sizeof verdict, "int8 against fp32: not compared (--paths %s).", paths_arg);
     } else {
         int n = snprintf(verdict, sizeof verdict, "int8 %s on this machine: the integer forward is ",
                          pays ? "pays off" : "does not pay off");
@@ -257,6 +310,8 @@ int bq_cmd_bench(int argc, char **argv) {
         json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
         json_object_set_new(j, "seq", json_integer(T));
         json_object_set_new(j, "rounds", json_integer(rounds));
+        json_object_set_new(j, "clock", json_string(clock_arg));
+        json_object_set_new(j, "omp_wait_policy", json_string(wait_policy()));
         json_object_set_new(j, "int8_available", json_boolean(eng != NULL));
         if (!eng) json_object_set_new(j, "int8_refused", json_string(reason));
         if (onnx) json_object_set_new(j, "onnx", json_string(onnx));
@@ -266,13 +321,13 @@ int bq_cmd_bench(int argc, char **argv) {
             json_t *r = json_object();
             json_object_set_new(r, "batch", json_integer(bs[i]));
             for (int p = 0; p < NPATHS; p++) {
-                if ((p == P_INT8 && !eng) || (p == P_ORT && !onnx)) continue;
+                if (!shown[p]) continue;
                 char key[64];
                 snprintf(key, sizeof key, "%s_ms", PATH_NAMES[p]);
                 json_object_set_new(r, key, json_real(p == P_ORT ? ort[i] : med[i][p]));
             }
-            if (eng) json_object_set_new(r, "fp32_over_int8", json_real(med[i][P_FP32] / med[i][P_INT8]));
-            if (eng && onnx) json_object_set_new(r, "onnxruntime_over_int8", json_real(ort[i] / med[i][P_INT8]));
+            if (cmp) json_object_set_new(r, "fp32_over_int8", json_real(med[i][P_FP32] / med[i][P_INT8]));
+            if (shown[P_INT8] && onnx) json_object_set_new(r, "onnxruntime_over_int8", json_real(ort[i] / med[i][P_INT8]));
             json_array_append_new(rows, r);
         }
         json_object_set_new(j, "results", rows);
@@ -283,15 +338,16 @@ int bq_cmd_bench(int argc, char **argv) {
         free(s);
     } else {
         printf("CPU        %s\n%s\n%s\n", cpu, bq_dnnl_describe(), bq_runtime_describe());
-        printf("model      %s, seq %d, %d threads, median of %d rounds after a warm-up\n", model, T,
-               bq_runtime_threads(), rounds);
+        printf("model      %s, seq %d, %d threads, median of %d rounds after a warm-up (%s)\n", model, T,
+               bq_runtime_threads(), rounds, g_cpu_clock ? "process CPU time" : "wall time");
+        printf("OpenMP     wait policy %s\n", wait_policy());
         if (eng)
             printf("int8       %d integer Linears in %d GEMMs, packed in %.0f ms\n", bq_int8_linear_count(eng),
                    bq_int8_gemm_count(eng), prep_ms);
         else
             printf("int8       not available: %s\n", reason);
         if (onnx) printf("ORT        onnxruntime %s on %s\n", ort_version, onnx);
-        printf("\n%-22s", "ms per forward");
+        printf("\n%-22s", g_cpu_clock ? "CPU ms per forward" : "ms per forward");
         for (int i = 0; i < nb; i++) {
             char h[32];
             snprintf(h, sizeof h, "batch %d", bs[i]);
@@ -299,17 +355,17 @@ int bq_cmd_bench(int argc, char **argv) {
         }
         printf("\n");
         for (int p = 0; p < NPATHS; p++) {
-            if ((p == P_INT8 && !eng) || (p == P_ORT && !onnx)) continue;
+            if (!shown[p]) continue;
             printf("%-22s", PATH_NAMES[p]);
             for (int i = 0; i < nb; i++) printf(" %12.2f", p == P_ORT ? ort[i] : med[i][p]);
             printf("\n");
         }
-        if (eng) {
+        if (cmp) {
             printf("%-22s", "fp32 / int8");
             for (int i = 0; i < nb; i++) printf(" %11.2fx", med[i][P_FP32] / med[i][P_INT8]);
             printf("\n");
         }
-        if (eng && onnx) {
+        if (shown[P_INT8] && onnx) {
             printf("%-22s", "onnxruntime / int8");
             for (int i = 0; i < nb; i++) printf(" %11.2fx", ort[i] / med[i][P_INT8]);
             printf("\n");

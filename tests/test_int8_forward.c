@@ -109,8 +109,9 @@ static void unload(BqBert *m) {
     bq_bert_free(m);
 }
 
-/* Compares the engine with fake quant on fresh batches and checks batch and thread invariance. */
-static void check_scheme(const char *scheme) {
+/* Compares the engine with fake quant on fresh batches and checks batch and thread invariance; fusion
+ * 0 runs every layer op by op (bq_int8_set_layer_fusion), 1 lets the cpu scheme's layers run fused. */
+static void check_scheme(const char *scheme, int fusion) {
     BqBert m;
     BQ_CHECK(load_model(&m, scheme, 1) == BQ_OK);
     BqInt8Engine *e = NULL;
@@ -132,6 +133,11 @@ static void check_scheme(const char *scheme) {
            6 * L);
     if (!strcmp(scheme, "cpu"))
         EXPECT(bq_int8_gemm_count(e) == 4 * L, "cpu: %d GEMMs, expected %d (fused qkv)", bq_int8_gemm_count(e), 4 * L);
+    bq_int8_set_layer_fusion(e, fusion);
+    const int want_fused = fusion && !strcmp(scheme, "cpu") ? L : 0;
+    printf("%s, fusion %d: %d of %d layers fused\n", scheme, fusion, bq_int8_fused_layer_count(e), L);
+    EXPECT(bq_int8_fused_layer_count(e) == want_fused, "%s: %d fused layers, expected %d", scheme,
+           bq_int8_fused_layer_count(e), want_fused);
 
     BqArena act;
     BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "act") == BQ_OK);
@@ -233,8 +239,9 @@ static void check_refusals(void) {
 int main(void) {
     bq_runtime_set_threads(2);
     printf("%s\n", bq_dnnl_describe());
-    check_scheme("cpu");
-    check_scheme("qdqbert");
+    check_scheme("cpu", 1);
+    check_scheme("cpu", 0);
+    check_scheme("qdqbert", 1);
     check_refusals();
     bq_qgemm_cache_clear();
     if (fails) printf("%d check(s) FAILED\n", fails);

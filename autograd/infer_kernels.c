@@ -1,0 +1,488 @@
+/* Fused inference kernels of the integer engine (autograd/infer_kernels.h).
+ *
+ * Elementwise loops are written to vectorize (branch-free scalar math, always inlined) and compiled
+ * for baseline x86-64, AVX2 and AVX-512F through function multi-versioning, as autograd/kernels.c
+ * does; -std=c11 keeps floating-point contraction off, so every clone gives the same bits. The two
+ * attention products use GCC vector extensions (8 floats) with register blocking: 4 query rows × 16
+ * keys for Q·Kᵀ (on a transposed copy of K_h) and 4 rows × 16 columns of V_h for P·V. */
+#include "autograd/infer_kernels.h"
+
+#include <float.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/bq.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(BQ_NO_CLONES)
+#define IK_VEC __attribute__((target_clones("default", "avx2", "avx512f")))
+#else
+#define IK_VEC
+#endif
+#define IK_INLINE static inline __attribute__((always_inline))
+/* Elements below which an epilogue stays on the calling thread: a LayerNorm pass over one sequence
+ * (128 × 384) takes tens of microseconds, less than waking and joining a second thread costs on a loaded
+ * machine. */
+#define PAR_MIN_ELEMS 65536
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4))); /* unaligned load/store */
+
+/* ---- scalar math: the formulas of autograd/kernels.c (same constants, same operation order) ---- */
+
+IK_INLINE float rne_small(float x) {
+    const float magic = 12582912.0f; /* 1.5·2^23 */
+    return (x + magic) - magic;
+}
+
+/* e^x, relative error below 2e-7 on [-87.3, 88]; 0 below, +inf above (autograd/kernels.c exp_fast). */
+IK_INLINE float exp_fast(float x) {
+    float xc = x < -87.3f ? -87.3f : x;
+    xc = xc > 88.0f ? 88.0f : xc;
+    float n = rne_small(xc * 1.44269504088896341f);
+    float r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    float y = p * two_n;
+    y = x < -87.3f ? 0.0f : y;
+    return x > 88.0f ? INFINITY : y;
+}
+
+/* erfc(z), z >= 0, by the Chebyshev fit of Press et al., Numerical Recipes §6.2 (autograd/kernels.c). */
+IK_INLINE float erfc_pos(float z) {
+    float t = 1.0f / (1.0f + 0.5f * z);
+    float p = 0.17087277f;
+    p = p * t - 0.82215223f;
+    p = p * t + 1.48851587f;
+    p = p * t - 1.13520398f;
+    p = p * t + 0.27886807f;
+    p = p * t - 0.18628806f;
+    p = p * t + 0.09678418f;
+    p = p * t + 0.37409196f;
+    p = p * t + 1.00002368f;
+    p = p * t - 1.26551223f;
+    return t * exp_fast(-z * z + p);
+}
+
+IK_INLINE float gelu(float x) {
+    float h = 0.5f * erfc_pos(fabsf(x) * (float)M_SQRT1_2);
+    return x * (x >= 0.0f ? 1.0f - h : h);
+}
+
+IK_INLINE uint8_t quant_u8(float x, float s) {
+    float v = x / s;
+    v = v < -128.0f ? -128.0f : v;
+    v = v > 127.0f ? 127.0f : v;
+    v = v == v ? v : 0.0f;
+    return (uint8_t)((int)rne_small(v) + 128);
+}
+
+IK_INLINE float dequant(int32_t a, int32_t comp, float scale, float bias) {
+    return (float)(a - comp) * scale + bias;
+}
+
+/* Sums in 8 fixed lanes combined pairwise (autograd/kernels.c row_sum's order). */
+IK_INLINE float row_sum8(const float *x, int64_t n) {
+    float a[8] = {0};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) a[l] += x[j + l];
+    for (; j < n; j++) a[0] += x[j];
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+IK_INLINE float row_max8(const float *x, int64_t n) {
+    float m[8];
+    for (int l = 0; l < 8; l++) m[l] = -INFINITY;
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
+    for (; j < n; j++) m[0] = x[j] > m[0] ? x[j] : m[0];
+    float r = m[0];
+    for (int l = 1; l < 8; l++) r = m[l] > r ? m[l] : r;
+    return r;
+}
+
+/* ---- GEMM epilogues ---- */
+
+IK_VEC void bq_infer_residual_layernorm(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
+                                        const float *scale, const float *bias, const float *resid,
+                                        const float *lnw, const float *lnb, float eps, float sq, int64_t M,
+                                        int64_t N) {
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        float *y = out + m * N;
+        const int32_t *a = acc + m * N;
+        const float *r = resid + m * N;
+        for (int64_t n = 0; n < N; n++) y[n] = dequant(a[n], comp[n], scale[n], bias[n]) + r[n];
+        const float mean = row_sum8(y, N) / (float)N;
+        float v8a[8] = {0};
+        int64_t n = 0;
+        for (; n + 8 <= N; n += 8)
+            for (int l = 0; l < 8; l++) {
+                float c = y[n + l] - mean;
+                v8a[l] += c * c;
+            }
+        for (; n < N; n++) v8a[0] += (y[n] - mean) * (y[n] - mean);
+        const float var = (((v8a[0] + v8a[1]) + (v8a[2] + v8a[3])) + ((v8a[4] + v8a[5]) + (v8a[6] + v8a[7]))) / (float)N;
+        const float rs = 1.0f / sqrtf(var + eps);
+        for (n = 0; n < N; n++) y[n] = (y[n] - mean) * rs * lnw[n] + lnb[n];
+        if (codes)
+            for (n = 0; n < N; n++) codes[m * N + n] = quant_u8(y[n], sq);
+    }
+}
+
+IK_VEC static void gelu_quant_portable(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                                      const float *bias, float sq, int64_t M, int64_t N) {
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++)
+            codes[m * N + n] = quant_u8(gelu(dequant(acc[m * N + n], comp[n], scale[n], bias[n])), sq);
+}
+
+/* ---- attention ---- */
+
+static int64_t pad16(int64_t x) { return (x + 15) / 16 * 16; }
+
+
+/* K_hᵀ (d, Tp), S/P (T, Tp), then Q_h, K_h, V_h (T, d) each; every block starts 64-byte aligned. */
+int64_t bq_infer_attention_scratch(int64_t T, int64_t d) {
+    return d * pad16(T) + T * pad16(T) + 3 * pad16(T * d) + 16;
+}
+
+/* Q_h, K_h, V_h (T, d) each, contiguous at dst, dst + Td, dst + 2·Td (Td = pad16(T·d)), dequantized
+ * from the query/key/value accumulators acc (T rows, leading dim ld) of head h. */
+IK_INLINE void dequant_head(float *dst, const int32_t *acc, int64_t ld, const int32_t *comp, const float *scale,
+                            const float *bias, int64_t H, int64_t h, int64_t T, int64_t d) {
+    const int64_t Td = pad16(T * d);
+    for (int part = 0; part < 3; part++) {
+        const int64_t c0 = part * H + h * d;
+        float *o = dst + part * Td;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t e = 0; e < d; e++)
+                o[t * d + e] = dequant(acc[t * ld + c0 + e], comp[c0 + e], scale[c0 + e], bias[c0 + e]);
+    }
+}
+
+/* S rows [0,R) (leading dim Tp) = the R query rows q (leading dim ldq) · Kt (d, Tp). */
+IK_INLINE void scores_rows(float *S, int64_t Tp, const float *q, int64_t ldq, const float *Kt, int64_t d,
+                           const int R) {
+    for (int64_t j = 0; j < Tp; j += 16) {
+        v8 acc[4][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (v8){0};
+        for (int64_t e = 0; e < d; e++) {
+            const v8 k0 = *(const v8 *)(Kt + e * Tp + j), k1 = *(const v8 *)(Kt + e * Tp + j + 8);
+            for (int r = 0; r < R; r++) {
+                const v8 qb = (v8){0} + q[r * ldq + e];
+                acc[r][0] += qb * k0;
+                acc[r][1] += qb * k1;
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            *(v8 *)(S + r * Tp + j) = acc[r][0];
+            *(v8 *)(S + r * Tp + j + 8) = acc[r][1];
+        }
+    }
+}
+
+/* C rows [0,R) (d columns, written as codes at scale sq, leading dim ldc) = P rows (leading dim Tp, T
+ * keys) · V (T, d, leading dim ldv). */
+IK_INLINE void context_rows(uint8_t *codes, int64_t ldc, const float *P, int64_t Tp, const float *V, int64_t ldv,
+                            int64_t T, int64_t d, float sq, const int R) {
+    for (int64_t c = 0; c < d; c += 16) {
+        const int two = c + 16 <= d; /* d is a multiple of 8: the last block may be 8 wide */
+        v8 acc[4][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (v8){0};
+        for (int64_t j = 0; j < T; j++) {
+            const v8 v0 = *(const v8u *)(V + j * ldv + c);
+            const v8 v1 = two ? *(const v8u *)(V + j * ldv + c + 8) : (v8){0};
+            for (int r = 0; r < R; r++) {
+                const v8 pb = (v8){0} + P[r * Tp + j];
+                acc[r][0] += pb * v0;
+                acc[r][1] += pb * v1;
+            }
+        }
+        for (int r = 0; r < R; r++)
+            for (int l = 0; l < (two ? 16 : 8); l++)
+                codes[r * ldc + c + l] = quant_u8(l < 8 ? acc[r][0][l] : acc[r][1][l - 8], sq);
+    }
+}
+
+/* The masked softmax of one row of T scores (row length Tp), in place: the operations and summation
+ * orders of autograd/kernels.c bq_kernel_softmax_mask_forward. */
+IK_INLINE void softmax_row(float *y, const float *mrow, float scale, int64_t T) {
+    if (mrow)
+        for (int64_t j = 0; j < T; j++) y[j] = scale * y[j] + (1.0f - mrow[j]) * -FLT_MAX;
+    else
+        for (int64_t j = 0; j < T; j++) y[j] = scale * y[j];
+    const float mx = row_max8(y, T);
+    for (int64_t j = 0; j < T; j++) y[j] = exp_fast(y[j] - mx);
+    const float inv = 1.0f / row_sum8(y, T);
+    for (int64_t j = 0; j < T; j++) y[j] *= inv;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define IK_FMA __attribute__((target("avx2,fma")))
+#define IK_FMA_INLINE static inline __attribute__((always_inline, target("avx2,fma")))
+
+/* R (1..4) rows of S = Q·Kt, 16 keys at a time, fused multiply-adds over the head dimension e. */
+IK_FMA_INLINE void scores_rows_fma(float *S, int64_t Tp, const float *q, int64_t ldq, const float *Kt, int64_t d,
+                                   const int R) {
+    for (int64_t j = 0; j < Tp; j += 16) {
+        __m256 acc[4][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int64_t e = 0; e < d; e++) {
+            const __m256 k0 = _mm256_load_ps(Kt + e * Tp + j), k1 = _mm256_load_ps(Kt + e * Tp + j + 8);
+            for (int r = 0; r < R; r++) {
+                const __m256 qb = _mm256_broadcast_ss(q + r * ldq + e);
+                acc[r][0] = _mm256_fmadd_ps(qb, k0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(qb, k1, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            _mm256_store_ps(S + r * Tp + j, acc[r][0]);
+            _mm256_store_ps(S + r * Tp + j + 8, acc[r][1]);
+        }
+    }
+}
+
+/* 8 uint8 codes of x at scale s: quant_u8's value for every input (NaN → 0 first, then the clamp). */
+IK_FMA_INLINE void quant8_fma(uint8_t *dst, __m256 x, __m256 s) {
+    __m256 v = _mm256_div_ps(x, s);
+    v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
+    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-128.0f)), _mm256_set1_ps(127.0f));
+    __m256i i = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
+                                 _mm256_set1_epi32(128));
+    __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64((__m128i *)dst, _mm_packus_epi16(w, w));
+}
+
+/* e^x for 8 lanes: exp_fast's range reduction and polynomial with fused multiply-adds. */
+IK_FMA_INLINE __m256 exp8_fma(__m256 x) {
+    const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    y = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ), y);
+    return _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_GT_OQ));
+}
+
+/* The masked softmax of one row (softmax_row's operations; exp with fused multiply-adds; T a multiple
+ * of 8, the row padded to a multiple of 16). */
+IK_FMA_INLINE void softmax_row_fma(float *y, const float *mrow, float scale, int64_t T) {
+    const __m256 sc = _mm256_set1_ps(scale), one = _mm256_set1_ps(1.0f), mv = _mm256_set1_ps(-FLT_MAX);
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < T; j += 8) {
+        __m256 v = _mm256_mul_ps(sc, _mm256_load_ps(y + j));
+        if (mrow) v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_sub_ps(one, _mm256_loadu_ps(mrow + j)), mv));
+        _mm256_store_ps(y + j, v);
+        mx = _mm256_max_ps(mx, v);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const __m256 m = _mm256_broadcastss_ps(m4);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < T; j += 8) {
+        const __m256 e = exp8_fma(_mm256_sub_ps(_mm256_load_ps(y + j), m));
+        _mm256_store_ps(y + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float l[8];
+    _mm256_storeu_ps(l, sum);
+    const __m256 inv = _mm256_set1_ps(1.0f / (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))));
+    for (int64_t j = 0; j < T; j += 8) _mm256_store_ps(y + j, _mm256_mul_ps(_mm256_load_ps(y + j), inv));
+}
+
+/* Kt[e][j] = k[j][e] for j < T (T a multiple of 8, d a multiple of 8), in 8×8 blocks. */
+IK_FMA_INLINE void transpose_fma(float *Kt, int64_t Tp, const float *k, int64_t ld, int64_t T, int64_t d) {
+    for (int64_t j = 0; j < T; j += 8)
+        for (int64_t e = 0; e < d; e += 8) {
+            __m256 r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(k + (j + i) * ld + e);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+                u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+                u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+                u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm256_store_ps(Kt + (e + i) * Tp + j, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+                _mm256_store_ps(Kt + (e + i + 4) * Tp + j, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+            }
+        }
+}
+
+/* R rows of C = P·V (d columns, 16 or 8 at a time), written as codes at scale sq. */
+IK_FMA_INLINE void context_rows_fma(uint8_t *codes, int64_t ldc, const float *P, int64_t Tp, const float *V,
+                                    int64_t ldv, int64_t T, int64_t d, float sq, const int R) {
+    const __m256 s = _mm256_set1_ps(sq);
+    for (int64_t c = 0; c < d; c += 16) {
+        const int two = c + 16 <= d;
+        __m256 acc[4][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        if (two) {
+            for (int64_t j = 0; j < T; j++) {
+                const __m256 v0 = _mm256_loadu_ps(V + j * ldv + c), v1 = _mm256_loadu_ps(V + j * ldv + c + 8);
+                for (int r = 0; r < R; r++) {
+                    const __m256 pb = _mm256_broadcast_ss(P + r * Tp + j);
+                    acc[r][0] = _mm256_fmadd_ps(pb, v0, acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(pb, v1, acc[r][1]);
+                }
+            }
+        } else {
+            for (int64_t j = 0; j < T; j++) {
+                const __m256 v0 = _mm256_loadu_ps(V + j * ldv + c);
+                for (int r = 0; r < R; r++)
+                    acc[r][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(P + r * Tp + j), v0, acc[r][0]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            quant8_fma(codes + r * ldc + c, acc[r][0], s);
+            if (two) quant8_fma(codes + r * ldc + c + 8, acc[r][1], s);
+        }
+    }
+}
+
+/* gelu_quant_portable's row with fused multiply-adds, 8 columns at a time (N a multiple of 8). */
+IK_FMA static void gelu_quant_rows_fma(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                                       const float *bias, float sq, int64_t M, int64_t N) {
+    static const float cf[10] = {0.17087277f, -0.82215223f, 1.48851587f,  -1.13520398f, 0.27886807f,
+                                 -0.18628806f, 0.09678418f, 0.37409196f, 1.00002368f,  -1.26551223f};
+    const __m256 s = _mm256_set1_ps(sq), one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n += 8) {
+            const __m256i a = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)(acc + m * N + n)),
+                                               _mm256_loadu_si256((const __m256i *)(comp + n)));
+            const __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(scale + n), _mm256_loadu_ps(bias + n));
+            const __m256 z = _mm256_mul_ps(_mm256_and_ps(x, absmask), _mm256_set1_ps((float)M_SQRT1_2));
+            const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(half, z, one));
+            __m256 p = _mm256_set1_ps(cf[0]);
+            for (int i = 1; i < 10; i++) p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(cf[i]));
+            const __m256 h = _mm256_mul_ps(half, _mm256_mul_ps(t, exp8_fma(_mm256_fnmadd_ps(z, z, p))));
+            const __m256 cdf = _mm256_blendv_ps(_mm256_sub_ps(one, h), h, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+            quant8_fma(codes + m * N + n, _mm256_mul_ps(x, cdf), s);
+        }
+}
+
+/* One (batch, head) pair on AVX2 + FMA; the softmax is softmax_row (the same bits as the portable path). */
+IK_FMA static void attn_head_fma(uint8_t *c, int64_t ldc, const int32_t *acc, int64_t lda, const int32_t *comp,
+                                 const float *qscale, const float *bias, int64_t h, const float *mrow, float *Kt,
+                                 float scale, float sq, int64_t T, int64_t d) {
+    const int64_t Tp = pad16(T), T8 = T / 8 * 8, ld = d;
+    float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
+    dequant_head(q, acc, lda, comp, qscale, bias, ldc, h, T, d);
+    transpose_fma(Kt, Tp, k, ld, T8, d);
+    for (int64_t j = T8; j < T; j++)
+        for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
+    for (int64_t e = 0; e < d; e++)
+        for (int64_t j = T; j < Tp; j++) Kt[e * Tp + j] = 0.0f;
+    int64_t i = 0;
+    for (; i + 4 <= T; i += 4) scores_rows_fma(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 4);
+    for (; i < T; i++) scores_rows_fma(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 1);
+    for (i = 0; i < T; i++) {
+        if (T == T8) softmax_row_fma(S + i * Tp, mrow, scale, T);
+        else softmax_row(S + i * Tp, mrow, scale, T);
+    }
+    for (i = 0; i + 4 <= T; i += 4) context_rows_fma(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 4);
+    for (; i < T; i++) context_rows_fma(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 1);
+}
+
+/* 1 when the CPU has AVX2 and FMA and the environment does not set BQ_INFER_PORTABLE (which tests
+ * set to run the portable kernels on such CPUs too). */
+static int have_fma(void) {
+    static int v = -1;
+    if (v < 0) v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return v && !getenv("BQ_INFER_PORTABLE");
+}
+#else
+static int have_fma(void) { return 0; }
+#endif
+
+/* One (batch, head) pair, portable (vector extensions, separate multiply and add). */
+static void attn_head(uint8_t *c, int64_t ldc, const int32_t *acc, int64_t lda, const int32_t *comp,
+                      const float *qscale, const float *bias, int64_t h, const float *mrow, float *Kt, float scale,
+                      float sq, int64_t T, int64_t d) {
+    const int64_t Tp = pad16(T), ld = d;
+    float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
+    dequant_head(q, acc, lda, comp, qscale, bias, ldc, h, T, d);
+    for (int64_t j = 0; j < T; j++)
+        for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
+    for (int64_t e = 0; e < d; e++)
+        for (int64_t j = T; j < Tp; j++) Kt[e * Tp + j] = 0.0f;
+    int64_t i = 0;
+    for (; i + 4 <= T; i += 4) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 4);
+    for (; i < T; i++) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 1);
+    for (i = 0; i < T; i++) softmax_row(S + i * Tp, mrow, scale, T);
+    for (i = 0; i + 4 <= T; i += 4) context_rows(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 4);
+    for (; i < T; i++) context_rows(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 1);
+}
+
+/* The products use fused multiply-adds where the CPU has AVX2 and FMA (rounding differs from the
+ * portable path's separate multiply and add, so results are the same on every CPU of one kind, not
+ * across kinds; batch size and thread count never change them). */
+void bq_infer_attention(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
+                        const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
+                        float sq, int64_t B, int64_t T, int64_t NH, int64_t d) {
+    BQ_CHECK(d % 8 == 0 && omp_get_max_threads() <= nthreads);
+    const int64_t H = NH * d, lda = 3 * H, per = bq_infer_attention_scratch(T, d);
+    const int fma = have_fma();
+#pragma omp parallel for if (B * NH > 1) schedule(static)
+    for (int64_t bh = 0; bh < B * NH; bh++) {
+        const int64_t b = bh / NH, h = bh % NH;
+        float *Kt = scratch + (int64_t)omp_get_thread_num() * per;
+        const int32_t *a = acc + b * T * lda;
+        const float *mrow = mask ? mask + b * T : NULL;
+        uint8_t *c = codes + b * T * H + h * d;
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (fma) {
+            attn_head_fma(c, H, a, lda, comp, qscale, bias, h, mrow, Kt, scale, sq, T, d);
+            continue;
+        }
+#endif
+        attn_head(c, H, a, lda, comp, qscale, bias, h, mrow, Kt, scale, sq, T, d);
+    }
+}
+
+/* With AVX2 and FMA (and N a multiple of 8) the fused multiply-add version: its values differ from the
+ * portable ones (and from autograd/kernels.c's GELU) in the last bits, so a code can land on the other
+ * side of a rounding boundary; the same on every CPU of one kind. */
+void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                         const float *bias, float sq, int64_t M, int64_t N) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_fma() && N % 8 == 0) {
+        gelu_quant_rows_fma(codes, acc, comp, scale, bias, sq, M, N);
+        return;
+    }
+#endif
+    gelu_quant_portable(codes, acc, comp, scale, bias, sq, M, N);
+}

@@ -1,0 +1,49 @@
+/* Inference-only fused kernels of the integer engine (layers/bert_int8.h): each takes the int32
+ * accumulators of an integer GEMM (autograd/qgemm.h, before the zero-point compensation) and does in
+ * one pass over a row everything the fp32 forward does between that GEMM and the next one, ending in
+ * the next GEMM's uint8 codes; and the attention block (scores, masked softmax, context) of one
+ * encoder layer with its head loop inside one parallel region. No tape, no gradients, no allocation:
+ * scratch comes from the caller.
+ *
+ * Every kernel works row by row (attention: per (batch, head) pair) with fixed summation orders, so a
+ * row's result depends neither on the batch size nor on the thread count. GELU and exp use the same
+ * formulas as autograd/kernels.c, so given the same input they give the same bits; LayerNorm's and
+ * the attention products' sums run in 8 fixed lanes (a different order than autograd/kernels.c's).
+ *
+ * The dequantization of an accumulator a of output column n is the one of autograd/qgemm.c:
+ *   y = fl(fl((float)(a − comp[n])·scale[n]) + bias[n]),  scale[n] = fl(sx·sw[n]),
+ * and quantization to a uint8 code with scale s is bq_qgemm_quantize_u8's:
+ *   code = clamp(rne(x / s), −128, 127) + 128   (NaN → 128).
+ * References: HF transformers BertSelfAttention / BertSelfOutput / BertIntermediate / BertOutput
+ * (modeling_bert.py) for the semantics; layers/bert.c for the op order they replace. */
+#ifndef BQ_INFER_KERNELS_H
+#define BQ_INFER_KERNELS_H
+
+#include <stdint.h>
+
+/* out (M,N) = LayerNorm(dequant(acc) + bias + resid) with weight lnw and bias lnb (BertSelfOutput,
+ * BertOutput without dropout), and, when codes is not NULL, codes (M,N) = its uint8 codes at scale sq
+ * (the next Linear's input quantizer). out may not alias resid. */
+void bq_infer_residual_layernorm(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
+                                 const float *scale, const float *bias, const float *resid, const float *lnw,
+                                 const float *lnb, float eps, float sq, int64_t M, int64_t N);
+
+/* codes (M,N) = uint8 codes at scale sq of gelu(dequant(acc) + bias) (BertIntermediate followed by the
+ * output dense's input quantizer); gelu is the exact-erf GELU of autograd/kernels.c. */
+void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                         const float *bias, float sq, int64_t M, int64_t N);
+
+/* Scratch floats per thread that bq_infer_attention needs for sequences of T tokens and head size d. */
+int64_t bq_infer_attention_scratch(int64_t T, int64_t d);
+
+/* The attention block of one layer on the accumulators acc (B,T,3H) of the fused query/key/value GEMM
+ * (query | key | value column blocks, H = NH·d, d a multiple of 8; comp, qscale, bias: (3H)): for every
+ * (b, h), Q_h, K_h, V_h = dequant + bias of its columns, S = Q_h·K_hᵀ,
+ * P = softmax(scale·S + (1 − mask)·(−FLT_MAX)) over keys (mask (B,T) of 0/1, or NULL), C_h = P·V_h;
+ * codes (B,T,H) = uint8 codes of C at scale sq. scratch: nthreads · bq_infer_attention_scratch(T, d)
+ * floats, 64-byte aligned, where nthreads is at least omp_get_max_threads(). */
+void bq_infer_attention(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
+                        const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
+                        float sq, int64_t B, int64_t T, int64_t NH, int64_t d);
+
+#endif
