@@ -1,0 +1,39 @@
+/* Data-parallel runs under `mpirun` (Open MPI): the one module that calls MPI. Every function has a
+ * single-process behaviour (rank 0 of 1, reductions and broadcasts are no-ops), used when bertqat was
+ * built without MPI or was started without a launcher, so the rest of the code has no #ifdef.
+ * Usage and the cost model: docs/distributed.md. Reference: MPI 3.1 standard §5 (collectives). */
+#ifndef BQ_DIST_H
+#define BQ_DIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Joins the MPI job when the process was started by an MPI launcher (the environment names a rank);
+ * otherwise (or without MPI in the build) stays a single process and calls no MPI function. Call once,
+ * before any other bq_dist_*. Returns a BqStatus. */
+int bq_dist_init(int *argc, char ***argv);
+/* MPI_Finalize when bq_dist_init joined a job. */
+void bq_dist_finalize(void);
+int bq_dist_rank(void);
+int bq_dist_size(void);
+/* One line for `bertqat --version`: whether MPI is in the build, its library version, and the job's
+ * size when running under a launcher. */
+const char *bq_dist_describe(void);
+
+/* In-place element-wise reductions over all ranks (every rank gets the result). Collective: every rank
+ * must call them in the same order with the same n. */
+void bq_dist_sum_f32(float *buf, int64_t n);
+void bq_dist_sum_f64(double *buf, int64_t n);
+void bq_dist_sum_i64(int64_t *buf, int64_t n);
+void bq_dist_max_f64(double *buf, int64_t n);
+void bq_dist_max_i64(int64_t *buf, int64_t n);
+/* Root's `bytes` bytes of buf to every rank. */
+void bq_dist_bcast(void *buf, size_t bytes, int root);
+/* Gathers a variable number of bytes from every rank to rank 0: *out (bq_malloc'd, rank 0 only,
+ * NULL elsewhere) holds rank 0's bytes, then rank 1's, ...; *out_len their total. */
+void bq_dist_gather_bytes(const void *buf, size_t bytes, void **out, size_t *out_len);
+void bq_dist_barrier(void);
+/* Ends every rank of the job with exit status `code` (MPI_Abort), or exit(code) in one process. */
+void bq_dist_abort(int code) __attribute__((noreturn));
+
+#endif
