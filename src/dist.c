@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "autograd/bq.h"
+#include "layers/calib.h"
+#include "layers/quant.h"
 
 #ifdef BQ_HAVE_MPI
 #include <mpi.h>
@@ -160,3 +162,122 @@ void bq_dist_abort(int code) {
 }
 
 #endif
+
+/* ---- quantizer statistics (layers/quant.h, layers/calib.h) ---- */
+
+void bq_dist_reduce_minmax(float *mn, float *mx) {
+    double v[2] = {-(double)*mn, (double)*mx}; /* float → double → float is exact */
+    bq_dist_max_f64(v, 2);
+    *mn = (float)-v[0];
+    *mx = (float)v[1];
+}
+
+void bq_dist_calib_first_batch(BqQuantState *qs) {
+    if (g_size == 1) return;
+    for (int i = 0; i < qs->n; i++) {
+        BqHistogram *h = qs->q[i].hist;
+        if (!h || !h->with_bins) continue;
+        double w = g_rank == 0 ? h->width : 0.0;
+        int64_t nb = g_rank == 0 ? h->nbins : 0;
+        bq_dist_bcast(&w, sizeof w, 0);
+        bq_dist_bcast(&nb, sizeof nb, 0);
+        /* Rank 0 has seen only batch 0 and the others nothing: they take its bin width and bin count,
+         * with empty bins. A quantizer whose batch 0 was all zeros has no width yet (nb == 0): each rank
+         * then fixes its own, and bq_dist_calib_merge refuses to mix them. */
+        if (g_rank != 0 && nb > 0 && h->nbins == 0) {
+            h->width = w;
+            h->nbins = nb;
+            h->count = bq_calloc((size_t)nb, sizeof(double));
+            h->count[0] += (double)h->pending_zeros;
+            h->pending_zeros = 0;
+        }
+    }
+}
+
+int bq_dist_calib_merge(BqQuantState *qs) {
+    if (g_size == 1) return BQ_OK;
+    for (int i = 0; i < qs->n; i++) {
+        BqHistogram *h = qs->q[i].hist;
+        if (!h) continue;
+        bq_dist_max_f64(&h->maxv, 1);
+        if (!h->with_bins) continue;
+        int64_t nb = h->nbins;
+        bq_dist_max_i64(&nb, 1);
+        double w = h->width;
+        bq_dist_bcast(&w, sizeof w, 0);
+        int64_t bad = h->nbins > 0 && w != h->width;
+        bq_dist_sum_i64(&bad, 1);
+        if (bad)
+            return bq_err(BQ_EINVAL, "calibration under mpirun: quantizer %s saw only zeros in the first batch, so "
+                          "the ranks' histograms have different bins; calibrate in one process", qs->q[i].name);
+        if (nb > h->nbins) {
+            h->count = bq_realloc(h->count, (size_t)nb * sizeof(double));
+            memset(h->count + h->nbins, 0, (size_t)(nb - h->nbins) * sizeof(double));
+            h->nbins = nb;
+            h->width = w;
+        }
+        /* counts are whole numbers below 2^53: the sum is exact in any order */
+        bq_dist_sum_f64(h->count, h->nbins);
+        bq_dist_sum_i64(&h->pending_zeros, 1);
+        if (h->nbins > 0 && h->pending_zeros > 0) {
+            h->count[0] += (double)h->pending_zeros;
+            h->pending_zeros = 0;
+        }
+    }
+    return BQ_OK;
+}
+
+void bq_dist_quant_bcast(BqQuantState *qs) {
+    if (g_size == 1 || !qs) return;
+    for (int i = 0; i < qs->n; i++) {
+        BqQuantizer *q = &qs->q[i];
+        bq_dist_bcast(q->amax, sizeof(float) * (size_t)q->nch, 0);
+        bq_dist_bcast(q->scale, sizeof(float) * (size_t)q->nch, 0);
+        int flags[2] = {q->initialized, q->frozen};
+        bq_dist_bcast(flags, sizeof flags, 0);
+        q->initialized = flags[0], q->frozen = flags[1];
+        float mm[2] = {q->run_min, q->run_max};
+        bq_dist_bcast(mm, sizeof mm, 0);
+        q->run_min = mm[0], q->run_max = mm[1];
+        if (q->ch_min) bq_dist_bcast(q->ch_min, sizeof(float) * (size_t)q->nch, 0);
+        if (q->ch_max) bq_dist_bcast(q->ch_max, sizeof(float) * (size_t)q->nch, 0);
+    }
+}
+
+/* ---- text gathered to rank 0 ---- */
+
+typedef struct Line {
+    long long key;
+    const char *s;
+    size_t n;
+} Line;
+
+static int cmp_line(const void *a, const void *b) {
+    const Line *x = a, *y = b;
+    if (x->key != y->key) return (x->key > y->key) - (x->key < y->key);
+    return (x->s > y->s) - (x->s < y->s); /* stable: rank order, then position */
+}
+
+void bq_dist_gather_lines(const char *buf, size_t len, FILE *out) {
+    void *all = NULL;
+    size_t total = 0;
+    bq_dist_gather_bytes(buf, len, &all, &total);
+    if (g_rank != 0) return;
+    const char *p = all, *end = p + total;
+    size_t n = 0, cap = 0;
+    Line *lines = NULL;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *e = nl ? nl + 1 : end;
+        if (n == cap) lines = bq_realloc(lines, (cap = cap ? 2 * cap : 1024) * sizeof *lines);
+        char *rest = NULL;
+        long long key = strtoll(p, &rest, 10);
+        if (rest < e && *rest == '\t') rest++; /* the key and its tab are not written */
+        lines[n++] = (Line){key, rest, (size_t)(e - rest)};
+        p = e;
+    }
+    qsort(lines, n, sizeof *lines, cmp_line);
+    for (size_t i = 0; i < n; i++) fwrite(lines[i].s, 1, lines[i].n, out);
+    free(lines);
+    free(all);
+}

@@ -6,6 +6,7 @@
 #define BQ_DIST_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 /* Joins the MPI job when the process was started by an MPI launcher (the environment names a rank);
@@ -32,8 +33,25 @@ void bq_dist_bcast(void *buf, size_t bytes, int root);
 /* Gathers a variable number of bytes from every rank to rank 0: *out (bq_malloc'd, rank 0 only,
  * NULL elsewhere) holds rank 0's bytes, then rank 1's, ...; *out_len their total. */
 void bq_dist_gather_bytes(const void *buf, size_t bytes, void **out, size_t *out_len);
+/* Gathers every rank's text to rank 0: whole lines, each "KEY<TAB>rest" with an integer KEY. Rank 0
+ * writes the rests to out sorted by KEY (equal keys in rank order, then in their order on the rank).
+ * Other ranks write nothing. */
+void bq_dist_gather_lines(const char *buf, size_t len, FILE *out);
 void bq_dist_barrier(void);
 /* Ends every rank of the job with exit status `code` (MPI_Abort), or exit(code) in one process. */
 void bq_dist_abort(int code) __attribute__((noreturn));
+
+/* Quantizer statistics across ranks (layers/quant.h, layers/calib.h). Histogram calibration under N
+ * ranks: every rank reads every batch and collects the batches k with k mod N = r; after batch 0
+ * (rank 0's) bq_dist_calib_first_batch gives every rank rank 0's bin width, so all histograms share
+ * their bins, and bq_dist_calib_merge (before bq_quant_calib_finish) takes the max of the running
+ * maxima and sums the bin counts: the single-process histogram. */
+struct BqQuantState;
+void bq_dist_calib_first_batch(struct BqQuantState *qs);
+int bq_dist_calib_merge(struct BqQuantState *qs);
+/* Rank 0's ranges and observer state of every quantizer to all ranks. */
+void bq_dist_quant_bcast(struct BqQuantState *qs);
+/* The BqQuantState.reduce_minmax callback: min and max over the ranks. */
+void bq_dist_reduce_minmax(float *mn, float *mx);
 
 #endif
