@@ -193,7 +193,19 @@ def test_killed_rank_stops_all_and_resume_works(env):
     print(f"job ended {waited:.1f}s after the kill, exit {p.returncode}")
     assert p.returncode != 0
     assert waited < 15
-    assert not any(os.path.exists(f"/proc/{r}") and open(f"/proc/{r}/stat").read().split()[2] != "Z" for r in ranks)
+    def alive():
+        left = []
+        for r in ranks:
+            try:
+                if open(f"/proc/{r}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX":
+                    left.append(r)
+            except OSError:
+                pass
+        return left
+    while alive() and time.time() - t0 < 15:
+        time.sleep(0.1)
+    print(f"every rank gone {time.time() - t0:.1f}s after the kill")
+    assert not alive(), f"ranks still running: {alive()}"
     info = run_bq("info", out)
     assert "param" in info.stdout.lower()
     # The same run resumes with another number of processes (the data order depends on the step only).
