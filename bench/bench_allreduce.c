@@ -99,15 +99,11 @@ int main(int argc, char **argv) {
         char path[4096];
         snprintf(path, sizeof path, "%s/config.json", model);
         BqBertConfig cfg;
-        if (!(st = bq_config_load(&cfg, path))) {
-            st = measure("minilm-l6", &cfg, rounds);
-            bq_config_free(&cfg);
-        }
+        if (!(st = bq_config_load(&cfg, path))) st = measure("minilm-l6", &cfg, rounds); /* the model frees cfg */
     }
     BqBertConfig base;
     base_config(&base);
     if (!st) st = measure("bert-base", &base, rounds);
-    bq_config_free(&base);
     if (st) {
         fprintf(stderr, "bench_allreduce: %s\n", bq_errmsg());
         bq_dist_abort(1);

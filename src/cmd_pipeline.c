@@ -26,6 +26,7 @@
 #include "layers/quant.h"
 #include "src/args.h"
 #include "src/cli.h"
+#include "src/dist.h"
 #include "src/report.h"
 
 extern char **environ;
@@ -406,6 +407,10 @@ int bq_cmd_pipeline(int argc, char **argv) {
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof specs[0])};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
+    /* Its stages are child processes, which cannot join the MPI job of their parent. */
+    if (bq_dist_size() > 1)
+        return bq_err(BQ_EINVAL, "pipeline: cannot run under mpirun; run its stages (finetune, calibrate, qat, eval) "
+                      "under mpirun one by one (docs/distributed.md)");
     if (!strcmp(p.budget, "small")) {
         p.train_samples = 4000, p.eval_samples = 2000, p.max_seq_len = 128, p.batch_size = 32;
         p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;

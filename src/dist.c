@@ -120,6 +120,29 @@ void bq_dist_gather_bytes(const void *buf, size_t bytes, void **out, size_t *out
     free(displs);
 }
 
+void bq_dist_allgather_i64(int64_t mine, int64_t *all) {
+    all[0] = mine;
+    if (g_size == 1) return;
+    BQ_CHECK(MPI_Allgather(&mine, 1, MPI_INT64_T, all, 1, MPI_INT64_T, MPI_COMM_WORLD) == MPI_SUCCESS);
+}
+
+void bq_dist_allgatherv(const void *buf, const int64_t *bytes, void *out) {
+    if (g_size == 1) {
+        if (bytes[0]) memcpy(out, buf, (size_t)bytes[0]);
+        return;
+    }
+    int counts[g_size], displs[g_size];
+    int64_t total = 0;
+    for (int r = 0; r < g_size; r++) {
+        BQ_CHECK(total + bytes[r] < INT_MAX);
+        counts[r] = (int)bytes[r];
+        displs[r] = (int)total;
+        total += bytes[r];
+    }
+    BQ_CHECK(MPI_Allgatherv(buf, counts[g_rank], MPI_BYTE, out, counts, displs, MPI_BYTE, MPI_COMM_WORLD) ==
+             MPI_SUCCESS);
+}
+
 void bq_dist_barrier(void) {
     if (g_size > 1) MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -153,6 +176,10 @@ void bq_dist_gather_bytes(const void *buf, size_t bytes, void **out, size_t *out
     *out = bq_malloc(bytes ? bytes : 1);
     if (bytes) memcpy(*out, buf, bytes);
     *out_len = bytes;
+}
+void bq_dist_allgather_i64(int64_t mine, int64_t *all) { all[0] = mine; }
+void bq_dist_allgatherv(const void *buf, const int64_t *bytes, void *out) {
+    if (bytes[0]) memcpy(out, buf, (size_t)bytes[0]);
 }
 void bq_dist_barrier(void) {}
 void bq_dist_abort(int code) {

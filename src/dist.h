@@ -37,6 +37,10 @@ void bq_dist_gather_bytes(const void *buf, size_t bytes, void **out, size_t *out
  * writes the rests to out sorted by KEY (equal keys in rank order, then in their order on the rank).
  * Other ranks write nothing. */
 void bq_dist_gather_lines(const char *buf, size_t len, FILE *out);
+/* all[r] = rank r's `mine` (all has bq_dist_size() entries). */
+void bq_dist_allgather_i64(int64_t mine, int64_t *all);
+/* Every rank's bytes[rank] bytes of buf, concatenated in rank order into out (sum of bytes, < 2 GiB). */
+void bq_dist_allgatherv(const void *buf, const int64_t *bytes, void *out);
 void bq_dist_barrier(void);
 /* Ends every rank of the job with exit status `code` (MPI_Abort), or exit(code) in one process. */
 void bq_dist_abort(int code) __attribute__((noreturn));

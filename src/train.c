@@ -246,12 +246,82 @@ typedef struct StepSums {
     double loss, micro, examples, tokens, stop;
 } StepSums;
 
-/* Ends a step's micro-batches under N ranks: sums the gradient (one allreduce over the contiguous
- * gradient block) and the step's counters. */
-static void step_reduce(BqParamTable *pt, StepSums *s) {
+/* The word-embedding gradient (V, H) summed over the ranks by sending only the rows a rank touched
+ * (the batch's token ids; any row with a non-zero bit, so -0 counts), when the rows of all ranks
+ * together are fewer than V/2; otherwise densely. The sum reproduces the dense rank-order sum
+ * g_0 + g_1 + ... bit for bit, signed zeros included: an untouched row is +0, and adding +0 turns -0
+ * into +0, which the first-copy / add sequence below applies where a rank is skipped. scratch is
+ * rewound on return. */
+static void sum_embedding_rows(float *g, int64_t V, int64_t H, BqArena *scratch) {
+    int nr = bq_dist_size();
+    size_t mark = bq_arena_mark(scratch);
+    int32_t *idx = bq_arena_alloc(scratch, sizeof(int32_t) * (size_t)V);
+    int64_t k = 0;
+    for (int64_t v = 0; v < V; v++) {
+        const uint32_t *row = (const uint32_t *)(g + v * H);
+        for (int64_t j = 0; j < H; j++)
+            if (row[j]) {
+                idx[k++] = (int32_t)v;
+                break;
+            }
+    }
+    int64_t *cnt = bq_arena_alloc(scratch, sizeof(int64_t) * (size_t)nr);
+    int64_t *bytes = bq_arena_alloc(scratch, sizeof(int64_t) * (size_t)nr);
+    bq_dist_allgather_i64(k, cnt);
+    int64_t tot = 0;
+    for (int r = 0; r < nr; r++) tot += cnt[r];
+    if (2 * tot > V) { /* every rank takes the same branch: tot is the same everywhere */
+        bq_dist_sum_f32(g, V * H);
+        bq_arena_rewind(scratch, mark);
+        return;
+    }
+    float *rows = bq_arena_alloc(scratch, sizeof(float) * (size_t)(k * H));
+    for (int64_t i = 0; i < k; i++) memcpy(rows + i * H, g + (int64_t)idx[i] * H, sizeof(float) * (size_t)H);
+    int32_t *all_idx = bq_arena_alloc(scratch, sizeof(int32_t) * (size_t)tot);
+    float *all_rows = bq_arena_alloc(scratch, sizeof(float) * (size_t)(tot * H));
+    for (int r = 0; r < nr; r++) bytes[r] = cnt[r] * (int64_t)sizeof(int32_t);
+    bq_dist_allgatherv(idx, bytes, all_idx);
+    for (int r = 0; r < nr; r++) bytes[r] = cnt[r] * H * (int64_t)sizeof(float);
+    bq_dist_allgatherv(rows, bytes, all_rows);
+    int32_t *last = bq_arena_alloc(scratch, sizeof(int32_t) * (size_t)V); /* last rank added, -1: none */
+    for (int64_t i = 0; i < tot; i++) last[all_idx[i]] = -1;
+    int64_t i = 0;
+    for (int r = 0; r < nr; r++) {
+        for (int64_t e = i + cnt[r]; i < e; i++) {
+            float *dst = g + (int64_t)all_idx[i] * H;
+            const float *src = all_rows + i * H;
+            int p = last[all_idx[i]];
+            if (p < 0) memcpy(dst, src, sizeof(float) * (size_t)H);
+            if (p < 0 ? r > 0 : r > p + 1)
+                for (int64_t j = 0; j < H; j++) dst[j] += 0.0f; /* the +0 of the skipped ranks */
+            if (p >= 0)
+                for (int64_t j = 0; j < H; j++) dst[j] += src[j];
+            last[all_idx[i]] = r;
+        }
+    }
+    for (int64_t t = 0; t < tot; t++) {
+        if (last[all_idx[t]] == nr - 1) continue;
+        float *dst = g + (int64_t)all_idx[t] * H;
+        for (int64_t j = 0; j < H; j++) dst[j] += 0.0f; /* the +0 of the ranks after the last one */
+    }
+    bq_arena_rewind(scratch, mark);
+}
+
+/* Ends a step's micro-batches under N ranks: sums the step's counters and the gradient, with one
+ * allreduce over the contiguous gradient block outside the word embeddings and, for them, the
+ * touched rows only (sum_embedding_rows). scratch: the activation arena, between steps. */
+static void step_reduce(BqParamTable *pt, StepSums *s, BqArena *scratch) {
     if (bq_dist_size() == 1) return;
     bq_dist_sum_f64((double *)s, sizeof *s / sizeof(double));
-    bq_dist_sum_f32(pt->grad, pt->total);
+    int w = bq_params_find(pt, "embeddings.word_embeddings.weight");
+    if (w < 0 || pt->p[w].ndim != 2) {
+        bq_dist_sum_f32(pt->grad, pt->total);
+        return;
+    }
+    int64_t off = pt->p[w].offset, V = pt->p[w].shape[0], H = pt->p[w].shape[1];
+    bq_dist_sum_f32(pt->grad, off);
+    bq_dist_sum_f32(pt->grad + off + V * H, pt->total - off - V * H);
+    sum_embedding_rows(pt->grad + off, V, H, scratch);
 }
 
 /* State shared by the helpers of one bq_train call. */
@@ -433,7 +503,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
             if (micro == tc->grad_accum || (end_of_epoch && micro > 0)) {
                 double gnorm, lr;
                 StepSums sums = {loss_acc, micro, (double)ex_since_log, (double)tok_since_log, g_stop_signal != 0};
-                step_reduce(pt, &sums);
+                step_reduce(pt, &sums, &act);
                 if ((st = bq_train_apply(m, tc, &r.ts, &gnorm, &lr))) {
                     st = numeric_ctx(st, out_dir, "");
                     goto cleanup;
