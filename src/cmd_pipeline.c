@@ -409,7 +409,7 @@ int bq_cmd_pipeline(int argc, char **argv) {
     if (st || args.help) return st;
     /* Its stages are child processes, which cannot join the MPI job of their parent. */
     if (bq_dist_size() > 1)
-        return bq_err(BQ_EINVAL, "pipeline: cannot run under mpirun; run its stages (finetune, calibrate, qat, eval) "
+        return bq_err(BQ_EINVAL, "cannot run under mpirun; run its stages (finetune, calibrate, qat, eval) "
                       "under mpirun one by one (docs/distributed.md)");
     if (!strcmp(p.budget, "small")) {
         p.train_samples = 4000, p.eval_samples = 2000, p.max_seq_len = 128, p.batch_size = 32;

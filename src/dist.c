@@ -15,12 +15,14 @@
 #include <mpi.h>
 #endif
 
-static int g_rank = 0, g_size = 1, g_joined = 0;
+static int g_rank = 0, g_size = 1;
 
 int bq_dist_rank(void) { return g_rank; }
 int bq_dist_size(void) { return g_size; }
 
 #ifdef BQ_HAVE_MPI
+
+static int g_joined = 0; /* MPI_Init was called */
 
 /* MPI counts are int: larger buffers go in chunks of at most 2^30 elements. */
 #define CHUNK ((int64_t)1 << 30)
