@@ -372,7 +372,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
     Run r = {.m = m, .tc = tc, .val = val, .out = out_dir};
     BqArena act = {0};
     BqTape tape = {0};
-    struct sigaction sa_old_int, sa_old_term;
+    struct sigaction sa_old_int, sa_old_term, sa_old_usr1;
     int handlers = 0;
     int progress_open = 0;
     int nr = bq_dist_size(), rk = bq_dist_rank(), writer = rk == 0;
@@ -458,6 +458,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
     g_stop_signal = 0;
     sigaction(SIGINT, &sa, &sa_old_int);
     sigaction(SIGTERM, &sa, &sa_old_term);
+    sigaction(SIGUSR1, &sa, &sa_old_usr1); /* mpirun forwards SIGUSR1 to every rank without killing them */
     handlers = 1;
 
     double t_log = bq_now();
@@ -532,6 +533,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
                 }
                 if ((nr > 1 ? sums.stop > 0 : g_stop_signal != 0) || (tc->interrupt_at_step > 0 && r.ts.step == tc->interrupt_at_step)) {
                     if ((st = save_ckpt(&r))) goto cleanup;
+                    bq_dist_barrier(); /* the other ranks' exit must not cut rank 0's checkpoint short */
                     st = bq_err(BQ_EINTR, "train: interrupted at step %lld/%lld; state saved in %s, continue "
                                 "with the same command plus --resume", (long long)r.ts.step, (long long)total,
                                 out_dir);
@@ -576,6 +578,7 @@ cleanup:
     if (handlers) {
         sigaction(SIGINT, &sa_old_int, NULL);
         sigaction(SIGTERM, &sa_old_term, NULL);
+        sigaction(SIGUSR1, &sa_old_usr1, NULL);
     }
     if (progress_open) bq_progress_close(&r.prog);
     if (st && created_out && !r.saved_any) {

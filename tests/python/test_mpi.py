@@ -231,3 +231,26 @@ def test_qat_observers_and_pipeline_refusal(env, finetuned):
                 timeout=300)
     assert r.returncode == 2 and r.stderr.count("cannot run under mpirun") == 1, r.stderr
     assert not os.path.exists(env / "pl")
+
+
+def test_sigusr1_saves_and_resumes(env):
+    """SIGUSR1 to mpirun reaches every rank (Ctrl-C would have mpirun kill them): the ranks stop at the
+    same step, rank 0 saves, the job exits 6 with one message, and the same command plus --resume
+    finishes under 2 ranks."""
+    out = env / "usr1"
+    args = [*common(env, out), "--max-steps", 8, "--eval-every", 4, "--batch-size", 16]
+    p = subprocess.Popen([*mpirun_cmd(2), BIN, "finetune", *map(str, args)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    log = out / "training_log.jsonl"
+    deadline = time.time() + 900
+    while time.time() < deadline and p.poll() is None and not (log.exists() and log.stat().st_size > 0):
+        time.sleep(0.05)
+    assert p.poll() is None, f"finished before the signal (exit {p.returncode})"
+    p.send_signal(signal.SIGUSR1)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 6, f"exit {p.returncode}: {err[-2000:]}"
+    assert err.count("state saved in") == 1, err[-2000:]
+    assert not os.path.exists(str(out) + ".tmp")
+    r = run_mpi(2, "finetune", *args, "--resume", timeout=900)
+    assert "8 steps" in r.stdout
+    assert [x["step"] for x in log_rows(out) if x["type"] == "train"][-1] == 8
