@@ -67,10 +67,11 @@ static int point_is_sole_consumer(int point) {
 }
 
 /* Moving-average min/max observer step for an activation (PyTorch MovingAverageMinMaxObserver). */
-static void observe_act(BqQuantState *qs, BqQuantizer *q, const BqTensor *x) {
+static void observe_act(BqQuantState *qs, BqQuantizer *q, const BqTensor *x, int training) {
     float mn, mx;
     BQ_CHECK(bq_tensor_is_contiguous(x));
     minmax(x->data, bq_tensor_numel(x), &mn, &mx);
+    if (training && qs->reduce_minmax) qs->reduce_minmax(&mn, &mx);
     if (!q->initialized) {
         q->run_min = mn;
         q->run_max = mx;
@@ -133,7 +134,7 @@ BqTensor *bq_quant_act(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTen
         return x; /* calibration sees the unquantized network */
     }
     /* observers run in training forwards only (evaluation during QAT must not move the ranges) */
-    if ((qs->observe && ctx->training && !q->frozen) || !q->initialized) observe_act(qs, q, x);
+    if ((qs->observe && ctx->training && !q->frozen) || !q->initialized) observe_act(qs, q, x, ctx->training);
     if (!qs->plain_fakequant && point_is_sole_consumer(point))
         return bq_op_fakequant_sole(ctx, x, q->scale, 1, -1, bq_quant_qmin(q), bq_quant_qmax(q));
     return bq_op_fakequant(ctx, x, q->scale, 1, -1, bq_quant_qmin(q), bq_quant_qmax(q));

@@ -154,6 +154,9 @@ typedef struct BqQuantState {
     int64_t steps_seen;
     int plain_fakequant;   /* tests: every activation quantizer gets its own gradient buffer (no
                               bq_op_fakequant_sole), to check the shared-buffer path against it */
+    /* Set by src/train.c under mpirun: reduces an activation observer's batch min/max over the ranks
+     * (min of mins, max of maxes) in training forwards, so every rank's ranges stay identical. */
+    void (*reduce_minmax)(float *mn, float *mx);
 } BqQuantState;
 
 /* Integer range of a quantizer: [qmin, qmax] = [-2^(bits-1), 2^(bits-1) - 1]. */

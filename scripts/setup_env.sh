@@ -5,7 +5,7 @@ BQ_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export BQ_ROOT
 export BERTQAT_DATA=${BERTQAT_DATA:-$BQ_ROOT/../shared/data}
 BQ_DEBS="build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libhdf5-dev libprotobuf-c-dev protobuf-c-compiler
-libutf8proc-dev libjansson-dev libarchive-dev libdnnl-dev python3 python3-venv unzip"
+libutf8proc-dev libjansson-dev libarchive-dev libdnnl-dev libopenmpi-dev openmpi-bin python3 python3-venv unzip"
 
 bq_install_debs() {
     local missing=""

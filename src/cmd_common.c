@@ -8,6 +8,7 @@
 #include "autograd/bq.h"
 #include "export/ckpt.h"
 #include "layers/quant.h"
+#include "src/dist.h"
 
 static const char *const TRUNC_NAMES[] = {"head", "tail", "head_tail"};
 
@@ -176,6 +177,9 @@ void bq_cli_train_default(BqCliTrain *t, double lr) {
 
 int bq_cli_splits_load(BqCliSplits *s, BqBert *m, const char *dir, BqCliData *d, const BqCliTrain *t,
                        const BqTokenizer *tok, const char *tag) {
+    if (t->batch_size % bq_dist_size())
+        return bq_err(BQ_EINVAL, "--batch-size %d: the global batch must be a multiple of the %d MPI ranks",
+                      t->batch_size, bq_dist_size());
     int st = bq_cli_data_resolve(d, m, tag);
     if (st) return st;
     BqDataSpec spec;

@@ -17,6 +17,7 @@
 #include "src/args.h"
 #include "src/cli.h"
 #include "src/cmd_common.h"
+#include "src/dist.h"
 #include "src/metrics.h"
 #include "src/qa.h"
 #include "src/train.h"
@@ -34,13 +35,16 @@ static const char *label_name(const BqBert *m, int k, char *buf, size_t n) {
 typedef struct PredWriter {
     FILE *f;
     int C;
+    int64_t calls; /* under mpirun: batches written; rank r's call i is global batch i·N + r */
 } PredWriter;
 
 static void pred_write(void *user, const BqBatch *b, const float *probs) {
     PredWriter *w = user;
+    int64_t batch = w->calls++ * bq_dist_size() + bq_dist_rank();
     for (int64_t i = 0; i < b->B; i++) {
         const float *p = probs + i * w->C;
         int k = bq_argmax(p, w->C);
+        if (bq_dist_size() > 1) fprintf(w->f, "%lld\t", (long long)batch); /* the key bq_dist_gather_lines drops */
         fprintf(w->f, "%lld\t%d\t%d\t%.6f\n", (long long)b->example_index[i], b->labels[i], k, p[k]);
     }
 }
@@ -362,7 +366,15 @@ int bq_cmd_eval(int argc, char **argv) {
     BqBatcherSource bs;
     bq_batch_source_batcher(&src, &bs, &bt);
     bq_confusion_init(&conf, m.cfg.num_labels);
-    if (predictions) {
+    /* Under mpirun each rank keeps its batches' lines in memory; rank 0 gathers and writes them. */
+    char *pred_mem = NULL;
+    size_t pred_len = 0;
+    if (predictions && bq_dist_size() > 1 && !(pw.f = open_memstream(&pred_mem, &pred_len))) {
+        st = bq_err(BQ_ENOMEM, "--predictions: %s", strerror(errno));
+        goto cleanup;
+    }
+    if (predictions && bq_dist_size() > 1) pw.C = m.cfg.num_labels;
+    if (predictions && bq_dist_size() == 1) {
         snprintf(pred_tmp, sizeof pred_tmp, "%s.tmp", predictions);
         if (!(pw.f = fopen(pred_tmp, "w"))) {
             st = bq_err(BQ_EIO, "--predictions %s: %s", predictions, strerror(errno));
@@ -373,6 +385,20 @@ int bq_cmd_eval(int argc, char **argv) {
     double t0 = bq_now();
     if ((st = bq_evaluate_engine(&m, eng, &src, &act, &conf, 0, pw.f ? pred_write : NULL, &pw))) goto cleanup;
     double secs = bq_now() - t0;
+    if (pw.f && bq_dist_size() > 1) {
+        fclose(pw.f);
+        pw.f = NULL;
+        if (bq_dist_rank() == 0) {
+            snprintf(pred_tmp, sizeof pred_tmp, "%s.tmp", predictions);
+            if (!(pw.f = fopen(pred_tmp, "w"))) {
+                st = bq_err(BQ_EIO, "--predictions %s: %s", predictions, strerror(errno));
+                goto cleanup;
+            }
+        }
+        bq_dist_gather_lines(pred_mem, pred_len, pw.f);
+        free(pred_mem);
+        pred_mem = NULL;
+    }
     if (pw.f) {
         int bad = fclose(pw.f) != 0;
         pw.f = NULL;

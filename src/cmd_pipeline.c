@@ -31,6 +31,7 @@
 #include "layers/quant.h"
 #include "src/args.h"
 #include "src/cli.h"
+#include "src/dist.h"
 #include "src/report.h"
 
 extern char **environ;
@@ -432,6 +433,10 @@ int bq_cmd_pipeline(int argc, char **argv) {
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof specs[0])};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
+    /* Its stages are child processes, which cannot join the MPI job of their parent. */
+    if (bq_dist_size() > 1)
+        return bq_err(BQ_EINVAL, "cannot run under mpirun; run its stages (finetune, calibrate, qat, eval) "
+                      "under mpirun one by one (docs/distributed.md)");
     if (strcmp(p.task, "cls") && strcmp(p.task, "qa"))
         return bq_err(BQ_EINVAL, "pipeline: --task must be cls or qa, got '%s'", p.task);
     p.qa = !strcmp(p.task, "qa");

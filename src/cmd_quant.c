@@ -27,6 +27,7 @@
 #include "src/args.h"
 #include "src/cli.h"
 #include "src/cmd_common.h"
+#include "src/dist.h"
 #include "src/metrics.h"
 #include "src/qa.h"
 #include "src/sensitivity.h"
@@ -87,21 +88,27 @@ static int calibrate_model(BqBert *m, const BqQuantConfig *qcfg, BqCalibrator me
     double t0 = bq_now();
     if ((st = calib->begin_epoch(calib->ctx, 0))) goto cleanup;
     const BqBatch *b;
-    while (seen < samples) {
+    /* Under mpirun rank r collects batches k with k mod N = r; src/dist.h merges the statistics. */
+    for (int64_t k = 0; seen < samples; k++) {
         if ((st = calib->next(calib->ctx, &b))) goto cleanup;
         if (!b) break;
-        size_t mark = bq_arena_mark(&act);
-        BqTensor *logits = NULL;
-        BqBertInput in = bq_batch_input(b);
-        if ((st = bq_bert_forward(m, &ctx, &in, &logits, NULL))) goto cleanup;
-        bq_arena_rewind(&act, mark);
+        if (k % bq_dist_size() == bq_dist_rank()) {
+            size_t mark = bq_arena_mark(&act);
+            BqTensor *logits = NULL;
+            BqBertInput in = bq_batch_input(b);
+            if ((st = bq_bert_forward(m, &ctx, &in, &logits, NULL))) goto cleanup;
+            bq_arena_rewind(&act, mark);
+        }
+        if (k == 0) bq_dist_calib_first_batch(m->quant);
         seen += b->B;
     }
     if (seen == 0) {
         st = bq_err(BQ_EINVAL, "--calib-samples: no calibration examples");
         goto cleanup;
     }
+    if ((st = bq_dist_calib_merge(m->quant))) goto cleanup;
     if ((st = bq_quant_calib_finish(m->quant, method, percentile))) goto cleanup;
+    bq_dist_quant_bcast(m->quant); /* weight ranges of a rank that ran no batch */
     fprintf(stderr, "[%s] calibrated %d quantizers (%s, scheme %s) on %lld examples in %.1fs\n", tag, m->quant->n,
             bq_calibrator_name(method), bq_scheme_name(qcfg->scheme), (long long)seen, bq_now() - t0);
 cleanup:
@@ -312,7 +319,7 @@ int bq_cmd_calibrate(int argc, char **argv) {
     }
     if (eval_samples > 0 && (st = accuracy(&m, &btest, &acc_ptq))) goto cleanup;
     m.data = d.used;
-    if ((st = bq_ckpt_save(&m, out, model, NULL))) goto cleanup;
+    if (bq_dist_rank() == 0 && (st = bq_ckpt_save(&m, out, model, NULL))) goto cleanup; /* rank 0 writes */
     printf("calibrate: %d quantizers, calibrator %s", m.quant->n, bq_calibrator_name(method));
     if (method == BQ_CALIBRATOR_PERCENTILE) printf(" %.4g", q.percentile);
     printf(", scheme %s; checkpoint %s\n", bq_scheme_name(qcfg.scheme), out);

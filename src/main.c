@@ -1,11 +1,14 @@
 /* bertqat command-line entry point: boots the runtime (BLAS kernel, threads), dispatches to a
  * subcommand, and is the only place that prints errors and chooses the exit status. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "autograd/bq.h"
 #include "autograd/qgemm.h"
 #include "src/cli.h"
+#include "src/dist.h"
 
 typedef struct Command {
     const char *name;
@@ -36,38 +39,74 @@ static void usage(FILE *out) {
     fprintf(out, "\n  --version   print the version, BLAS kernel and thread count\n");
 }
 
+/* Exit after a failed command. Under mpirun every rank must stop: rank 0 prints and aborts the job at
+ * once; another rank waits 2 s first, so that when the failure is common to all ranks (a bad input
+ * file every rank reads) rank 0's abort ends it before it prints, and the message appears once. */
+static FILE *g_err; /* the real stderr of an MPI rank other than 0 */
+
+static int fail(const char *cmd, int code) {
+    if (bq_dist_size() > 1) {
+        if (bq_dist_rank() != 0) sleep(2);
+        if (bq_dist_rank() != 0) {
+            fprintf(g_err ? g_err : stderr, "bertqat %s: [MPI rank %d] %s\n", cmd, bq_dist_rank(), bq_errmsg());
+            fflush(g_err ? g_err : stderr);
+        } else
+            fprintf(stderr, "bertqat %s: %s\n", cmd, bq_errmsg());
+        bq_dist_abort(code);
+    }
+    fprintf(stderr, "bertqat %s: %s\n", cmd, bq_errmsg());
+    return code;
+}
+
 int main(int argc, char **argv) {
     int st = bq_runtime_boot(argc, argv);
     if (st) {
         fprintf(stderr, "bertqat: %s\n", bq_errmsg());
         return 1;
     }
+    if ((st = bq_dist_init(&argc, &argv))) {
+        fprintf(stderr, "bertqat: %s\n", bq_errmsg());
+        return 1;
+    }
+    /* Under mpirun only rank 0 prints (results, progress, warnings); another rank keeps a copy of its
+     * stderr for its own failure message (fail()). BQ_DIST_VERBOSE=1 keeps every rank's stderr. */
+    if (bq_dist_rank() != 0 && !getenv("BQ_DIST_VERBOSE")) {
+        int fd = dup(2);
+        if (fd >= 0) g_err = fdopen(fd, "w");
+        if (!g_err || !freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) {
+            fprintf(g_err ? g_err : stderr, "bertqat: cannot silence the output of MPI rank %d\n", bq_dist_rank());
+            bq_dist_abort(1);
+        }
+    }
     if (argc < 2) {
         usage(stderr);
+        bq_dist_finalize();
         return 2;
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage(stdout);
+        bq_dist_finalize();
         return 0;
     }
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("bertqat %s\n%s\n", BQ_VERSION_STRING, bq_runtime_describe());
         printf("%s\n", bq_dnnl_describe());
+        printf("%s\n", bq_dist_describe());
+        bq_dist_finalize();
         return 0;
     }
     for (int i = 0; i < NCOMMANDS; i++) {
         if (strcmp(cmd, COMMANDS[i].name) != 0) continue;
         bq_err_clear();
         st = COMMANDS[i].run(argc - 1, argv + 1);
-        if (st) {
-            fprintf(stderr, "bertqat %s: %s\n", cmd, bq_errmsg());
-            /* 2: bad flags or arguments; 5: NaN/Inf during training; 6: interrupted, resumable state saved;
-             * 1: anything else (files, data, memory) */
-            return st == BQ_EINVAL ? 2 : st == BQ_ENUMERIC ? 5 : st == BQ_EINTR ? 6 : 1;
-        }
+        /* 2: bad flags or arguments; 5: NaN/Inf during training; 6: interrupted, resumable state saved;
+         * 1: anything else (files, data, memory) */
+        if (st) return fail(cmd, st == BQ_EINVAL ? 2 : st == BQ_ENUMERIC ? 5 : st == BQ_EINTR ? 6 : 1);
+        bq_dist_finalize();
         return 0;
     }
     fprintf(stderr, "bertqat: unknown command '%s' (see bertqat --help)\n", cmd);
+    bq_dist_finalize();
     return 2;
 }

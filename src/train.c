@@ -14,6 +14,7 @@
 
 #include "datasets/dataset.h"
 #include "layers/quant.h"
+#include "src/dist.h"
 #include "src/optim.h"
 #include "src/progress.h"
 
@@ -47,6 +48,21 @@ int bq_evaluate(BqBert *m, BqBatchSource *src, BqArena *act, BqConfusion *conf, 
     return bq_evaluate_engine(m, NULL, src, act, conf, max_examples, probs_cb, user);
 }
 
+/* Under mpirun the evaluation is sharded by batch: rank r runs the forwards of batches k with
+ * k mod N = r (each batch whole, so every logit is the one a single process computes), and the
+ * confusion counts this call added are summed over the ranks at the end. */
+static void eval_reduce_delta(BqConfusion *conf, const int64_t *cm0, int64_t n0, double loss0, int64_t *scratch) {
+    int64_t cc = (int64_t)conf->nclass * conf->nclass;
+    for (int64_t i = 0; i < cc; i++) scratch[i] = conf->cm[i] - cm0[i];
+    scratch[cc] = conf->n - n0;
+    bq_dist_sum_i64(scratch, cc + 1);
+    double dl = conf->loss_sum - loss0;
+    bq_dist_sum_f64(&dl, 1);
+    for (int64_t i = 0; i < cc; i++) conf->cm[i] = cm0[i] + scratch[i];
+    conf->n = n0 + scratch[cc];
+    conf->loss_sum = loss0 + dl;
+}
+
 int bq_evaluate_engine(BqBert *m, BqInt8Engine *e, BqBatchSource *src, BqArena *act, BqConfusion *conf,
                        int64_t max_examples, void (*probs_cb)(void *user, const BqBatch *b, const float *probs),
                        void *user) {
@@ -54,11 +70,24 @@ int bq_evaluate_engine(BqBert *m, BqInt8Engine *e, BqBatchSource *src, BqArena *
     if (st) return st;
     int C = m->cfg.num_labels;
     int64_t seen = 0;
-    for (;;) {
+    int nr = bq_dist_size(), rk = bq_dist_rank();
+    size_t entry = bq_arena_mark(act);
+    int64_t cc = (int64_t)conf->nclass * conf->nclass, n0 = conf->n, *cm0 = NULL, *scratch = NULL;
+    double loss0 = conf->loss_sum;
+    if (nr > 1) {
+        cm0 = bq_arena_alloc(act, sizeof(int64_t) * (size_t)cc);
+        scratch = bq_arena_alloc(act, sizeof(int64_t) * (size_t)(cc + 1));
+        memcpy(cm0, conf->cm, sizeof(int64_t) * (size_t)cc);
+    }
+    for (int64_t k = 0;; k++) {
         if (max_examples > 0 && seen >= max_examples) break;
         const BqBatch *b = NULL;
         if ((st = src->next(src->ctx, &b))) return st;
         if (!b) break;
+        if (k % nr != rk) { /* another rank's batch */
+            seen += max_examples > 0 && seen + b->B > max_examples ? max_examples - seen : b->B;
+            continue;
+        }
         size_t mark = bq_arena_mark(act);
         BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
         BqTensor *logits = NULL;
@@ -87,6 +116,8 @@ int bq_evaluate_engine(BqBert *m, BqInt8Engine *e, BqBatchSource *src, BqArena *
         seen += B;
         bq_arena_rewind(act, mark);
     }
+    if (nr > 1) eval_reduce_delta(conf, cm0, n0, loss0, scratch);
+    bq_arena_rewind(act, entry);
     return BQ_OK;
 }
 
@@ -114,7 +145,8 @@ cleanup:
 
 int bq_train_apply(BqBert *m, const BqTrainConfig *tc, BqTrainState *ts, double *gnorm, double *lr) {
     BqParamTable *pt = &m->params;
-    if (tc->grad_accum > 1) bq_grad_scale(pt, 1.0f / (float)tc->grad_accum);
+    int nmicro = tc->grad_accum * bq_dist_size(); /* the gradient is a sum over N ranks' micro-batches */
+    if (nmicro > 1) bq_grad_scale(pt, 1.0f / (float)nmicro);
     double norm = bq_grad_clip(pt, tc->max_grad_norm);
     double rate = ts->total_steps > 0 ? tc->lr * bq_lr_lambda(ts->step, ts->warmup_steps, ts->total_steps) : tc->lr;
     if (gnorm) *gnorm = norm;
@@ -157,6 +189,141 @@ void bq_batch_source_batcher(BqBatchSource *src, BqBatcherSource *bs, struct BqB
     src->next = bs_next;
 }
 
+/* ---- data parallelism (src/dist.h, docs/distributed.md) ----
+ * Under N ranks every rank reads every global batch of the source and takes a contiguous share of its
+ * rows, rows [r·B/N, (r+1)·B/N), re-padded to the longest sequence of the share: exactly the
+ * micro-batch a single process with --batch-size B/N and --grad-accum N·A would see as its
+ * micro-batch N·a + r, so the dropout key is taken from that index too. */
+
+/* Rank rk's share of b in act (valid until act is rewound). Returns 0 when the share is empty (a
+ * last batch smaller than N, which every rank then skips). */
+static int shard_batch(const BqBatch *b, BqArena *act, int nr, int rk, BqBatch *out) {
+    if (nr == 1) {
+        *out = *b;
+        return 1;
+    }
+    if (b->B < nr) return 0;
+    int64_t lo = rk * b->B / nr, hi = (rk + 1) * b->B / nr, B = hi - lo, T = 0;
+    for (int64_t i = lo; i < hi; i++) {
+        int64_t l = 0; /* dynamic padding: a row's tokens are its mask's leading ones */
+        for (int64_t t = 0; t < b->T; t++)
+            if (b->attention_mask[i * b->T + t] != 0.0f) l = t + 1;
+        if (l > T) T = l;
+    }
+    out->B = B;
+    out->T = T;
+    out->input_ids = bq_arena_alloc(act, sizeof(int32_t) * (size_t)(B * T));
+    out->attention_mask = bq_arena_alloc(act, sizeof(float) * (size_t)(B * T));
+    out->token_type_ids = bq_arena_alloc(act, sizeof(int32_t) * (size_t)(B * T));
+    out->labels = b->labels + lo;
+    out->example_index = b->example_index ? b->example_index + lo : NULL;
+    for (int64_t i = 0; i < B; i++) {
+        memcpy(out->input_ids + i * T, b->input_ids + (lo + i) * b->T, sizeof(int32_t) * (size_t)T);
+        memcpy(out->attention_mask + i * T, b->attention_mask + (lo + i) * b->T, sizeof(float) * (size_t)T);
+        memcpy(out->token_type_ids + i * T, b->token_type_ids + (lo + i) * b->T, sizeof(int32_t) * (size_t)T);
+    }
+    return 1;
+}
+
+/* Gradient accumulation by partial sums: micro-batch a > 0 computes its gradient into the zeroed
+ * buffer, then adds the sum so far (held in acc), so a step's gradient is g1 + g2 + ... exactly as the
+ * MPI sum of the ranks' micro-batch gradients (for two ranks the same single addition). */
+static void grad_micro_begin(BqParamTable *pt, float *acc, int micro) {
+    if (micro == 0) return;
+    memcpy(acc, pt->grad, sizeof(float) * (size_t)pt->total);
+    memset(pt->grad, 0, sizeof(float) * (size_t)pt->total);
+}
+static void grad_micro_end(BqParamTable *pt, const float *acc, int micro) {
+    if (micro == 0) return;
+    float *g = pt->grad;
+    int64_t n = pt->total;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) g[i] += acc[i];
+}
+
+/* Per-step numbers every rank must agree on, summed over the ranks in one small allreduce. */
+typedef struct StepSums {
+    double loss, micro, examples, tokens, stop;
+} StepSums;
+
+/* The word-embedding gradient (V, H) summed over the ranks by sending only the rows a rank touched
+ * (the batch's token ids; any row with a non-zero bit, so -0 counts), when the rows of all ranks
+ * together are fewer than V/2; otherwise densely. The sum reproduces the dense rank-order sum
+ * g_0 + g_1 + ... bit for bit, signed zeros included: an untouched row is +0, and adding +0 turns -0
+ * into +0, which the first-copy / add sequence below applies where a rank is skipped. scratch is
+ * rewound on return. */
+static void sum_embedding_rows(float *g, int64_t V, int64_t H, BqArena *scratch) {
+    int nr = bq_dist_size();
+    size_t mark = bq_arena_mark(scratch);
+    int32_t *idx = bq_arena_alloc(scratch, sizeof(int32_t) * (size_t)V);
+    int64_t k = 0;
+    for (int64_t v = 0; v < V; v++) {
+        const uint32_t *row = (const uint32_t *)(g + v * H);
+        for (int64_t j = 0; j < H; j++)
+            if (row[j]) {
+                idx[k++] = (int32_t)v;
+                break;
+            }
+    }
+    int64_t *cnt = bq_arena_alloc(scratch, sizeof(int64_t) * (size_t)nr);
+    int64_t *bytes = bq_arena_alloc(scratch, sizeof(int64_t) * (size_t)nr);
+    bq_dist_allgather_i64(k, cnt);
+    int64_t tot = 0;
+    for (int r = 0; r < nr; r++) tot += cnt[r];
+    if (2 * tot > V) { /* every rank takes the same branch: tot is the same everywhere */
+        bq_dist_sum_f32(g, V * H);
+        bq_arena_rewind(scratch, mark);
+        return;
+    }
+    float *rows = bq_arena_alloc(scratch, sizeof(float) * (size_t)(k * H));
+    for (int64_t i = 0; i < k; i++) memcpy(rows + i * H, g + (int64_t)idx[i] * H, sizeof(float) * (size_t)H);
+    int32_t *all_idx = bq_arena_alloc(scratch, sizeof(int32_t) * (size_t)tot);
+    float *all_rows = bq_arena_alloc(scratch, sizeof(float) * (size_t)(tot * H));
+    for (int r = 0; r < nr; r++) bytes[r] = cnt[r] * (int64_t)sizeof(int32_t);
+    bq_dist_allgatherv(idx, bytes, all_idx);
+    for (int r = 0; r < nr; r++) bytes[r] = cnt[r] * H * (int64_t)sizeof(float);
+    bq_dist_allgatherv(rows, bytes, all_rows);
+    int32_t *last = bq_arena_alloc(scratch, sizeof(int32_t) * (size_t)V); /* last rank added, -1: none */
+    for (int64_t i = 0; i < tot; i++) last[all_idx[i]] = -1;
+    int64_t i = 0;
+    for (int r = 0; r < nr; r++) {
+        for (int64_t e = i + cnt[r]; i < e; i++) {
+            float *dst = g + (int64_t)all_idx[i] * H;
+            const float *src = all_rows + i * H;
+            int p = last[all_idx[i]];
+            if (p < 0) memcpy(dst, src, sizeof(float) * (size_t)H);
+            if (p < 0 ? r > 0 : r > p + 1)
+                for (int64_t j = 0; j < H; j++) dst[j] += 0.0f; /* the +0 of the skipped ranks */
+            if (p >= 0)
+                for (int64_t j = 0; j < H; j++) dst[j] += src[j];
+            last[all_idx[i]] = r;
+        }
+    }
+    for (int64_t t = 0; t < tot; t++) {
+        if (last[all_idx[t]] == nr - 1) continue;
+        float *dst = g + (int64_t)all_idx[t] * H;
+        for (int64_t j = 0; j < H; j++) dst[j] += 0.0f; /* the +0 of the ranks after the last one */
+    }
+    bq_arena_rewind(scratch, mark);
+}
+
+/* Ends a step's micro-batches under N ranks: sums the step's counters and the gradient, with one
+ * allreduce over the contiguous gradient block outside the word embeddings and, for them, the
+ * touched rows only (sum_embedding_rows). scratch: the activation arena, between steps. */
+static void step_reduce(BqParamTable *pt, StepSums *s, BqArena *scratch) {
+    if (bq_dist_size() == 1) return;
+    bq_dist_sum_f64((double *)s, sizeof *s / sizeof(double));
+    int w = bq_params_find(pt, "embeddings.word_embeddings.weight");
+    if (w < 0 || pt->p[w].ndim != 2) {
+        bq_dist_sum_f32(pt->grad, pt->total);
+        return;
+    }
+    int64_t off = pt->p[w].offset, V = pt->p[w].shape[0], H = pt->p[w].shape[1];
+    bq_dist_sum_f32(pt->grad, off);
+    bq_dist_sum_f32(pt->grad + off + V * H, pt->total - off - V * H);
+    sum_embedding_rows(pt->grad + off, V, H, scratch);
+}
+
 /* State shared by the helpers of one bq_train call. */
 typedef struct Run {
     BqBert *m;
@@ -172,6 +339,7 @@ typedef struct Run {
 } Run;
 
 static int save_ckpt(Run *r) {
+    if (bq_dist_rank() != 0) return BQ_OK; /* under mpirun rank 0 alone writes */
     /* The ckpt writer carries training_log.jsonl over from the old directory. */
     int st = bq_train_state_save(r->m, r->out, r->tc->vocab_dir, &r->ts);
     if (!st) r->saved_any = 1;
@@ -204,9 +372,12 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
     Run r = {.m = m, .tc = tc, .val = val, .out = out_dir};
     BqArena act = {0};
     BqTape tape = {0};
-    struct sigaction sa_old_int, sa_old_term;
+    struct sigaction sa_old_int, sa_old_term, sa_old_usr1;
     int handlers = 0;
     int progress_open = 0;
+    int nr = bq_dist_size(), rk = bq_dist_rank(), writer = rk == 0;
+    BqArena accum = {0}; /* the sum of a step's earlier micro-batch gradients (grad_accum > 1) */
+    float *acc = NULL;
     int created_out = 0; /* OUT did not exist: removed again if training fails before any checkpoint */
     char logpath[4200];
     logpath[0] = 0;
@@ -258,14 +429,23 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
 
     if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
     if ((st = bq_tape_init(&tape, 4096))) goto cleanup;
+    if (m->quant && nr > 1) m->quant->reduce_minmax = bq_dist_reduce_minmax; /* identical observers on all ranks */
+    if (tc->grad_accum > 1) {
+        if ((st = bq_arena_init(&accum, sizeof(float) * (size_t)pt->total + 4096, "gradient accumulation")))
+            goto cleanup;
+        acc = bq_arena_alloc(&accum, sizeof(float) * (size_t)pt->total);
+    }
     /* OUT exists from the start so the JSONL log has a home before the first checkpoint; a fresh
      * (not resumed) run starts a fresh log. */
     struct stat sb_out;
-    created_out = stat(out_dir, &sb_out) != 0;
-    if ((st = bq_mkdir_p(out_dir))) goto cleanup;
-    snprintf(logpath, sizeof logpath, "%s/training_log.jsonl", out_dir);
-    if (!tc->resume) remove(logpath);
-    if ((st = bq_progress_open(&r.prog, tc->tag, logpath, tc->logdir, total, tc->quiet))) goto cleanup;
+    created_out = writer && stat(out_dir, &sb_out) != 0;
+    if (writer && (st = bq_mkdir_p(out_dir))) goto cleanup;
+    if (writer) snprintf(logpath, sizeof logpath, "%s/training_log.jsonl", out_dir);
+    if (writer && !tc->resume) remove(logpath);
+    /* Ranks other than 0 log nothing (no JSONL, no TensorBoard, no progress lines). */
+    if ((st = bq_progress_open(&r.prog, tc->tag, writer ? logpath : NULL, writer ? tc->logdir : NULL, total,
+                               tc->quiet || !writer)))
+        goto cleanup;
     progress_open = 1;
     if (tc->resume)
         bq_progress_note(&r.prog, "resumed from %s at step %lld (epoch %lld, batch %lld)", out_dir,
@@ -278,6 +458,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
     g_stop_signal = 0;
     sigaction(SIGINT, &sa, &sa_old_int);
     sigaction(SIGTERM, &sa, &sa_old_term);
+    sigaction(SIGUSR1, &sa, &sa_old_usr1); /* mpirun forwards SIGUSR1 to every rank without killing them */
     handlers = 1;
 
     double t_log = bq_now();
@@ -300,27 +481,35 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
             const BqBatch *b = NULL;
             if ((st = train->next(train->ctx, &b))) goto cleanup;
             int end_of_epoch = b == NULL;
-            if (b) {
-                int64_t k = r.ts.step * tc->grad_accum + micro; /* global micro-batch index */
+            size_t share_mark = bq_arena_mark(&act);
+            BqBatch share;
+            if (b && shard_batch(b, &act, nr, rk, &share)) {
+                /* global micro-batch index, that of the single-process run with grad_accum·N */
+                int64_t k = (r.ts.step * tc->grad_accum + micro) * nr + rk;
                 BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(r.ts.seed, (uint64_t)k)};
                 float lv;
-                if ((st = bq_train_step(m, &ctx, b, &r.ts, &lv, NULL))) {
+                grad_micro_begin(pt, acc, micro);
+                if ((st = bq_train_step(m, &ctx, &share, &r.ts, &lv, NULL))) {
                     st = numeric_ctx(st, out_dir, " (try a lower --lr)");
                     goto cleanup;
                 }
+                grad_micro_end(pt, acc, micro);
                 loss_acc += lv;
-                ex_since_log += b->B;
-                tok_since_log += b->B * b->T;
+                ex_since_log += share.B;
+                tok_since_log += share.B * share.T;
                 micro++;
-                r.ts.batch_cursor++;
             }
+            bq_arena_rewind(&act, share_mark);
+            if (b) r.ts.batch_cursor++;
             if (micro == tc->grad_accum || (end_of_epoch && micro > 0)) {
                 double gnorm, lr;
+                StepSums sums = {loss_acc, micro, (double)ex_since_log, (double)tok_since_log, g_stop_signal != 0};
+                step_reduce(pt, &sums, &act);
                 if ((st = bq_train_apply(m, tc, &r.ts, &gnorm, &lr))) {
                     st = numeric_ctx(st, out_dir, "");
                     goto cleanup;
                 }
-                double step_loss = loss_acc / micro;
+                double step_loss = sums.loss / sums.micro; /* the mean over all ranks' micro-batches */
                 loss_acc = 0;
                 micro = 0;
                 if (res) res->last_loss = step_loss;
@@ -329,8 +518,8 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
                 if (r.ts.step % (tc->log_every > 0 ? tc->log_every : 1) == 0 || r.ts.step == total) {
                     double now = bq_now();
                     double dt = now - t_log > 1e-9 ? now - t_log : 1e-9;
-                    bq_progress_step(&r.prog, r.ts.step, epoch_f, step_loss, lr, gnorm, ex_since_log / dt,
-                                     tok_since_log / dt);
+                    bq_progress_step(&r.prog, r.ts.step, epoch_f, step_loss, lr, gnorm, sums.examples / dt,
+                                     sums.tokens / dt);
                     t_log = now;
                     ex_since_log = tok_since_log = 0;
                 }
@@ -342,8 +531,9 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
                     if ((st = save_ckpt(&r))) goto cleanup;
                     t_log += bq_now() - te; /* the training speed logged next leaves evaluation out */
                 }
-                if (g_stop_signal || (tc->interrupt_at_step > 0 && r.ts.step == tc->interrupt_at_step)) {
+                if ((nr > 1 ? sums.stop > 0 : g_stop_signal != 0) || (tc->interrupt_at_step > 0 && r.ts.step == tc->interrupt_at_step)) {
                     if ((st = save_ckpt(&r))) goto cleanup;
+                    bq_dist_barrier(); /* the other ranks' exit must not cut rank 0's checkpoint short */
                     st = bq_err(BQ_EINTR, "train: interrupted at step %lld/%lld; state saved in %s, continue "
                                 "with the same command plus --resume", (long long)r.ts.step, (long long)total,
                                 out_dir);
@@ -388,6 +578,7 @@ cleanup:
     if (handlers) {
         sigaction(SIGINT, &sa_old_int, NULL);
         sigaction(SIGTERM, &sa_old_term, NULL);
+        sigaction(SIGUSR1, &sa_old_usr1, NULL);
     }
     if (progress_open) bq_progress_close(&r.prog);
     if (st && created_out && !r.saved_any) {
@@ -399,5 +590,6 @@ cleanup:
     bq_adamw_free(&r.opt);
     bq_tape_free(&tape);
     if (act.base) bq_arena_free(&act);
+    if (accum.base) bq_arena_free(&accum);
     return st;
 }

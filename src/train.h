@@ -2,12 +2,18 @@
  * tape, backward, gradient accumulation, global-norm clipping, AdamW with the HF linear warmup/decay
  * schedule, periodic evaluation on a validation source, best-model tracking (HF
  * load_best_model_at_end on eval accuracy), checkpoints with full training state, exact resume,
- * NaN/Inf detection and SIGINT/SIGTERM handling (save, then BQ_EINTR).
+ * NaN/Inf detection and SIGINT/SIGTERM/SIGUSR1 handling (save, then BQ_EINTR).
  *
  * Determinism: the batch order of epoch e is a function of (seed, e) only (the source's contract);
  * the dropout key of micro-batch k is bq_hash64(seed, k); reductions are thread-count independent
  * only as far as the kernels are. A resumed run therefore reproduces the uninterrupted run's losses
- * bit for bit at the same thread count. */
+ * bit for bit at the same thread count.
+ *
+ * Under mpirun (src/dist.h, docs/distributed.md) bq_train is collective: the batch source yields the
+ * global batches, each rank trains on its contiguous share of every one, gradients and step counters
+ * are summed over the ranks before bq_train_apply (which divides by grad_accum · N), SIGUSR1 (which
+ * mpirun forwards) stops like SIGINT, and rank 0 alone writes checkpoints and logs. bq_evaluate and
+ * bq_evaluate_engine are collective too: batches are sharded and the confusion counts summed. */
 #ifndef BQ_TRAIN_H
 #define BQ_TRAIN_H
 
@@ -103,7 +109,8 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
 int bq_train_step(BqBert *m, BqCtx *ctx, const BqBatch *b, const BqTrainState *ts, float *loss, float *logits);
 
 /* bq_train_apply: ends an optimizer step over the gradients accumulated since the last one.
- * Gradients are divided by tc->grad_accum (when > 1; HF divides each micro-batch loss), clipped to
+ * Gradients are divided by tc->grad_accum times the number of MPI ranks (when > 1; HF divides each
+ * micro-batch loss), clipped to
  * tc->max_grad_norm (torch clip_grad_norm_, 0: none), then AdamW (ts->opt) at
  * lr = tc->lr · bq_lr_lambda(ts->step, ts->warmup_steps, ts->total_steps) (tc->lr itself when
  * ts->total_steps is 0), gradients zeroed, ts->step incremented and, when m->quant is set,
