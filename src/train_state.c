@@ -120,7 +120,9 @@ static int read_state(const BqBert *m, BqTrainState *ts, const char *path) {
         if (!st) st = bq_ckpt_h5_read_params(f, path, "adam/v", t, ts->opt->v);
     }
     if (!st && bq_ckpt_h5_exists(f, "/best")) {
-        ts->best_params = bq_malloc(sizeof(float) * (size_t)t->total);
+        /* zeroed: the table may have padding between tensors that the reader leaves alone, and the
+         * trainer copies the whole block back */
+        ts->best_params = bq_calloc((size_t)t->total, sizeof(float));
         st = bq_ckpt_h5_read_params(f, path, "best", t, ts->best_params);
         if (st) free(ts->best_params), ts->best_params = NULL;
     }
