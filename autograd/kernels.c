@@ -584,6 +584,59 @@ BQ_VEC void bq_kernel_fakequant_mask_inplace(float *g, const float *x, const flo
     ste_apply(g, g, x, scale, outer, nscale, inner, qmin, qmax, 0);
 }
 
+/* LSQ step-size gradient term of one element: with v = x/s and q = rne(v) (the forward's rounding),
+ * ∂(clamp(q, lo, hi)·s)/∂s under the straight-through rounding is q − v where lo <= q <= hi (the same
+ * inside test as ste_pass), lo below and hi above. v is clamped to [lo−2, hi+2] only for the rounding
+ * and the test, as in ste_pass; inside the range that clamp is inactive. */
+BQ_INLINE float lsq_term(float x, float s, float lo, float hi) {
+    float v = x / s;
+    float vc = v < lo - 2.0f ? lo - 2.0f : v;
+    vc = vc > hi + 2.0f ? hi + 2.0f : vc;
+    float q = rne_small(vc);
+    return q < lo ? lo : q > hi ? hi : q - v;
+}
+
+/* Σ dout·lsq_term over n contiguous elements with one scale, in double (a fixed order). */
+BQ_INLINE double lsq_sum(const float *dout, const float *x, float s, float lo, float hi, int64_t n) {
+    double acc = 0.0;
+    for (int64_t i = 0; i < n; i++) acc += (double)dout[i] * (double)lsq_term(x[i], s, lo, hi);
+    return acc;
+}
+
+/* Per tensor: LSQ_NB fixed blocks summed in parallel, then added in block order; per channel: one
+ * channel per iteration, its (outer, inner) elements in order. Either way the sum does not depend on
+ * the thread count, and nothing is allocated. */
+#define LSQ_NB 64
+BQ_VEC void bq_kernel_fakequant_backward_scale(float *dscale, const float *dout, const float *x, const float *scale,
+                                               int64_t outer, int64_t nscale, int64_t inner, int qmin, int qmax,
+                                               float grad_factor) {
+    float lo = (float)qmin, hi = (float)qmax;
+    if (nscale == 1) {
+        int64_t n = outer * inner;
+        double part[LSQ_NB];
+        float s = scale[0];
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+        for (int b = 0; b < LSQ_NB; b++) {
+            int64_t a = n * b / LSQ_NB, e = n * (b + 1) / LSQ_NB;
+            part[b] = lsq_sum(dout + a, x + a, s, lo, hi, e - a);
+        }
+        double acc = 0.0;
+        for (int b = 0; b < LSQ_NB; b++) acc += part[b];
+        dscale[0] += (float)(acc * (double)grad_factor);
+        return;
+    }
+#pragma omp parallel for if (outer * nscale * inner > PAR_MIN) schedule(static)
+    for (int64_t c = 0; c < nscale; c++) {
+        float s = scale[c];
+        double acc = 0.0;
+        for (int64_t o = 0; o < outer; o++) {
+            int64_t off = (o * nscale + c) * inner;
+            acc += lsq_sum(dout + off, x + off, s, lo, hi, inner);
+        }
+        dscale[c] += (float)(acc * (double)grad_factor);
+    }
+}
+
 /* ---- min/max (observers) ---- */
 
 BQ_VEC void bq_kernel_minmax(const float *x, int64_t n, float *mn, float *mx) {

@@ -107,6 +107,16 @@ void bq_kernel_fakequant_backward(float *dx, const float *dout, const float *x, 
  * fake-quant op whose output shares its input's gradient buffer (the input has no other consumer). */
 void bq_kernel_fakequant_mask_inplace(float *g, const float *x, const float *scale, int64_t outer, int64_t nscale,
                                       int64_t inner, int qmin, int qmax);
+/* Learned step size (LSQ, Esser et al., ICLR 2020, eq. 3), the scale's gradient of the same op: for each
+ * scale c, dscale[c] += grad_factor · Σ dout·t over the elements (o,c,i) using it, where with v = x/s and
+ * q = nearbyintf(v): t = q − v where qmin <= q <= qmax (the straight-through mask of
+ * bq_kernel_fakequant_backward, on the ROUNDED value as torch._fake_quantize_learnable_per_tensor_affine),
+ * t = qmin where q < qmin and t = qmax where q > qmax. grad_factor is the paper's g = 1/√(N·qmax).
+ * Sums run in double in a fixed order (any thread count gives the same bits). dout must be read before an
+ * in-place mask (bq_kernel_fakequant_mask_inplace) overwrites it. */
+void bq_kernel_fakequant_backward_scale(float *dscale, const float *dout, const float *x, const float *scale,
+                                        int64_t outer, int64_t nscale, int64_t inner, int qmin, int qmax,
+                                        float grad_factor);
 /* Minimum and maximum of x (n > 0); NaNs are ignored. Order-independent, so exact for any thread count. */
 void bq_kernel_minmax(const float *x, int64_t n, float *mn, float *mx);
 

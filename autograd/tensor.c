@@ -463,8 +463,8 @@ static void fq_dims(const BqTensor *x, int64_t nscale, int axis, int64_t *outer,
     *outer = n / (in * nscale);
 }
 
-static BqTensor *fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t nscale, int axis, int qmin,
-                           int qmax, int sole) {
+static BqTensor *fakequant(BqCtx *ctx, BqTensor *x, const float *scale, float *dscale, float grad_factor,
+                           int64_t nscale, int axis, int qmin, int qmax, int sole) {
     CONTIG(x);
     BQ_CHECK(scale != NULL && nscale >= 1 && qmin < qmax);
     int64_t outer, inner;
@@ -492,24 +492,35 @@ static BqTensor *fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t 
         nd->iparam[0] = outer, nd->iparam[1] = nscale, nd->iparam[2] = inner;
         nd->iparam[3] = (int64_t)(uint32_t)qmin | ((int64_t)(uint32_t)qmax << 32);
         nd->fval[0] = (float)sole;
+        nd->saved = dscale; /* the learned scale's gradient (caller-owned), or NULL */
+        nd->fval[1] = grad_factor;
     }
     return y;
 }
 
 BqTensor *bq_op_fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t nscale, int axis, int qmin,
                           int qmax) {
-    return fakequant(ctx, x, scale, nscale, axis, qmin, qmax, 0);
+    return fakequant(ctx, x, scale, NULL, 0.0f, nscale, axis, qmin, qmax, 0);
 }
 
 BqTensor *bq_op_fakequant_sole(BqCtx *ctx, BqTensor *x, const float *scale, int64_t nscale, int axis, int qmin,
                                int qmax) {
-    return fakequant(ctx, x, scale, nscale, axis, qmin, qmax, 1);
+    return fakequant(ctx, x, scale, NULL, 0.0f, nscale, axis, qmin, qmax, 1);
+}
+
+BqTensor *bq_op_fakequant_lsq(BqCtx *ctx, BqTensor *x, const float *scale, float *dscale, int64_t nscale, int axis,
+                              int qmin, int qmax, float grad_factor, int sole) {
+    return fakequant(ctx, x, scale, dscale, grad_factor, nscale, axis, qmin, qmax, sole);
 }
 
 static void back_fakequant(BqNode *nd) {
-    if (!nd->in[0]->grad) return;
     int qmin = (int)(int32_t)(uint32_t)(nd->iparam[3] & 0xffffffff);
     int qmax = (int)(int32_t)(uint32_t)((uint64_t)nd->iparam[3] >> 32);
+    /* the scale's gradient first: with a shared buffer the mask below overwrites dout */
+    if (nd->saved)
+        bq_kernel_fakequant_backward_scale(nd->saved, nd->out->grad, nd->in[0]->data, nd->fparam, nd->iparam[0],
+                                           nd->iparam[1], nd->iparam[2], qmin, qmax, nd->fval[1]);
+    if (!nd->in[0]->grad) return;
     if (nd->fval[0] != 0.0f) /* output and input share the gradient buffer */
         bq_kernel_fakequant_mask_inplace(nd->in[0]->grad, nd->in[0]->data, nd->fparam, nd->iparam[0], nd->iparam[1],
                                          nd->iparam[2], qmin, qmax);

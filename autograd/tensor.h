@@ -41,7 +41,7 @@ typedef enum BqOp {
     BQ_OP_DROPOUT,       /* y = x·m/(1−p), m ~ Bernoulli(1−p) from a counter-based hash */
     BQ_OP_SELECT_TOKEN,  /* y[b,:] = x[b,t,:] */
     BQ_OP_CROSS_ENTROPY, /* loss = mean_b −log softmax(logits[b])[label[b]] */
-    BQ_OP_FAKEQUANT,     /* y = clamp(rne(x/s), qmin, qmax)·s, straight-through gradient */
+    BQ_OP_FAKEQUANT,     /* y = clamp(rne(x/s), qmin, qmax)·s, straight-through gradient (and LSQ's ∂/∂s) */
     BQ_OP_SPAN_CROSS_ENTROPY, /* loss = (CE over T of logits[:,:,0] + CE of logits[:,:,1]) / 2 */
     BQ_OP_COUNT
 } BqOp;
@@ -136,6 +136,14 @@ BqTensor *bq_op_fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t n
  * gradients as bq_op_fakequant, one buffer and two memory passes fewer. */
 BqTensor *bq_op_fakequant_sole(BqCtx *ctx, BqTensor *x, const float *scale, int64_t nscale, int axis, int qmin,
                                int qmax);
+
+/* Learned step size (LSQ, Esser et al., ICLR 2020): bq_op_fakequant (sole != 0: bq_op_fakequant_sole, same
+ * contract) whose backward also accumulates the scales' gradient into dscale (nscale floats, caller-owned,
+ * alive until backward): dscale[c] += grad_factor·Σ dy·t with t = rne(x/s) − x/s inside the range and
+ * qmin/qmax where the rounded value falls below/above it (bq_kernel_fakequant_backward_scale). dx is
+ * the straight-through gradient of bq_op_fakequant. dscale NULL: exactly bq_op_fakequant(_sole). */
+BqTensor *bq_op_fakequant_lsq(BqCtx *ctx, BqTensor *x, const float *scale, float *dscale, int64_t nscale, int axis,
+                              int qmin, int qmax, float grad_factor, int sole);
 
 /* Sets loss->grad[0] = 1 and runs every recorded node's backward in reverse order. */
 void bq_backward(BqCtx *ctx, BqTensor *loss);

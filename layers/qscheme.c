@@ -139,6 +139,7 @@ int bq_quant_create(BqQuantState **out, const BqBert *m, const BqQuantConfig *cf
             qs->slot[l * BQ_QP_LAYER_COUNT + pt] = qs->n++;
         }
     }
+    if (cfg->learn_ranges) bq_quant_learn_enable(qs, cfg->range_lr); /* the scales live in one block */
     *out = qs;
     return BQ_OK;
 }
@@ -148,7 +149,7 @@ void bq_quant_free(BqQuantState *qs) {
     for (int i = 0; i < qs->n; i++) {
         BqQuantizer *q = &qs->q[i];
         free(q->amax);
-        free(q->scale);
+        if (!q->dscale) free(q->scale); /* learned scales live in qs->lsq */
         free(q->ch_min);
         free(q->ch_max);
         if (q->hist) {
@@ -156,6 +157,7 @@ void bq_quant_free(BqQuantState *qs) {
             free(q->hist);
         }
     }
+    free(qs->lsq);
     free(qs->q);
     free(qs->slot);
     free(qs);

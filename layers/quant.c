@@ -27,7 +27,7 @@
 #include "layers/calib.h"
 #include "layers/h5sum.h"
 
-#define BQ_SCALE_FLOOR 1.1920928955078125e-07f /* torch.finfo(float32).eps, PyTorch's scale floor */
+#define BQ_SCALE_FLOOR BQ_QUANT_SCALE_FLOOR
 
 BqQuantizer *bq_quant_at(BqQuantState *qs, int layer, int point) {
     if (!qs || !qs->slot) return NULL;
@@ -121,6 +121,11 @@ static void observe_weight(BqQuantState *qs, BqQuantizer *q, const BqTensor *w, 
     bq_quant_update_scale(qs, q);
 }
 
+/* LSQ's gradient scale g = 1/√(N·qmax) for a quantizer whose scale sees n elements. */
+static float lsq_grad_factor(const BqQuantizer *q, int64_t n) {
+    return (float)(1.0 / sqrt((double)(n > 0 ? n : 1) * (double)bq_quant_qmax(q)));
+}
+
 BqTensor *bq_quant_act(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTensor *x) {
     BqQuantizer *q = bq_quant_at(qs, layer, point);
     if (!q) return x;
@@ -135,6 +140,10 @@ BqTensor *bq_quant_act(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTen
     }
     /* observers run in training forwards only (evaluation during QAT must not move the ranges) */
     if ((qs->observe && ctx->training && !q->frozen) || !q->initialized) observe_act(qs, q, x, ctx->training);
+    if (q->dscale && ctx->tape) /* --ranges learn: N = elements per example (the paper's feature count) */
+        return bq_op_fakequant_lsq(ctx, x, q->scale, q->dscale, 1, -1, bq_quant_qmin(q), bq_quant_qmax(q),
+                                   lsq_grad_factor(q, bq_tensor_numel(x) / (x->ndim > 1 ? x->shape[0] : 1)),
+                                   !qs->plain_fakequant && point_is_sole_consumer(point));
     if (!qs->plain_fakequant && point_is_sole_consumer(point))
         return bq_op_fakequant_sole(ctx, x, q->scale, 1, -1, bq_quant_qmin(q), bq_quant_qmax(q));
     return bq_op_fakequant(ctx, x, q->scale, 1, -1, bq_quant_qmin(q), bq_quant_qmax(q));
@@ -150,6 +159,9 @@ BqTensor *bq_quant_weight(BqQuantState *qs, BqCtx *ctx, int layer, int point, Bq
         return w;
     }
     if ((qs->observe && ctx->training && !q->frozen) || !q->initialized) observe_weight(qs, q, w, 0);
+    if (q->dscale && ctx->tape) /* --ranges learn: N = elements per scale */
+        return bq_op_fakequant_lsq(ctx, w, q->scale, q->dscale, q->nch, q->nch == 1 ? -1 : 0, bq_quant_qmin(q),
+                                   bq_quant_qmax(q), lsq_grad_factor(q, bq_tensor_numel(w) / q->nch), 0);
     return bq_op_fakequant(ctx, w, q->scale, q->nch, q->nch == 1 ? -1 : 0, bq_quant_qmin(q), bq_quant_qmax(q));
 }
 
@@ -250,6 +262,11 @@ json_t *bq_quant_config_to_json(const BqQuantConfig *cfg) {
     json_object_set_new(j, "averaging_constant", json_real(strtod(buf, NULL)));
     json_object_set_new(j, "exclude", json_string(cfg->exclude));
     json_object_set_new(j, "freeze_after", json_integer(cfg->freeze_after));
+    if (cfg->learn_ranges) { /* only then, so other checkpoints' config.json stay as they were */
+        json_object_set_new(j, "ranges", json_string("learn"));
+        snprintf(buf, sizeof buf, "%.7g", cfg->range_lr);
+        json_object_set_new(j, "range_lr", json_real(strtod(buf, NULL)));
+    }
     return j;
 }
 
@@ -275,17 +292,24 @@ int bq_quant_config_from_json(BqQuantConfig *cfg, json_t *j) {
     bq_quant_config_default(cfg);
     if (!json_is_object(j)) return bq_err(BQ_EFORMAT, "quant config: not a JSON object");
     double pt = cfg->per_tensor_weights, fq = cfg->fuse_qkv, cg = cfg->clip_gelu, ac = cfg->averaging_constant;
-    double fa = (double)cfg->freeze_after, bits = 8, wbits = -1;
+    double fa = (double)cfg->freeze_after, bits = 8, wbits = -1, rlr = 0.0;
     int rc;
-    char scheme[16];
+    char scheme[16], ranges[16] = "";
     snprintf(scheme, sizeof scheme, "%s", bq_scheme_name(cfg->scheme));
     if ((rc = json_get_str(j, "scheme", scheme, sizeof scheme)) ||
         (rc = json_get_str(j, "exclude", cfg->exclude, sizeof cfg->exclude)) ||
         (rc = json_get_num(j, "per_tensor_weights", &pt)) || (rc = json_get_num(j, "fuse_qkv", &fq)) ||
         (rc = json_get_num(j, "clip_gelu", &cg)) || (rc = json_get_num(j, "averaging_constant", &ac)) ||
         (rc = json_get_num(j, "freeze_after", &fa)) || (rc = json_get_num(j, "bits", &bits)) ||
-        (rc = json_get_num(j, "weight_bits", &wbits)))
+        (rc = json_get_num(j, "weight_bits", &wbits)) || (rc = json_get_str(j, "ranges", ranges, sizeof ranges)) ||
+        (rc = json_get_num(j, "range_lr", &rlr)))
         return rc;
+    if (ranges[0] && strcmp(ranges, "learn"))
+        return bq_err(BQ_EFORMAT, "quant config: ranges \"%s\" is not \"learn\"", ranges);
+    if (ranges[0] && !(rlr > 0.0 && rlr <= 1.0))
+        return bq_err(BQ_EFORMAT, "quant config: range_lr %g is not in (0, 1]", rlr);
+    cfg->learn_ranges = ranges[0] != 0;
+    cfg->range_lr = cfg->learn_ranges ? rlr : 0.0;
     if (bits != 8) return bq_err(BQ_EFORMAT, "quant config: bits %g is not supported (int8 only)", bits);
     if (bq_scheme_parse(&cfg->scheme, scheme, "quant config: scheme")) return BQ_EFORMAT;
     if (wbits != -1 && wbits != bq_quant_scheme_weight_bits(cfg->scheme))
@@ -447,5 +471,131 @@ int bq_quant_load_hdf5(BqBert *m, int64_t file_id, const char *path) {
         H5Gclose(g);
     }
     H5Gclose(root);
+    return st;
+}
+
+/* ---- --ranges learn: the scale block and its state in training_state.h5 ---- */
+
+void bq_quant_learn_enable(BqQuantState *qs, double range_lr) {
+    qs->cfg.learn_ranges = 1;
+    qs->cfg.range_lr = range_lr;
+    bq_quant_freeze(qs, 1);
+    qs->observe = 0;
+    if (qs->lsq) return;
+    int64_t n = 0;
+    for (int i = 0; i < qs->n; i++) n += qs->q[i].nch;
+    qs->nscales = n;
+    qs->lsq = bq_calloc((size_t)(5 * (n > 0 ? n : 1)), sizeof(float));
+    qs->lsq_grad = qs->lsq + n, qs->lsq_m = qs->lsq + 2 * n, qs->lsq_v = qs->lsq + 3 * n;
+    qs->lsq_best = qs->lsq + 4 * n;
+    int64_t off = 0;
+    for (int i = 0; i < qs->n; i++) {
+        BqQuantizer *q = &qs->q[i];
+        memcpy(qs->lsq + off, q->scale, (size_t)q->nch * sizeof(float));
+        free(q->scale);
+        q->scale = qs->lsq + off;
+        q->dscale = qs->lsq_grad + off;
+        off += q->nch;
+    }
+    memcpy(qs->lsq_best, qs->lsq, (size_t)n * sizeof(float));
+}
+
+void bq_quant_learn_disable(BqQuantState *qs) {
+    qs->cfg.learn_ranges = 0;
+    qs->cfg.range_lr = 0.0;
+    if (!qs->lsq) return;
+    for (int i = 0; i < qs->n; i++) {
+        BqQuantizer *q = &qs->q[i];
+        float *own = bq_malloc((size_t)q->nch * sizeof(float));
+        memcpy(own, q->scale, (size_t)q->nch * sizeof(float));
+        q->scale = own;
+        q->dscale = NULL;
+    }
+    free(qs->lsq);
+    qs->lsq = qs->lsq_grad = qs->lsq_m = qs->lsq_v = qs->lsq_best = NULL;
+    qs->nscales = 0;
+}
+
+void bq_quant_learn_sync_amax(BqQuantState *qs) {
+    for (int i = 0; qs->lsq && i < qs->n; i++) {
+        BqQuantizer *q = &qs->q[i];
+        for (int64_t c = 0; c < q->nch; c++) q->amax[c] = q->scale[c] * (float)bq_quant_qmax(q);
+    }
+}
+
+void bq_quant_learn_keep_best(BqQuantState *qs) {
+    if (qs->lsq) memcpy(qs->lsq_best, qs->lsq, (size_t)qs->nscales * sizeof(float));
+}
+
+void bq_quant_learn_restore_best(BqQuantState *qs) {
+    if (!qs->lsq) return;
+    memcpy(qs->lsq, qs->lsq_best, (size_t)qs->nscales * sizeof(float));
+    bq_quant_learn_sync_amax(qs);
+}
+
+static int lsq_write(hid_t g, const char *path, const char *name, const float *v, int64_t n) {
+    hsize_t dim = (hsize_t)(n > 0 ? n : 1);
+    hid_t sp = H5Screate_simple(1, &dim, NULL);
+    hid_t dcpl = bq_h5sum_dcpl(1, &dim);
+    hid_t ds = H5Dcreate2(g, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    int st = BQ_OK;
+    if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)
+        st = bq_err(BQ_EIO, "%s: cannot write /lsq/%s", path, name);
+    if (ds >= 0) H5Dclose(ds);
+    H5Pclose(dcpl);
+    H5Sclose(sp);
+    return st;
+}
+
+static int lsq_read(hid_t g, const char *path, const char *name, float *v, int64_t n) {
+    if (H5Lexists(g, name, H5P_DEFAULT) <= 0) return bq_err(BQ_EFORMAT, "%s: /lsq/%s is missing", path, name);
+    hid_t ds = H5Dopen2(g, name, H5P_DEFAULT);
+    if (ds < 0) return bq_err(BQ_EFORMAT, "%s: cannot open /lsq/%s", path, name);
+    hid_t sp = H5Dget_space(ds);
+    hsize_t dim = 0;
+    int st = BQ_OK;
+    if (H5Sget_simple_extent_ndims(sp) != 1 || H5Sget_simple_extent_dims(sp, &dim, NULL) < 0 || (int64_t)dim != n) {
+        st = bq_err(BQ_EFORMAT, "%s: /lsq/%s has %lld values, the quantizer table %lld scales", path, name,
+                    (long long)dim, (long long)n);
+    } else {
+        char tensor[64];
+        snprintf(tensor, sizeof tensor, "/lsq/%s", name);
+        st = bq_h5sum_read_f32(ds, path, tensor, v);
+    }
+    H5Sclose(sp);
+    H5Dclose(ds);
+    return st;
+}
+
+int bq_quant_learn_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path, int with_best) {
+    if (!qs || !qs->lsq) return BQ_OK;
+    hid_t g = H5Gcreate2((hid_t)file_id, "/lsq", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (g < 0) return bq_err(BQ_EIO, "%s: cannot create group /lsq", path);
+    int st = lsq_write(g, path, "m", qs->lsq_m, qs->nscales);
+    if (!st) st = lsq_write(g, path, "v", qs->lsq_v, qs->nscales);
+    if (!st && with_best) st = lsq_write(g, path, "best", qs->lsq_best, qs->nscales);
+    H5Gclose(g);
+    return st;
+}
+
+int bq_quant_learn_load_hdf5(BqQuantState *qs, int64_t file_id, const char *path, int *has_best) {
+    hid_t f = (hid_t)file_id;
+    *has_best = 0;
+    int in_file = H5Lexists(f, "/lsq", H5P_DEFAULT) > 0;
+    int learning = qs && qs->lsq;
+    if (!in_file && !learning) return BQ_OK;
+    if (in_file != learning)
+        return bq_err(BQ_EFORMAT, "%s: %s; resume with the --ranges of the interrupted run", path,
+                      in_file ? "the run learned its ranges (--ranges learn)" : "the run did not learn its ranges, "
+                                                                                "--ranges learn asks to");
+    hid_t g = H5Gopen2(f, "/lsq", H5P_DEFAULT);
+    if (g < 0) return bq_err(BQ_EFORMAT, "%s: cannot open group /lsq", path);
+    int st = lsq_read(g, path, "m", qs->lsq_m, qs->nscales);
+    if (!st) st = lsq_read(g, path, "v", qs->lsq_v, qs->nscales);
+    if (!st && H5Lexists(g, "best", H5P_DEFAULT) > 0) {
+        st = lsq_read(g, path, "best", qs->lsq_best, qs->nscales);
+        *has_best = !st;
+    }
+    H5Gclose(g);
     return st;
 }

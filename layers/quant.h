@@ -130,6 +130,9 @@ typedef struct BqQuantizer {
     int enabled;           /* 1 (bq_quant_create's default): quantize; 0: bq_quant_act/bq_quant_weight pass
                               tensors through unquantized, so a run can leave chosen quantizers in fp32
                               without rebuilding the table (src/sensitivity.c); never saved */
+    /* --ranges learn: the gradient of scale (nch floats in BqQuantState.lsq, where
+     * scale then points too); NULL when the ranges are not learned */
+    float *dscale;
 } BqQuantizer;
 
 typedef struct BqQuantConfig {
@@ -141,6 +144,9 @@ typedef struct BqQuantConfig {
     char exclude[1024];    /* comma-separated module names kept in fp32 ("classifier,pooler") */
     /* additions (qat helper) */
     int64_t freeze_after;  /* > 0: freeze every range after this many optimizer steps */
+    /* --ranges learn, config.json "ranges": "learn" and "range_lr" */
+    int learn_ranges;      /* every scale is a trained parameter (LSQ, bq_quant_learn_enable) */
+    double range_lr;       /* its peak learning rate (AdamW, no weight decay, the run's schedule) */
 } BqQuantConfig;
 
 typedef struct BqQuantState {
@@ -157,7 +163,16 @@ typedef struct BqQuantState {
     /* Set by src/train.c under mpirun: reduces an activation observer's batch min/max over the ranks
      * (min of mins, max of maxes) in training forwards, so every rank's ranges stay identical. */
     void (*reduce_minmax)(float *mn, float *mx);
+    /* --ranges learn. One block of 5·nscales floats, nscales = Σ nch over the
+     * table: the scales (each q->scale points into it, in table order), their gradients (q->dscale),
+     * the AdamW moments m and v of the scale group (src/optim.h) and the best scales (the trainer's
+     * best-model copy). NULL when the ranges are not learned. */
+    int64_t nscales;
+    float *lsq, *lsq_grad, *lsq_m, *lsq_v, *lsq_best;
 } BqQuantState;
+
+/* Smallest scale: torch.finfo(float32).eps, PyTorch's scale floor; learned scales are clamped to it. */
+#define BQ_QUANT_SCALE_FLOOR 1.1920928955078125e-07f
 
 /* Integer range of a quantizer: [qmin, qmax] = [-2^(bits-1), 2^(bits-1) - 1]. */
 static inline int bq_quant_qmax(const BqQuantizer *q) { return (1 << (q->bits - 1)) - 1; }
@@ -235,5 +250,32 @@ int bq_quant_config_from_json(BqQuantConfig *cfg, struct json_t *j);
  * BQ_EFORMAT error naming the file and quantizer. */
 int bq_quant_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path);
 int bq_quant_load_hdf5(struct BqBert *m, int64_t file_id, const char *path);
+
+/* ---- learned step sizes, --ranges learn (LSQ, Esser et al., ICLR 2020) ----
+ * Each scale becomes a trained parameter: the hooks use bq_op_fakequant_lsq with the paper's gradient
+ * scale g = 1/√(N·qmax), N = the elements one scale quantizes per example (a weight: its elements per
+ * channel, or all of them per tensor; an activation: its elements divided by the batch size, the
+ * paper's feature count); the zero point stays 0. Observers stay off (every quantizer frozen). */
+
+/* Moves the current scales into the block described at BqQuantState.lsq (gradients and moments
+ * zeroed), sets cfg.learn_ranges and cfg.range_lr, freezes every quantizer and turns observing off.
+ * Called again it only sets range_lr. bq_quant_create calls it when cfg->learn_ranges is set. */
+void bq_quant_learn_enable(BqQuantState *qs, double range_lr);
+/* The inverse: every quantizer gets its own copy of its current scale back, the block is freed and
+ * cfg.learn_ranges cleared (QAT with fixed or observed ranges from a checkpoint that learned them). */
+void bq_quant_learn_disable(BqQuantState *qs);
+/* Best-model copy of the learned scales (the trainer keeps parameters and scales of the best
+ * evaluation together): keep copies scales → lsq_best, restore copies back (amax follows). No-ops
+ * when the ranges are not learned. */
+void bq_quant_learn_keep_best(BqQuantState *qs);
+void bq_quant_learn_restore_best(BqQuantState *qs);
+/* amax = scale·qmax for every learned scale, so amax and scale describe the same range. */
+void bq_quant_learn_sync_amax(BqQuantState *qs);
+/* The scale group's optimizer state in training_state.h5 (src/train_state.c): /lsq/m, /lsq/v and,
+ * when with_best, /lsq/best, each (nscales) float32 in table order with checksums. load: a file
+ * without /lsq for a learning table, or with /lsq for a table that does not learn, is a BQ_EFORMAT
+ * error naming the file and --ranges; *has_best says whether /lsq/best was read. */
+int bq_quant_learn_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path, int with_best);
+int bq_quant_learn_load_hdf5(BqQuantState *qs, int64_t file_id, const char *path, int *has_best);
 
 #endif

@@ -45,6 +45,8 @@ typedef struct Pipeline {
     char ran[64]; /* the first stage that ran in this invocation: every later stage runs as well */
     int train_samples, eval_samples, max_seq_len, batch_size, calib_samples;
     double epochs, qat_epochs, lr, qat_lr;
+    const char *qat_ranges; /* qat --ranges: fixed or learn */
+    double qat_range_lr;    /* qat --range-lr with learn; < 0: the QAT lr */
     char self[4096];
 } Pipeline;
 
@@ -261,7 +263,8 @@ static int stage_train(Pipeline *p, const char *stage, const char *cmd, const ch
     /* QAT starts from the PTQ checkpoint and keeps its percentile ranges fixed while the weights
      * learn (pytorch-quantization's recipe): on IMDB the moving-average observers started from max
      * calibration lost 4-6 points of validation accuracy against fp32 (README, "QAT recipe"). */
-    if (is_qat) av_add(&a, "--ranges"), av_add(&a, "fixed");
+    if (is_qat) av_add(&a, "--ranges"), av_add(&a, p->qat_ranges);
+    if (is_qat && p->qat_range_lr > 0) av_add(&a, "--range-lr"), av_addf(&a, "%g", p->qat_range_lr);
     if (is_qat) av_add(&a, "--scheme"), av_add(&a, p->scheme);
     int st = stage_run(p, stage, &a, 1, NULL, state);
     av_free(&a);
@@ -399,6 +402,8 @@ int bq_cmd_pipeline(int argc, char **argv) {
     p.threads = 0;
     p.bench_batches = "1,32";
     p.task = "cls";
+    p.qat_ranges = "fixed";
+    p.qat_range_lr = -1;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &p.model, "pretrained Hugging Face BERT directory", 1, 0, 0},
         {"data", BQ_ARG_STR, &p.data, "IMDB archive or aclImdb folder (or CSV/JSONL); --task qa: the folder with "
@@ -421,6 +426,10 @@ int bq_cmd_pipeline(int argc, char **argv) {
         {"qat-epochs", BQ_ARG_FLOAT, &o.qat_epochs, "QAT epochs (-1: from --budget)", 0, -1, 1000},
         {"lr", BQ_ARG_FLOAT, &o.lr, "fp32 learning rate (-1: from --budget)", 0, -1, 1},
         {"qat-lr", BQ_ARG_FLOAT, &o.qat_lr, "QAT learning rate (-1: from --budget)", 0, -1, 1},
+        {"qat-ranges", BQ_ARG_STR, &p.qat_ranges, "QAT ranges: fixed (the PTQ ranges stay) or learn (each scale "
+         "trained from its PTQ value, LSQ)", 0, 0, 0},
+        {"qat-range-lr", BQ_ARG_FLOAT, &p.qat_range_lr, "--qat-ranges learn: learning rate of the scales (-1: the QAT "
+         "learning rate)", 0, -1, 1},
         {"calib-samples", BQ_ARG_INT, &o.calib_samples, "calibration examples (-1: from --budget)", 0, -1, 1e9},
         {"bench-rounds", BQ_ARG_INT, &o.bench_rounds, "timed forwards per path and batch size of the bench stage (-1: "
          "from --budget: small 5, full 10)", 0, -1, 1000},
@@ -466,6 +475,10 @@ int bq_cmd_pipeline(int argc, char **argv) {
     }
     BqScheme scheme;
     if ((st = bq_scheme_parse(&scheme, p.scheme, "--scheme"))) return st;
+    if (strcmp(p.qat_ranges, "fixed") && strcmp(p.qat_ranges, "learn"))
+        return bq_err(BQ_EINVAL, "pipeline: --qat-ranges must be fixed or learn, got '%s'", p.qat_ranges);
+    if (bq_args_given(&args, "qat-range-lr") && (strcmp(p.qat_ranges, "learn") || !(p.qat_range_lr > 0)))
+        return bq_err(BQ_EINVAL, "pipeline: --qat-range-lr needs --qat-ranges learn and a value > 0");
     int cpu_scheme = scheme == BQ_SCHEME_CPU;
     if (o.train_samples >= 0) p.train_samples = o.train_samples;
     if (o.eval_samples >= 0) p.eval_samples = o.eval_samples;
@@ -600,7 +613,8 @@ int bq_cmd_pipeline(int argc, char **argv) {
         "ONNX export → exact match and F1 of every stage on the same dev questions (official SQuAD v1.1 "
         "scoring); the settings of each stage are listed under \"Stages as run\"" :
         "fp32 fine-tune (10% of the training reviews held out for validation, 5 evaluations per epoch, best "
-        "kept) → PTQ (percentile 99.99) → QAT from the PTQ model with its ranges fixed → ONNX export → "
+        "kept) → PTQ (percentile 99.99) → QAT from the PTQ model with its ranges fixed (learned with --qat-ranges "
+        "learn) → ONNX export → "
         "evaluation of every stage on the same test reviews → bench of the QAT model; the settings of each "
         "stage are listed under \"Stages as run\"";
     BqReportInfo info = {.model = p.model, .data = p.data, .budget = p.budget, .seconds = bq_now() - t0,

@@ -9,7 +9,8 @@
  *   input has no ranges it is first calibrated (--calibrator, default max); then either the
  *   moving-average observers (c = 0.01) run in every training forward until --freeze-ranges-after
  *   steps (--ranges observe, ONNX Runtime's example), or the ranges stay as calibrated and only the
- *   weights learn (--ranges fixed, pytorch-quantization / QDQBERT).
+ *   weights learn (--ranges fixed, pytorch-quantization / QDQBERT), or every scale is trained with the
+ *   weights from its calibrated value (--ranges learn, LSQ: layers/quant.h, docs/quantization.md).
  * The quantization convention (symmetric int8, zero point 0, scale = amax/127; the cpu scheme's weights
  * 7-bit, amax/63) is in layers/quant.h. A question-answering model (src/qa.h) calibrates and trains on
  * SQuAD windows; its qa_outputs, like the classifier, has no quantizer (none of layers/quant.h's points
@@ -360,6 +361,7 @@ static int check_kept_quant_flags(const BqArgs *a, const BqQuantConfig *want, co
 
 int bq_cmd_qat(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *ranges = "observe";
+    double range_lr = -1.0;
     BqCliData d = {0};
     BqCliTrain t;
     bq_cli_train_default(&t, 2e-5);
@@ -376,7 +378,10 @@ int bq_cmd_qat(int argc, char **argv) {
         {"freeze-ranges-after", BQ_ARG_INT, &q.freeze_after, "freeze every range after N optimizer steps (0: never)",
          0, 0, 1e9},
         {"ranges", BQ_ARG_STR, &ranges, "observe: moving-average min/max observers (ONNX Runtime example); fixed: the "
-         "calibrated (or PTQ input's) ranges never move (pytorch-quantization)", 0, 0, 0},
+         "calibrated (or PTQ input's) ranges never move (pytorch-quantization); learn: every scale is trained from "
+         "its calibrated value (LSQ, docs/quantization.md)", 0, 0, 0},
+        {"range-lr", BQ_ARG_FLOAT, &range_lr, "--ranges learn: peak learning rate of the scales (AdamW, no weight "
+         "decay, the --lr schedule; -1: the --lr value)", 0, -1, 1},
         BQ_CLI_TRAIN_SPECS(t),
         BQ_CLI_DATA_SPECS(d),
         BQ_CLI_TASK_SPEC(qa),
@@ -398,9 +403,16 @@ int bq_cmd_qat(int argc, char **argv) {
     BqQuantConfig qcfg;
     BqTrainResult res;
     if ((st = bq_calibrator_parse(&method, q.calibrator)) || (st = quant_config_from_opts(&qcfg, &q))) return st;
-    if (strcmp(ranges, "observe") && strcmp(ranges, "fixed"))
-        return bq_err(BQ_EINVAL, "--ranges: '%s' is not observe or fixed", ranges);
-    int fixed = !strcmp(ranges, "fixed");
+    if (strcmp(ranges, "observe") && strcmp(ranges, "fixed") && strcmp(ranges, "learn"))
+        return bq_err(BQ_EINVAL, "--ranges: '%s' is not observe, fixed or learn", ranges);
+    int fixed = !strcmp(ranges, "fixed"), learn = !strcmp(ranges, "learn");
+    if (bq_args_given(&args, "range-lr") && !learn)
+        return bq_err(BQ_EINVAL, "--range-lr applies only with --ranges learn");
+    if (learn && bq_args_given(&args, "range-lr") && !(range_lr > 0.0))
+        return bq_err(BQ_EINVAL, "--range-lr: must be > 0, got %g", range_lr);
+    if (learn && q.freeze_after > 0)
+        return bq_err(BQ_EINVAL, "--freeze-ranges-after applies to observed ranges, not --ranges learn");
+    if (learn && !bq_args_given(&args, "range-lr")) range_lr = t.lr;
     bq_runtime_set_threads(t.threads);
     int is_qa = 0;
     QaTrainData td;
@@ -429,15 +441,22 @@ int bq_cmd_qat(int argc, char **argv) {
     } else if ((st = calibrate_model(&m, &qcfg, method, q.percentile, strain, q.calib_samples, "qat"))) {
         goto cleanup;
     }
-    bq_quant_freeze(m.quant, fixed);
-    m.quant->observe = !fixed;
+    bq_quant_freeze(m.quant, fixed || learn);
+    m.quant->observe = !fixed && !learn;
     m.quant->steps_seen = 0;
-    fprintf(stderr, "[qat] ranges: %s\n", fixed ? "fixed (calibrated ranges, weights learn around them)"
-                                              : "moving-average observers (c = 0.01)");
+    if (learn) { /* observers off; each scale a parameter, initialised from its calibrated value */
+        bq_quant_learn_enable(m.quant, range_lr);
+        fprintf(stderr, "[qat] ranges: learned (LSQ) from the calibrated scales, %lld scales, range lr %g\n",
+                (long long)m.quant->nscales, range_lr);
+    } else {
+        bq_quant_learn_disable(m.quant); /* an input that learned its ranges keeps them as they are */
+        fprintf(stderr, "[qat] ranges: %s\n", fixed ? "fixed (calibrated ranges, weights learn around them)"
+                                                  : "moving-average observers (c = 0.01)");
+    }
     /* the trainer calls bq_quant_step after each optimizer step (freeze at --freeze-ranges-after) */
     if ((st = bq_cli_train_run_sources(&m, &t, strain, sval, &d, model, out, "qat", &res))) goto cleanup;
     printf("; %d quantizers (scheme %s)%s; checkpoint %s\n", m.quant->n, bq_scheme_name(m.quant->cfg.scheme),
-           m.quant->q[0].frozen ? ", frozen" : "", out);
+           learn ? ", ranges learned" : m.quant->q[0].frozen ? ", frozen" : "", out);
 
 cleanup:
     bq_cli_splits_free(&sp);
@@ -513,6 +532,7 @@ int bq_cmd_info(int argc, char **argv) {
     if (qc->clip_gelu > 0) printf(", GELU clip %g", qc->clip_gelu);
     printf(", exclude \"%s\"; %d quantizers, %d with ranges\n", qc->exclude, m.quant->n,
            bq_quant_count_initialized(m.quant));
+    if (qc->learn_ranges) printf("ranges       learned (--ranges learn, LSQ), range lr %g\n", qc->range_lr);
     printf("%-72s %-8s %5s %4s %12s %12s %12s %s\n", "quantizer", "granul.", "nch", "bits", "amax min", "amax max",
            "scale min", "state");
     for (int i = 0; i < m.quant->n; i++) {
@@ -525,7 +545,7 @@ int bq_cmd_info(int argc, char **argv) {
         }
         printf("%-72s %-8s %5lld %4d %12.6g %12.6g %12.6g %s\n", q->name, q->nch > 1 ? "channel" : "tensor",
                (long long)q->nch, q->bits, amin, amax, smin,
-               !q->initialized ? "no range" : q->frozen ? "frozen" : "observing");
+               !q->initialized ? "no range" : q->dscale ? "learned" : q->frozen ? "frozen" : "observing");
     }
 cleanup:
     free(report);

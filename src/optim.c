@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "layers/quant.h"
+
 void bq_adamw_init(BqAdamW *o, int64_t total, float weight_decay) {
     memset(o, 0, sizeof *o);
     o->beta1 = 0.9f;
@@ -47,6 +49,33 @@ void bq_adamw_step(BqAdamW *o, BqParamTable *t, float lr) {
             w[j] -= step_size * (m[j] / denom);
         }
     }
+}
+
+int bq_adamw_step_scales(const BqAdamW *o, BqQuantState *qs, float lr, float grad_mult) {
+    if (!qs || !qs->lsq) return BQ_OK;
+    for (int i = 0; i < qs->n; i++)
+        for (int64_t c = 0; c < qs->q[i].nch; c++)
+            if (!isfinite(qs->q[i].dscale[c]))
+                return bq_err(BQ_ENUMERIC, "train: the gradient of the learned scale of %s is not finite at step %lld",
+                              qs->q[i].name, (long long)o->step + 1);
+    int64_t k = o->step + 1;
+    double bc1 = 1.0 - pow((double)o->beta1, (double)k);
+    double bc2 = 1.0 - pow((double)o->beta2, (double)k);
+    float step_size = (float)(lr / bc1);
+    float bc2_sqrt = (float)sqrt(bc2);
+    float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
+    float *w = qs->lsq, *g = qs->lsq_grad, *m = qs->lsq_m, *v = qs->lsq_v;
+    for (int64_t j = 0; j < qs->nscales; j++) {
+        float gj = g[j] * grad_mult;
+        m[j] = b1 * m[j] + (1.0f - b1) * gj;
+        v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;
+        float denom = sqrtf(v[j]) / bc2_sqrt + eps;
+        w[j] -= step_size * (m[j] / denom);
+        w[j] = w[j] > BQ_QUANT_SCALE_FLOOR ? w[j] : BQ_QUANT_SCALE_FLOOR; /* also maps a NaN to the floor */
+        g[j] = 0.0f;
+    }
+    bq_quant_learn_sync_amax(qs);
+    return BQ_OK;
 }
 
 double bq_grad_global_norm(const BqParamTable *t) {

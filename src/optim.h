@@ -31,6 +31,17 @@ void bq_adamw_free(BqAdamW *o);
  * Increments o->step. Gradients are left unchanged (the caller zeroes them). */
 void bq_adamw_step(BqAdamW *o, BqParamTable *t, float lr);
 
+/* The learned scales of --ranges learn (layers/quant.h, BqQuantState.lsq) as their own parameter group:
+ * the AdamW update of bq_adamw_step with o's betas and eps, no weight decay, learning rate lr (the
+ * caller passes range_lr times the schedule's multiplier), on the gradients times grad_mult (1/grad_accum,
+ * as the parameters' gradients are divided). Call it right BEFORE bq_adamw_step of the same optimizer
+ * step: the bias correction uses k = o->step + 1. Each scale is then clamped to BQ_QUANT_SCALE_FLOOR
+ * (positivity), amax follows (scale·qmax), and the scale gradients are zeroed. A non-finite scale
+ * gradient is BQ_ENUMERIC naming the quantizer and the step, with nothing changed. The scales' gradients
+ * are not part of the parameters' global-norm clip (bq_grad_clip); no-op without learned scales. */
+struct BqQuantState;
+int bq_adamw_step_scales(const BqAdamW *o, struct BqQuantState *qs, float lr, float grad_mult);
+
 /* L2 norm over all gradients of t (accumulated in double). */
 double bq_grad_global_norm(const BqParamTable *t);
 /* Multiplies every gradient by s. */

@@ -153,6 +153,12 @@ int bq_train_apply(BqBert *m, const BqTrainConfig *tc, BqTrainState *ts, double 
     if (lr) *lr = rate;
     if (!isfinite(norm))
         return bq_err(BQ_ENUMERIC, "train: gradient norm is not finite at step %lld", (long long)ts->step + 1);
+    if (m->quant && m->quant->lsq) { /* --ranges learn: the scales' group, range_lr on the same schedule */
+        double lam = ts->total_steps > 0 ? bq_lr_lambda(ts->step, ts->warmup_steps, ts->total_steps) : 1.0;
+        int st = bq_adamw_step_scales(ts->opt, m->quant, (float)(m->quant->cfg.range_lr * lam),
+                                      1.0f / (float)(tc->grad_accum > 1 ? tc->grad_accum : 1));
+        if (st) return st;
+    }
     bq_adamw_step(ts->opt, pt, (float)rate);
     memset(pt->grad, 0, sizeof(float) * (size_t)pt->total);
     ts->step++;
@@ -359,6 +365,7 @@ static int run_eval(Run *r, double epoch, int *improved) {
         r->ts.best_step = r->ts.step;
         if (!r->ts.best_params) r->ts.best_params = bq_malloc(sizeof(float) * (size_t)r->m->params.total);
         memcpy(r->ts.best_params, r->m->params.data, sizeof(float) * (size_t)r->m->params.total);
+        if (r->m->quant) bq_quant_learn_keep_best(r->m->quant); /* learned scales go with the weights */
         *improved = 1;
     }
     return BQ_OK;
@@ -564,6 +571,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
         bq_progress_note(&r.prog, "final model = best evaluation (step %lld, accuracy %.4f)",
                          (long long)r.ts.best_step, r.ts.best_accuracy);
         memcpy(pt->data, r.ts.best_params, sizeof(float) * (size_t)pt->total);
+        if (m->quant) bq_quant_learn_restore_best(m->quant);
     }
     if ((st = save_ckpt(&r))) goto cleanup;
     bq_progress_note(&r.prog, "saved %s (%lld steps, %.1fs)", out_dir, (long long)r.ts.step, bq_now() - r.prog.t0);

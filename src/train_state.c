@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "export/ckpt.h"
+#include "layers/quant.h"
 
 #define PATH_LEN 4400
 
@@ -53,6 +54,8 @@ static int write_state(void *user, const char *tmp_dir) {
         if (!st) st = bq_ckpt_h5_write_params(f, path, "adam/v", t, ts->opt->v);
     }
     if (!st && ts->best_params) st = bq_ckpt_h5_write_params(f, path, "best", t, ts->best_params);
+    /* --ranges learn: the scales' moments (and best copy); the scales themselves are in model.h5 */
+    if (!st && c->m->quant) st = bq_quant_learn_save_hdf5(c->m->quant, (int64_t)f, path, ts->best_params != NULL);
     if (H5Fclose(f) < 0 && !st) st = bq_err(BQ_EIO, "%s: close failed", path);
     if (!st) st = bq_fsync_path(path);
     return st;
@@ -117,8 +120,17 @@ static int read_state(const BqBert *m, BqTrainState *ts, const char *path) {
         if (!st) st = bq_ckpt_h5_read_params(f, path, "adam/v", t, ts->opt->v);
     }
     if (!st && bq_ckpt_h5_exists(f, "/best")) {
-        ts->best_params = bq_malloc(sizeof(float) * (size_t)t->total);
+        /* zeroed: the table may have padding between tensors that the reader leaves alone, and the
+         * trainer copies the whole block back */
+        ts->best_params = bq_calloc((size_t)t->total, sizeof(float));
         st = bq_ckpt_h5_read_params(f, path, "best", t, ts->best_params);
+        if (st) free(ts->best_params), ts->best_params = NULL;
+    }
+    if (!st && ts->opt) {
+        int has_best = 0;
+        st = bq_quant_learn_load_hdf5(m->quant, (int64_t)f, path, &has_best);
+        if (!st && ts->best_params && m->quant && m->quant->lsq && !has_best)
+            st = bq_err(BQ_EFORMAT, "%s: /lsq/best is missing (the best parameters are there)", path);
         if (st) free(ts->best_params), ts->best_params = NULL;
     }
 cleanup:

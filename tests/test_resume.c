@@ -4,7 +4,9 @@
  * SIGINT path: checkpoint + BQ_EINTR) and continued with resume: every step loss and the final
  * parameters must match bit for bit. The same for QAT (schemes ort and cpu) with live moving-average
  * observers and ranges frozen after step 8, interrupted at step 5 and at step 9: losses, parameters
- * and every quantizer's amax, scale, observer state and frozen flag bit-identical. Also: a NaN
+ * and every quantizer's amax, scale, observer state and frozen flag bit-identical; and QAT with learned
+ * ranges (--ranges learn: scales trained by AdamW, best copy kept), where the scales and their moments
+ * must also match bit for bit and every scale must have moved. Also: a NaN
  * injected into the weights stops training with BQ_ENUMERIC naming the step and leaves the last good
  * checkpoint loadable. */
 #include <math.h>
@@ -119,14 +121,17 @@ static void config(BqTrainConfig *tc, Rec *rec, const char *vocab) {
  * ranges frozen after FREEZE_AFTER optimizer steps. */
 #define FREEZE_AFTER 8
 
-static void make_qat_model(BqBert *m, const char *scheme) {
+static void make_qat_model(BqBert *m, const char *scheme, int learn) {
     make_model(m);
     BqQuantConfig qc;
     bq_quant_config_default(&qc);
     BQ_CHECK(bq_scheme_parse(&qc.scheme, scheme, "scheme") == BQ_OK);
-    qc.freeze_after = FREEZE_AFTER;
+    qc.freeze_after = learn ? 0 : FREEZE_AFTER;
     BQ_CHECK(bq_quant_create(&m->quant, m, &qc) == BQ_OK);
     m->quant->observe = 1;
+    /* --ranges learn: each range is set by its first batch (uninitialised quantizers observe once),
+     * then its scale is trained */
+    if (learn) bq_quant_learn_enable(m->quant, 2e-3);
 }
 
 static int64_t bits_differ(const float *a, const float *b, int64_t n) {
@@ -153,40 +158,45 @@ static int64_t quant_differ(const BqQuantState *a, const BqQuantState *b, int *f
         d += (x->frozen != y->frozen) + (x->initialized != y->initialized);
         *frozen += x->frozen;
     }
+    if ((a->lsq != NULL) != (b->lsq != NULL) || a->nscales != b->nscales) return d + 1;
+    if (a->lsq) /* the learned scales' AdamW moments */
+        d += bits_differ(a->lsq_m, b->lsq_m, a->nscales) + bits_differ(a->lsq_v, b->lsq_v, a->nscales);
     return d;
 }
 
 /* QAT run on scheme: uninterrupted, then interrupted after step k and resumed in a fresh model whose
  * quantizers start empty; losses, parameters and quantizer state must be bit-identical. */
 static void qat_case(const char *root, const char *vocab, BqBatchSource *train, BqBatchSource *val,
-                     const char *scheme, int64_t k) {
+                     const char *scheme, int64_t k, int learn) {
     char outA[256], outB[256];
-    snprintf(outA, sizeof outA, "%s/qat_%s_a", root, scheme);
-    snprintf(outB, sizeof outB, "%s/qat_%s_%lld", root, scheme, (long long)k);
+    snprintf(outA, sizeof outA, "%s/qat_%s%s_a", root, scheme, learn ? "_learn" : "");
+    snprintf(outB, sizeof outB, "%s/qat_%s%s_%lld", root, scheme, learn ? "_learn" : "", (long long)k);
     Rec ra, rb;
     memset(&ra, 0, sizeof ra);
     memset(&rb, 0, sizeof rb);
     BqTrainConfig tc;
     BqTrainResult res;
     BqBert ma, mb;
-    make_qat_model(&ma, scheme);
+    make_qat_model(&ma, scheme, learn);
     config(&tc, &ra, vocab);
-    tc.save_best = 0; /* the final parameters are those of the last step, not an earlier best */
+    /* the final parameters are those of the last step, not an earlier best; with learned ranges the
+     * best copy (parameters and scales, /lsq/best) is kept and restored, so it is part of the check */
+    tc.save_best = learn;
     int st = bq_train(&ma, &tc, train, val, outA, &res);
     EXPECT(st == BQ_OK, "qat %s run A: %s", scheme, bq_errmsg());
 
-    make_qat_model(&mb, scheme);
+    make_qat_model(&mb, scheme, learn);
     config(&tc, &rb, vocab);
-    tc.save_best = 0;
+    tc.save_best = learn;
     tc.interrupt_at_step = k;
     st = bq_train(&mb, &tc, train, val, outB, &res);
     EXPECT(st == BQ_EINTR, "qat %s interrupt at %lld: %d %s", scheme, (long long)k, st, bq_errmsg());
     bq_quant_free(mb.quant), mb.quant = NULL;
     bq_bert_free(&mb);
-    make_qat_model(&mb, scheme); /* parameters and every range must come from the checkpoint */
+    make_qat_model(&mb, scheme, learn); /* parameters and every range must come from the checkpoint */
     for (int64_t i = 0; i < mb.params.total; i++) mb.params.data[i] = 0;
     config(&tc, &rb, vocab);
-    tc.save_best = 0;
+    tc.save_best = learn;
     tc.resume = 1;
     st = bq_train(&mb, &tc, train, val, outB, &res);
     EXPECT(st == BQ_OK && res.steps == STEPS, "qat %s resume at %lld: %d %s", scheme, (long long)k, st, bq_errmsg());
@@ -198,15 +208,28 @@ static void qat_case(const char *root, const char *vocab, BqBatchSource *train, 
         same += memcmp(&ra.loss[s], &rb.loss[s], sizeof(double)) == 0;
     }
     int64_t pd = bits_differ(ma.params.data, mb.params.data, ma.params.total);
+
     int frozen = 0;
     int64_t qd = quant_differ(ma.quant, mb.quant, &frozen);
-    printf("qat %-7s interrupted at %2lld: %d/%d losses bit-identical (max difference %.3g), %lld parameters and "
+    printf("qat %-7s%s interrupted at %2lld: %d/%d losses bit-identical (max difference %.3g), %lld parameters and "
            "%lld quantizer values differ, %d/%d quantizers frozen\n",
-           scheme, (long long)k, same, STEPS, maxd, (long long)pd, (long long)qd, frozen, ma.quant->n);
+           scheme, learn ? " (ranges learned)" : "", (long long)k, same, STEPS, maxd, (long long)pd, (long long)qd,
+           frozen, ma.quant->n);
+    if (learn) { /* the scales did move: amax = scale·qmax no longer equals the first batch's range */
+        int moved = 0;
+        for (int i = 0; i < ma.quant->n; i++) {
+            const BqQuantizer *q = &ma.quant->q[i];
+            float a = q->is_weight ? fmaxf(-q->ch_min[0], q->ch_max[0]) : fmaxf(-q->run_min, q->run_max);
+            moved += q->amax[0] != a;
+        }
+        printf("qat %s (ranges learned): %d/%d scales moved from their first-batch ranges\n", scheme, moved,
+               ma.quant->n);
+        EXPECT(moved == ma.quant->n, "qat %s learn: only %d of %d scales moved", scheme, moved, ma.quant->n);
+    }
     EXPECT(same == STEPS, "qat %s at %lld: %d of %d losses identical", scheme, (long long)k, same, STEPS);
     EXPECT(pd == 0 && qd == 0, "qat %s at %lld: %lld parameters, %lld quantizer values differ", scheme, (long long)k,
            (long long)pd, (long long)qd);
-    EXPECT(frozen == ma.quant->n && ma.quant->steps_seen == STEPS, "qat %s: %d of %d frozen, steps_seen %lld", scheme,
+    EXPECT(frozen == ma.quant->n && ma.quant->steps_seen == STEPS && (learn == (ma.quant->lsq != NULL)), "qat %s: %d of %d frozen, steps_seen %lld", scheme,
            frozen, ma.quant->n, (long long)ma.quant->steps_seen);
     bq_quant_free(ma.quant), ma.quant = NULL;
     bq_quant_free(mb.quant), mb.quant = NULL;
@@ -304,8 +327,14 @@ int main(void) {
     /* QAT: interrupted while the observers move (step 5) and after the ranges froze (step 9 > 8). */
     const char *schemes[] = {"ort", "cpu"};
     for (int i = 0; i < 2; i++) {
-        qat_case(root, vocab, &train, &val, schemes[i], 5);
-        qat_case(root, vocab, &train, &val, schemes[i], FREEZE_AFTER + 1);
+        qat_case(root, vocab, &train, &val, schemes[i], 5, 0);
+        qat_case(root, vocab, &train, &val, schemes[i], FREEZE_AFTER + 1, 0);
+    }
+    /* --ranges learn: the scales and their moments (training_state.h5 /lsq) resume bit for bit; one
+     * interruption before the last evaluation's best copy and one after it */
+    for (int i = 0; i < 2; i++) {
+        qat_case(root, vocab, &train, &val, schemes[i], 5, 1);
+        qat_case(root, vocab, &train, &val, schemes[i], FREEZE_AFTER + 1, 1);
     }
 
     synth_free(&tr), synth_free(&va);
