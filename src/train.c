@@ -156,7 +156,7 @@ int bq_train_apply(BqBert *m, const BqTrainConfig *tc, BqTrainState *ts, double 
     if (m->quant && m->quant->lsq) { /* --ranges learn: the scales' group, range_lr on the same schedule */
         double lam = ts->total_steps > 0 ? bq_lr_lambda(ts->step, ts->warmup_steps, ts->total_steps) : 1.0;
         int st = bq_adamw_step_scales(ts->opt, m->quant, (float)(m->quant->cfg.range_lr * lam),
-                                      1.0f / (float)(tc->grad_accum > 1 ? tc->grad_accum : 1));
+                                      1.0f / (float)nmicro);
         if (st) return st;
     }
     bq_adamw_step(ts->opt, pt, (float)rate);
@@ -315,10 +315,12 @@ static void sum_embedding_rows(float *g, int64_t V, int64_t H, BqArena *scratch)
 
 /* Ends a step's micro-batches under N ranks: sums the step's counters and the gradient, with one
  * allreduce over the contiguous gradient block outside the word embeddings and, for them, the
- * touched rows only (sum_embedding_rows). scratch: the activation arena, between steps. */
-static void step_reduce(BqParamTable *pt, StepSums *s, BqArena *scratch) {
+ * touched rows only (sum_embedding_rows), and the learned scales' gradients (--ranges learn; qs may
+ * be NULL). scratch: the activation arena, between steps. */
+static void step_reduce(BqParamTable *pt, BqQuantState *qs, StepSums *s, BqArena *scratch) {
     if (bq_dist_size() == 1) return;
     bq_dist_sum_f64((double *)s, sizeof *s / sizeof(double));
+    if (qs && qs->lsq_grad) bq_dist_sum_f32(qs->lsq_grad, qs->nscales);
     int w = bq_params_find(pt, "embeddings.word_embeddings.weight");
     if (w < 0 || pt->p[w].ndim != 2) {
         bq_dist_sum_f32(pt->grad, pt->total);
@@ -511,7 +513,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
             if (micro == tc->grad_accum || (end_of_epoch && micro > 0)) {
                 double gnorm, lr;
                 StepSums sums = {loss_acc, micro, (double)ex_since_log, (double)tok_since_log, g_stop_signal != 0};
-                step_reduce(pt, &sums, &act);
+                step_reduce(pt, m->quant, &sums, &act);
                 if ((st = bq_train_apply(m, tc, &r.ts, &gnorm, &lr))) {
                     st = numeric_ctx(st, out_dir, "");
                     goto cleanup;
