@@ -166,6 +166,7 @@ cleanup:
 
 int bq_cmd_bench(int argc, char **argv) {
     const char *model = NULL, *onnx = NULL, *batch_arg = "1,32", *python = getenv("BQ_PYTHON");
+    const char *precision = "auto";
     int seq = 0, threads = 0, rounds = 10, json = 0;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "quantized checkpoint (PTQ or QAT)", 1, 0, 0},
@@ -177,6 +178,7 @@ int bq_cmd_bench(int argc, char **argv) {
         {"python", BQ_ARG_STR, &python, "Python with onnxruntime for --onnx (env BQ_PYTHON; else the source tree's "
          ".venv)", 0, 0, 0},
         {"json", BQ_ARG_FLAG, &json, "print the results as one JSON object instead of a table", 0, 0, 0},
+        BQ_CLI_PRECISION_SPEC(precision),
     };
     BqArgs args = {.cmd = "bench", .usage = "--model CKPT [--onnx FILE] [options]",
                    .summary = "Forward latency (median ms) of a quantized checkpoint as fp32, fake quant and integer "
@@ -191,6 +193,8 @@ int bq_cmd_bench(int argc, char **argv) {
     if (!python || !*python) python = venv_python;
     if (onnx && !bq_is_file(onnx)) return bq_err(BQ_EINVAL, "--onnx %s: no such file", onnx);
     bq_runtime_set_threads(threads);
+    BqPrecision prec;
+    if ((st = bq_cli_precision(precision, "bench", &prec))) return st;
 
     BqTokenizer *tok = NULL;
     BqBert m;
@@ -255,6 +259,7 @@ int bq_cmd_bench(int argc, char **argv) {
         json_object_set_new(j, "onednn", json_string(bq_dnnl_describe()));
         json_object_set_new(j, "blas", json_string(bq_runtime_describe()));
         json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
+        json_object_set_new(j, "precision", json_string(bq_precision_name(prec)));
         json_object_set_new(j, "seq", json_integer(T));
         json_object_set_new(j, "rounds", json_integer(rounds));
         json_object_set_new(j, "int8_available", json_boolean(eng != NULL));
@@ -282,7 +287,8 @@ int bq_cmd_bench(int argc, char **argv) {
         printf("%s\n", s);
         free(s);
     } else {
-        printf("CPU        %s\n%s\n%s\n", cpu, bq_dnnl_describe(), bq_runtime_describe());
+        printf("CPU        %s\n%s\n%s\n%s\n", cpu, bq_dnnl_describe(), bq_cpu_bf16_describe(), bq_runtime_describe());
+        printf("precision  %s\n", bq_precision_name(prec));
         printf("model      %s, seq %d, %d threads, median of %d rounds after a warm-up\n", model, T,
                bq_runtime_threads(), rounds);
         if (eng)

@@ -100,6 +100,8 @@ static void eval_print(const BqBert *m, const BqConfusion *conf, const BqCliData
 
 int bq_cmd_eval(int argc, char **argv) {
     const char *model = NULL, *split = "test", *predictions = NULL, *engine = "auto", *engine_name = NULL;
+    const char *precision = "auto";
+    BqPrecision prec;
     int samples = 0, batch_size = 64, threads = 0, json = 0, seed = 42;
     double val_fraction = 0.1;
     int train_samples = 0;
@@ -117,6 +119,7 @@ int bq_cmd_eval(int argc, char **argv) {
         {"train-samples", BQ_ARG_INT, &train_samples, "for --split val/train: as in finetune", 0, 0, 1e9},
         {"json", BQ_ARG_FLAG, &json, "print one JSON object instead of a table", 0, 0, 0},
         {"engine", BQ_ARG_STR, &engine, BQ_CLI_ENGINE_HELP, 0, 0, 0},
+        BQ_CLI_PRECISION_SPEC(precision),
         {"predictions", BQ_ARG_STR, &predictions, "write index, label, predicted label, its probability per example "
          "(TSV) to this file", 0, 0, 0},
     };
@@ -129,6 +132,7 @@ int bq_cmd_eval(int argc, char **argv) {
         return bq_err(BQ_EINVAL, "--split: '%s' is not test, val or train", split);
     if (predictions && (st = bq_check_writable_parent(predictions))) return bq_err_ctx(st, "--predictions");
     bq_runtime_set_threads(threads);
+    if ((st = bq_cli_precision(precision, "eval", &prec))) return st;
 
     BqTokenizer *tok = NULL;
     BqDataset *ds = NULL;
@@ -334,7 +338,8 @@ static int predict_texts(BqBert *m, BqInt8Engine *e, BqArena *act, const BqToken
 }
 
 int bq_cmd_predict(int argc, char **argv) {
-    const char *model = NULL, *split = "test", *engine = "auto", *engine_name = NULL;
+    const char *model = NULL, *split = "test", *engine = "auto", *engine_name = NULL, *precision = "auto";
+    BqPrecision prec;
     int threads = 0, json = 0, seed = 42;
     BqCliData d = {0};
     const BqArgSpec specs[] = {
@@ -347,6 +352,7 @@ int bq_cmd_predict(int argc, char **argv) {
         {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
         {"json", BQ_ARG_FLAG, &json, "one JSON object per line", 0, 0, 0},
         {"engine", BQ_ARG_STR, &engine, BQ_CLI_ENGINE_HELP, 0, 0, 0},
+        BQ_CLI_PRECISION_SPEC(precision),
     };
     BqArgs args = {.cmd = "predict", .usage = "--model CKPT [TEXT...]   (no TEXT: one text per stdin line)",
                    .summary = "Classify texts: prints the label and its probability per text, as label<TAB>probability"
@@ -361,6 +367,7 @@ int bq_cmd_predict(int argc, char **argv) {
     if (strcmp(split, "test") && strcmp(split, "val") && strcmp(split, "train"))
         return bq_err(BQ_EINVAL, "--split: '%s' is not test, val or train", split);
     bq_runtime_set_threads(threads);
+    if ((st = bq_cli_precision(precision, "predict", &prec))) return st;
 
     BqTokenizer *tok = NULL;
     BqDataset *ds = NULL;

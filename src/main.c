@@ -54,6 +54,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("bertqat %s\n%s\n", BQ_VERSION_STRING, bq_runtime_describe());
         printf("%s\n", bq_dnnl_describe());
+        printf("%s\n", bq_cpu_bf16_describe());
         return 0;
     }
     for (int i = 0; i < NCOMMANDS; i++) {

@@ -256,6 +256,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
         }
     }
 
+    r.ts.precision = tc->precision ? tc->precision : "fp32";
     if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
     if ((st = bq_tape_init(&tape, 4096))) goto cleanup;
     /* OUT exists from the start so the JSONL log has a home before the first checkpoint; a fresh
