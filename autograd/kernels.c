@@ -280,26 +280,71 @@ void bq_kernel_embedding_backward(float *dtable, const float *dout, const int32_
 
 /* ---- layernorm ---- */
 
+/* One row of LayerNorm: two passes (mean, then variance of the centred values: no cancellation). Shared
+ * by the plain and the residual kernel so both give the same bits. */
+BQ_INLINE void ln_row_forward(float *y, float *mean, float *rstd, const float *x, const float *weight,
+                              const float *bias, int64_t H, float eps) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < H; i++) m += x[i];
+    m /= (float)H;
+    float v = 0.0f;
+    for (int64_t i = 0; i < H; i++) {
+        float xc = x[i] - m;
+        v += xc * xc;
+    }
+    v /= (float)H;
+    float r = 1.0f / sqrtf(v + eps);
+    for (int64_t i = 0; i < H; i++) y[i] = (x[i] - m) * r * weight[i] + bias[i];
+    *mean = m;
+    *rstd = r;
+}
+
+/* mean(g) and mean(g⊙x̂) of one row, g = dy⊙w: dx = r·(g − mean(g) − x̂·mean(g⊙x̂)). */
+BQ_INLINE void ln_row_stats(float *sg_out, float *sgx_out, const float *x, const float *dy, const float *weight,
+                            float m, float r, int64_t H) {
+    float sg = 0.0f, sgx = 0.0f;
+    for (int64_t i = 0; i < H; i++) {
+        float g = dy[i] * weight[i];
+        sg += g;
+        sgx += g * (x[i] - m) * r;
+    }
+    *sg_out = sg / (float)H;
+    *sgx_out = sgx / (float)H;
+}
+
+BQ_INLINE float ln_dx(float x, float dy, float w, float m, float r, float sg, float sgx) {
+    float xh = (x - m) * r;
+    return r * (dy * w - sg - xh * sgx);
+}
+
+/* dweight += Σ_n dy⊙x̂, dbias += Σ_n dy, column blocks over threads, rows in order. */
+static void ln_param_grads(float *dweight, float *dbias, const float *dout, const float *inp, const float *mean,
+                           const float *rstd, int64_t N, int64_t H) {
+    int64_t nblk = (H + COLBLK - 1) / COLBLK;
+#pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t c0 = blk * COLBLK, c1 = c0 + COLBLK < H ? c0 + COLBLK : H;
+        float aw[COLBLK], ab[COLBLK];
+        for (int64_t c = c0; c < c1; c++) aw[c - c0] = ab[c - c0] = 0.0f;
+        for (int64_t n = 0; n < N; n++) {
+            const float *x = inp + n * H, *dy = dout + n * H;
+            float m = mean[n], r = rstd[n];
+            for (int64_t c = c0; c < c1; c++) {
+                aw[c - c0] += dy[c] * (x[c] - m) * r;
+                ab[c - c0] += dy[c];
+            }
+        }
+        for (int64_t c = c0; c < c1; c++) {
+            if (dweight) dweight[c] += aw[c - c0];
+            if (dbias) dbias[c] += ab[c - c0];
+        }
+    }
+}
+
 void bq_kernel_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                                  const float *bias, int64_t N, int64_t H, float eps) {
 #pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const float *x = inp + n * H;
-        float *y = out + n * H;
-        float m = 0.0f;
-        for (int64_t i = 0; i < H; i++) m += x[i];
-        m /= (float)H;
-        float v = 0.0f; /* second pass over centred values (no cancellation) */
-        for (int64_t i = 0; i < H; i++) {
-            float xc = x[i] - m;
-            v += xc * xc;
-        }
-        v /= (float)H;
-        float r = 1.0f / sqrtf(v + eps);
-        for (int64_t i = 0; i < H; i++) y[i] = (x[i] - m) * r * weight[i] + bias[i];
-        mean[n] = m;
-        rstd[n] = r;
-    }
+    for (int64_t n = 0; n < N; n++) ln_row_forward(out + n * H, mean + n, rstd + n, inp + n * H, weight, bias, H, eps);
 }
 
 void bq_kernel_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -309,44 +354,57 @@ void bq_kernel_layernorm_backward(float *dinp, float *dweight, float *dbias, con
 #pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
         for (int64_t n = 0; n < N; n++) {
             const float *x = inp + n * H, *dy = dout + n * H;
-            float m = mean[n], r = rstd[n];
-            /* dx = r·(g − mean(g) − x̂·mean(g⊙x̂)) with g = dy⊙w */
-            float sg = 0.0f, sgx = 0.0f;
-            for (int64_t i = 0; i < H; i++) {
-                float g = dy[i] * weight[i];
-                sg += g;
-                sgx += g * (x[i] - m) * r;
-            }
-            sg /= (float)H;
-            sgx /= (float)H;
+            float m = mean[n], r = rstd[n], sg, sgx;
+            ln_row_stats(&sg, &sgx, x, dy, weight, m, r, H);
             float *dx = dinp + n * H;
-            for (int64_t i = 0; i < H; i++) {
-                float xh = (x[i] - m) * r;
-                dx[i] += r * (dy[i] * weight[i] - sg - xh * sgx);
-            }
+            for (int64_t i = 0; i < H; i++) dx[i] += ln_dx(x[i], dy[i], weight[i], m, r, sg, sgx);
         }
     }
-    if (dweight || dbias) {
-        int64_t nblk = (H + COLBLK - 1) / COLBLK;
+    if (dweight || dbias) ln_param_grads(dweight, dbias, dout, inp, mean, rstd, N, H);
+}
+
+/* ---- residual add + layernorm ---- */
+
+/* The dropout factor of element i: 1/(1−p) kept, 0 dropped (the expression of the dropout kernels). */
+BQ_INLINE float drop_factor(uint64_t key, int64_t i, float p, float inv) {
+    return bq_hash_uniform(key, (uint64_t)i) >= p ? inv : 0.0f;
+}
+
+BQ_VEC void bq_kernel_residual_layernorm_forward(float *out, float *sum, float *mean, float *rstd, const float *a,
+                                                 const float *b, const float *weight, const float *bias, float p,
+                                                 uint64_t key, int64_t N, int64_t H, float eps) {
+    float inv = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
 #pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
-        for (int64_t blk = 0; blk < nblk; blk++) {
-            int64_t c0 = blk * COLBLK, c1 = c0 + COLBLK < H ? c0 + COLBLK : H;
-            float aw[COLBLK], ab[COLBLK];
-            for (int64_t c = c0; c < c1; c++) aw[c - c0] = ab[c - c0] = 0.0f;
-            for (int64_t n = 0; n < N; n++) {
-                const float *x = inp + n * H, *dy = dout + n * H;
-                float m = mean[n], r = rstd[n];
-                for (int64_t c = c0; c < c1; c++) {
-                    aw[c - c0] += dy[c] * (x[c] - m) * r;
-                    ab[c - c0] += dy[c];
-                }
-            }
-            for (int64_t c = c0; c < c1; c++) {
-                if (dweight) dweight[c] += aw[c - c0];
-                if (dbias) dbias[c] += ab[c - c0];
+    for (int64_t n = 0; n < N; n++) {
+        const float *ar = a + n * H, *br = b + n * H;
+        float *s = sum + n * H;
+        if (p > 0.0f)
+            for (int64_t i = 0; i < H; i++) s[i] = ar[i] * drop_factor(key, n * H + i, p, inv) + br[i];
+        else
+            for (int64_t i = 0; i < H; i++) s[i] = ar[i] + br[i];
+        ln_row_forward(out + n * H, mean + n, rstd + n, s, weight, bias, H, eps);
+    }
+}
+
+BQ_VEC void bq_kernel_residual_layernorm_backward(float *da, float *db, float *dweight, float *dbias,
+                                                  const float *dout, const float *sum, const float *weight,
+                                                  const float *mean, const float *rstd, float p, uint64_t key,
+                                                  int64_t N, int64_t H) {
+    float inv = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    if (da || db) {
+#pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            const float *x = sum + n * H, *dy = dout + n * H;
+            float m = mean[n], r = rstd[n], sg, sgx;
+            ln_row_stats(&sg, &sgx, x, dy, weight, m, r, H);
+            for (int64_t i = 0; i < H; i++) {
+                float dx = ln_dx(x[i], dy[i], weight[i], m, r, sg, sgx);
+                if (db) db[n * H + i] += dx;
+                if (da) da[n * H + i] += p > 0.0f ? dx * drop_factor(key, n * H + i, p, inv) : dx;
             }
         }
     }
+    if (dweight || dbias) ln_param_grads(dweight, dbias, dout, sum, mean, rstd, N, H);
 }
 
 /* ---- activations ---- */
@@ -365,6 +423,70 @@ BQ_VEC void bq_kernel_gelu_backward(float *dx, const float *dout, const float *x
         float pdf = inv_sqrt_2pi * exp_fast(-0.5f * xi * xi);
         dx[i] += dout[i] * (normal_cdf(xi) + xi * pdf);
     }
+}
+
+/* gelu'(x), the expression of bq_kernel_gelu_backward. */
+BQ_INLINE float gelu_grad(float xi) {
+    const float inv_sqrt_2pi = 0.3989422804014327f;
+    float pdf = inv_sqrt_2pi * exp_fast(-0.5f * xi * xi);
+    return normal_cdf(xi) + xi * pdf;
+}
+
+BQ_VEC void bq_kernel_bias_gelu_forward(float *out, const float *inp, const float *bias, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > PAR_MIN) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = inp + n * C;
+        float *y = out + n * C;
+        if (bias)
+            for (int64_t c = 0; c < C; c++) {
+                float v = x[c] + bias[c];
+                y[c] = v * normal_cdf(v);
+            }
+        else
+            for (int64_t c = 0; c < C; c++) y[c] = x[c] * normal_cdf(x[c]);
+    }
+}
+
+/* Always inlined with constant `shared` (dinp == dout) and `has_bias`, so every caller gets branch-free
+ * vector loops. Without dbias the rows go to the threads; with it the column blocks, each summing its
+ * columns over the rows in order. */
+BQ_INLINE void bias_gelu_bwd(float *dinp, float *dbias, const float *dout, const float *inp, const float *bias,
+                             int64_t N, int64_t C, int shared, int has_bias) {
+    if (!dbias) {
+        if (!dinp) return;
+#pragma omp parallel for if (N * C > PAR_MIN) schedule(static)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++) {
+                int64_t i = n * C + c;
+                float v = dout[i] * gelu_grad(has_bias ? inp[i] + bias[c] : inp[i]);
+                dinp[i] = shared ? v : dinp[i] + v;
+            }
+        return;
+    }
+    int64_t nblk = (C + COLBLK - 1) / COLBLK;
+#pragma omp parallel for if (N * C > PAR_MIN) schedule(static)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t c0 = blk * COLBLK, c1 = c0 + COLBLK < C ? c0 + COLBLK : C;
+        float acc[COLBLK];
+        for (int64_t c = c0; c < c1; c++) acc[c - c0] = 0.0f;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = c0; c < c1; c++) {
+                int64_t i = n * C + c;
+                float v = dout[i] * gelu_grad(has_bias ? inp[i] + bias[c] : inp[i]);
+                if (dinp) dinp[i] = shared ? v : dinp[i] + v;
+                acc[c - c0] += v;
+            }
+        for (int64_t c = c0; c < c1; c++) dbias[c] += acc[c - c0];
+    }
+}
+
+BQ_VEC void bq_kernel_bias_gelu_backward(float *dinp, float *dbias, const float *dout, const float *inp,
+                                         const float *bias, int64_t N, int64_t C) {
+    int shared = dinp == dout;
+    if (bias && shared) bias_gelu_bwd(dinp, dbias, dout, inp, bias, N, C, 1, 1);
+    else if (bias) bias_gelu_bwd(dinp, dbias, dout, inp, bias, N, C, 0, 1);
+    else if (shared) bias_gelu_bwd(dinp, NULL, dout, inp, NULL, N, C, 1, 0);
+    else bias_gelu_bwd(dinp, NULL, dout, inp, NULL, N, C, 0, 0);
 }
 
 void bq_kernel_tanh_forward(float *out, const float *x, int64_t n) {
@@ -410,24 +532,36 @@ BQ_VEC void bq_kernel_softmax_mask_backward(float *dx, const float *dout, const 
     }
 }
 
-/* ---- dropout ---- */
-
-/* Dropped elements are x·0 (as PyTorch's x·mask/(1−p)), kept ones x/(1−p). */
-BQ_VEC void bq_kernel_dropout_forward(float *out, uint8_t *keep, const float *x, float p, uint64_t key,
-                                     int64_t n) {
-    float inv = 1.0f / (1.0f - p);
-#pragma omp parallel for if (n > PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        int k = bq_hash_uniform(key, (uint64_t)i) >= p;
-        keep[i] = (uint8_t)k;
-        out[i] = x[i] * (k ? inv : 0.0f);
+BQ_VEC void bq_kernel_softmax_mask_backward_inplace(float *g, const float *out, float scale, int64_t rows,
+                                                    int64_t T) {
+#pragma omp parallel for if (rows * T > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float *d = g + r * T;
+        const float *y = out + r * T;
+        float dot = row_dot(d, y, T);
+        for (int64_t j = 0; j < T; j++) d[j] = scale * y[j] * (d[j] - dot);
     }
 }
 
-BQ_VEC void bq_kernel_dropout_backward(float *dx, const float *dout, const uint8_t *keep, float p, int64_t n) {
+/* ---- dropout ---- */
+
+/* Dropped elements are x·0 (as PyTorch's x·mask/(1−p)), kept ones x/(1−p). */
+BQ_VEC void bq_kernel_dropout_forward(float *out, const float *x, float p, uint64_t key, int64_t n) {
     float inv = 1.0f / (1.0f - p);
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) dx[i] += dout[i] * (keep[i] ? inv : 0.0f);
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * drop_factor(key, i, p, inv);
+}
+
+BQ_VEC void bq_kernel_dropout_backward(float *dx, const float *dout, float p, uint64_t key, int64_t n) {
+    float inv = 1.0f / (1.0f - p);
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i++) dx[i] += dout[i] * drop_factor(key, i, p, inv);
+}
+
+BQ_VEC void bq_kernel_dropout_scale_inplace(float *g, float p, uint64_t key, int64_t n) {
+    float inv = 1.0f / (1.0f - p);
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i++) g[i] = g[i] * drop_factor(key, i, p, inv);
 }
 
 /* ---- token selection ---- */

@@ -28,7 +28,8 @@ const char *bq_op_name(BqOp op) {
         [BQ_OP_ADD] = "add", [BQ_OP_EMBEDDING] = "embedding",
         [BQ_OP_LAYERNORM] = "layernorm", [BQ_OP_GELU] = "gelu", [BQ_OP_TANH] = "tanh",
         [BQ_OP_SOFTMAX_MASK] = "softmax_mask", [BQ_OP_DROPOUT] = "dropout", [BQ_OP_SELECT_TOKEN] = "select_token",
-        [BQ_OP_CROSS_ENTROPY] = "cross_entropy", [BQ_OP_FAKEQUANT] = "fakequant",
+        [BQ_OP_CROSS_ENTROPY] = "cross_entropy", [BQ_OP_FAKEQUANT] = "fakequant", [BQ_OP_BIAS_GELU] = "bias_gelu",
+        [BQ_OP_RESIDUAL_LAYERNORM] = "residual_ln",
     };
     return op >= 0 && op < BQ_OP_COUNT ? names[op] : "?";
 }
@@ -319,51 +320,161 @@ static void back_tanh(BqNode *nd) {
     if (nd->in[0]->grad) bq_kernel_tanh_backward(nd->in[0]->grad, nd->out->grad, nd->out->data, nd->iparam[0]);
 }
 
-BqTensor *bq_op_softmax_mask(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value) {
+static BqTensor *softmax_mask(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value,
+                              int sole) {
     CONTIG(x);
     BQ_CHECK(x->ndim == 4 && x->shape[2] == x->shape[3]);
     int64_t B = x->shape[0], NH = x->shape[1], T = x->shape[3];
-    BqTensor *y = new_like(ctx, x);
+    BqTensor *y = sole ? x : new_like(ctx, x);
     bq_kernel_softmax_mask_forward(y->data, x->data, mask, scale, mask_value, B, NH, T);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_SOFTMAX_MASK, y); /* backward needs only y, the output itself */
         nd->in[0] = x;
         nd->fparam = mask;
-        nd->iparam[0] = B * NH * T, nd->iparam[1] = T;
+        nd->iparam[0] = B * NH * T, nd->iparam[1] = T, nd->iparam[2] = sole;
         nd->fval[0] = scale, nd->fval[1] = mask_value;
     }
     return y;
 }
 
+BqTensor *bq_op_softmax_mask(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value) {
+    return softmax_mask(ctx, x, mask, scale, mask_value, 0);
+}
+
+BqTensor *bq_op_softmax_mask_sole(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value) {
+    return softmax_mask(ctx, x, mask, scale, mask_value, 1);
+}
+
 static void back_softmax_mask(BqNode *nd) {
-    if (nd->in[0]->grad)
+    if (!nd->in[0]->grad) return;
+    if (nd->iparam[2]) /* in place: input and output are one tensor */
+        bq_kernel_softmax_mask_backward_inplace(nd->out->grad, nd->out->data, nd->fval[0], nd->iparam[0], nd->iparam[1]);
+    else
         bq_kernel_softmax_mask_backward(nd->in[0]->grad, nd->out->grad, nd->out->data, nd->fval[0], nd->iparam[0],
                                         nd->iparam[1]);
 }
 
-BqTensor *bq_op_dropout(BqCtx *ctx, BqTensor *x, float p) {
+/* The key of the next dropout mask; each mask-drawing op takes one. */
+static uint64_t next_dropout_key(BqCtx *ctx) { return ctx->rng_key + ctx->rng_count++; }
+
+static BqTensor *dropout(BqCtx *ctx, BqTensor *x, float p, int sole) {
     BQ_CHECK(p >= 0.0f && p < 1.0f);
     if (!ctx->training || p == 0.0f) return x;
     CONTIG(x);
     int64_t n = bq_tensor_numel(x);
-    BqTensor *y = new_like(ctx, x);
-    uint8_t *keep = bq_arena_alloc(ctx->act, (size_t)(n ? n : 1));
-    uint64_t key = ctx->rng_key + ctx->rng_count;
-    ctx->rng_count++;
-    bq_kernel_dropout_forward(y->data, keep, x->data, p, key, n);
+    uint64_t key = next_dropout_key(ctx);
+    BqTensor *y;
+    if (sole && ctx->tape && x->grad) {
+        y = bq_arena_alloc(ctx->act, sizeof(BqTensor));
+        memset(y, 0, sizeof *y);
+        bq_tensor_set_shape(y, x->ndim, x->shape);
+        y->data = bq_arena_alloc(ctx->act, (size_t)(n ? n : 1) * sizeof(float));
+        y->grad = x->grad;
+    } else {
+        sole = 0;
+        y = new_like(ctx, x);
+    }
+    bq_kernel_dropout_forward(y->data, x->data, p, key, n);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_DROPOUT, y);
         nd->in[0] = x;
-        nd->saved = keep;
-        nd->iparam[0] = n;
+        nd->iparam[0] = n, nd->iparam[1] = (int64_t)key, nd->iparam[2] = sole;
         nd->fval[0] = p;
     }
     return y;
 }
 
+BqTensor *bq_op_dropout(BqCtx *ctx, BqTensor *x, float p) { return dropout(ctx, x, p, 0); }
+BqTensor *bq_op_dropout_sole(BqCtx *ctx, BqTensor *x, float p) { return dropout(ctx, x, p, 1); }
+
 static void back_dropout(BqNode *nd) {
-    if (nd->in[0]->grad)
-        bq_kernel_dropout_backward(nd->in[0]->grad, nd->out->grad, nd->saved, nd->fval[0], nd->iparam[0]);
+    if (!nd->in[0]->grad) return;
+    uint64_t key = (uint64_t)nd->iparam[1];
+    if (nd->iparam[2])
+        bq_kernel_dropout_scale_inplace(nd->in[0]->grad, nd->fval[0], key, nd->iparam[0]);
+    else
+        bq_kernel_dropout_backward(nd->in[0]->grad, nd->out->grad, nd->fval[0], key, nd->iparam[0]);
+}
+
+static BqTensor *bias_gelu(BqCtx *ctx, BqTensor *x, BqTensor *b, int sole) {
+    CONTIG(x);
+    int64_t C = last_dim(x), N = bq_tensor_numel(x) / (C ? C : 1);
+    if (b) {
+        CONTIG(b);
+        BQ_CHECK(bq_tensor_numel(b) == C);
+    }
+    BqTensor *y;
+    if (sole && !ctx->tape) { /* inference: nothing else reads x */
+        bq_kernel_bias_gelu_forward(x->data, x->data, b ? b->data : NULL, N, C);
+        return x;
+    }
+    if (sole && x->grad) {
+        y = bq_arena_alloc(ctx->act, sizeof(BqTensor));
+        memset(y, 0, sizeof *y);
+        bq_tensor_set_shape(y, x->ndim, x->shape);
+        y->data = bq_arena_alloc(ctx->act, (size_t)(N * C > 0 ? N * C : 1) * sizeof(float));
+        y->grad = x->grad;
+    } else {
+        y = new_like(ctx, x);
+    }
+    bq_kernel_bias_gelu_forward(y->data, x->data, b ? b->data : NULL, N, C);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_BIAS_GELU, y);
+        nd->in[0] = x, nd->in[1] = b;
+        nd->iparam[0] = N, nd->iparam[1] = C;
+    }
+    return y;
+}
+
+BqTensor *bq_op_bias_gelu(BqCtx *ctx, BqTensor *x, BqTensor *b) { return bias_gelu(ctx, x, b, 0); }
+BqTensor *bq_op_bias_gelu_sole(BqCtx *ctx, BqTensor *x, BqTensor *b) { return bias_gelu(ctx, x, b, 1); }
+
+/* A shared buffer (x->grad == y->grad) is passed as dinp == dout, which the kernel treats as in place. */
+static void back_bias_gelu(BqNode *nd) {
+    BqTensor *x = nd->in[0], *b = nd->in[1];
+    bq_kernel_bias_gelu_backward(x->grad, b ? b->grad : NULL, nd->out->grad, x->data, b ? b->data : NULL,
+                                 nd->iparam[0], nd->iparam[1]);
+}
+
+typedef struct ResLnSaved {
+    float *sum, *mean, *rstd;
+    BqTensor *beta; /* the LayerNorm bias (the node's three inputs are a, b and the weight) */
+} ResLnSaved;
+
+BqTensor *bq_op_residual_layernorm(BqCtx *ctx, BqTensor *a, float p, BqTensor *b, BqTensor *w, BqTensor *beta,
+                                   float eps) {
+    BQ_CHECK(p >= 0.0f && p < 1.0f);
+    BQ_CHECK(binary_bcast(a, b) == 0);
+    CONTIG(w);
+    CONTIG(beta);
+    int64_t H = last_dim(a), N = bq_tensor_numel(a) / H;
+    BQ_CHECK(bq_tensor_numel(w) == H && bq_tensor_numel(beta) == H);
+    if (!ctx->training) p = 0.0f;
+    uint64_t key = p > 0.0f ? next_dropout_key(ctx) : 0;
+    BqTensor *y = new_like(ctx, a);
+    ResLnSaved *sv = bq_arena_alloc(ctx->act, sizeof(ResLnSaved));
+    sv->sum = bq_arena_alloc(ctx->act, (size_t)(N * H) * sizeof(float));
+    sv->mean = bq_arena_alloc(ctx->act, (size_t)N * sizeof(float));
+    sv->rstd = bq_arena_alloc(ctx->act, (size_t)N * sizeof(float));
+    bq_kernel_residual_layernorm_forward(y->data, sv->sum, sv->mean, sv->rstd, a->data, b->data, w->data, beta->data,
+                                         p, key, N, H, eps);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_RESIDUAL_LAYERNORM, y);
+        nd->in[0] = a, nd->in[1] = b, nd->in[2] = w;
+        sv->beta = beta;
+        nd->saved = sv;
+        nd->iparam[0] = N, nd->iparam[1] = H, nd->iparam[2] = (int64_t)key;
+        nd->fval[0] = p, nd->fval[1] = eps;
+    }
+    return y;
+}
+
+static void back_residual_layernorm(BqNode *nd) {
+    ResLnSaved *sv = nd->saved;
+    const BqTensor *beta = sv->beta;
+    bq_kernel_residual_layernorm_backward(nd->in[0]->grad, nd->in[1]->grad, nd->in[2]->grad, beta->grad,
+                                          nd->out->grad, sv->sum, nd->in[2]->data, sv->mean, sv->rstd, nd->fval[0],
+                                          (uint64_t)nd->iparam[2], nd->iparam[0], nd->iparam[1]);
 }
 
 BqTensor *bq_op_select_token(BqCtx *ctx, BqTensor *x, int64_t t) {
@@ -503,6 +614,8 @@ static const BackFn g_backward[BQ_OP_COUNT] = {
     [BQ_OP_SELECT_TOKEN] = back_select_token,
     [BQ_OP_CROSS_ENTROPY] = back_cross_entropy,
     [BQ_OP_FAKEQUANT] = back_fakequant,
+    [BQ_OP_BIAS_GELU] = back_bias_gelu,
+    [BQ_OP_RESIDUAL_LAYERNORM] = back_residual_layernorm,
 };
 
 void bq_backward(BqCtx *ctx, BqTensor *loss) {

@@ -42,6 +42,8 @@ typedef enum BqOp {
     BQ_OP_SELECT_TOKEN,  /* y[b,:] = x[b,t,:] */
     BQ_OP_CROSS_ENTROPY, /* loss = mean_b −log softmax(logits[b])[label[b]] */
     BQ_OP_FAKEQUANT,     /* y = clamp(rne(x/s), qmin, qmax)·s, straight-through gradient */
+    BQ_OP_BIAS_GELU,     /* y = gelu(x + b) */
+    BQ_OP_RESIDUAL_LAYERNORM, /* y = LayerNorm(dropout(a) + b) */
     BQ_OP_COUNT
 } BqOp;
 
@@ -106,8 +108,30 @@ BqTensor *bq_op_tanh(BqCtx *ctx, BqTensor *x);
 /* x (B,NH,T,T); mask (B,T) of 0/1 floats over the key axis, or NULL; mask_value e.g. -FLT_MAX.
  * Masked positions get scale·x + mask_value (HF semantics, computed so it stays finite). */
 BqTensor *bq_op_softmax_mask(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value);
-/* Identity when !ctx->training or p == 0. */
+/* The same op computed in place, for an x whose ONLY consumer is this op and whose producer's backward
+ * does not read x->data (attention scores, a fake-quant output): the result is x itself (its data now
+ * holds the probabilities) and the backward transforms x's gradient buffer in place. Same values and
+ * gradients as bq_op_softmax_mask, without the (B,NH,T,T) output and its gradient. */
+BqTensor *bq_op_softmax_mask_sole(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value);
+/* Identity when !ctx->training or p == 0. The mask is drawn from (ctx->rng_key + ctx->rng_count, element)
+ * and drawn again in backward: nothing is stored for it. */
 BqTensor *bq_op_dropout(BqCtx *ctx, BqTensor *x, float p);
+/* The same op for an x whose ONLY consumer is this op: the output shares x's gradient buffer, which the
+ * backward scales in place. Same values, gradients and counter use as bq_op_dropout. */
+BqTensor *bq_op_dropout_sole(BqCtx *ctx, BqTensor *x, float p);
+/* y = gelu(x + b): x (..., C), b (C) or NULL (then y = gelu(x)). The bias-free GEMM's output goes in, so
+ * the bias add, GELU and (backward) the bias gradient are one pass each way; the backward needs only x,
+ * never y. */
+BqTensor *bq_op_bias_gelu(BqCtx *ctx, BqTensor *x, BqTensor *b);
+/* The same op for an x whose ONLY consumer is this op: in training the output shares x's gradient buffer
+ * (the backward turns dy into dx in place); without a tape x itself is overwritten and returned. */
+BqTensor *bq_op_bias_gelu_sole(BqCtx *ctx, BqTensor *x, BqTensor *b);
+/* y = LayerNorm(dropout_p(a) + b)·w + beta over the last axis: a, b (..., H) of equal shapes, w, beta (H).
+ * Dropout as bq_op_dropout (active only when ctx->training and p > 0; it advances ctx->rng_count the
+ * same way), so the values equal bq_op_layernorm(bq_op_add(bq_op_dropout(a), b)) bit for bit. Saves the
+ * sum and mean/rstd only: no dropout output, no separate sum tensor and no gradient buffer for either. */
+BqTensor *bq_op_residual_layernorm(BqCtx *ctx, BqTensor *a, float p, BqTensor *b, BqTensor *w, BqTensor *beta,
+                                   float eps);
 /* x (B,T,H) → (B,H), token t of each sequence (t = 0 is [CLS]). */
 BqTensor *bq_op_select_token(BqCtx *ctx, BqTensor *x, int64_t t);
 /* logits (B,C), labels (B) in [0,C) → scalar loss (shape (1)), mean over the batch. */
