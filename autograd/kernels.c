@@ -12,6 +12,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "autograd/bq.h"
@@ -125,6 +126,11 @@ BQ_INLINE float normal_cdf(float x) {
 }
 
 
+/* The dropout factor of element i: 1/(1−p) kept, 0 dropped (the expression of the dropout kernels). */
+BQ_INLINE float drop_factor(uint64_t key, int64_t i, float p, float inv) {
+    return bq_hash_uniform(key, (uint64_t)i) >= p ? inv : 0.0f;
+}
+
 /* ---- linear ---- */
 
 void bq_kernel_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int64_t N,
@@ -224,6 +230,49 @@ void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx
         if (dv) /* dV_h += Pᵀ·dC_h */
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, probs + poff, (int)T,
                         dctx + off, (int)H, 1.0f, dv + off, (int)H);
+    }
+}
+
+/* Attention context with the probabilities' dropout inside the head loop: each (batch, head) block of
+ * dropout(probs) is formed in the calling thread's scratch (T·T floats) right before its product, in the
+ * forward and again in the backward, so the dropped probabilities are never stored. The scratch of
+ * thread k is scratch + k·T·T; the loop runs on at most nscratch threads. */
+void bq_kernel_attn_context_dropout_forward(float *ctx, float *scratch, int nscratch, const float *probs,
+                                            const float *v, float p, uint64_t key, int64_t B, int64_t T, int64_t NH,
+                                            int64_t d) {
+    int64_t H = NH * d;
+    float inv = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static) num_threads(nscratch) if (B * NH > 1)
+    for (int64_t bh = 0; bh < B * NH; bh++) {
+        int64_t b = bh / NH, h = bh % NH;
+        int64_t off = b * T * H + h * d, poff = bh * T * T;
+        float *S = scratch + (int64_t)omp_get_thread_num() * T * T;
+        for (int64_t k = 0; k < T * T; k++) S[k] = probs[poff + k] * drop_factor(key, poff + k, p, inv);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, S, (int)T, v + off,
+                    (int)H, 0.0f, ctx + off, (int)H);
+    }
+}
+
+void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, float *scratch, int nscratch,
+                                             const float *dctx, const float *probs, const float *v, float p,
+                                             uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d) {
+    int64_t H = NH * d;
+    float inv = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static) num_threads(nscratch) if (B * NH > 1)
+    for (int64_t bh = 0; bh < B * NH; bh++) {
+        int64_t b = bh / NH, h = bh % NH;
+        int64_t off = b * T * H + h * d, poff = bh * T * T;
+        float *S = scratch + (int64_t)omp_get_thread_num() * T * T;
+        if (dv) { /* dV_h += dropout(P)ᵀ·dC_h */
+            for (int64_t k = 0; k < T * T; k++) S[k] = probs[poff + k] * drop_factor(key, poff + k, p, inv);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, S, (int)T,
+                        dctx + off, (int)H, 1.0f, dv + off, (int)H);
+        }
+        if (dprobs) { /* dP += (dC_h·V_hᵀ)·m/(1−p) */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)d, 1.0f, dctx + off, (int)H,
+                        v + off, (int)H, 0.0f, S, (int)T);
+            for (int64_t k = 0; k < T * T; k++) dprobs[poff + k] += S[k] * drop_factor(key, poff + k, p, inv);
+        }
     }
 }
 
@@ -364,11 +413,6 @@ void bq_kernel_layernorm_backward(float *dinp, float *dweight, float *dbias, con
 }
 
 /* ---- residual add + layernorm ---- */
-
-/* The dropout factor of element i: 1/(1−p) kept, 0 dropped (the expression of the dropout kernels). */
-BQ_INLINE float drop_factor(uint64_t key, int64_t i, float p, float inv) {
-    return bq_hash_uniform(key, (uint64_t)i) >= p ? inv : 0.0f;
-}
 
 BQ_VEC void bq_kernel_residual_layernorm_forward(float *out, float *sum, float *mean, float *rstd, const float *a,
                                                  const float *b, const float *weight, const float *bias, float p,

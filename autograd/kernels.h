@@ -35,6 +35,18 @@ void bq_kernel_attn_context_forward(float *ctx, const float *probs, const float 
 void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx, const float *probs,
                                      const float *v, int64_t B, int64_t T, int64_t NH, int64_t d);
 
+/* ctx = dropout(probs)·v with the mask of bq_kernel_dropout_forward(key) over the (B,NH,T,T) elements
+ * (0 < p < 1), the dropped probabilities formed per (batch, head) in a thread's scratch block and never
+ * stored; backward: dprobs += (dctx·vᵀ)·m/(1−p), dv += dropout(probs)ᵀ·dctx. scratch: nscratch·T·T
+ * floats, thread k using block k; the head loop runs on at most nscratch threads. Same bits as
+ * bq_kernel_dropout_forward followed by bq_kernel_attn_context_forward (and their backwards). */
+void bq_kernel_attn_context_dropout_forward(float *ctx, float *scratch, int nscratch, const float *probs,
+                                            const float *v, float p, uint64_t key, int64_t B, int64_t T, int64_t NH,
+                                            int64_t d);
+void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, float *scratch, int nscratch,
+                                             const float *dctx, const float *probs, const float *v, float p,
+                                             uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d);
+
 /* Elementwise with optional broadcast: b has n elements when bcast == 0, else C elements broadcast
  * over the rows of a (n = rows·C). */
 void bq_kernel_add_forward(float *out, const float *a, const float *b, int64_t n, int64_t C, int bcast);

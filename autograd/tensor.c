@@ -6,6 +6,7 @@
  * accumulated), HF transformers BertForSequenceClassification for the op set. */
 #include "autograd/tensor.h"
 
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -136,6 +137,10 @@ static BqTensor *new_last(BqCtx *ctx, const BqTensor *x, int64_t last) {
 
 #define CONTIG(t) BQ_CHECK((t) != NULL && bq_tensor_is_contiguous(t))
 
+/* The key of the next dropout mask; each mask-drawing op takes one. */
+static uint64_t next_dropout_key(BqCtx *ctx) { return ctx->rng_key + ctx->rng_count++; }
+
+
 /* ---- ops ---- */
 
 BqTensor *bq_op_linear(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b) {
@@ -204,10 +209,48 @@ BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nhead
     return c;
 }
 
+typedef struct CtxDropSaved {
+    float *scratch;
+    int nscratch;
+    uint64_t key;
+} CtxDropSaved;
+
+BqTensor *bq_op_attn_context_dropout(BqCtx *ctx, BqTensor *probs, float p, BqTensor *v, int nheads) {
+    BQ_CHECK(p >= 0.0f && p < 1.0f);
+    if (!ctx->training || p == 0.0f) return bq_op_attn_context(ctx, probs, v, nheads);
+    CONTIG(probs);
+    CONTIG(v);
+    BQ_CHECK(probs->ndim == 4 && v->ndim == 3 && nheads > 0);
+    int64_t B = v->shape[0], T = v->shape[1], H = v->shape[2];
+    BQ_CHECK(H % nheads == 0);
+    BQ_CHECK(probs->shape[0] == B && probs->shape[1] == nheads && probs->shape[2] == T && probs->shape[3] == T);
+    BqTensor *c = bq_tensor_new(ctx, 3, v->shape);
+    CtxDropSaved *sv = bq_arena_alloc(ctx->act, sizeof(CtxDropSaved));
+    sv->nscratch = omp_get_max_threads();
+    sv->scratch = bq_arena_alloc(ctx->act, (size_t)sv->nscratch * (size_t)(T * T) * sizeof(float));
+    sv->key = next_dropout_key(ctx);
+    bq_kernel_attn_context_dropout_forward(c->data, sv->scratch, sv->nscratch, probs->data, v->data, p, sv->key, B, T,
+                                           nheads, H / nheads);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_ATTN_CONTEXT, c);
+        nd->in[0] = probs, nd->in[1] = v;
+        nd->saved = sv;
+        nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = nheads, nd->iparam[3] = H / nheads;
+        nd->fval[0] = p;
+    }
+    return c;
+}
+
 static void back_attn_context(BqNode *nd) {
     BqTensor *p = nd->in[0], *v = nd->in[1];
-    bq_kernel_attn_context_backward(p->grad, v->grad, nd->out->grad, p->data, v->data, nd->iparam[0], nd->iparam[1],
-                                    nd->iparam[2], nd->iparam[3]);
+    const CtxDropSaved *sv = nd->saved;
+    if (sv)
+        bq_kernel_attn_context_dropout_backward(p->grad, v->grad, sv->scratch, sv->nscratch, nd->out->grad, p->data,
+                                                v->data, nd->fval[0], sv->key, nd->iparam[0], nd->iparam[1],
+                                                nd->iparam[2], nd->iparam[3]);
+    else
+        bq_kernel_attn_context_backward(p->grad, v->grad, nd->out->grad, p->data, v->data, nd->iparam[0],
+                                        nd->iparam[1], nd->iparam[2], nd->iparam[3]);
 }
 
 /* Returns 1 when b broadcasts over a's leading dims, 0 for equal sizes. */
@@ -353,9 +396,6 @@ static void back_softmax_mask(BqNode *nd) {
         bq_kernel_softmax_mask_backward(nd->in[0]->grad, nd->out->grad, nd->out->data, nd->fval[0], nd->iparam[0],
                                         nd->iparam[1]);
 }
-
-/* The key of the next dropout mask; each mask-drawing op takes one. */
-static uint64_t next_dropout_key(BqCtx *ctx) { return ctx->rng_key + ctx->rng_count++; }
 
 static BqTensor *dropout(BqCtx *ctx, BqTensor *x, float p, int sole) {
     BQ_CHECK(p >= 0.0f && p < 1.0f);

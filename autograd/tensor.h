@@ -97,6 +97,11 @@ BqTensor *bq_op_linear(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b);
 BqTensor *bq_op_attn_scores(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads);
 /* probs (B,nheads,T,T), v (B,T,H) → context (B,T,H), heads already merged. */
 BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nheads);
+/* context = dropout_p(probs)·v, the dropout of bq_op_dropout (its key, counter use and mask) applied
+ * inside the head loop: the dropped probabilities are never stored (the backward forms them again).
+ * Not training or p == 0: bq_op_attn_context. Same values and gradients as
+ * bq_op_attn_context(bq_op_dropout(probs, p), v). */
+BqTensor *bq_op_attn_context_dropout(BqCtx *ctx, BqTensor *probs, float p, BqTensor *v, int nheads);
 /* Same shapes, or b of shape (last dim of a) broadcast over the leading dims. */
 BqTensor *bq_op_add(BqCtx *ctx, BqTensor *a, BqTensor *b);
 /* table (V,H), ids (B·T) in [0,V) (checked by the caller) → (B,T,H). */

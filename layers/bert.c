@@ -274,8 +274,14 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
      * reads them, so the softmax runs in place; each probability tensor then feeds only the next op. */
     BqTensor *p = bq_op_softmax_mask_sole(ctx, s, mask, scale, -FLT_MAX);
     p = qact(qs, ctx, l, BQ_QP_PROBS, p);
-    p = bq_op_dropout_sole(ctx, p, c->attention_probs_dropout_prob);
-    BqTensor *cx = bq_op_attn_context(ctx, qact(qs, ctx, l, BQ_QP_MM2_P, p), qact(qs, ctx, l, BQ_QP_MM2_V, qkv[2]), nh);
+    BqTensor *cx;
+    if (!has_q(qs, l, BQ_QP_MM2_P)) { /* the dropout inside the context op's head loop: not stored */
+        cx = bq_op_attn_context_dropout(ctx, p, c->attention_probs_dropout_prob, qact(qs, ctx, l, BQ_QP_MM2_V, qkv[2]),
+                                        nh);
+    } else {
+        p = bq_op_dropout_sole(ctx, p, c->attention_probs_dropout_prob);
+        cx = bq_op_attn_context(ctx, qact(qs, ctx, l, BQ_QP_MM2_P, p), qact(qs, ctx, l, BQ_QP_MM2_V, qkv[2]), nh);
+    }
     cx = qact(qs, ctx, l, BQ_QP_CONTEXT, cx);                                   /* (B,T,H) */
 
     /* BertSelfOutput: LayerNorm(dropout(dense(ctx)) + x), one fused op where no quantizer sits between
