@@ -30,7 +30,7 @@ const char *bq_op_name(BqOp op) {
         [BQ_OP_LAYERNORM] = "layernorm", [BQ_OP_GELU] = "gelu", [BQ_OP_TANH] = "tanh",
         [BQ_OP_SOFTMAX_MASK] = "softmax_mask", [BQ_OP_DROPOUT] = "dropout", [BQ_OP_SELECT_TOKEN] = "select_token",
         [BQ_OP_CROSS_ENTROPY] = "cross_entropy", [BQ_OP_FAKEQUANT] = "fakequant", [BQ_OP_BIAS_GELU] = "bias_gelu",
-        [BQ_OP_RESIDUAL_LAYERNORM] = "residual_ln",
+        [BQ_OP_RESIDUAL_LAYERNORM] = "residual_ln", [BQ_OP_GELU_LINEAR] = "gelu_linear",
     };
     return op >= 0 && op < BQ_OP_COUNT ? names[op] : "?";
 }
@@ -481,8 +481,8 @@ typedef struct ResLnSaved {
     BqTensor *beta; /* the LayerNorm bias (the node's three inputs are a, b and the weight) */
 } ResLnSaved;
 
-BqTensor *bq_op_residual_layernorm(BqCtx *ctx, BqTensor *a, float p, BqTensor *b, BqTensor *w, BqTensor *beta,
-                                   float eps) {
+static BqTensor *residual_layernorm(BqCtx *ctx, BqTensor *a, float p, BqTensor *b, BqTensor *w, BqTensor *beta,
+                                    float eps, int sole) {
     BQ_CHECK(p >= 0.0f && p < 1.0f);
     BQ_CHECK(binary_bcast(a, b) == 0);
     CONTIG(w);
@@ -493,7 +493,7 @@ BqTensor *bq_op_residual_layernorm(BqCtx *ctx, BqTensor *a, float p, BqTensor *b
     uint64_t key = p > 0.0f ? next_dropout_key(ctx) : 0;
     BqTensor *y = new_like(ctx, a);
     ResLnSaved *sv = bq_arena_alloc(ctx->act, sizeof(ResLnSaved));
-    sv->sum = bq_arena_alloc(ctx->act, (size_t)(N * H) * sizeof(float));
+    sv->sum = sole ? a->data : bq_arena_alloc(ctx->act, (size_t)(N * H) * sizeof(float));
     sv->mean = bq_arena_alloc(ctx->act, (size_t)N * sizeof(float));
     sv->rstd = bq_arena_alloc(ctx->act, (size_t)N * sizeof(float));
     bq_kernel_residual_layernorm_forward(y->data, sv->sum, sv->mean, sv->rstd, a->data, b->data, w->data, beta->data,
@@ -507,6 +507,16 @@ BqTensor *bq_op_residual_layernorm(BqCtx *ctx, BqTensor *a, float p, BqTensor *b
         nd->fval[0] = p, nd->fval[1] = eps;
     }
     return y;
+}
+
+BqTensor *bq_op_residual_layernorm(BqCtx *ctx, BqTensor *a, float p, BqTensor *b, BqTensor *w, BqTensor *beta,
+                                   float eps) {
+    return residual_layernorm(ctx, a, p, b, w, beta, eps, 0);
+}
+
+BqTensor *bq_op_residual_layernorm_sole(BqCtx *ctx, BqTensor *a, float p, BqTensor *b, BqTensor *w,
+                                        BqTensor *beta, float eps) {
+    return residual_layernorm(ctx, a, p, b, w, beta, eps, 1);
 }
 
 static void back_residual_layernorm(BqNode *nd) {
@@ -636,6 +646,43 @@ static void back_fakequant(BqNode *nd) {
                                      nd->iparam[1], nd->iparam[2], qmin, qmax);
 }
 
+BqTensor *bq_op_gelu_linear(BqCtx *ctx, BqTensor *u, BqTensor *bi, BqTensor *w, BqTensor *b) {
+    CONTIG(u);
+    CONTIG(w);
+    BQ_CHECK(w->ndim == 2 && last_dim(u) == w->shape[1]);
+    if (!ctx->tape || !u->grad) return bq_op_linear(ctx, bq_op_bias_gelu_sole(ctx, u, bi), w, b);
+    int64_t C = w->shape[1], OC = w->shape[0], N = bq_tensor_numel(u) / C;
+    if (bi) {
+        CONTIG(bi);
+        BQ_CHECK(bq_tensor_numel(bi) == C);
+    }
+    if (b) {
+        CONTIG(b);
+        BQ_CHECK(bq_tensor_numel(b) == OC);
+    }
+    BqTensor *y = new_last(ctx, u, OC);
+    /* u's gradient buffer is untouched until this op's backward (u has no other consumer): it holds
+     * the GELU output meanwhile */
+    bq_kernel_bias_gelu_forward(u->grad, u->data, bi ? bi->data : NULL, N, C);
+    bq_kernel_linear_forward(y->data, u->grad, w->data, b ? b->data : NULL, N, C, OC);
+    BqNode *nd = tape_push(ctx, BQ_OP_GELU_LINEAR, y);
+    nd->in[0] = u, nd->in[1] = w, nd->in[2] = b;
+    nd->saved = bi;
+    nd->iparam[0] = N, nd->iparam[1] = C, nd->iparam[2] = OC;
+    return y;
+}
+
+static void back_gelu_linear(BqNode *nd) {
+    BqTensor *u = nd->in[0], *w = nd->in[1], *b = nd->in[2], *bi = nd->saved;
+    int64_t N = nd->iparam[0], C = nd->iparam[1], OC = nd->iparam[2];
+    /* dw and db from the GELU output still in u->grad; then u->grad = dy·w (the buffer's previous content
+     * was the GELU output, not a gradient) and the GELU backward in place */
+    bq_kernel_linear_backward(NULL, w->grad, b ? b->grad : NULL, nd->out->grad, u->grad, w->data, N, C, OC);
+    memset(u->grad, 0, (size_t)(N * C) * sizeof(float));
+    bq_kernel_linear_backward(u->grad, NULL, NULL, nd->out->grad, NULL, w->data, N, C, OC);
+    bq_kernel_bias_gelu_backward(u->grad, bi ? bi->grad : NULL, u->grad, u->data, bi ? bi->data : NULL, N, C);
+}
+
 /* ---- backward ---- */
 
 typedef void (*BackFn)(BqNode *);
@@ -656,6 +703,7 @@ static const BackFn g_backward[BQ_OP_COUNT] = {
     [BQ_OP_FAKEQUANT] = back_fakequant,
     [BQ_OP_BIAS_GELU] = back_bias_gelu,
     [BQ_OP_RESIDUAL_LAYERNORM] = back_residual_layernorm,
+    [BQ_OP_GELU_LINEAR] = back_gelu_linear,
 };
 
 void bq_backward(BqCtx *ctx, BqTensor *loss) {

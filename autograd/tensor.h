@@ -44,6 +44,7 @@ typedef enum BqOp {
     BQ_OP_FAKEQUANT,     /* y = clamp(rne(x/s), qmin, qmax)·s, straight-through gradient */
     BQ_OP_BIAS_GELU,     /* y = gelu(x + b) */
     BQ_OP_RESIDUAL_LAYERNORM, /* y = LayerNorm(dropout(a) + b) */
+    BQ_OP_GELU_LINEAR,   /* y = gelu(u + bi)·Wᵀ + b, the GELU output recomputed, never kept */
     BQ_OP_COUNT
 } BqOp;
 
@@ -137,6 +138,17 @@ BqTensor *bq_op_bias_gelu_sole(BqCtx *ctx, BqTensor *x, BqTensor *b);
  * sum and mean/rstd only: no dropout output, no separate sum tensor and no gradient buffer for either. */
 BqTensor *bq_op_residual_layernorm(BqCtx *ctx, BqTensor *a, float p, BqTensor *b, BqTensor *w, BqTensor *beta,
                                    float eps);
+/* The same op for an a whose ONLY consumer is this op and whose producer's backward does not read
+ * a->data (a Linear's output): the sum is written over a's data instead of a buffer of its own. */
+BqTensor *bq_op_residual_layernorm_sole(BqCtx *ctx, BqTensor *a, float p, BqTensor *b, BqTensor *w,
+                                        BqTensor *beta, float eps);
+/* y = gelu(u + bi)·wᵀ + b (BertIntermediate's activation and BertOutput's dense): u (..., C) the bias-free
+ * intermediate GEMM output, bi (C) or NULL, w (OC, C), b (OC) or NULL. u's ONLY consumer must be this op.
+ * In training the GELU output lives only in u's gradient buffer between the forward and this op's
+ * backward (which uses it for dw, then overwrites the buffer with u's gradient), so no (..., C) tensor
+ * is kept for it; without a tape the GELU runs in place on u. Same values and gradients, bit for bit, as
+ * bq_op_linear(bq_op_bias_gelu_sole(u, bi), w, b). */
+BqTensor *bq_op_gelu_linear(BqCtx *ctx, BqTensor *u, BqTensor *bi, BqTensor *w, BqTensor *b);
 /* x (B,T,H) → (B,H), token t of each sequence (t = 0 is [CLS]). */
 BqTensor *bq_op_select_token(BqCtx *ctx, BqTensor *x, int64_t t);
 /* logits (B,C), labels (B) in [0,C) → scalar loss (shape (1)), mean over the batch. */

@@ -289,7 +289,7 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
     BqTensor *a;
     if ((st = linear(ctx, hk, qs, l, BQ_LIN_AO, cx, cx, BQ_QP_AO_IN, &L->ao_w, BQ_QP_W_AO, &L->ao_b, &a))) return st;
     if (!has_q(qs, l, BQ_QP_ADD1_LOCAL) && !has_q(qs, l, BQ_QP_ADD1_RESID) && !has_q(qs, l, BQ_QP_ATTN_RESID)) {
-        a = bq_op_residual_layernorm(ctx, a, c->hidden_dropout_prob, x, &L->ln1_w, &L->ln1_b, c->layer_norm_eps);
+        a = bq_op_residual_layernorm_sole(ctx, a, c->hidden_dropout_prob, x, &L->ln1_w, &L->ln1_b, c->layer_norm_eps);
     } else {
         a = bq_op_dropout_sole(ctx, a, c->hidden_dropout_prob);
         a = bq_op_add(ctx, qact(qs, ctx, l, BQ_QP_ADD1_LOCAL, a), qact(qs, ctx, l, BQ_QP_ADD1_RESID, x));
@@ -305,14 +305,19 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
     if ((st = linear(ctx, hk, qs, l, BQ_LIN_I, a, a, BQ_QP_I_IN, &L->i_w, BQ_QP_W_I, fuse_bias ? NULL : &L->i_b, &h)))
         return st;
     h = qact(qs, ctx, l, BQ_QP_INTER_OUT, h);                                   /* (B,T,I) */
-    h = bq_op_bias_gelu_sole(ctx, h, fuse_bias ? &L->i_b : NULL);
-    h = qact(qs, ctx, l, BQ_QP_GELU_OUT, h);
 
-    /* BertOutput: LayerNorm(dropout(dense(h)) + a), fused as above */
+    /* BertOutput: LayerNorm(dropout(dense(h)) + a), fused as above. Where nothing sits between the GELU
+     * and the dense (no quantizer, no engine), the two are one op that never keeps the GELU output. */
     BqTensor *o;
-    if ((st = linear(ctx, hk, qs, l, BQ_LIN_O, h, h, BQ_QP_O_IN, &L->o_w, BQ_QP_W_O, &L->o_b, &o))) return st;
+    if (fuse_bias && !has_q(qs, l, BQ_QP_GELU_OUT) && !has_q(qs, l, BQ_QP_O_IN)) {
+        o = bq_op_gelu_linear(ctx, h, &L->i_b, qweight(qs, ctx, l, BQ_QP_W_O, &L->o_w), &L->o_b);
+    } else {
+        h = bq_op_bias_gelu_sole(ctx, h, fuse_bias ? &L->i_b : NULL);
+        h = qact(qs, ctx, l, BQ_QP_GELU_OUT, h);
+        if ((st = linear(ctx, hk, qs, l, BQ_LIN_O, h, h, BQ_QP_O_IN, &L->o_w, BQ_QP_W_O, &L->o_b, &o))) return st;
+    }
     if (!has_q(qs, l, BQ_QP_ADD2_LOCAL) && !has_q(qs, l, BQ_QP_ADD2_RESID) && !has_q(qs, l, BQ_QP_OUT_RESID)) {
-        o = bq_op_residual_layernorm(ctx, o, c->hidden_dropout_prob, a, &L->ln2_w, &L->ln2_b, c->layer_norm_eps);
+        o = bq_op_residual_layernorm_sole(ctx, o, c->hidden_dropout_prob, a, &L->ln2_w, &L->ln2_b, c->layer_norm_eps);
     } else {
         o = bq_op_dropout_sole(ctx, o, c->hidden_dropout_prob);
         o = bq_op_add(ctx, qact(qs, ctx, l, BQ_QP_ADD2_LOCAL, o), qact(qs, ctx, l, BQ_QP_ADD2_RESID, a));

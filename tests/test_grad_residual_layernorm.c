@@ -5,6 +5,7 @@
  *  - equality with the unfused sequence layernorm(add(dropout(a), b)) of the same context: forward and
  *    every gradient bit for bit (same float operations in the same order, same dropout key), and the
  *    op advances the dropout counter exactly as the unfused dropout does;
+ *  - the sole-consumer variant (sum written over a's data; a = x + 0, exact) gives the same bits too;
  *  - 1 against 2 threads on a size that runs in parallel: same bits. */
 #include <math.h>
 #include <omp.h>
@@ -62,8 +63,11 @@ static void run(int fused, int threads, const float *ain, const float *bin, cons
     for (int64_t i = 0; i < Hc; i++) g[2][i] = g[3][i] = 0.5f;
     BqTensor A = bq_tensor_wrap((float *)ain, g[0], 2, s), Bt = bq_tensor_wrap((float *)bin, g[1], 2, s);
     BqTensor W = bq_tensor_wrap((float *)win, g[2], 1, hs), Be = bq_tensor_wrap((float *)bein, g[3], 1, hs);
-    BqTensor *out = fused ? bq_op_residual_layernorm(&ctx, &A, p, &Bt, &W, &Be, EPS)
-                          : bq_op_layernorm(&ctx, bq_op_add(&ctx, bq_op_dropout(&ctx, &A, p), &Bt), &W, &Be, EPS);
+    float *zz = bq_arena_alloc_zero(&act, (size_t)n * sizeof(float));
+    BqTensor Z = bq_tensor_wrap(zz, NULL, 2, s);
+    BqTensor *out = fused == 2 ? bq_op_residual_layernorm_sole(&ctx, bq_op_add(&ctx, &A, &Z), p, &Bt, &W, &Be, EPS)
+                  : fused    ? bq_op_residual_layernorm(&ctx, &A, p, &Bt, &W, &Be, EPS)
+                             : bq_op_layernorm(&ctx, bq_op_add(&ctx, bq_op_dropout(&ctx, &A, p), &Bt), &W, &Be, EPS);
     *count = ctx.rng_count;
     memcpy(y, out->data, (size_t)n * sizeof(float));
     memcpy(out->grad, R, (size_t)n * sizeof(float));
@@ -95,7 +99,7 @@ int main(void) {
     fails += bq_gradcheck_ref("residual_layernorm p=0.25", fwd, ref, NULL, in, 4, 1e-3, &e), err = fmax(err, e);
 
     enum { R_ = 2048, H_ = 96, N_ = R_ * H_ };
-    static float A[N_], Bv[N_], W[H_], Be[H_], Rw[N_], y[2][2][N_], gd[2][2][4][N_];
+    static float A[N_], Bv[N_], W[H_], Be[H_], Rw[N_], y[3][2][N_], gd[3][2][4][N_];
     bq_gc_fill_uniform(A, N_, 105, -3, 3);
     bq_gc_fill_uniform(Bv, N_, 106, -3, 3);
     bq_gc_fill_uniform(W, H_, 107, 0.5f, 1.5f);
@@ -103,16 +107,17 @@ int main(void) {
     bq_gc_fill_uniform(Rw, N_, 109, -1, 1);
     for (int pi = 0; pi < 2; pi++) {
         float p = pi ? 0.1f : 0.0f;
-        uint64_t cnt[2][2];
-        for (int fused = 0; fused < 2; fused++)
+        uint64_t cnt[3][2];
+        for (int fused = 0; fused < 3; fused++)
             for (int t = 0; t < 2; t++) {
                 float *g[4] = {gd[fused][t][0], gd[fused][t][1], gd[fused][t][2], gd[fused][t][3]};
                 run(fused, t + 1, A, Bv, W, Be, Rw, R_, H_, p, y[fused][t], g, &cnt[fused][t]);
             }
-        for (int fused = 0; fused < 2; fused++) {
+        for (int fused = 0; fused < 3; fused++) {
             int64_t d = ndiff(y[fused][0], y[fused][1], N_);
             for (int k = 0; k < 4; k++) d += ndiff(gd[fused][0][k], gd[fused][1][k], k < 2 ? N_ : H_);
-            printf("p=%.1f %-8s 1 vs 2 threads: %lld values differ\n", p, fused ? "fused" : "unfused", (long long)d);
+            printf("p=%.1f %-10s 1 vs 2 threads: %lld values differ\n", p,
+                   fused == 2 ? "fused sole" : fused ? "fused" : "unfused", (long long)d);
             fails += d != 0;
         }
         int64_t dy = ndiff(y[1][1], y[0][1], N_), dg = 0;
@@ -121,6 +126,11 @@ int main(void) {
                "counter %llu vs %llu\n", p, (long long)dy, (long long)dg, (unsigned long long)cnt[1][1],
                (unsigned long long)cnt[0][1]);
         fails += dy + dg != 0 || cnt[1][1] != cnt[0][1];
+        int64_t sy = ndiff(y[2][1], y[0][1], N_), sg = 0;
+        for (int k = 0; k < 4; k++) sg += ndiff(gd[2][1][k], gd[0][1][k], k < 2 ? N_ : H_);
+        printf("p=%.1f fused sole vs unfused: forward %lld, gradients %lld values differ\n", p, (long long)sy,
+               (long long)sg);
+        fails += sy + sg != 0 || cnt[2][1] != cnt[0][1];
     }
     printf("test_grad_residual_layernorm: max error %.3e, %s\n", err, fails ? "FAIL" : "ok");
     return fails ? 1 : 0;
