@@ -34,17 +34,18 @@ def run(cmd, env=None):
 
 def cpu_info():
     """(model name, the ISA flags that matter here) from /proc/cpuinfo."""
-    name, flags = platform.processor() or "unknown CPU", []
+    name, flags = None, []
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name") and name in ("", "unknown CPU", platform.processor()):
+                if line.startswith("model name") and name is None:
                     name = line.split(":", 1)[1].strip()
                 if line.startswith("flags"):
                     flags = line.split(":", 1)[1].split()
                     break
     except OSError:
         pass
+    name = name or platform.processor() or "unknown CPU"
     wanted = ["avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8"]
     return name, [f for f in wanted if f in flags]
 
