@@ -412,6 +412,71 @@ void bq_kernel_layernorm_backward(float *dinp, float *dweight, float *dbias, con
     if (dweight || dbias) ln_param_grads(dweight, dbias, dout, inp, mean, rstd, N, H);
 }
 
+/* ---- embeddings + layernorm ---- */
+
+BQ_INLINE float emb_sum(const float *word, const float *type, const float *pos, int32_t w, int32_t t, int32_t p,
+                        int64_t H, int64_t i) {
+    return (word[(int64_t)w * H + i] + type[(int64_t)t * H + i]) + pos[(int64_t)p * H + i];
+}
+
+void bq_kernel_embed_layernorm_forward(float *out, float *mean, float *rstd, const float *word, const float *type,
+                                       const float *pos, const int32_t *wid, const int32_t *tid, const int32_t *pid,
+                                       const float *weight, const float *bias, int64_t N, int64_t H, float eps) {
+#pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        float *y = out + n * H;
+        for (int64_t i = 0; i < H; i++) y[i] = emb_sum(word, type, pos, wid[n], tid[n], pid[n], H, i);
+        ln_row_forward(y, mean + n, rstd + n, y, weight, bias, H, eps);
+    }
+}
+
+void bq_kernel_embed_layernorm_backward(float *dword, float *dtype, float *dpos, float *dweight, float *dbias,
+                                        float *stats, const float *dout, const float *word, const float *type,
+                                        const float *pos, const int32_t *wid, const int32_t *tid,
+                                        const int32_t *pid, const float *weight, const float *mean,
+                                        const float *rstd, int64_t N, int64_t H) {
+    /* pass 1, rows: mean(g) and mean(g⊙x̂) of each row (the expressions of ln_row_stats) */
+#pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *dy = dout + n * H;
+        float m = mean[n], r = rstd[n], sg = 0.0f, sgx = 0.0f;
+        for (int64_t i = 0; i < H; i++) {
+            float x = emb_sum(word, type, pos, wid[n], tid[n], pid[n], H, i);
+            float g = dy[i] * weight[i];
+            sg += g;
+            sgx += g * (x - m) * r;
+        }
+        stats[2 * n] = sg / (float)H;
+        stats[2 * n + 1] = sgx / (float)H;
+    }
+    /* pass 2, column blocks: scatter the input gradient into the tables, sum the LayerNorm's parameter
+     * gradients; rows in order within each block */
+    int64_t nblk = (H + COLBLK - 1) / COLBLK;
+#pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t c0 = blk * COLBLK, c1 = c0 + COLBLK < H ? c0 + COLBLK : H;
+        float aw[COLBLK], ab[COLBLK];
+        for (int64_t c = c0; c < c1; c++) aw[c - c0] = ab[c - c0] = 0.0f;
+        for (int64_t n = 0; n < N; n++) {
+            const float *dy = dout + n * H;
+            float m = mean[n], r = rstd[n], sg = stats[2 * n], sgx = stats[2 * n + 1];
+            for (int64_t c = c0; c < c1; c++) {
+                float x = emb_sum(word, type, pos, wid[n], tid[n], pid[n], H, c);
+                float dx = ln_dx(x, dy[c], weight[c], m, r, sg, sgx);
+                if (dword) dword[(int64_t)wid[n] * H + c] += dx;
+                if (dtype) dtype[(int64_t)tid[n] * H + c] += dx;
+                if (dpos) dpos[(int64_t)pid[n] * H + c] += dx;
+                aw[c - c0] += dy[c] * (x - m) * r;
+                ab[c - c0] += dy[c];
+            }
+        }
+        for (int64_t c = c0; c < c1; c++) {
+            if (dweight) dweight[c] += aw[c - c0];
+            if (dbias) dbias[c] += ab[c - c0];
+        }
+    }
+}
+
 /* ---- residual add + layernorm ---- */
 
 BQ_VEC void bq_kernel_residual_layernorm_forward(float *out, float *sum, float *mean, float *rstd, const float *a,

@@ -58,6 +58,21 @@ void bq_kernel_colsum_acc(float *dst, const float *src, int64_t rows, int64_t C)
 void bq_kernel_embedding_forward(float *out, const float *table, const int32_t *ids, int64_t N, int64_t H);
 void bq_kernel_embedding_backward(float *dtable, const float *dout, const int32_t *ids, int64_t N, int64_t H);
 
+/* BertEmbeddings without its dropout: out[n] = LayerNorm(word[wid[n]] + type[tid[n]] + pos[pid[n]]) over rows
+ * of H, the sum in that order (HF's), computed in place in out; mean and rstd (N) saved. The backward
+ * forms each row's sum again from the tables (nothing else is stored), then scatter-adds the LayerNorm
+ * input gradient into the three tables (each may be NULL) and the weight and bias gradients, column
+ * blocks over the threads, rows in order: the same bits as the embedding, add and layernorm kernels
+ * one after the other. stats: 2·N floats of scratch for the backward. */
+void bq_kernel_embed_layernorm_forward(float *out, float *mean, float *rstd, const float *word, const float *type,
+                                       const float *pos, const int32_t *wid, const int32_t *tid, const int32_t *pid,
+                                       const float *weight, const float *bias, int64_t N, int64_t H, float eps);
+void bq_kernel_embed_layernorm_backward(float *dword, float *dtype, float *dpos, float *dweight, float *dbias,
+                                        float *stats, const float *dout, const float *word, const float *type,
+                                        const float *pos, const int32_t *wid, const int32_t *tid,
+                                        const int32_t *pid, const float *weight, const float *mean,
+                                        const float *rstd, int64_t N, int64_t H);
+
 /* Two-pass LayerNorm over rows of length H; mean and rstd (N) are saved for backward. */
 void bq_kernel_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                                  const float *bias, int64_t N, int64_t H, float eps);

@@ -31,6 +31,7 @@ const char *bq_op_name(BqOp op) {
         [BQ_OP_SOFTMAX_MASK] = "softmax_mask", [BQ_OP_DROPOUT] = "dropout", [BQ_OP_SELECT_TOKEN] = "select_token",
         [BQ_OP_CROSS_ENTROPY] = "cross_entropy", [BQ_OP_FAKEQUANT] = "fakequant", [BQ_OP_BIAS_GELU] = "bias_gelu",
         [BQ_OP_RESIDUAL_LAYERNORM] = "residual_ln", [BQ_OP_GELU_LINEAR] = "gelu_linear",
+        [BQ_OP_EMBED_LAYERNORM] = "embed_ln",
     };
     return op >= 0 && op < BQ_OP_COUNT ? names[op] : "?";
 }
@@ -683,6 +684,49 @@ static void back_gelu_linear(BqNode *nd) {
     bq_kernel_bias_gelu_backward(u->grad, bi ? bi->grad : NULL, u->grad, u->data, bi ? bi->data : NULL, N, C);
 }
 
+typedef struct EmbLnSaved {
+    const int32_t *ids, *type_ids, *pos_ids;
+    BqTensor *w, *b;
+    float *mean, *rstd, *stats;
+} EmbLnSaved;
+
+BqTensor *bq_op_embed_layernorm(BqCtx *ctx, BqTensor *word, BqTensor *type, BqTensor *pos, const int32_t *ids,
+                                const int32_t *type_ids, const int32_t *pos_ids, int64_t B, int64_t T, BqTensor *w,
+                                BqTensor *b, float eps) {
+    CONTIG(word);
+    CONTIG(type);
+    CONTIG(pos);
+    CONTIG(w);
+    CONTIG(b);
+    int64_t H = word->shape[1], N = B * T;
+    BQ_CHECK(word->ndim == 2 && type->ndim == 2 && pos->ndim == 2 && type->shape[1] == H && pos->shape[1] == H);
+    BQ_CHECK(bq_tensor_numel(w) == H && bq_tensor_numel(b) == H && ids && type_ids && pos_ids);
+    int64_t shape[3] = {B, T, H};
+    BqTensor *y = bq_tensor_new(ctx, 3, shape);
+    EmbLnSaved *sv = bq_arena_alloc(ctx->act, sizeof(EmbLnSaved));
+    sv->ids = ids, sv->type_ids = type_ids, sv->pos_ids = pos_ids, sv->w = w, sv->b = b;
+    sv->mean = bq_arena_alloc(ctx->act, (size_t)N * sizeof(float));
+    sv->rstd = bq_arena_alloc(ctx->act, (size_t)N * sizeof(float));
+    sv->stats = ctx->tape ? bq_arena_alloc(ctx->act, (size_t)(2 * N) * sizeof(float)) : NULL;
+    bq_kernel_embed_layernorm_forward(y->data, sv->mean, sv->rstd, word->data, type->data, pos->data, ids, type_ids,
+                                      pos_ids, w->data, b->data, N, H, eps);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_EMBED_LAYERNORM, y);
+        nd->in[0] = word, nd->in[1] = type, nd->in[2] = pos;
+        nd->saved = sv;
+        nd->iparam[0] = N, nd->iparam[1] = H;
+    }
+    return y;
+}
+
+static void back_embed_layernorm(BqNode *nd) {
+    EmbLnSaved *sv = nd->saved;
+    bq_kernel_embed_layernorm_backward(nd->in[0]->grad, nd->in[1]->grad, nd->in[2]->grad, sv->w->grad, sv->b->grad,
+                                       sv->stats, nd->out->grad, nd->in[0]->data, nd->in[1]->data, nd->in[2]->data,
+                                       sv->ids, sv->type_ids, sv->pos_ids, sv->w->data, sv->mean, sv->rstd,
+                                       nd->iparam[0], nd->iparam[1]);
+}
+
 /* ---- backward ---- */
 
 typedef void (*BackFn)(BqNode *);
@@ -704,6 +748,7 @@ static const BackFn g_backward[BQ_OP_COUNT] = {
     [BQ_OP_BIAS_GELU] = back_bias_gelu,
     [BQ_OP_RESIDUAL_LAYERNORM] = back_residual_layernorm,
     [BQ_OP_GELU_LINEAR] = back_gelu_linear,
+    [BQ_OP_EMBED_LAYERNORM] = back_embed_layernorm,
 };
 
 void bq_backward(BqCtx *ctx, BqTensor *loss) {

@@ -45,6 +45,7 @@ typedef enum BqOp {
     BQ_OP_BIAS_GELU,     /* y = gelu(x + b) */
     BQ_OP_RESIDUAL_LAYERNORM, /* y = LayerNorm(dropout(a) + b) */
     BQ_OP_GELU_LINEAR,   /* y = gelu(u + bi)·Wᵀ + b, the GELU output recomputed, never kept */
+    BQ_OP_EMBED_LAYERNORM, /* y = LayerNorm(word[ids] + type[tids] + pos[pids]) */
     BQ_OP_COUNT
 } BqOp;
 
@@ -107,6 +108,13 @@ BqTensor *bq_op_attn_context_dropout(BqCtx *ctx, BqTensor *probs, float p, BqTen
 BqTensor *bq_op_add(BqCtx *ctx, BqTensor *a, BqTensor *b);
 /* table (V,H), ids (B·T) in [0,V) (checked by the caller) → (B,T,H). */
 BqTensor *bq_op_embedding(BqCtx *ctx, BqTensor *table, const int32_t *ids, int64_t B, int64_t T);
+/* BertEmbeddings before its dropout: LayerNorm(word[ids] + type[type_ids] + pos[pos_ids])·w + b → (B,T,H);
+ * tables (V,H), (Vt,H), (Vp,H); ids of B·T entries in range (checked by the caller), kept alive by the
+ * caller until backward. Saves mean/rstd only (the sum is formed again from the tables in backward).
+ * Same bits as the embedding, add and layernorm ops in HF's order. */
+BqTensor *bq_op_embed_layernorm(BqCtx *ctx, BqTensor *word, BqTensor *type, BqTensor *pos, const int32_t *ids,
+                                const int32_t *type_ids, const int32_t *pos_ids, int64_t B, int64_t T, BqTensor *w,
+                                BqTensor *b, float eps);
 /* x (...,H), w and b (H). */
 BqTensor *bq_op_layernorm(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b, float eps);
 BqTensor *bq_op_gelu(BqCtx *ctx, BqTensor *x);

@@ -371,11 +371,9 @@ static BqTensor *embed(BqBert *m, BqCtx *ctx, const BqBertInput *in) {
     const int32_t *type_ids = in->token_type_ids;
     if (!type_ids) type_ids = bq_arena_alloc_zero(ctx->act, (size_t)(B * T) * sizeof(int32_t));
 
-    /* LayerNorm(word + token_type + position), HF's summation order */
-    BqTensor *x = bq_op_embedding(ctx, &m->word_emb, in->input_ids, B, T);
-    x = bq_op_add(ctx, x, bq_op_embedding(ctx, &m->type_emb, type_ids, B, T));
-    x = bq_op_add(ctx, x, bq_op_embedding(ctx, &m->pos_emb, pos_ids, B, T));
-    x = bq_op_layernorm(ctx, x, &m->emb_ln_w, &m->emb_ln_b, c->layer_norm_eps);
+    /* LayerNorm(word + token_type + position), HF's summation order, one op that keeps no sum */
+    BqTensor *x = bq_op_embed_layernorm(ctx, &m->word_emb, &m->type_emb, &m->pos_emb, in->input_ids, type_ids, pos_ids,
+                                        B, T, &m->emb_ln_w, &m->emb_ln_b, c->layer_norm_eps);
     x = qact(m->quant, ctx, BQ_QP_LAYER_EMB, -1, x);
     return bq_op_dropout(ctx, x, c->hidden_dropout_prob);
 }
