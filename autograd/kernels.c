@@ -237,7 +237,7 @@ void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx
  * dropout(probs) is formed in the calling thread's scratch (T·T floats) right before its product, in the
  * forward and again in the backward, so the dropped probabilities are never stored. The scratch of
  * thread k is scratch + k·T·T; the loop runs on at most nscratch threads. */
-void bq_kernel_attn_context_dropout_forward(float *ctx, float *scratch, int nscratch, const float *probs,
+BQ_VEC void bq_kernel_attn_context_dropout_forward(float *ctx, float *scratch, int nscratch, const float *probs,
                                             const float *v, float p, uint64_t key, int64_t B, int64_t T, int64_t NH,
                                             int64_t d) {
     int64_t H = NH * d;
@@ -253,7 +253,7 @@ void bq_kernel_attn_context_dropout_forward(float *ctx, float *scratch, int nscr
     }
 }
 
-void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, float *scratch, int nscratch,
+BQ_VEC void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, float *scratch, int nscratch,
                                              const float *dctx, const float *probs, const float *v, float p,
                                              uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d) {
     int64_t H = NH * d;
@@ -263,16 +263,21 @@ void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, float *sc
         int64_t b = bh / NH, h = bh % NH;
         int64_t off = b * T * H + h * d, poff = bh * T * T;
         float *S = scratch + (int64_t)omp_get_thread_num() * T * T;
-        if (dv) { /* dV_h += dropout(P)ᵀ·dC_h */
-            for (int64_t k = 0; k < T * T; k++) S[k] = probs[poff + k] * drop_factor(key, poff + k, p, inv);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, S, (int)T,
-                        dctx + off, (int)H, 1.0f, dv + off, (int)H);
-        }
-        if (dprobs) { /* dP += (dC_h·V_hᵀ)·m/(1−p) */
+        /* dP += (dC_h·V_hᵀ)·m/(1−p); the same pass over the mask leaves dropout(P) in S for dV */
+        if (dprobs) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)d, 1.0f, dctx + off, (int)H,
                         v + off, (int)H, 0.0f, S, (int)T);
-            for (int64_t k = 0; k < T * T; k++) dprobs[poff + k] += S[k] * drop_factor(key, poff + k, p, inv);
+            for (int64_t k = 0; k < T * T; k++) {
+                float f = drop_factor(key, poff + k, p, inv);
+                dprobs[poff + k] += S[k] * f;
+                S[k] = probs[poff + k] * f;
+            }
+        } else if (dv) {
+            for (int64_t k = 0; k < T * T; k++) S[k] = probs[poff + k] * drop_factor(key, poff + k, p, inv);
         }
+        if (dv) /* dV_h += dropout(P)ᵀ·dC_h */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, S, (int)T,
+                        dctx + off, (int)H, 1.0f, dv + off, (int)H);
     }
 }
 
@@ -556,22 +561,34 @@ BQ_VEC void bq_kernel_bias_gelu_forward(float *out, const float *inp, const floa
     }
 }
 
-/* Always inlined with constant `shared` (dinp == dout) and `has_bias`, so every caller gets branch-free
- * vector loops. Without dbias the rows go to the threads; with it the column blocks, each summing its
- * columns over the rows in order. */
-BQ_INLINE void bias_gelu_bwd(float *dinp, float *dbias, const float *dout, const float *inp, const float *bias,
-                             int64_t N, int64_t C, int shared, int has_bias) {
-    if (!dbias) {
-        if (!dinp) return;
+/* One row of the elementwise part: dx = dy·gelu'(x + bias), written over the row when the gradient
+ * buffer is shared (read and written through one pointer, so the vectorizer needs no overlap check,
+ * which an exact alias would fail), else added. */
+BQ_INLINE void gelu_bwd_row(float *dx, const float *dy, const float *x, const float *bias, int64_t C, int shared) {
+    if (shared && bias)
+        for (int64_t c = 0; c < C; c++) dx[c] = dx[c] * gelu_grad(x[c] + bias[c]);
+    else if (shared)
+        for (int64_t c = 0; c < C; c++) dx[c] = dx[c] * gelu_grad(x[c]);
+    else if (bias)
+        for (int64_t c = 0; c < C; c++) dx[c] = dx[c] + dy[c] * gelu_grad(x[c] + bias[c]);
+    else
+        for (int64_t c = 0; c < C; c++) dx[c] = dx[c] + dy[c] * gelu_grad(x[c]);
+}
+
+/* Shared buffer (or no bias gradient): rows over the threads, then the column sums of the finished
+ * buffer. Separate buffers with a bias gradient: column blocks over the threads, each summing v over
+ * the rows in order (the same order as bq_kernel_colsum_acc, so the same bits). The parallel loops sit
+ * in this function itself so that every vector clone gets its own. */
+BQ_VEC void bq_kernel_bias_gelu_backward(float *dinp, float *dbias, const float *dout, const float *inp,
+                                         const float *bias, int64_t N, int64_t C) {
+    int shared = dinp == dout;
+    if (dinp && (shared || !dbias)) {
 #pragma omp parallel for if (N * C > PAR_MIN) schedule(static)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t c = 0; c < C; c++) {
-                int64_t i = n * C + c;
-                float v = dout[i] * gelu_grad(has_bias ? inp[i] + bias[c] : inp[i]);
-                dinp[i] = shared ? v : dinp[i] + v;
-            }
+        for (int64_t n = 0; n < N; n++) gelu_bwd_row(dinp + n * C, dout + n * C, inp + n * C, bias, C, shared);
+        if (dbias) bq_kernel_colsum_acc(dbias, dinp, N, C);
         return;
     }
+    if (!dbias) return;
     int64_t nblk = (C + COLBLK - 1) / COLBLK;
 #pragma omp parallel for if (N * C > PAR_MIN) schedule(static)
     for (int64_t blk = 0; blk < nblk; blk++) {
@@ -581,21 +598,12 @@ BQ_INLINE void bias_gelu_bwd(float *dinp, float *dbias, const float *dout, const
         for (int64_t n = 0; n < N; n++)
             for (int64_t c = c0; c < c1; c++) {
                 int64_t i = n * C + c;
-                float v = dout[i] * gelu_grad(has_bias ? inp[i] + bias[c] : inp[i]);
-                if (dinp) dinp[i] = shared ? v : dinp[i] + v;
+                float v = dout[i] * gelu_grad(bias ? inp[i] + bias[c] : inp[i]);
+                if (dinp) dinp[i] += v;
                 acc[c - c0] += v;
             }
         for (int64_t c = c0; c < c1; c++) dbias[c] += acc[c - c0];
     }
-}
-
-BQ_VEC void bq_kernel_bias_gelu_backward(float *dinp, float *dbias, const float *dout, const float *inp,
-                                         const float *bias, int64_t N, int64_t C) {
-    int shared = dinp == dout;
-    if (bias && shared) bias_gelu_bwd(dinp, dbias, dout, inp, bias, N, C, 1, 1);
-    else if (bias) bias_gelu_bwd(dinp, dbias, dout, inp, bias, N, C, 0, 1);
-    else if (shared) bias_gelu_bwd(dinp, NULL, dout, inp, NULL, N, C, 1, 0);
-    else bias_gelu_bwd(dinp, NULL, dout, inp, NULL, N, C, 0, 0);
 }
 
 void bq_kernel_tanh_forward(float *out, const float *x, int64_t n) {
