@@ -109,6 +109,31 @@ void bq_cpu_model(char *buf, size_t n);
 /* One line naming the BLAS library, its kernel (core) and the thread count. */
 const char *bq_runtime_describe(void);
 
+/* CPU features that decide the training precision, read once with CPUID and XGETBV: each flag is 1 only
+ * when the CPU has the instructions AND the OS saves their register state (YMM for AVX2/FMA; ZMM and
+ * opmask for AVX-512; the AMX tile state XCR0 bits 17-18 for AMX). AVX512-BF16 is CPUID.(EAX=7,ECX=1)
+ * EAX bit 5, AMX-BF16 CPUID.(EAX=7,ECX=0):EDX bit 22. */
+typedef struct BqCpuFeatures {
+    int avx2, fma, avx512f, avx512_bf16, amx_bf16;
+} BqCpuFeatures;
+const BqCpuFeatures *bq_cpu_features(void);
+
+/* Training and inference precision. bf16 means mixed precision (bf16 GEMM inputs, fp32 accumulation,
+ * fp32 master weights); BQ_BF16_GEMMS says whether this build has those GEMMs. It has not: `auto`
+ * resolves to fp32 on every CPU and `bf16` is refused (docs/training.md, "Precision"). */
+typedef enum BqPrecision { BQ_PRECISION_FP32 = 0, BQ_PRECISION_BF16 = 1 } BqPrecision;
+#define BQ_BF16_GEMMS 0
+/* Resolves the value of --precision (fp32, bf16 or auto; NULL means auto) against the features f
+ * (bq_cpu_features() for this CPU; tests pass others). auto: bf16 where f has AVX512-BF16 or AMX-BF16
+ * and the build has bf16 GEMMs, else fp32. bf16 without either ISA, or without the GEMMs, and any other
+ * word are BQ_EINVAL naming the flag and the reason. *why (may be NULL) receives a short reason for the
+ * choice, for run headers. */
+int bq_precision_resolve(const char *value, const BqCpuFeatures *f, BqPrecision *out, const char **why);
+const char *bq_precision_name(BqPrecision p);
+/* One line for --version: the CPU's bf16 ISAs and what `--precision auto` resolves to, e.g.
+ * "CPU bf16: AVX512-BF16 no, AMX-BF16 no; --precision auto runs fp32 (no bf16 GEMMs in this build)". */
+const char *bq_cpu_bf16_describe(void);
+
 /* Monotonic wall clock in seconds. */
 double bq_now(void);
 /* Peak resident set size of this process in bytes (0 if unknown). */

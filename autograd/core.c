@@ -219,6 +219,102 @@ static int cpu_has_avx512(void) {
 #endif
 }
 
+/* ---- CPU features and precision ---- */
+
+#if defined(__x86_64__)
+static void cpuid(unsigned leaf, unsigned sub, unsigned r[4]) {
+    __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
+}
+#endif
+
+const BqCpuFeatures *bq_cpu_features(void) {
+    static BqCpuFeatures f;
+    static int done;
+    if (done) return &f;
+    done = 1;
+#if defined(__x86_64__)
+    unsigned r[4];
+    cpuid(0, 0, r);
+    unsigned max_leaf = r[0];
+    if (max_leaf < 1) return &f;
+    cpuid(1, 0, r);
+    if (!(r[2] & (1u << 27))) return &f; /* OSXSAVE: without it XGETBV faults and no AVX state is saved */
+    int fma = (r[2] >> 12) & 1;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    int ymm = (xlo & 0x6) == 0x6;           /* SSE and AVX state */
+    int zmm = ymm && (xlo & 0xE0) == 0xE0;  /* opmask, ZMM0-15 upper halves, ZMM16-31 */
+    int tiles = (xlo & 0x60000) == 0x60000; /* XTILECFG and XTILEDATA */
+    f.fma = ymm && fma;
+    if (max_leaf < 7) return &f;
+    cpuid(7, 0, r);
+    unsigned max_sub = r[0], ebx = r[1], edx = r[3];
+    f.avx2 = ymm && ((ebx >> 5) & 1);
+    f.avx512f = zmm && ((ebx >> 16) & 1);
+    f.amx_bf16 = tiles && ((edx >> 22) & 1);
+    if (max_sub >= 1) {
+        cpuid(7, 1, r);
+        f.avx512_bf16 = zmm && ((r[0] >> 5) & 1);
+    }
+#endif
+    return &f;
+}
+
+const char *bq_precision_name(BqPrecision p) { return p == BQ_PRECISION_BF16 ? "bf16" : "fp32"; }
+
+/* "AVX2, FMA" etc.: the vector ISAs found, for messages. */
+static void isa_list(const BqCpuFeatures *f, char *buf, size_t n) {
+    buf[0] = 0;
+    const char *names[5] = {"AVX2", "FMA", "AVX-512F", "AVX512-BF16", "AMX-BF16"};
+    int has[5] = {f->avx2, f->fma, f->avx512f, f->avx512_bf16, f->amx_bf16};
+    for (int i = 0; i < 5; i++)
+        if (has[i]) snprintf(buf + strlen(buf), n - strlen(buf), "%s%s", buf[0] ? ", " : "", names[i]);
+    if (!buf[0]) snprintf(buf, n, "no AVX2");
+}
+
+int bq_precision_resolve(const char *value, const BqCpuFeatures *f, BqPrecision *out, const char **why) {
+    int cpu_bf16 = f->avx512_bf16 || f->amx_bf16;
+    const char *reason;
+    *out = BQ_PRECISION_FP32;
+    if (!value || !strcmp(value, "auto")) {
+        if (cpu_bf16 && BQ_BF16_GEMMS) {
+            *out = BQ_PRECISION_BF16;
+            reason = f->amx_bf16 ? "auto: the CPU has AMX-BF16" : "auto: the CPU has AVX512-BF16";
+        } else {
+            reason = cpu_bf16 ? "auto: the CPU has bf16 but this build has no bf16 GEMMs"
+                              : "auto: the CPU has neither AVX512-BF16 nor AMX-BF16";
+        }
+    } else if (!strcmp(value, "fp32")) {
+        reason = "flag";
+    } else if (!strcmp(value, "bf16")) {
+        char isas[96];
+        isa_list(f, isas, sizeof isas);
+        if (!cpu_bf16)
+            return bq_err(BQ_EINVAL, "--precision bf16: this CPU has neither AVX512-BF16 nor AMX-BF16 (found %s)",
+                          isas);
+        if (!BQ_BF16_GEMMS)
+            return bq_err(BQ_EINVAL, "--precision bf16: bf16 training is not implemented yet in this build (the CPU "
+                          "has %s); use fp32 or auto", isas);
+        *out = BQ_PRECISION_BF16;
+        reason = "flag";
+    } else {
+        return bq_err(BQ_EINVAL, "--precision: '%s' is not fp32, bf16 or auto", value);
+    }
+    if (why) *why = reason;
+    return BQ_OK;
+}
+
+const char *bq_cpu_bf16_describe(void) {
+    static char buf[256];
+    const BqCpuFeatures *f = bq_cpu_features();
+    BqPrecision p;
+    const char *why = "";
+    bq_precision_resolve("auto", f, &p, &why);
+    snprintf(buf, sizeof buf, "CPU bf16: AVX512-BF16 %s, AMX-BF16 %s; --precision auto runs %s (%s)",
+             f->avx512_bf16 ? "yes" : "no", f->amx_bf16 ? "yes" : "no", bq_precision_name(p), why + 6);
+    return buf;
+}
+
 int bq_runtime_boot(int argc, char **argv) {
     (void)argc;
     if (!getenv("OPENBLAS_CORETYPE") && !getenv("BQ_NO_REEXEC") && cpu_has_avx512()) {

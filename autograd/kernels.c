@@ -12,6 +12,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "autograd/bq.h"
@@ -125,6 +126,11 @@ BQ_INLINE float normal_cdf(float x) {
 }
 
 
+/* The dropout factor of element i: 1/(1−p) kept, 0 dropped (the expression of the dropout kernels). */
+BQ_INLINE float drop_factor(uint64_t key, int64_t i, float p, float inv) {
+    return bq_hash_uniform(key, (uint64_t)i) >= p ? inv : 0.0f;
+}
+
 /* ---- linear ---- */
 
 void bq_kernel_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int64_t N,
@@ -227,6 +233,54 @@ void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx
     }
 }
 
+/* Attention context with the probabilities' dropout inside the head loop: each (batch, head) block of
+ * dropout(probs) is formed in the calling thread's scratch (T·T floats) right before its product, in the
+ * forward and again in the backward, so the dropped probabilities are never stored. The scratch of
+ * thread k is scratch + k·T·T; the loop runs on at most nscratch threads. */
+BQ_VEC void bq_kernel_attn_context_dropout_forward(float *ctx, float *scratch, int nscratch, const float *probs,
+                                            const float *v, float p, uint64_t key, int64_t B, int64_t T, int64_t NH,
+                                            int64_t d) {
+    int64_t H = NH * d;
+    float inv = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static) num_threads(nscratch) if (B * NH > 1)
+    for (int64_t bh = 0; bh < B * NH; bh++) {
+        int64_t b = bh / NH, h = bh % NH;
+        int64_t off = b * T * H + h * d, poff = bh * T * T;
+        float *S = scratch + (int64_t)omp_get_thread_num() * T * T;
+        for (int64_t k = 0; k < T * T; k++) S[k] = probs[poff + k] * drop_factor(key, poff + k, p, inv);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, S, (int)T, v + off,
+                    (int)H, 0.0f, ctx + off, (int)H);
+    }
+}
+
+BQ_VEC void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, float *scratch, int nscratch,
+                                             const float *dctx, const float *probs, const float *v, float p,
+                                             uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d) {
+    int64_t H = NH * d;
+    float inv = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static) num_threads(nscratch) if (B * NH > 1)
+    for (int64_t bh = 0; bh < B * NH; bh++) {
+        int64_t b = bh / NH, h = bh % NH;
+        int64_t off = b * T * H + h * d, poff = bh * T * T;
+        float *S = scratch + (int64_t)omp_get_thread_num() * T * T;
+        /* dP += (dC_h·V_hᵀ)·m/(1−p); the same pass over the mask leaves dropout(P) in S for dV */
+        if (dprobs) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)d, 1.0f, dctx + off, (int)H,
+                        v + off, (int)H, 0.0f, S, (int)T);
+            for (int64_t k = 0; k < T * T; k++) {
+                float f = drop_factor(key, poff + k, p, inv);
+                dprobs[poff + k] += S[k] * f;
+                S[k] = probs[poff + k] * f;
+            }
+        } else if (dv) {
+            for (int64_t k = 0; k < T * T; k++) S[k] = probs[poff + k] * drop_factor(key, poff + k, p, inv);
+        }
+        if (dv) /* dV_h += dropout(P)ᵀ·dC_h */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, S, (int)T,
+                        dctx + off, (int)H, 1.0f, dv + off, (int)H);
+    }
+}
+
 /* ---- elementwise ---- */
 
 void bq_kernel_add_forward(float *out, const float *a, const float *b, int64_t n, int64_t C, int bcast) {
@@ -286,26 +340,71 @@ void bq_kernel_embedding_backward_pad(float *dtable, const float *dout, const in
 
 /* ---- layernorm ---- */
 
+/* One row of LayerNorm: two passes (mean, then variance of the centred values: no cancellation). Shared
+ * by the plain and the residual kernel so both give the same bits. */
+BQ_INLINE void ln_row_forward(float *y, float *mean, float *rstd, const float *x, const float *weight,
+                              const float *bias, int64_t H, float eps) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < H; i++) m += x[i];
+    m /= (float)H;
+    float v = 0.0f;
+    for (int64_t i = 0; i < H; i++) {
+        float xc = x[i] - m;
+        v += xc * xc;
+    }
+    v /= (float)H;
+    float r = 1.0f / sqrtf(v + eps);
+    for (int64_t i = 0; i < H; i++) y[i] = (x[i] - m) * r * weight[i] + bias[i];
+    *mean = m;
+    *rstd = r;
+}
+
+/* mean(g) and mean(g⊙x̂) of one row, g = dy⊙w: dx = r·(g − mean(g) − x̂·mean(g⊙x̂)). */
+BQ_INLINE void ln_row_stats(float *sg_out, float *sgx_out, const float *x, const float *dy, const float *weight,
+                            float m, float r, int64_t H) {
+    float sg = 0.0f, sgx = 0.0f;
+    for (int64_t i = 0; i < H; i++) {
+        float g = dy[i] * weight[i];
+        sg += g;
+        sgx += g * (x[i] - m) * r;
+    }
+    *sg_out = sg / (float)H;
+    *sgx_out = sgx / (float)H;
+}
+
+BQ_INLINE float ln_dx(float x, float dy, float w, float m, float r, float sg, float sgx) {
+    float xh = (x - m) * r;
+    return r * (dy * w - sg - xh * sgx);
+}
+
+/* dweight += Σ_n dy⊙x̂, dbias += Σ_n dy, column blocks over threads, rows in order. */
+static void ln_param_grads(float *dweight, float *dbias, const float *dout, const float *inp, const float *mean,
+                           const float *rstd, int64_t N, int64_t H) {
+    int64_t nblk = (H + COLBLK - 1) / COLBLK;
+#pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t c0 = blk * COLBLK, c1 = c0 + COLBLK < H ? c0 + COLBLK : H;
+        float aw[COLBLK], ab[COLBLK];
+        for (int64_t c = c0; c < c1; c++) aw[c - c0] = ab[c - c0] = 0.0f;
+        for (int64_t n = 0; n < N; n++) {
+            const float *x = inp + n * H, *dy = dout + n * H;
+            float m = mean[n], r = rstd[n];
+            for (int64_t c = c0; c < c1; c++) {
+                aw[c - c0] += dy[c] * (x[c] - m) * r;
+                ab[c - c0] += dy[c];
+            }
+        }
+        for (int64_t c = c0; c < c1; c++) {
+            if (dweight) dweight[c] += aw[c - c0];
+            if (dbias) dbias[c] += ab[c - c0];
+        }
+    }
+}
+
 void bq_kernel_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                                  const float *bias, int64_t N, int64_t H, float eps) {
 #pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const float *x = inp + n * H;
-        float *y = out + n * H;
-        float m = 0.0f;
-        for (int64_t i = 0; i < H; i++) m += x[i];
-        m /= (float)H;
-        float v = 0.0f; /* second pass over centred values (no cancellation) */
-        for (int64_t i = 0; i < H; i++) {
-            float xc = x[i] - m;
-            v += xc * xc;
-        }
-        v /= (float)H;
-        float r = 1.0f / sqrtf(v + eps);
-        for (int64_t i = 0; i < H; i++) y[i] = (x[i] - m) * r * weight[i] + bias[i];
-        mean[n] = m;
-        rstd[n] = r;
-    }
+    for (int64_t n = 0; n < N; n++) ln_row_forward(out + n * H, mean + n, rstd + n, inp + n * H, weight, bias, H, eps);
 }
 
 void bq_kernel_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -315,44 +414,117 @@ void bq_kernel_layernorm_backward(float *dinp, float *dweight, float *dbias, con
 #pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
         for (int64_t n = 0; n < N; n++) {
             const float *x = inp + n * H, *dy = dout + n * H;
-            float m = mean[n], r = rstd[n];
-            /* dx = r·(g − mean(g) − x̂·mean(g⊙x̂)) with g = dy⊙w */
-            float sg = 0.0f, sgx = 0.0f;
-            for (int64_t i = 0; i < H; i++) {
-                float g = dy[i] * weight[i];
-                sg += g;
-                sgx += g * (x[i] - m) * r;
-            }
-            sg /= (float)H;
-            sgx /= (float)H;
+            float m = mean[n], r = rstd[n], sg, sgx;
+            ln_row_stats(&sg, &sgx, x, dy, weight, m, r, H);
             float *dx = dinp + n * H;
-            for (int64_t i = 0; i < H; i++) {
-                float xh = (x[i] - m) * r;
-                dx[i] += r * (dy[i] * weight[i] - sg - xh * sgx);
-            }
+            for (int64_t i = 0; i < H; i++) dx[i] += ln_dx(x[i], dy[i], weight[i], m, r, sg, sgx);
         }
     }
-    if (dweight || dbias) {
-        int64_t nblk = (H + COLBLK - 1) / COLBLK;
+    if (dweight || dbias) ln_param_grads(dweight, dbias, dout, inp, mean, rstd, N, H);
+}
+
+/* ---- embeddings + layernorm ---- */
+
+BQ_INLINE float emb_sum(const float *word, const float *type, const float *pos, int32_t w, int32_t t, int32_t p,
+                        int64_t H, int64_t i) {
+    return (word[(int64_t)w * H + i] + type[(int64_t)t * H + i]) + pos[(int64_t)p * H + i];
+}
+
+void bq_kernel_embed_layernorm_forward(float *out, float *mean, float *rstd, const float *word, const float *type,
+                                       const float *pos, const int32_t *wid, const int32_t *tid, const int32_t *pid,
+                                       const float *weight, const float *bias, int64_t N, int64_t H, float eps) {
 #pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
-        for (int64_t blk = 0; blk < nblk; blk++) {
-            int64_t c0 = blk * COLBLK, c1 = c0 + COLBLK < H ? c0 + COLBLK : H;
-            float aw[COLBLK], ab[COLBLK];
-            for (int64_t c = c0; c < c1; c++) aw[c - c0] = ab[c - c0] = 0.0f;
-            for (int64_t n = 0; n < N; n++) {
-                const float *x = inp + n * H, *dy = dout + n * H;
-                float m = mean[n], r = rstd[n];
-                for (int64_t c = c0; c < c1; c++) {
-                    aw[c - c0] += dy[c] * (x[c] - m) * r;
-                    ab[c - c0] += dy[c];
-                }
-            }
+    for (int64_t n = 0; n < N; n++) {
+        float *y = out + n * H;
+        for (int64_t i = 0; i < H; i++) y[i] = emb_sum(word, type, pos, wid[n], tid[n], pid[n], H, i);
+        ln_row_forward(y, mean + n, rstd + n, y, weight, bias, H, eps);
+    }
+}
+
+void bq_kernel_embed_layernorm_backward(float *dword, float *dtype, float *dpos, float *dweight, float *dbias,
+                                        float *stats, const float *dout, const float *word, const float *type,
+                                        const float *pos, const int32_t *wid, const int32_t *tid,
+                                        const int32_t *pid, const float *weight, const float *mean,
+                                        const float *rstd, int64_t N, int64_t H, int32_t word_padding_idx) {
+    /* pass 1, rows: mean(g) and mean(g⊙x̂) of each row (the expressions of ln_row_stats) */
+#pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *dy = dout + n * H;
+        float m = mean[n], r = rstd[n], sg = 0.0f, sgx = 0.0f;
+        for (int64_t i = 0; i < H; i++) {
+            float x = emb_sum(word, type, pos, wid[n], tid[n], pid[n], H, i);
+            float g = dy[i] * weight[i];
+            sg += g;
+            sgx += g * (x - m) * r;
+        }
+        stats[2 * n] = sg / (float)H;
+        stats[2 * n + 1] = sgx / (float)H;
+    }
+    /* pass 2, column blocks: scatter the input gradient into the tables, sum the LayerNorm's parameter
+     * gradients; rows in order within each block */
+    int64_t nblk = (H + COLBLK - 1) / COLBLK;
+#pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t c0 = blk * COLBLK, c1 = c0 + COLBLK < H ? c0 + COLBLK : H;
+        float aw[COLBLK], ab[COLBLK];
+        for (int64_t c = c0; c < c1; c++) aw[c - c0] = ab[c - c0] = 0.0f;
+        for (int64_t n = 0; n < N; n++) {
+            const float *dy = dout + n * H;
+            float m = mean[n], r = rstd[n], sg = stats[2 * n], sgx = stats[2 * n + 1];
             for (int64_t c = c0; c < c1; c++) {
-                if (dweight) dweight[c] += aw[c - c0];
-                if (dbias) dbias[c] += ab[c - c0];
+                float x = emb_sum(word, type, pos, wid[n], tid[n], pid[n], H, c);
+                float dx = ln_dx(x, dy[c], weight[c], m, r, sg, sgx);
+                if (dword && wid[n] != word_padding_idx) dword[(int64_t)wid[n] * H + c] += dx;
+                if (dtype) dtype[(int64_t)tid[n] * H + c] += dx;
+                if (dpos) dpos[(int64_t)pid[n] * H + c] += dx;
+                aw[c - c0] += dy[c] * (x - m) * r;
+                ab[c - c0] += dy[c];
+            }
+        }
+        for (int64_t c = c0; c < c1; c++) {
+            if (dweight) dweight[c] += aw[c - c0];
+            if (dbias) dbias[c] += ab[c - c0];
+        }
+    }
+}
+
+/* ---- residual add + layernorm ---- */
+
+BQ_VEC void bq_kernel_residual_layernorm_forward(float *out, float *sum, float *mean, float *rstd, const float *a,
+                                                 const float *b, const float *weight, const float *bias, float p,
+                                                 uint64_t key, int64_t N, int64_t H, float eps) {
+    float inv = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+#pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *ar = a + n * H, *br = b + n * H;
+        float *s = sum + n * H;
+        if (p > 0.0f)
+            for (int64_t i = 0; i < H; i++) s[i] = ar[i] * drop_factor(key, n * H + i, p, inv) + br[i];
+        else
+            for (int64_t i = 0; i < H; i++) s[i] = ar[i] + br[i];
+        ln_row_forward(out + n * H, mean + n, rstd + n, s, weight, bias, H, eps);
+    }
+}
+
+BQ_VEC void bq_kernel_residual_layernorm_backward(float *da, float *db, float *dweight, float *dbias,
+                                                  const float *dout, const float *sum, const float *weight,
+                                                  const float *mean, const float *rstd, float p, uint64_t key,
+                                                  int64_t N, int64_t H) {
+    float inv = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    if (da || db) {
+#pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            const float *x = sum + n * H, *dy = dout + n * H;
+            float m = mean[n], r = rstd[n], sg, sgx;
+            ln_row_stats(&sg, &sgx, x, dy, weight, m, r, H);
+            for (int64_t i = 0; i < H; i++) {
+                float dx = ln_dx(x[i], dy[i], weight[i], m, r, sg, sgx);
+                if (db) db[n * H + i] += dx;
+                if (da) da[n * H + i] += p > 0.0f ? dx * drop_factor(key, n * H + i, p, inv) : dx;
             }
         }
     }
+    if (dweight || dbias) ln_param_grads(dweight, dbias, dout, sum, mean, rstd, N, H);
 }
 
 /* ---- activations ---- */
@@ -370,6 +542,73 @@ BQ_VEC void bq_kernel_gelu_backward(float *dx, const float *dout, const float *x
         float xi = x[i];
         float pdf = inv_sqrt_2pi * exp_fast(-0.5f * xi * xi);
         dx[i] += dout[i] * (normal_cdf(xi) + xi * pdf);
+    }
+}
+
+/* gelu'(x), the expression of bq_kernel_gelu_backward. */
+BQ_INLINE float gelu_grad(float xi) {
+    const float inv_sqrt_2pi = 0.3989422804014327f;
+    float pdf = inv_sqrt_2pi * exp_fast(-0.5f * xi * xi);
+    return normal_cdf(xi) + xi * pdf;
+}
+
+BQ_VEC void bq_kernel_bias_gelu_forward(float *out, const float *inp, const float *bias, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C > PAR_MIN) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = inp + n * C;
+        float *y = out + n * C;
+        if (bias)
+            for (int64_t c = 0; c < C; c++) {
+                float v = x[c] + bias[c];
+                y[c] = v * normal_cdf(v);
+            }
+        else
+            for (int64_t c = 0; c < C; c++) y[c] = x[c] * normal_cdf(x[c]);
+    }
+}
+
+/* One row of the elementwise part: dx = dy·gelu'(x + bias), written over the row when the gradient
+ * buffer is shared (read and written through one pointer, so the vectorizer needs no overlap check,
+ * which an exact alias would fail), else added. */
+BQ_INLINE void gelu_bwd_row(float *dx, const float *dy, const float *x, const float *bias, int64_t C, int shared) {
+    if (shared && bias)
+        for (int64_t c = 0; c < C; c++) dx[c] = dx[c] * gelu_grad(x[c] + bias[c]);
+    else if (shared)
+        for (int64_t c = 0; c < C; c++) dx[c] = dx[c] * gelu_grad(x[c]);
+    else if (bias)
+        for (int64_t c = 0; c < C; c++) dx[c] = dx[c] + dy[c] * gelu_grad(x[c] + bias[c]);
+    else
+        for (int64_t c = 0; c < C; c++) dx[c] = dx[c] + dy[c] * gelu_grad(x[c]);
+}
+
+/* Shared buffer (or no bias gradient): rows over the threads, then the column sums of the finished
+ * buffer. Separate buffers with a bias gradient: column blocks over the threads, each summing v over
+ * the rows in order (the same order as bq_kernel_colsum_acc, so the same bits). The parallel loops sit
+ * in this function itself so that every vector clone gets its own. */
+BQ_VEC void bq_kernel_bias_gelu_backward(float *dinp, float *dbias, const float *dout, const float *inp,
+                                         const float *bias, int64_t N, int64_t C) {
+    int shared = dinp == dout;
+    if (dinp && (shared || !dbias)) {
+#pragma omp parallel for if (N * C > PAR_MIN) schedule(static)
+        for (int64_t n = 0; n < N; n++) gelu_bwd_row(dinp + n * C, dout + n * C, inp + n * C, bias, C, shared);
+        if (dbias) bq_kernel_colsum_acc(dbias, dinp, N, C);
+        return;
+    }
+    if (!dbias) return;
+    int64_t nblk = (C + COLBLK - 1) / COLBLK;
+#pragma omp parallel for if (N * C > PAR_MIN) schedule(static)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t c0 = blk * COLBLK, c1 = c0 + COLBLK < C ? c0 + COLBLK : C;
+        float acc[COLBLK];
+        for (int64_t c = c0; c < c1; c++) acc[c - c0] = 0.0f;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = c0; c < c1; c++) {
+                int64_t i = n * C + c;
+                float v = dout[i] * gelu_grad(bias ? inp[i] + bias[c] : inp[i]);
+                if (dinp) dinp[i] += v;
+                acc[c - c0] += v;
+            }
+        for (int64_t c = c0; c < c1; c++) dbias[c] += acc[c - c0];
     }
 }
 
@@ -416,24 +655,36 @@ BQ_VEC void bq_kernel_softmax_mask_backward(float *dx, const float *dout, const 
     }
 }
 
-/* ---- dropout ---- */
-
-/* Dropped elements are x·0 (as PyTorch's x·mask/(1−p)), kept ones x/(1−p). */
-BQ_VEC void bq_kernel_dropout_forward(float *out, uint8_t *keep, const float *x, float p, uint64_t key,
-                                     int64_t n) {
-    float inv = 1.0f / (1.0f - p);
-#pragma omp parallel for if (n > PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        int k = bq_hash_uniform(key, (uint64_t)i) >= p;
-        keep[i] = (uint8_t)k;
-        out[i] = x[i] * (k ? inv : 0.0f);
+BQ_VEC void bq_kernel_softmax_mask_backward_inplace(float *g, const float *out, float scale, int64_t rows,
+                                                    int64_t T) {
+#pragma omp parallel for if (rows * T > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float *d = g + r * T;
+        const float *y = out + r * T;
+        float dot = row_dot(d, y, T);
+        for (int64_t j = 0; j < T; j++) d[j] = scale * y[j] * (d[j] - dot);
     }
 }
 
-BQ_VEC void bq_kernel_dropout_backward(float *dx, const float *dout, const uint8_t *keep, float p, int64_t n) {
+/* ---- dropout ---- */
+
+/* Dropped elements are x·0 (as PyTorch's x·mask/(1−p)), kept ones x/(1−p). */
+BQ_VEC void bq_kernel_dropout_forward(float *out, const float *x, float p, uint64_t key, int64_t n) {
     float inv = 1.0f / (1.0f - p);
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) dx[i] += dout[i] * (keep[i] ? inv : 0.0f);
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * drop_factor(key, i, p, inv);
+}
+
+BQ_VEC void bq_kernel_dropout_backward(float *dx, const float *dout, float p, uint64_t key, int64_t n) {
+    float inv = 1.0f / (1.0f - p);
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i++) dx[i] += dout[i] * drop_factor(key, i, p, inv);
+}
+
+BQ_VEC void bq_kernel_dropout_scale_inplace(float *g, float p, uint64_t key, int64_t n) {
+    float inv = 1.0f / (1.0f - p);
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i++) g[i] = g[i] * drop_factor(key, i, p, inv);
 }
 
 /* ---- token selection ---- */

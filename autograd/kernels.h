@@ -35,6 +35,18 @@ void bq_kernel_attn_context_forward(float *ctx, const float *probs, const float 
 void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx, const float *probs,
                                      const float *v, int64_t B, int64_t T, int64_t NH, int64_t d);
 
+/* ctx = dropout(probs)·v with the mask of bq_kernel_dropout_forward(key) over the (B,NH,T,T) elements
+ * (0 < p < 1), the dropped probabilities formed per (batch, head) in a thread's scratch block and never
+ * stored; backward: dprobs += (dctx·vᵀ)·m/(1−p), dv += dropout(probs)ᵀ·dctx. scratch: nscratch·T·T
+ * floats, thread k using block k; the head loop runs on at most nscratch threads. Same bits as
+ * bq_kernel_dropout_forward followed by bq_kernel_attn_context_forward (and their backwards). */
+void bq_kernel_attn_context_dropout_forward(float *ctx, float *scratch, int nscratch, const float *probs,
+                                            const float *v, float p, uint64_t key, int64_t B, int64_t T, int64_t NH,
+                                            int64_t d);
+void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, float *scratch, int nscratch,
+                                             const float *dctx, const float *probs, const float *v, float p,
+                                             uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d);
+
 /* Elementwise with optional broadcast: b has n elements when bcast == 0, else C elements broadcast
  * over the rows of a (n = rows·C). */
 void bq_kernel_add_forward(float *out, const float *a, const float *b, int64_t n, int64_t C, int bcast);
@@ -50,6 +62,21 @@ void bq_kernel_embedding_backward(float *dtable, const float *dout, const int32_
 void bq_kernel_embedding_backward_pad(float *dtable, const float *dout, const int32_t *ids, int64_t N, int64_t H,
                                       int32_t padding_idx);
 
+/* BertEmbeddings without its dropout: out[n] = LayerNorm(word[wid[n]] + type[tid[n]] + pos[pid[n]]) over rows
+ * of H, the sum in that order (HF's), computed in place in out; mean and rstd (N) saved. The backward
+ * forms each row's sum again from the tables (nothing else is stored), then scatter-adds the LayerNorm
+ * input gradient into the three tables (each may be NULL) and the weight and bias gradients, column
+ * blocks over the threads, rows in order: the same bits as the embedding, add and layernorm kernels
+ * one after the other. stats: 2·N floats of scratch for the backward. */
+void bq_kernel_embed_layernorm_forward(float *out, float *mean, float *rstd, const float *word, const float *type,
+                                       const float *pos, const int32_t *wid, const int32_t *tid, const int32_t *pid,
+                                       const float *weight, const float *bias, int64_t N, int64_t H, float eps);
+void bq_kernel_embed_layernorm_backward(float *dword, float *dtype, float *dpos, float *dweight, float *dbias,
+                                        float *stats, const float *dout, const float *word, const float *type,
+                                        const float *pos, const int32_t *wid, const int32_t *tid,
+                                        const int32_t *pid, const float *weight, const float *mean,
+                                        const float *rstd, int64_t N, int64_t H, int32_t word_padding_idx);
+
 /* Two-pass LayerNorm over rows of length H; mean and rstd (N) are saved for backward. */
 void bq_kernel_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                                  const float *bias, int64_t N, int64_t H, float eps);
@@ -64,16 +91,49 @@ void bq_kernel_gelu_backward(float *dx, const float *dout, const float *x, int64
 void bq_kernel_tanh_forward(float *out, const float *x, int64_t n);
 void bq_kernel_tanh_backward(float *dx, const float *dout, const float *out, int64_t n);
 
-/* x (B,NH,T,T) as B·NH·T rows of T; mask (B,T) or NULL. out = softmax(scale·x + (1−mask)·mask_value).
+/* x (B,NH,T,T) as B·NH·T rows of T; mask (B,T) or NULL. out = softmax(scale·x + (1−mask)·mask_value);
+ * out may be x (in place).
  * Backward: dx += scale·y⊙(dy − Σ dy⊙y). */
 void bq_kernel_softmax_mask_forward(float *out, const float *x, const float *mask, float scale, float mask_value,
                                     int64_t B, int64_t NH, int64_t T);
 void bq_kernel_softmax_mask_backward(float *dx, const float *dout, const float *out, float scale, int64_t rows,
                                      int64_t T);
+/* The same backward for a softmax computed in place whose input and output share one gradient buffer:
+ * g = scale·y⊙(g − Σ g⊙y) row by row. */
+void bq_kernel_softmax_mask_backward_inplace(float *g, const float *out, float scale, int64_t rows, int64_t T);
 
-/* keep[i] = bq_hash_uniform(key, i) >= p; out = x·keep/(1−p). */
-void bq_kernel_dropout_forward(float *out, uint8_t *keep, const float *x, float p, uint64_t key, int64_t n);
-void bq_kernel_dropout_backward(float *dx, const float *dout, const uint8_t *keep, float p, int64_t n);
+/* out = x·m/(1−p) with m[i] = bq_hash_uniform(key, i) >= p. Nothing is stored: the backward draws the
+ * same mask again from (key, i), so the mask costs no memory (not even bits) and no pass of its own. */
+void bq_kernel_dropout_forward(float *out, const float *x, float p, uint64_t key, int64_t n);
+/* dx += dout·m/(1−p). */
+void bq_kernel_dropout_backward(float *dx, const float *dout, float p, uint64_t key, int64_t n);
+/* g = g·m/(1−p) in place: the backward of a dropout whose output shares its input's gradient buffer
+ * (the input has no other consumer). */
+void bq_kernel_dropout_scale_inplace(float *g, float p, uint64_t key, int64_t n);
+
+/* out (N,C) = gelu(inp + bias), bias (C) broadcast over the rows (NULL: none); out may be inp (in place).
+ * Backward: with v = dout·gelu'(inp + bias), dinp += v and dbias += Σ_n v (columns summed in row order,
+ * so any thread count gives the same bits). dinp == dout is allowed and means the two share one buffer
+ * (the input has no other consumer): the buffer then becomes v, since nothing else has accumulated
+ * into the input's gradient. inp is the pre-activation, so the GELU output need not be kept for this
+ * backward. */
+void bq_kernel_bias_gelu_forward(float *out, const float *inp, const float *bias, int64_t N, int64_t C);
+void bq_kernel_bias_gelu_backward(float *dinp, float *dbias, const float *dout, const float *inp, const float *bias,
+                                  int64_t N, int64_t C);
+
+/* Residual add and LayerNorm in one pass (BertSelfOutput / BertOutput): sum = drop(a) + b, out =
+ * LayerNorm(sum)·weight + bias over rows of H, where drop(a) = a·m/(1−p) with the mask of
+ * bq_kernel_dropout_forward(key) when p > 0, else a. sum (N,H), mean and rstd (N) are saved for the
+ * backward. The arithmetic is that of dropout, add and layernorm_forward one after the other, so the
+ * results are the same bits. */
+void bq_kernel_residual_layernorm_forward(float *out, float *sum, float *mean, float *rstd, const float *a,
+                                          const float *b, const float *weight, const float *bias, float p,
+                                          uint64_t key, int64_t N, int64_t H, float eps);
+/* With ds the LayerNorm input gradient: da += ds·m/(1−p) (ds when p == 0), db += ds, dweight and
+ * dbias as layernorm_backward. Any gradient may be NULL. */
+void bq_kernel_residual_layernorm_backward(float *da, float *db, float *dweight, float *dbias, const float *dout,
+                                           const float *sum, const float *weight, const float *mean,
+                                           const float *rstd, float p, uint64_t key, int64_t N, int64_t H);
 
 /* x (B,T,H) → out (B,H) = x[:,t,:]. */
 void bq_kernel_select_token_forward(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t t);

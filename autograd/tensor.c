@@ -6,6 +6,7 @@
  * accumulated), HF transformers BertForSequenceClassification for the op set. */
 #include "autograd/tensor.h"
 
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,7 +29,9 @@ const char *bq_op_name(BqOp op) {
         [BQ_OP_ADD] = "add", [BQ_OP_EMBEDDING] = "embedding",
         [BQ_OP_LAYERNORM] = "layernorm", [BQ_OP_GELU] = "gelu", [BQ_OP_TANH] = "tanh",
         [BQ_OP_SOFTMAX_MASK] = "softmax_mask", [BQ_OP_DROPOUT] = "dropout", [BQ_OP_SELECT_TOKEN] = "select_token",
-        [BQ_OP_CROSS_ENTROPY] = "cross_entropy", [BQ_OP_FAKEQUANT] = "fakequant",
+        [BQ_OP_CROSS_ENTROPY] = "cross_entropy", [BQ_OP_FAKEQUANT] = "fakequant", [BQ_OP_BIAS_GELU] = "bias_gelu",
+        [BQ_OP_RESIDUAL_LAYERNORM] = "residual_ln", [BQ_OP_GELU_LINEAR] = "gelu_linear",
+        [BQ_OP_EMBED_LAYERNORM] = "embed_ln",
         [BQ_OP_SPAN_CROSS_ENTROPY] = "span_cross_entropy",
     };
     return op >= 0 && op < BQ_OP_COUNT ? names[op] : "?";
@@ -136,6 +139,10 @@ static BqTensor *new_last(BqCtx *ctx, const BqTensor *x, int64_t last) {
 
 #define CONTIG(t) BQ_CHECK((t) != NULL && bq_tensor_is_contiguous(t))
 
+/* The key of the next dropout mask; each mask-drawing op takes one. */
+static uint64_t next_dropout_key(BqCtx *ctx) { return ctx->rng_key + ctx->rng_count++; }
+
+
 /* ---- ops ---- */
 
 BqTensor *bq_op_linear(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b) {
@@ -204,10 +211,48 @@ BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nhead
     return c;
 }
 
+typedef struct CtxDropSaved {
+    float *scratch;
+    int nscratch;
+    uint64_t key;
+} CtxDropSaved;
+
+BqTensor *bq_op_attn_context_dropout(BqCtx *ctx, BqTensor *probs, float p, BqTensor *v, int nheads) {
+    BQ_CHECK(p >= 0.0f && p < 1.0f);
+    if (!ctx->training || p == 0.0f) return bq_op_attn_context(ctx, probs, v, nheads);
+    CONTIG(probs);
+    CONTIG(v);
+    BQ_CHECK(probs->ndim == 4 && v->ndim == 3 && nheads > 0);
+    int64_t B = v->shape[0], T = v->shape[1], H = v->shape[2];
+    BQ_CHECK(H % nheads == 0);
+    BQ_CHECK(probs->shape[0] == B && probs->shape[1] == nheads && probs->shape[2] == T && probs->shape[3] == T);
+    BqTensor *c = bq_tensor_new(ctx, 3, v->shape);
+    CtxDropSaved *sv = bq_arena_alloc(ctx->act, sizeof(CtxDropSaved));
+    sv->nscratch = omp_get_max_threads();
+    sv->scratch = bq_arena_alloc(ctx->act, (size_t)sv->nscratch * (size_t)(T * T) * sizeof(float));
+    sv->key = next_dropout_key(ctx);
+    bq_kernel_attn_context_dropout_forward(c->data, sv->scratch, sv->nscratch, probs->data, v->data, p, sv->key, B, T,
+                                           nheads, H / nheads);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_ATTN_CONTEXT, c);
+        nd->in[0] = probs, nd->in[1] = v;
+        nd->saved = sv;
+        nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = nheads, nd->iparam[3] = H / nheads;
+        nd->fval[0] = p;
+    }
+    return c;
+}
+
 static void back_attn_context(BqNode *nd) {
     BqTensor *p = nd->in[0], *v = nd->in[1];
-    bq_kernel_attn_context_backward(p->grad, v->grad, nd->out->grad, p->data, v->data, nd->iparam[0], nd->iparam[1],
-                                    nd->iparam[2], nd->iparam[3]);
+    const CtxDropSaved *sv = nd->saved;
+    if (sv)
+        bq_kernel_attn_context_dropout_backward(p->grad, v->grad, sv->scratch, sv->nscratch, nd->out->grad, p->data,
+                                                v->data, nd->fval[0], sv->key, nd->iparam[0], nd->iparam[1],
+                                                nd->iparam[2], nd->iparam[3]);
+    else
+        bq_kernel_attn_context_backward(p->grad, v->grad, nd->out->grad, p->data, v->data, nd->iparam[0],
+                                        nd->iparam[1], nd->iparam[2], nd->iparam[3]);
 }
 
 /* Returns 1 when b broadcasts over a's leading dims, 0 for equal sizes. */
@@ -326,51 +371,168 @@ static void back_tanh(BqNode *nd) {
     if (nd->in[0]->grad) bq_kernel_tanh_backward(nd->in[0]->grad, nd->out->grad, nd->out->data, nd->iparam[0]);
 }
 
-BqTensor *bq_op_softmax_mask(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value) {
+static BqTensor *softmax_mask(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value,
+                              int sole) {
     CONTIG(x);
     BQ_CHECK(x->ndim == 4 && x->shape[2] == x->shape[3]);
     int64_t B = x->shape[0], NH = x->shape[1], T = x->shape[3];
-    BqTensor *y = new_like(ctx, x);
+    BqTensor *y = sole ? x : new_like(ctx, x);
     bq_kernel_softmax_mask_forward(y->data, x->data, mask, scale, mask_value, B, NH, T);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_SOFTMAX_MASK, y); /* backward needs only y, the output itself */
         nd->in[0] = x;
         nd->fparam = mask;
-        nd->iparam[0] = B * NH * T, nd->iparam[1] = T;
+        nd->iparam[0] = B * NH * T, nd->iparam[1] = T, nd->iparam[2] = sole;
         nd->fval[0] = scale, nd->fval[1] = mask_value;
     }
     return y;
 }
 
+BqTensor *bq_op_softmax_mask(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value) {
+    return softmax_mask(ctx, x, mask, scale, mask_value, 0);
+}
+
+BqTensor *bq_op_softmax_mask_sole(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value) {
+    return softmax_mask(ctx, x, mask, scale, mask_value, 1);
+}
+
 static void back_softmax_mask(BqNode *nd) {
-    if (nd->in[0]->grad)
+    if (!nd->in[0]->grad) return;
+    if (nd->iparam[2]) /* in place: input and output are one tensor */
+        bq_kernel_softmax_mask_backward_inplace(nd->out->grad, nd->out->data, nd->fval[0], nd->iparam[0], nd->iparam[1]);
+    else
         bq_kernel_softmax_mask_backward(nd->in[0]->grad, nd->out->grad, nd->out->data, nd->fval[0], nd->iparam[0],
                                         nd->iparam[1]);
 }
 
-BqTensor *bq_op_dropout(BqCtx *ctx, BqTensor *x, float p) {
+static BqTensor *dropout(BqCtx *ctx, BqTensor *x, float p, int sole) {
     BQ_CHECK(p >= 0.0f && p < 1.0f);
     if (!ctx->training || p == 0.0f) return x;
     CONTIG(x);
     int64_t n = bq_tensor_numel(x);
-    BqTensor *y = new_like(ctx, x);
-    uint8_t *keep = bq_arena_alloc(ctx->act, (size_t)(n ? n : 1));
-    uint64_t key = ctx->rng_key + ctx->rng_count;
-    ctx->rng_count++;
-    bq_kernel_dropout_forward(y->data, keep, x->data, p, key, n);
+    uint64_t key = next_dropout_key(ctx);
+    BqTensor *y;
+    if (sole && ctx->tape && x->grad) {
+        y = bq_arena_alloc(ctx->act, sizeof(BqTensor));
+        memset(y, 0, sizeof *y);
+        bq_tensor_set_shape(y, x->ndim, x->shape);
+        y->data = bq_arena_alloc(ctx->act, (size_t)(n ? n : 1) * sizeof(float));
+        y->grad = x->grad;
+    } else {
+        sole = 0;
+        y = new_like(ctx, x);
+    }
+    bq_kernel_dropout_forward(y->data, x->data, p, key, n);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_DROPOUT, y);
         nd->in[0] = x;
-        nd->saved = keep;
-        nd->iparam[0] = n;
+        nd->iparam[0] = n, nd->iparam[1] = (int64_t)key, nd->iparam[2] = sole;
         nd->fval[0] = p;
     }
     return y;
 }
 
+BqTensor *bq_op_dropout(BqCtx *ctx, BqTensor *x, float p) { return dropout(ctx, x, p, 0); }
+BqTensor *bq_op_dropout_sole(BqCtx *ctx, BqTensor *x, float p) { return dropout(ctx, x, p, 1); }
+
 static void back_dropout(BqNode *nd) {
-    if (nd->in[0]->grad)
-        bq_kernel_dropout_backward(nd->in[0]->grad, nd->out->grad, nd->saved, nd->fval[0], nd->iparam[0]);
+    if (!nd->in[0]->grad) return;
+    uint64_t key = (uint64_t)nd->iparam[1];
+    if (nd->iparam[2])
+        bq_kernel_dropout_scale_inplace(nd->in[0]->grad, nd->fval[0], key, nd->iparam[0]);
+    else
+        bq_kernel_dropout_backward(nd->in[0]->grad, nd->out->grad, nd->fval[0], key, nd->iparam[0]);
+}
+
+static BqTensor *bias_gelu(BqCtx *ctx, BqTensor *x, BqTensor *b, int sole) {
+    CONTIG(x);
+    int64_t C = last_dim(x), N = bq_tensor_numel(x) / (C ? C : 1);
+    if (b) {
+        CONTIG(b);
+        BQ_CHECK(bq_tensor_numel(b) == C);
+    }
+    BqTensor *y;
+    if (sole && !ctx->tape) { /* inference: nothing else reads x */
+        bq_kernel_bias_gelu_forward(x->data, x->data, b ? b->data : NULL, N, C);
+        return x;
+    }
+    if (sole && x->grad) {
+        y = bq_arena_alloc(ctx->act, sizeof(BqTensor));
+        memset(y, 0, sizeof *y);
+        bq_tensor_set_shape(y, x->ndim, x->shape);
+        y->data = bq_arena_alloc(ctx->act, (size_t)(N * C > 0 ? N * C : 1) * sizeof(float));
+        y->grad = x->grad;
+    } else {
+        y = new_like(ctx, x);
+    }
+    bq_kernel_bias_gelu_forward(y->data, x->data, b ? b->data : NULL, N, C);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_BIAS_GELU, y);
+        nd->in[0] = x, nd->in[1] = b;
+        nd->iparam[0] = N, nd->iparam[1] = C;
+    }
+    return y;
+}
+
+BqTensor *bq_op_bias_gelu(BqCtx *ctx, BqTensor *x, BqTensor *b) { return bias_gelu(ctx, x, b, 0); }
+BqTensor *bq_op_bias_gelu_sole(BqCtx *ctx, BqTensor *x, BqTensor *b) { return bias_gelu(ctx, x, b, 1); }
+
+/* A shared buffer (x->grad == y->grad) is passed as dinp == dout, which the kernel treats as in place. */
+static void back_bias_gelu(BqNode *nd) {
+    BqTensor *x = nd->in[0], *b = nd->in[1];
+    bq_kernel_bias_gelu_backward(x->grad, b ? b->grad : NULL, nd->out->grad, x->data, b ? b->data : NULL,
+                                 nd->iparam[0], nd->iparam[1]);
+}
+
+typedef struct ResLnSaved {
+    float *sum, *mean, *rstd;
+    BqTensor *beta; /* the LayerNorm bias (the node's three inputs are a, b and the weight) */
+} ResLnSaved;
+
+static BqTensor *residual_layernorm(BqCtx *ctx, BqTensor *a, float p, BqTensor *b, BqTensor *w, BqTensor *beta,
+                                    float eps, int sole) {
+    BQ_CHECK(p >= 0.0f && p < 1.0f);
+    BQ_CHECK(binary_bcast(a, b) == 0);
+    CONTIG(w);
+    CONTIG(beta);
+    int64_t H = last_dim(a), N = bq_tensor_numel(a) / H;
+    BQ_CHECK(bq_tensor_numel(w) == H && bq_tensor_numel(beta) == H);
+    if (!ctx->training) p = 0.0f;
+    uint64_t key = p > 0.0f ? next_dropout_key(ctx) : 0;
+    BqTensor *y = new_like(ctx, a);
+    ResLnSaved *sv = bq_arena_alloc(ctx->act, sizeof(ResLnSaved));
+    sv->sum = sole ? a->data : bq_arena_alloc(ctx->act, (size_t)(N * H) * sizeof(float));
+    sv->mean = bq_arena_alloc(ctx->act, (size_t)N * sizeof(float));
+    sv->rstd = bq_arena_alloc(ctx->act, (size_t)N * sizeof(float));
+    bq_kernel_residual_layernorm_forward(y->data, sv->sum, sv->mean, sv->rstd, a->data, b->data, w->data, beta->data,
+                                         p, key, N, H, eps);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_RESIDUAL_LAYERNORM, y);
+        nd->in[0] = a, nd->in[1] = b, nd->in[2] = w;
+        sv->beta = beta;
+        nd->saved = sv;
+        nd->iparam[0] = N, nd->iparam[1] = H, nd->iparam[2] = (int64_t)key;
+        nd->fval[0] = p, nd->fval[1] = eps;
+    }
+    return y;
+}
+
+BqTensor *bq_op_residual_layernorm(BqCtx *ctx, BqTensor *a, float p, BqTensor *b, BqTensor *w, BqTensor *beta,
+                                   float eps) {
+    return residual_layernorm(ctx, a, p, b, w, beta, eps, 0);
+}
+
+BqTensor *bq_op_residual_layernorm_sole(BqCtx *ctx, BqTensor *a, float p, BqTensor *b, BqTensor *w,
+                                        BqTensor *beta, float eps) {
+    return residual_layernorm(ctx, a, p, b, w, beta, eps, 1);
+}
+
+static void back_residual_layernorm(BqNode *nd) {
+    ResLnSaved *sv = nd->saved;
+    const BqTensor *beta = sv->beta;
+    bq_kernel_residual_layernorm_backward(nd->in[0]->grad, nd->in[1]->grad, nd->in[2]->grad, beta->grad,
+                                          nd->out->grad, sv->sum, nd->in[2]->data, sv->mean, sv->rstd, nd->fval[0],
+                                          (uint64_t)nd->iparam[2], nd->iparam[0], nd->iparam[1]);
 }
 
 BqTensor *bq_op_select_token(BqCtx *ctx, BqTensor *x, int64_t t) {
@@ -529,6 +691,86 @@ static void back_fakequant(BqNode *nd) {
                                      nd->iparam[1], nd->iparam[2], qmin, qmax);
 }
 
+BqTensor *bq_op_gelu_linear(BqCtx *ctx, BqTensor *u, BqTensor *bi, BqTensor *w, BqTensor *b) {
+    CONTIG(u);
+    CONTIG(w);
+    BQ_CHECK(w->ndim == 2 && last_dim(u) == w->shape[1]);
+    if (!ctx->tape || !u->grad) return bq_op_linear(ctx, bq_op_bias_gelu_sole(ctx, u, bi), w, b);
+    int64_t C = w->shape[1], OC = w->shape[0], N = bq_tensor_numel(u) / C;
+    if (bi) {
+        CONTIG(bi);
+        BQ_CHECK(bq_tensor_numel(bi) == C);
+    }
+    if (b) {
+        CONTIG(b);
+        BQ_CHECK(bq_tensor_numel(b) == OC);
+    }
+    BqTensor *y = new_last(ctx, u, OC);
+    /* u's gradient buffer is untouched until this op's backward (u has no other consumer): it holds
+     * the GELU output meanwhile */
+    bq_kernel_bias_gelu_forward(u->grad, u->data, bi ? bi->data : NULL, N, C);
+    bq_kernel_linear_forward(y->data, u->grad, w->data, b ? b->data : NULL, N, C, OC);
+    BqNode *nd = tape_push(ctx, BQ_OP_GELU_LINEAR, y);
+    nd->in[0] = u, nd->in[1] = w, nd->in[2] = b;
+    nd->saved = bi;
+    nd->iparam[0] = N, nd->iparam[1] = C, nd->iparam[2] = OC;
+    return y;
+}
+
+static void back_gelu_linear(BqNode *nd) {
+    BqTensor *u = nd->in[0], *w = nd->in[1], *b = nd->in[2], *bi = nd->saved;
+    int64_t N = nd->iparam[0], C = nd->iparam[1], OC = nd->iparam[2];
+    /* dw and db from the GELU output still in u->grad; then u->grad = dy·w (the buffer's previous content
+     * was the GELU output, not a gradient) and the GELU backward in place */
+    bq_kernel_linear_backward(NULL, w->grad, b ? b->grad : NULL, nd->out->grad, u->grad, w->data, N, C, OC);
+    memset(u->grad, 0, (size_t)(N * C) * sizeof(float));
+    bq_kernel_linear_backward(u->grad, NULL, NULL, nd->out->grad, NULL, w->data, N, C, OC);
+    bq_kernel_bias_gelu_backward(u->grad, bi ? bi->grad : NULL, u->grad, u->data, bi ? bi->data : NULL, N, C);
+}
+
+typedef struct EmbLnSaved {
+    const int32_t *ids, *type_ids, *pos_ids;
+    BqTensor *w, *b;
+    float *mean, *rstd, *stats;
+} EmbLnSaved;
+
+BqTensor *bq_op_embed_layernorm(BqCtx *ctx, BqTensor *word, BqTensor *type, BqTensor *pos, const int32_t *ids,
+                                const int32_t *type_ids, const int32_t *pos_ids, int64_t B, int64_t T, BqTensor *w,
+                                BqTensor *b, float eps, int32_t word_padding_idx) {
+    CONTIG(word);
+    CONTIG(type);
+    CONTIG(pos);
+    CONTIG(w);
+    CONTIG(b);
+    int64_t H = word->shape[1], N = B * T;
+    BQ_CHECK(word->ndim == 2 && type->ndim == 2 && pos->ndim == 2 && type->shape[1] == H && pos->shape[1] == H);
+    BQ_CHECK(bq_tensor_numel(w) == H && bq_tensor_numel(b) == H && ids && type_ids && pos_ids);
+    int64_t shape[3] = {B, T, H};
+    BqTensor *y = bq_tensor_new(ctx, 3, shape);
+    EmbLnSaved *sv = bq_arena_alloc(ctx->act, sizeof(EmbLnSaved));
+    sv->ids = ids, sv->type_ids = type_ids, sv->pos_ids = pos_ids, sv->w = w, sv->b = b;
+    sv->mean = bq_arena_alloc(ctx->act, (size_t)N * sizeof(float));
+    sv->rstd = bq_arena_alloc(ctx->act, (size_t)N * sizeof(float));
+    sv->stats = ctx->tape ? bq_arena_alloc(ctx->act, (size_t)(2 * N) * sizeof(float)) : NULL;
+    bq_kernel_embed_layernorm_forward(y->data, sv->mean, sv->rstd, word->data, type->data, pos->data, ids, type_ids,
+                                      pos_ids, w->data, b->data, N, H, eps);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_EMBED_LAYERNORM, y);
+        nd->in[0] = word, nd->in[1] = type, nd->in[2] = pos;
+        nd->saved = sv;
+        nd->iparam[0] = N, nd->iparam[1] = H, nd->iparam[2] = word_padding_idx;
+    }
+    return y;
+}
+
+static void back_embed_layernorm(BqNode *nd) {
+    EmbLnSaved *sv = nd->saved;
+    bq_kernel_embed_layernorm_backward(nd->in[0]->grad, nd->in[1]->grad, nd->in[2]->grad, sv->w->grad, sv->b->grad,
+                                       sv->stats, nd->out->grad, nd->in[0]->data, nd->in[1]->data, nd->in[2]->data,
+                                       sv->ids, sv->type_ids, sv->pos_ids, sv->w->data, sv->mean, sv->rstd,
+                                       nd->iparam[0], nd->iparam[1], (int32_t)nd->iparam[2]);
+}
+
 /* ---- backward ---- */
 
 typedef void (*BackFn)(BqNode *);
@@ -548,6 +790,10 @@ static const BackFn g_backward[BQ_OP_COUNT] = {
     [BQ_OP_CROSS_ENTROPY] = back_cross_entropy,
     [BQ_OP_FAKEQUANT] = back_fakequant,
     [BQ_OP_SPAN_CROSS_ENTROPY] = back_span_cross_entropy,
+    [BQ_OP_BIAS_GELU] = back_bias_gelu,
+    [BQ_OP_RESIDUAL_LAYERNORM] = back_residual_layernorm,
+    [BQ_OP_GELU_LINEAR] = back_gelu_linear,
+    [BQ_OP_EMBED_LAYERNORM] = back_embed_layernorm,
 };
 
 void bq_backward(BqCtx *ctx, BqTensor *loss) {

@@ -43,6 +43,10 @@ typedef enum BqOp {
     BQ_OP_CROSS_ENTROPY, /* loss = mean_b −log softmax(logits[b])[label[b]] */
     BQ_OP_FAKEQUANT,     /* y = clamp(rne(x/s), qmin, qmax)·s, straight-through gradient (and LSQ's ∂/∂s) */
     BQ_OP_SPAN_CROSS_ENTROPY, /* loss = (CE over T of logits[:,:,0] + CE of logits[:,:,1]) / 2 */
+    BQ_OP_BIAS_GELU,     /* y = gelu(x + b) */
+    BQ_OP_RESIDUAL_LAYERNORM, /* y = LayerNorm(dropout(a) + b) */
+    BQ_OP_GELU_LINEAR,   /* y = gelu(u + bi)·Wᵀ + b, the GELU output recomputed, never kept */
+    BQ_OP_EMBED_LAYERNORM, /* y = LayerNorm(word[ids] + type[tids] + pos[pids]) */
     BQ_OP_COUNT
 } BqOp;
 
@@ -96,6 +100,11 @@ BqTensor *bq_op_linear(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b);
 BqTensor *bq_op_attn_scores(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads);
 /* probs (B,nheads,T,T), v (B,T,H) → context (B,T,H), heads already merged. */
 BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nheads);
+/* context = dropout_p(probs)·v, the dropout of bq_op_dropout (its key, counter use and mask) applied
+ * inside the head loop: the dropped probabilities are never stored (the backward forms them again).
+ * Not training or p == 0: bq_op_attn_context. Same values and gradients as
+ * bq_op_attn_context(bq_op_dropout(probs, p), v). */
+BqTensor *bq_op_attn_context_dropout(BqCtx *ctx, BqTensor *probs, float p, BqTensor *v, int nheads);
 /* Same shapes, or b of shape (last dim of a) broadcast over the leading dims. */
 BqTensor *bq_op_add(BqCtx *ctx, BqTensor *a, BqTensor *b);
 /* table (V,H), ids (B·T) in [0,V) (checked by the caller) → (B,T,H). */
@@ -104,6 +113,14 @@ BqTensor *bq_op_embedding(BqCtx *ctx, BqTensor *table, const int32_t *ids, int64
  * HF's BertEmbeddings uses for the word embeddings with pad_token_id); padding_idx < 0: none. */
 BqTensor *bq_op_embedding_pad(BqCtx *ctx, BqTensor *table, const int32_t *ids, int64_t B, int64_t T,
                               int32_t padding_idx);
+/* BertEmbeddings before its dropout: LayerNorm(word[ids] + type[type_ids] + pos[pos_ids])·w + b → (B,T,H);
+ * tables (V,H), (Vt,H), (Vp,H); ids of B·T entries in range (checked by the caller), kept alive by the
+ * caller until backward. Saves mean/rstd only (the sum is formed again from the tables in backward).
+ * Same bits as the embedding, add and layernorm ops in HF's order. Row word_padding_idx of the word
+ * table gets no gradient (torch nn.Embedding(padding_idx), as bq_op_embedding_pad); < 0: none. */
+BqTensor *bq_op_embed_layernorm(BqCtx *ctx, BqTensor *word, BqTensor *type, BqTensor *pos, const int32_t *ids,
+                                const int32_t *type_ids, const int32_t *pos_ids, int64_t B, int64_t T, BqTensor *w,
+                                BqTensor *b, float eps, int32_t word_padding_idx);
 /* x (...,H), w and b (H). */
 BqTensor *bq_op_layernorm(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b, float eps);
 BqTensor *bq_op_gelu(BqCtx *ctx, BqTensor *x);
@@ -111,8 +128,41 @@ BqTensor *bq_op_tanh(BqCtx *ctx, BqTensor *x);
 /* x (B,NH,T,T); mask (B,T) of 0/1 floats over the key axis, or NULL; mask_value e.g. -FLT_MAX.
  * Masked positions get scale·x + mask_value (HF semantics, computed so it stays finite). */
 BqTensor *bq_op_softmax_mask(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value);
-/* Identity when !ctx->training or p == 0. */
+/* The same op computed in place, for an x whose ONLY consumer is this op and whose producer's backward
+ * does not read x->data (attention scores, a fake-quant output): the result is x itself (its data now
+ * holds the probabilities) and the backward transforms x's gradient buffer in place. Same values and
+ * gradients as bq_op_softmax_mask, without the (B,NH,T,T) output and its gradient. */
+BqTensor *bq_op_softmax_mask_sole(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value);
+/* Identity when !ctx->training or p == 0. The mask is drawn from (ctx->rng_key + ctx->rng_count, element)
+ * and drawn again in backward: nothing is stored for it. */
 BqTensor *bq_op_dropout(BqCtx *ctx, BqTensor *x, float p);
+/* The same op for an x whose ONLY consumer is this op: the output shares x's gradient buffer, which the
+ * backward scales in place. Same values, gradients and counter use as bq_op_dropout. */
+BqTensor *bq_op_dropout_sole(BqCtx *ctx, BqTensor *x, float p);
+/* y = gelu(x + b): x (..., C), b (C) or NULL (then y = gelu(x)). The bias-free GEMM's output goes in, so
+ * the bias add, GELU and (backward) the bias gradient are one pass each way; the backward needs only x,
+ * never y. */
+BqTensor *bq_op_bias_gelu(BqCtx *ctx, BqTensor *x, BqTensor *b);
+/* The same op for an x whose ONLY consumer is this op: in training the output shares x's gradient buffer
+ * (the backward turns dy into dx in place); without a tape x itself is overwritten and returned. */
+BqTensor *bq_op_bias_gelu_sole(BqCtx *ctx, BqTensor *x, BqTensor *b);
+/* y = LayerNorm(dropout_p(a) + b)·w + beta over the last axis: a, b (..., H) of equal shapes, w, beta (H).
+ * Dropout as bq_op_dropout (active only when ctx->training and p > 0; it advances ctx->rng_count the
+ * same way), so the values equal bq_op_layernorm(bq_op_add(bq_op_dropout(a), b)) bit for bit. Saves the
+ * sum and mean/rstd only: no dropout output, no separate sum tensor and no gradient buffer for either. */
+BqTensor *bq_op_residual_layernorm(BqCtx *ctx, BqTensor *a, float p, BqTensor *b, BqTensor *w, BqTensor *beta,
+                                   float eps);
+/* The same op for an a whose ONLY consumer is this op and whose producer's backward does not read
+ * a->data (a Linear's output): the sum is written over a's data instead of a buffer of its own. */
+BqTensor *bq_op_residual_layernorm_sole(BqCtx *ctx, BqTensor *a, float p, BqTensor *b, BqTensor *w,
+                                        BqTensor *beta, float eps);
+/* y = gelu(u + bi)·wᵀ + b (BertIntermediate's activation and BertOutput's dense): u (..., C) the bias-free
+ * intermediate GEMM output, bi (C) or NULL, w (OC, C), b (OC) or NULL. u's ONLY consumer must be this op.
+ * In training the GELU output lives only in u's gradient buffer between the forward and this op's
+ * backward (which uses it for dw, then overwrites the buffer with u's gradient), so no (..., C) tensor
+ * is kept for it; without a tape the GELU runs in place on u. Same values and gradients, bit for bit, as
+ * bq_op_linear(bq_op_bias_gelu_sole(u, bi), w, b). */
+BqTensor *bq_op_gelu_linear(BqCtx *ctx, BqTensor *u, BqTensor *bi, BqTensor *w, BqTensor *b);
 /* x (B,T,H) → (B,H), token t of each sequence (t = 0 is [CLS]). */
 BqTensor *bq_op_select_token(BqCtx *ctx, BqTensor *x, int64_t t);
 /* logits (B,C), labels (B) in [0,C) → scalar loss (shape (1)), mean over the batch. */

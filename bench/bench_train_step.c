@@ -6,7 +6,11 @@
  * random, full length (attention mask all ones), dropout as in the config (training mode).
  *
  *   bench_train_step [--model DIR] [--batch 32] [--seq 128] [--steps 5] [--warmup 1] [--threads 0]
- *                    [--qat] [--scheme ort|qdqbert] [--profile]
+ *                    [--qat] [--scheme ort|qdqbert|cpu] [--profile] [--precision fp32|bf16|auto] [--infer]
+ *
+ * --precision resolves as the CLI's flag does (autograd/bq.h; bf16 on a CPU without it, or in a build
+ * without bf16 GEMMs, is the CLI's one-line error and exit status 2). --infer times the forward alone
+ * without a tape (evaluation mode, as `bertqat eval` runs it) and reports examples/s.
  *
  * --qat adds the fake-quantized modules of the scheme with live moving-average observers, as `bertqat
  * qat` trains them. Prints one JSON line (read by bench/bench_train.py): median ms/step, tokens/s,
@@ -50,7 +54,7 @@ static void base_config(BqBertConfig *cfg) {
 
 static int usage(void) {
     fprintf(stderr, "usage: bench_train_step [--model DIR] [--batch B] [--seq T] [--steps N] [--warmup N] "
-                    "[--threads N] [--qat] [--scheme ort|qdqbert] [--profile]\n");
+                    "[--threads N] [--qat] [--scheme ort|qdqbert|cpu] [--profile] [--precision P] [--infer]\n");
     return 2;
 }
 
@@ -59,8 +63,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
         return 1;
     }
-    const char *model = NULL, *scheme = "ort";
-    int B = 32, T = 128, steps = 5, warmup = 1, threads = 0, qat = 0, profile = 0;
+    const char *model = NULL, *scheme = "ort", *precision = "auto";
+    int B = 32, T = 128, steps = 5, warmup = 1, threads = 0, qat = 0, profile = 0, infer = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -73,10 +77,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--scheme") && has) scheme = argv[++i];
         else if (!strcmp(a, "--qat")) qat = 1;
         else if (!strcmp(a, "--profile")) profile = 1;
+        else if (!strcmp(a, "--infer")) infer = 1;
+        else if (!strcmp(a, "--precision") && has) precision = argv[++i];
         else return usage();
     }
     if (B < 1 || T < 2 || steps < 1 || warmup < 0) return usage();
     bq_runtime_set_threads(threads);
+    BqPrecision prec;
+    if (bq_precision_resolve(precision, bq_cpu_features(), &prec, NULL)) {
+        fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
+        return 2;
+    }
 
     BqBert m;
     memset(&m, 0, sizeof m);
@@ -143,7 +154,17 @@ int main(int argc, char **argv) {
         BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(1, (uint64_t)s)};
         double t0 = bq_now();
         bq_profile_mark();
-        if (bq_train_step(&m, &ctx, &bt, &ts, &loss_v, NULL) || bq_train_apply(&m, &tc, &ts, NULL, NULL)) {
+        if (infer) { /* the evaluation forward: no tape, no dropout, activations rewound per batch */
+            BqCtx ev = {.act = &act, .tape = NULL, .training = 0};
+            BqBertInput in = bq_batch_input(&bt);
+            BqTensor *lg = NULL;
+            if (bq_bert_forward(&m, &ev, &in, &lg, NULL)) {
+                fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
+                return 1;
+            }
+            loss_v = lg->data[0];
+            bq_arena_rewind(&act, 0);
+        } else if (bq_train_step(&m, &ctx, &bt, &ts, &loss_v, NULL) || bq_train_apply(&m, &tc, &ts, NULL, NULL)) {
             fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
             return 1;
         }
@@ -169,11 +190,13 @@ int main(int argc, char **argv) {
                 tf * 1e3 / steps, tb * 1e3 / steps, ms);
     }
     printf("{\"peer\": \"bertqat\", \"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"qat\": %s, "
-           "\"scheme\": \"%s\", \"ms_per_step\": %.3f, \"tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, "
-           "\"activation_peak_mib\": %.1f, \"loss\": %.6f, \"runtime\": \"%s\"}\n",
+           "\"scheme\": \"%s\", \"mode\": \"%s\", \"precision\": \"%s\", \"ms_per_step\": %.3f, "
+           "\"tokens_per_s\": %.1f, \"examples_per_s\": %.2f, \"peak_rss_mib\": %.1f, "
+           "\"activation_peak_mib\": %.1f, \"loss\": %.6f, \"runtime\": \"%s\", \"cpu_bf16\": \"%s\"}\n",
            model ? model : "bert-base-shape", B, T, bq_runtime_threads(), qat ? "true" : "false",
-           qat ? scheme : "", ms, (double)B * T / (ms / 1e3), (double)bq_peak_rss() / (1 << 20),
-           (double)act.peak / (1 << 20), loss_v, bq_runtime_describe());
+           qat ? scheme : "", infer ? "infer" : "train", bq_precision_name(prec), ms, (double)B * T / (ms / 1e3),
+           (double)B / (ms / 1e3), (double)bq_peak_rss() / (1 << 20), (double)act.peak / (1 << 20), loss_v,
+           bq_runtime_describe(), bq_cpu_bf16_describe());
     free(times);
     free(sorted);
     free(bt.input_ids);

@@ -1,6 +1,7 @@
 """PyTorch peer for the training-speed benchmark: times fp32 training steps (forward, backward,
 AdamW) of Hugging Face BertForSequenceClassification on a fixed random batch, optionally with
-fake quantization at the ORT scheme's activation points (--qat), and prints one JSON line.
+fake quantization at the ORT scheme's activation points (--qat), in bf16 autocast (--bf16), or only the
+evaluation forward without autograd (--infer), and prints one JSON line.
 
 Run by bench/bench_train.py in the same process tree as bertqat's side; needs PyTorch and
 transformers (developer machines only, never CI): any Python with both (bench_train.py's --torch-python)."""
@@ -40,6 +41,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--qat", action="store_true", help="PyTorch eager QAT (torch.ao.quantization) on Linear layers")
+    ap.add_argument("--bf16", action="store_true", help="mixed precision: forward under torch.autocast('cpu', bfloat16)")
+    ap.add_argument("--infer", action="store_true", help="evaluation forward only (model.eval(), torch.no_grad())")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -60,20 +63,29 @@ def main():
     labels = torch.randint(0, 2, (args.batch,), generator=g)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-5)
     times = []
+    if args.infer:
+        model.eval()
     for i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
-        out = model(input_ids=ids, attention_mask=mask, labels=labels)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            if args.infer:
+                with torch.no_grad():
+                    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+            else:
+                out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        if not args.infer:
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
         if i >= args.warmup:
             times.append(dt)
     ms = 1000.0 * sorted(times)[len(times) // 2]
     print(json.dumps({
-        "peer": "pytorch " + torch.__version__ + (" eager QAT" if args.qat else ""),
-        "batch": args.batch, "seq": args.seq, "threads": args.threads,
+        "peer": "pytorch " + torch.__version__ + (" eager QAT" if args.qat else "") + (" bf16 autocast" if args.bf16 else ""),
+        "batch": args.batch, "seq": args.seq, "threads": args.threads, "mode": "infer" if args.infer else "train",
         "ms_per_step": ms, "tokens_per_s": args.batch * args.seq / (ms / 1000.0),
+        "examples_per_s": args.batch / (ms / 1000.0),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "loss": float(out.loss),
         "blas": blas_info(),

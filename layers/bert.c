@@ -267,6 +267,9 @@ static inline BqTensor *qweight(BqQuantState *qs, BqCtx *ctx, int layer, int poi
     return qs ? bq_quant_weight(qs, ctx, layer, point, w) : w;
 }
 
+/* 1 when a quantizer sits at (layer l, point): a fused op must not skip over it. */
+static inline int has_q(BqQuantState *qs, int l, int point) { return qs && bq_quant_at(qs, l, point) != NULL; }
+
 /* y = the Linear `id` of layer l on x: the hook's result when it computes it, else x through the input
  * quantizer at in_pt (xq: x already through a shared quantizer) times w through the weight quantizer
  * at w_pt, plus b. qs NULL: no quantizers (fp32 model, pooler, classifier). */
@@ -310,35 +313,60 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
     }
     BqTensor *s = bq_op_attn_scores(ctx, qact(qs, ctx, l, BQ_QP_MM1_Q, qkv[0]), qact(qs, ctx, l, BQ_QP_MM1_K, qkv[1]), nh);
     s = qact(qs, ctx, l, BQ_QP_SCORES, s);                                      /* (B,NH,T,T) */
-    BqTensor *p = bq_op_softmax_mask(ctx, s, mask, scale, -FLT_MAX);
+    /* The scores (or their fake-quant output) feed only the softmax, and neither producer's backward
+     * reads them, so the softmax runs in place; each probability tensor then feeds only the next op. */
+    BqTensor *p = bq_op_softmax_mask_sole(ctx, s, mask, scale, -FLT_MAX);
     p = qact(qs, ctx, l, BQ_QP_PROBS, p);
-    p = bq_op_dropout(ctx, p, c->attention_probs_dropout_prob);
-    BqTensor *cx = bq_op_attn_context(ctx, qact(qs, ctx, l, BQ_QP_MM2_P, p), qact(qs, ctx, l, BQ_QP_MM2_V, qkv[2]), nh);
+    BqTensor *cx;
+    if (!has_q(qs, l, BQ_QP_MM2_P)) { /* the dropout inside the context op's head loop: not stored */
+        cx = bq_op_attn_context_dropout(ctx, p, c->attention_probs_dropout_prob, qact(qs, ctx, l, BQ_QP_MM2_V, qkv[2]),
+                                        nh);
+    } else {
+        p = bq_op_dropout_sole(ctx, p, c->attention_probs_dropout_prob);
+        cx = bq_op_attn_context(ctx, qact(qs, ctx, l, BQ_QP_MM2_P, p), qact(qs, ctx, l, BQ_QP_MM2_V, qkv[2]), nh);
+    }
     cx = qact(qs, ctx, l, BQ_QP_CONTEXT, cx);                                   /* (B,T,H) */
 
-    /* BertSelfOutput: LayerNorm(dropout(dense(ctx)) + x) */
+    /* BertSelfOutput: LayerNorm(dropout(dense(ctx)) + x), one fused op where no quantizer sits between
+     * the dropout, the residual add and the LayerNorm (fp32, the cpu scheme) */
     BqTensor *a;
     if ((st = linear(ctx, hk, qs, l, BQ_LIN_AO, cx, cx, BQ_QP_AO_IN, &L->ao_w, BQ_QP_W_AO, &L->ao_b, &a))) return st;
-    a = bq_op_dropout(ctx, a, c->hidden_dropout_prob);
-    a = bq_op_add(ctx, qact(qs, ctx, l, BQ_QP_ADD1_LOCAL, a), qact(qs, ctx, l, BQ_QP_ADD1_RESID, x));
-    a = qact(qs, ctx, l, BQ_QP_ATTN_RESID, a);
-    a = bq_op_layernorm(ctx, a, &L->ln1_w, &L->ln1_b, c->layer_norm_eps);
+    if (!has_q(qs, l, BQ_QP_ADD1_LOCAL) && !has_q(qs, l, BQ_QP_ADD1_RESID) && !has_q(qs, l, BQ_QP_ATTN_RESID)) {
+        a = bq_op_residual_layernorm_sole(ctx, a, c->hidden_dropout_prob, x, &L->ln1_w, &L->ln1_b, c->layer_norm_eps);
+    } else {
+        a = bq_op_dropout_sole(ctx, a, c->hidden_dropout_prob);
+        a = bq_op_add(ctx, qact(qs, ctx, l, BQ_QP_ADD1_LOCAL, a), qact(qs, ctx, l, BQ_QP_ADD1_RESID, x));
+        a = qact(qs, ctx, l, BQ_QP_ATTN_RESID, a);
+        a = bq_op_layernorm(ctx, a, &L->ln1_w, &L->ln1_b, c->layer_norm_eps);
+    }
     a = qact(qs, ctx, l, BQ_QP_ATTN_LN, a);
 
-    /* BertIntermediate: gelu(dense(a)) */
+    /* BertIntermediate: gelu(dense(a)); the bias joins the GELU pass unless a quantizer sits between the
+     * bias add and the GELU or an engine computes the Linear */
     BqTensor *h;
-    if ((st = linear(ctx, hk, qs, l, BQ_LIN_I, a, a, BQ_QP_I_IN, &L->i_w, BQ_QP_W_I, &L->i_b, &h))) return st;
+    int fuse_bias = !hk && !has_q(qs, l, BQ_QP_INTER_OUT);
+    if ((st = linear(ctx, hk, qs, l, BQ_LIN_I, a, a, BQ_QP_I_IN, &L->i_w, BQ_QP_W_I, fuse_bias ? NULL : &L->i_b, &h)))
+        return st;
     h = qact(qs, ctx, l, BQ_QP_INTER_OUT, h);                                   /* (B,T,I) */
-    h = bq_op_gelu(ctx, h);
-    h = qact(qs, ctx, l, BQ_QP_GELU_OUT, h);
 
-    /* BertOutput: LayerNorm(dropout(dense(h)) + a) */
+    /* BertOutput: LayerNorm(dropout(dense(h)) + a), fused as above. Where nothing sits between the GELU
+     * and the dense (no quantizer, no engine), the two are one op that never keeps the GELU output. */
     BqTensor *o;
-    if ((st = linear(ctx, hk, qs, l, BQ_LIN_O, h, h, BQ_QP_O_IN, &L->o_w, BQ_QP_W_O, &L->o_b, &o))) return st;
-    o = bq_op_dropout(ctx, o, c->hidden_dropout_prob);
-    o = bq_op_add(ctx, qact(qs, ctx, l, BQ_QP_ADD2_LOCAL, o), qact(qs, ctx, l, BQ_QP_ADD2_RESID, a));
-    o = qact(qs, ctx, l, BQ_QP_OUT_RESID, o);
-    o = bq_op_layernorm(ctx, o, &L->ln2_w, &L->ln2_b, c->layer_norm_eps);
+    if (fuse_bias && !has_q(qs, l, BQ_QP_GELU_OUT) && !has_q(qs, l, BQ_QP_O_IN)) {
+        o = bq_op_gelu_linear(ctx, h, &L->i_b, qweight(qs, ctx, l, BQ_QP_W_O, &L->o_w), &L->o_b);
+    } else {
+        h = bq_op_bias_gelu_sole(ctx, h, fuse_bias ? &L->i_b : NULL);
+        h = qact(qs, ctx, l, BQ_QP_GELU_OUT, h);
+        if ((st = linear(ctx, hk, qs, l, BQ_LIN_O, h, h, BQ_QP_O_IN, &L->o_w, BQ_QP_W_O, &L->o_b, &o))) return st;
+    }
+    if (!has_q(qs, l, BQ_QP_ADD2_LOCAL) && !has_q(qs, l, BQ_QP_ADD2_RESID) && !has_q(qs, l, BQ_QP_OUT_RESID)) {
+        o = bq_op_residual_layernorm_sole(ctx, o, c->hidden_dropout_prob, a, &L->ln2_w, &L->ln2_b, c->layer_norm_eps);
+    } else {
+        o = bq_op_dropout_sole(ctx, o, c->hidden_dropout_prob);
+        o = bq_op_add(ctx, qact(qs, ctx, l, BQ_QP_ADD2_LOCAL, o), qact(qs, ctx, l, BQ_QP_ADD2_RESID, a));
+        o = qact(qs, ctx, l, BQ_QP_OUT_RESID, o);
+        o = bq_op_layernorm(ctx, o, &L->ln2_w, &L->ln2_b, c->layer_norm_eps);
+    }
     *y = qact(qs, ctx, l, BQ_QP_OUT_LN, o);
     return BQ_OK;
 }
@@ -393,13 +421,11 @@ static BqTensor *embed(BqBert *m, BqCtx *ctx, const BqBertInput *in) {
     const int32_t *type_ids = in->token_type_ids;
     if (!type_ids) type_ids = bq_arena_alloc_zero(ctx->act, (size_t)(B * T) * sizeof(int32_t));
 
-    /* LayerNorm(word + token_type + position), HF's summation order */
-    /* nn.Embedding(padding_idx=pad_token_id): the [PAD] row gets no gradient. Only the QA loss reaches
+    /* LayerNorm(word + token_type + position), HF's summation order, one op that keeps no sum.
+     * nn.Embedding(padding_idx=pad_token_id): the [PAD] row gets no gradient. Only the QA loss reaches
      * padding positions (it spans every token), so classification gradients are the same either way. */
-    BqTensor *x = bq_op_embedding_pad(ctx, &m->word_emb, in->input_ids, B, T, c->pad_token_id);
-    x = bq_op_add(ctx, x, bq_op_embedding(ctx, &m->type_emb, type_ids, B, T));
-    x = bq_op_add(ctx, x, bq_op_embedding(ctx, &m->pos_emb, pos_ids, B, T));
-    x = bq_op_layernorm(ctx, x, &m->emb_ln_w, &m->emb_ln_b, c->layer_norm_eps);
+    BqTensor *x = bq_op_embed_layernorm(ctx, &m->word_emb, &m->type_emb, &m->pos_emb, in->input_ids, type_ids, pos_ids,
+                                        B, T, &m->emb_ln_w, &m->emb_ln_b, c->layer_norm_eps, c->pad_token_id);
     x = qact(m->quant, ctx, BQ_QP_LAYER_EMB, -1, x);
     return bq_op_dropout(ctx, x, c->hidden_dropout_prob);
 }

@@ -204,6 +204,7 @@ int bq_cmd_bench(int argc, char **argv) {
     const char *model = NULL, *onnx = NULL, *batch_arg = "1,32", *paths_arg = "fp32,fake-quant,int8",
                *python = getenv("BQ_PYTHON");
     const char *clock_arg = "wall";
+    const char *precision = "auto";
     int seq = 0, threads = 0, rounds = 10, json = 0;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "quantized checkpoint (PTQ or QAT)", 1, 0, 0},
@@ -218,6 +219,7 @@ int bq_cmd_bench(int argc, char **argv) {
         {"clock", BQ_ARG_STR, &clock_arg, "wall (latency) or cpu (process CPU time of all threads, spin-waits "
          "included: a measure that a loaded machine disturbs less, meant for --threads 1)", 0, 0, 0},
         {"json", BQ_ARG_FLAG, &json, "print the results as one JSON object instead of a table", 0, 0, 0},
+        BQ_CLI_PRECISION_SPEC(precision),
     };
     BqArgs args = {.cmd = "bench", .usage = "--model CKPT [--onnx FILE] [options]",
                    .summary = "Forward latency (median ms) of a quantized checkpoint as fp32, fake quant and integer "
@@ -237,6 +239,8 @@ int bq_cmd_bench(int argc, char **argv) {
     if (!python || !*python) python = venv_python;
     if (onnx && !bq_is_file(onnx)) return bq_err(BQ_EINVAL, "--onnx %s: no such file", onnx);
     bq_runtime_set_threads(threads);
+    BqPrecision prec;
+    if ((st = bq_cli_precision(precision, "bench", &prec))) return st;
 
     BqTokenizer *tok = NULL;
     BqBert m;
@@ -308,6 +312,7 @@ int bq_cmd_bench(int argc, char **argv) {
         json_object_set_new(j, "onednn", json_string(bq_dnnl_describe()));
         json_object_set_new(j, "blas", json_string(bq_runtime_describe()));
         json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
+        json_object_set_new(j, "precision", json_string(bq_precision_name(prec)));
         json_object_set_new(j, "seq", json_integer(T));
         json_object_set_new(j, "rounds", json_integer(rounds));
         json_object_set_new(j, "clock", json_string(clock_arg));
@@ -337,7 +342,8 @@ int bq_cmd_bench(int argc, char **argv) {
         printf("%s\n", s);
         free(s);
     } else {
-        printf("CPU        %s\n%s\n%s\n", cpu, bq_dnnl_describe(), bq_runtime_describe());
+        printf("CPU        %s\n%s\n%s\n%s\n", cpu, bq_dnnl_describe(), bq_cpu_bf16_describe(), bq_runtime_describe());
+        printf("precision  %s\n", bq_precision_name(prec));
         printf("model      %s, seq %d, %d threads, median of %d rounds after a warm-up (%s)\n", model, T,
                bq_runtime_threads(), rounds, g_cpu_clock ? "process CPU time" : "wall time");
         printf("OpenMP     wait policy %s\n", wait_policy());

@@ -81,6 +81,16 @@ int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine
     return BQ_OK;
 }
 
+/* ---- precision ---- */
+
+int bq_cli_precision(const char *value, const char *tag, BqPrecision *out) {
+    const char *why = NULL;
+    int st = bq_precision_resolve(value, bq_cpu_features(), out, &why);
+    if (st) return st;
+    if (tag) fprintf(stderr, "[%s] precision: %s (%s)\n", tag, bq_precision_name(*out), why);
+    return BQ_OK;
+}
+
 /* ---- data flags ---- */
 
 /* One column setting: the flag, else the record; *from names where it came from. */
@@ -173,14 +183,17 @@ void bq_cli_train_default(BqCliTrain *t, double lr) {
     memset(t, 0, sizeof *t);
     t->epochs = 1, t->lr = lr, t->max_grad_norm = 1.0, t->val_fraction = 0.1, t->dropout = -1;
     t->batch_size = 32, t->grad_accum = 1, t->seed = 42, t->log_every = 10;
+    t->precision = "auto";
 }
 
-int bq_cli_splits_load(BqCliSplits *s, BqBert *m, const char *dir, BqCliData *d, const BqCliTrain *t,
+int bq_cli_splits_load(BqCliSplits *s, BqBert *m, const char *dir, BqCliData *d, BqCliTrain *t,
                        const BqTokenizer *tok, const char *tag) {
     if (t->batch_size % bq_dist_size())
         return bq_err(BQ_EINVAL, "--batch-size %d: the global batch must be a multiple of the %d MPI ranks",
                       t->batch_size, bq_dist_size());
-    int st = bq_cli_data_resolve(d, m, tag);
+    int st = bq_cli_precision(t->precision, tag, &t->prec);
+    if (st) return st;
+    st = bq_cli_data_resolve(d, m, tag);
     if (st) return st;
     BqDataSpec spec;
     bq_cli_data_spec(&spec, d, "train", t->seed, t->threads);
@@ -244,6 +257,7 @@ int bq_cli_train_run_sources(BqBert *m, const BqCliTrain *t, BqBatchSource *trai
     tc.vocab_dir = dir;
     tc.logdir = t->logdir;
     tc.tag = tag;
+    tc.precision = bq_precision_name(t->prec);
     memset(res, 0, sizeof *res);
     int st = bq_train(m, &tc, train, val, out, res);
     if (st) return st;

@@ -37,6 +37,17 @@ int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine
 #define BQ_CLI_ENGINE_HELP "auto, int8 or fake-quant: the forward of a quantized checkpoint (auto: the integer " \
     "engine where it accepts the model, else fake quant; fp32 checkpoints run fp32)"
 
+/* ---- precision (finetune, qat, eval, predict, pipeline, bench) ---- */
+
+#define BQ_CLI_PRECISION_HELP "fp32, bf16 or auto: arithmetic of the GEMMs (auto: bf16 where the CPU has "      \
+    "AVX512-BF16 or AMX-BF16 and this build has bf16 GEMMs, else fp32; this build has none, so auto is fp32)"
+#define BQ_CLI_PRECISION_SPEC(v) {"precision", BQ_ARG_STR, &(v), BQ_CLI_PRECISION_HELP, 0, 0, 0}
+
+/* Resolves --precision `value` (NULL: auto) on this CPU (bq_precision_resolve, autograd/bq.h) and, tag not
+ * NULL, prints "[tag] precision: fp32 (auto: ...)" to stderr. Errors: BQ_EINVAL naming the flag and the
+ * missing ISA, or that this build has no bf16 GEMMs. */
+int bq_cli_precision(const char *value, const char *tag, BqPrecision *out);
+
 /* ---- data flags ---- */
 
 typedef struct BqCliData {
@@ -91,6 +102,8 @@ typedef struct BqCliTrain {
     int max_steps, batch_size, grad_accum, seed, eval_every, evals_per_epoch, no_save_best, threads,
         train_samples, eval_samples, log_every, resume, bucket;
     const char *logdir;
+    const char *precision;  /* --precision as given (default "auto") */
+    BqPrecision prec;       /* resolved by bq_cli_splits_load */
 } BqCliTrain;
 
 /* HF TrainingArguments defaults where they exist (1 epoch, warmup 0, weight decay 0, max_grad_norm 1,
@@ -127,7 +140,8 @@ void bq_cli_train_default(BqCliTrain *t, double lr);
     {"log-every", BQ_ARG_INT, &(t).log_every, "optimizer steps between log lines", 0, 1, 1e9},                 \
     {"resume", BQ_ARG_FLAG, &(t).resume, "continue from OUT/training_state.h5", 0, 0, 0},                      \
     {"bucket", BQ_ARG_FLAG, &(t).bucket, "length bucketing of training batches (less padding)", 0, 0, 0},      \
-    {"logdir", BQ_ARG_STR, &(t).logdir, "TensorBoard event directory", 0, 0, 0}
+    {"logdir", BQ_ARG_STR, &(t).logdir, "TensorBoard event directory", 0, 0, 0},                            \
+    BQ_CLI_PRECISION_SPEC((t).precision)
 
 /* The training split and (val_fraction > 0) the validation split of a training run, with their
  * batchers and batch sources. Not movable once loaded (the sources point into it). */
@@ -138,13 +152,15 @@ typedef struct BqCliSplits {
     BqBatchSource strain, sval;
 } BqCliSplits;
 
-/* Resolves d against m, loads the splits with t's selection, fits m to the training labels
+/* Resolves t->precision (the run header's "[tag] precision: ..." line) and d against m, loads the splits
+ * with t's selection, fits m to the training labels
  * (bq_cli_model_fit on the model directory `dir`), applies --dropout and builds the batchers. */
-int bq_cli_splits_load(BqCliSplits *s, BqBert *m, const char *dir, BqCliData *d, const BqCliTrain *t,
+int bq_cli_splits_load(BqCliSplits *s, BqBert *m, const char *dir, BqCliData *d, BqCliTrain *t,
                        const BqTokenizer *tok, const char *tag);
 void bq_cli_splits_free(BqCliSplits *s);
 
-/* Records d->used in m->data, fills a BqTrainConfig from t and trains m into `out` (src/train.h). */
+/* Records d->used in m->data, fills a BqTrainConfig from t (with the resolved precision, which the
+ * checkpoint's training_state.h5 records) and trains m into `out` (src/train.h). */
 int bq_cli_train_run(BqBert *m, const BqCliTrain *t, BqCliSplits *s, const BqCliData *d, const char *dir,
                      const char *out, const char *tag, BqTrainResult *res);
 /* The same on any batch sources (val may be NULL: no evaluation, the final model is the last step);

@@ -292,6 +292,8 @@ cleanup:
 
 int bq_cmd_eval(int argc, char **argv) {
     const char *model = NULL, *split = "test", *predictions = NULL, *engine = "auto", *engine_name = NULL;
+    const char *precision = "auto";
+    BqPrecision prec;
     int samples = 0, batch_size = 64, threads = 0, json = 0, seed = 42;
     double val_fraction = 0.1;
     int train_samples = 0;
@@ -312,6 +314,7 @@ int bq_cmd_eval(int argc, char **argv) {
         {"train-samples", BQ_ARG_INT, &train_samples, "for --split val/train: as in finetune", 0, 0, 1e9},
         {"json", BQ_ARG_FLAG, &json, "print one JSON object instead of a table", 0, 0, 0},
         {"engine", BQ_ARG_STR, &engine, BQ_CLI_ENGINE_HELP, 0, 0, 0},
+        BQ_CLI_PRECISION_SPEC(precision),
         {"predictions", BQ_ARG_STR, &predictions, "write index, label, predicted label, its probability per example "
          "(TSV) to this file; question answering: the official {id: answer} JSON", 0, 0, 0},
         BQ_CLI_TASK_SPEC(q),
@@ -328,6 +331,7 @@ int bq_cmd_eval(int argc, char **argv) {
         return bq_err(BQ_EINVAL, "--split: '%s' is not test, val or train", split);
     if (predictions && (st = bq_check_writable_parent(predictions))) return bq_err_ctx(st, "--predictions");
     bq_runtime_set_threads(threads);
+    if ((st = bq_cli_precision(precision, "eval", &prec))) return st;
     int qa = 0;
     if ((st = bq_cli_task_resolve(&args, &q, model, &qa)) || (st = bq_cli_task_check_data(qa, d.path))) return st;
     if (qa) return eval_qa(model, &d, &q, samples, batch_size, threads, json, engine, predictions);
@@ -558,7 +562,8 @@ static int predict_texts(BqBert *m, BqInt8Engine *e, BqArena *act, const BqToken
 }
 
 int bq_cmd_predict(int argc, char **argv) {
-    const char *model = NULL, *split = "test", *engine = "auto", *engine_name = NULL;
+    const char *model = NULL, *split = "test", *engine = "auto", *engine_name = NULL, *precision = "auto";
+    BqPrecision prec;
     int threads = 0, json = 0, seed = 42;
     BqCliData d = {0};
     BqCliQa q;
@@ -580,6 +585,7 @@ int bq_cmd_predict(int argc, char **argv) {
          "with question/context (and optional id) fields, or a SQuAD .json; prints id<TAB>answer", 0, 0, 0},
         BQ_CLI_QA_WINDOW_SPECS(q),
         BQ_CLI_QA_POST_SPECS(q),
+        BQ_CLI_PRECISION_SPEC(precision),
     };
     BqArgs args = {.cmd = "predict", .usage = "--model CKPT [TEXT...]   (no TEXT: one text per stdin line; QA: --question Q --context C)",
                    .summary = "Classify texts: prints the label and its probability per text, as label<TAB>probability"
@@ -601,6 +607,7 @@ int bq_cmd_predict(int argc, char **argv) {
     if (strcmp(split, "test") && strcmp(split, "val") && strcmp(split, "train"))
         return bq_err(BQ_EINVAL, "--split: '%s' is not test, val or train", split);
     bq_runtime_set_threads(threads);
+    if ((st = bq_cli_precision(precision, "predict", &prec))) return st;
 
     BqTokenizer *tok = NULL;
     BqDataset *ds = NULL;

@@ -32,12 +32,14 @@
 #include "src/args.h"
 #include "src/cli.h"
 #include "src/dist.h"
+#include "src/cmd_common.h"
 #include "src/report.h"
 
 extern char **environ;
 
 typedef struct Pipeline {
     const char *model, *data, *out, *budget, *python, *vocab, *scheme, *bench_batches, *task;
+    const char *precision; /* --precision as given, passed on to the training and eval stages; NULL: their auto */
     int force, threads, seed, bench_rounds;
     int qa;                                /* --task qa */
     int doc_stride;                        /* --task qa: 128, or half a window's context when that is shorter */
@@ -244,6 +246,7 @@ static void av_common_train(Argv *a, const Pipeline *p, double epochs, double lr
     av_add(a, "--lr"), av_addf(a, "%g", lr);
     av_add(a, "--seed"), av_addf(a, "%.0f", p->seed);
     av_add(a, "--threads"), av_addf(a, "%.0f", p->threads);
+    if (p->precision) av_add(a, "--precision"), av_add(a, p->precision);
 }
 
 static int stage_train(Pipeline *p, const char *stage, const char *cmd, const char *from) {
@@ -337,6 +340,7 @@ static int stage_eval(Pipeline *p, const char *name, const char *target, int onn
         av_add(&a, "--model"), av_add(&a, path);
         av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
         if (engine) av_add(&a, "--engine"), av_add(&a, engine);
+        if (p->precision) av_add(&a, "--precision"), av_add(&a, p->precision);
     }
     av_add(&a, "--data"), av_add(&a, p->eval_data);
     if (!p->qa) av_add(&a, "--split"), av_add(&a, "test");
@@ -434,6 +438,7 @@ int bq_cmd_pipeline(int argc, char **argv) {
         {"bench-rounds", BQ_ARG_INT, &o.bench_rounds, "timed forwards per path and batch size of the bench stage (-1: "
          "from --budget: small 5, full 10)", 0, -1, 1000},
         {"bench-batch-sizes", BQ_ARG_STR, &p.bench_batches, "comma-separated batch sizes of the bench stage", 0, 0, 0},
+        BQ_CLI_PRECISION_SPEC(p.precision),
     };
     BqArgs args = {.cmd = "pipeline", .usage = "--model DIR --data PATH --out RUN_DIR [options]",
                    .summary = "Fine-tune in fp32, calibrate (PTQ, percentile 99.99), QAT fine-tune, export fp32 and "
@@ -479,6 +484,8 @@ int bq_cmd_pipeline(int argc, char **argv) {
         return bq_err(BQ_EINVAL, "pipeline: --qat-ranges must be fixed or learn, got '%s'", p.qat_ranges);
     if (bq_args_given(&args, "qat-range-lr") && (strcmp(p.qat_ranges, "learn") || !(p.qat_range_lr > 0)))
         return bq_err(BQ_EINVAL, "pipeline: --qat-range-lr needs --qat-ranges learn and a value > 0");
+    BqPrecision prec;
+    if ((st = bq_cli_precision(p.precision, "pipeline", &prec))) return st;
     int cpu_scheme = scheme == BQ_SCHEME_CPU;
     if (o.train_samples >= 0) p.train_samples = o.train_samples;
     if (o.eval_samples >= 0) p.eval_samples = o.eval_samples;

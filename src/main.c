@@ -93,6 +93,7 @@ int main(int argc, char **argv) {
         printf("bertqat %s\n%s\n", BQ_VERSION_STRING, bq_runtime_describe());
         printf("%s\n", bq_dnnl_describe());
         printf("%s\n", bq_dist_describe());
+        printf("%s\n", bq_cpu_bf16_describe());
         bq_dist_finalize();
         return 0;
     }

@@ -436,6 +436,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
         }
     }
 
+    r.ts.precision = tc->precision ? tc->precision : "fp32";
     if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
     if ((st = bq_tape_init(&tape, 4096))) goto cleanup;
     if (m->quant && nr > 1) m->quant->reduce_minmax = bq_dist_reduce_minmax; /* identical observers on all ranks */

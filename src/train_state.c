@@ -5,6 +5,7 @@
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "export/ckpt.h"
@@ -23,6 +24,17 @@ static int put_i64(hid_t f, const char *path, const char *name, int64_t v) {
 
 static int put_f64(hid_t f, const char *path, const char *name, double v) {
     return bq_ckpt_h5_attr_write(f, path, name, H5T_NATIVE_DOUBLE, &v, 1);
+}
+
+/* A fixed-length string root attribute. */
+static int put_str(hid_t f, const char *path, const char *name, const char *v) {
+    hid_t ty = H5Tcopy(H5T_C_S1), sp = H5Screate(H5S_SCALAR), a = -1;
+    int ok = ty >= 0 && sp >= 0 && H5Tset_size(ty, strlen(v) + 1) >= 0 &&
+             (a = H5Acreate2(f, name, ty, sp, H5P_DEFAULT, H5P_DEFAULT)) >= 0 && H5Awrite(a, ty, v) >= 0;
+    if (a >= 0) H5Aclose(a);
+    if (sp >= 0) H5Sclose(sp);
+    if (ty >= 0) H5Tclose(ty);
+    return ok ? BQ_OK : bq_err(BQ_EIO, "%s: cannot write attribute %s", path, name);
 }
 
 static int write_state(void *user, const char *tmp_dir) {
@@ -45,6 +57,7 @@ static int write_state(void *user, const char *tmp_dir) {
     if (!st) st = put_f64(f, path, "best_accuracy", ts->best_accuracy);
     if (!st) st = bq_ckpt_h5_attr_write(f, path, "seed", H5T_NATIVE_UINT64, &ts->seed, 1);
     if (!st) st = bq_ckpt_h5_attr_write(f, path, "rng", H5T_NATIVE_UINT64, ts->rng.s, 4);
+    if (!st && ts->precision) st = put_str(f, path, "precision", ts->precision);
     if (ts->opt) {
         if (!st) st = put_f64(f, path, "beta1", ts->opt->beta1);
         if (!st) st = put_f64(f, path, "beta2", ts->opt->beta2);

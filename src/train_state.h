@@ -31,6 +31,7 @@ typedef struct BqTrainState {
     double best_accuracy;  /* -1: none */
     int64_t best_step;
     float *best_params;    /* (params.total) or NULL */
+    const char *precision; /* "fp32"/"bf16" of the run, written as a string attribute; NULL: not written */
 } BqTrainState;
 
 /* Saves m as a checkpoint DIR (bq_ckpt_save) with ts in DIR/training_state.h5, both appearing by
