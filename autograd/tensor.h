@@ -42,6 +42,9 @@ typedef enum BqOp {
     BQ_OP_SELECT_TOKEN,  /* y[b,:] = x[b,t,:] */
     BQ_OP_CROSS_ENTROPY, /* loss = mean_b −log softmax(logits[b])[label[b]] */
     BQ_OP_FAKEQUANT,     /* y = clamp(rne(x/s), qmin, qmax)·s, straight-through gradient */
+    BQ_OP_KL_DISTILL,    /* loss = T²·mean_b KL(softmax(t[b]/T) ‖ softmax(s[b]/T)), gradient to s only */
+    BQ_OP_MSE,           /* loss = mean (x − y)² over every element */
+    BQ_OP_SCALE,         /* y = a·x, a a constant */
     BQ_OP_COUNT
 } BqOp;
 
@@ -125,6 +128,17 @@ BqTensor *bq_op_fakequant(BqCtx *ctx, BqTensor *x, const float *scale, int64_t n
  * gradients as bq_op_fakequant, one buffer and two memory passes fewer. */
 BqTensor *bq_op_fakequant_sole(BqCtx *ctx, BqTensor *x, const float *scale, int64_t nscale, int axis, int qmin,
                                int qmax);
+
+/* Distillation loss of student logits s (B,C) against teacher logits t (B,C) at temperature T > 0
+ * (Hinton et al. 2015): T²·(1/B)·Σ_b Σ_c p_t[b,c]·(log p_t[b,c] − log p_s[b,c]) with p = softmax(z/T),
+ * i.e. torch F.kl_div(log_softmax(s/T), log_softmax(t/T), reduction="batchmean", log_target=True)·T²
+ * → scalar (shape (1)). Only s receives a gradient (the teacher is a constant): ds += dloss·T·(p_s − p_t)/B. */
+BqTensor *bq_op_kl_distill(BqCtx *ctx, BqTensor *s, BqTensor *t, float T);
+/* Mean squared difference of two tensors with the same number of elements, averaged over every element
+ * → scalar (shape (1)); both receive gradients where tracked (dx += dloss·2(x − y)/n, dy −= the same). */
+BqTensor *bq_op_mse(BqCtx *ctx, BqTensor *x, BqTensor *y);
+/* y = a·x for a constant a (loss weights); dx += a·dy. */
+BqTensor *bq_op_scale(BqCtx *ctx, BqTensor *x, float a);
 
 /* Sets loss->grad[0] = 1 and runs every recorded node's backward in reverse order. */
 void bq_backward(BqCtx *ctx, BqTensor *loss);
