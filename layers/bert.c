@@ -367,8 +367,10 @@ int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const B
     int st = check_input(m, in, &labelled);
     if (st) return st;
     BqTensor *x = embed(m, ctx, in);
-    for (int l = 0; l < c->num_hidden_layers; l++)
+    for (int l = 0; l < c->num_hidden_layers; l++) {
         if ((st = layer_forward(m, ctx, hook, l, x, in->attention_mask, &x))) return st;
+        if (in->hidden) in->hidden[l] = x;
+    }
 
     /* BertPooler: tanh(dense(x[:, 0])); then dropout and the classifier */
     BqTensor *pooled, *cls = bq_op_select_token(ctx, x, 0);

@@ -108,6 +108,8 @@ typedef struct BqBertInput {
     const float *attention_mask;   /* (B,T) 1 = token, 0 = padding; NULL: no padding */
     const int32_t *token_type_ids; /* (B,T), or NULL: all 0 */
     const int32_t *labels;         /* (B), or NULL; a label < 0 (unlabeled) disables the loss */
+    BqTensor **hidden;             /* NULL, or (num_hidden_layers) outputs: the forward stores each encoder
+                                    * layer's output (B,T,H) there, tensors in ctx->act (distillation) */
 } BqBertInput;
 
 /* Forward pass of BertForSequenceClassification: logits (B, num_labels); when the input has labels

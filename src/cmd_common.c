@@ -234,6 +234,7 @@ int bq_cli_train_run(BqBert *m, const BqCliTrain *t, BqCliSplits *s, const BqCli
     tc.vocab_dir = dir;
     tc.logdir = t->logdir;
     tc.tag = tag;
+    tc.distill = t->distill;
     memset(res, 0, sizeof *res);
     int st = bq_train(m, &tc, &s->strain, s->val ? &s->sval : NULL, out, res);
     if (st) return st;

@@ -91,6 +91,7 @@ typedef struct BqCliTrain {
     int max_steps, batch_size, grad_accum, seed, eval_every, evals_per_epoch, no_save_best, threads,
         train_samples, eval_samples, log_every, resume, bucket;
     const char *logdir;
+    const BqDistill *distill;        /* qat --teacher; NULL: none (not a flag of its own) */
 } BqCliTrain;
 
 /* HF TrainingArguments defaults where they exist (1 epoch, warmup 0, weight decay 0, max_grad_norm 1,
