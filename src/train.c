@@ -96,10 +96,9 @@ int bq_train_step(BqBert *m, BqCtx *ctx, const BqBatch *b, const BqTrainState *t
     return bq_train_step_distill(m, ctx, b, ts, NULL, NULL, loss, logits);
 }
 
-/* The distillation loss of train.h's BqDistill on top of the student's cross-entropy ce, from the student's
- * logits and hidden states (hs, NULL when hidden_weight is 0) and the teacher's (tl, ht). */
-static BqTensor *distill_loss(BqCtx *ctx, const BqDistill *dist, int layers, BqTensor *ce, BqTensor *lg, BqTensor *tl,
-                              BqTensor **hs, BqTensor **ht, double terms[3]) {
+/* (1 − A)·CE + A·T²·KL + W·Σ_l MSE_l, as in train.h's BqDistill, from scale and add ops on the tape. */
+BqTensor *bq_train_distill_loss(BqCtx *ctx, const BqDistill *dist, int layers, BqTensor *ce, BqTensor *lg,
+                                BqTensor *tl, BqTensor **hs, BqTensor **ht, double terms[3]) {
     BqTensor *kl = bq_op_kl_distill(ctx, lg, tl, (float)dist->temperature);
     BqTensor *loss = bq_op_add(ctx, bq_op_scale(ctx, ce, (float)(1.0 - dist->alpha)),
                                bq_op_scale(ctx, kl, (float)dist->alpha));
@@ -141,7 +140,7 @@ int bq_train_step_distill(BqBert *m, BqCtx *ctx, const BqBatch *b, const BqTrain
     }
     if ((st = bq_bert_forward(m, ctx, &in, &lg, &ls))) goto cleanup;
     BQ_CHECK(ls);
-    if (dist) ls = distill_loss(ctx, dist, layers, ls, lg, tl, hs, ht, terms);
+    if (dist) ls = bq_train_distill_loss(ctx, dist, layers, ls, lg, tl, hs, ht, terms);
     else if (terms) terms[0] = ls->data[0];
     float lv = ls->data[0];
     *loss = lv;

@@ -118,6 +118,11 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
 int bq_train_step(BqBert *m, BqCtx *ctx, const BqBatch *b, const BqTrainState *ts, float *loss, float *logits);
 /* bq_train_step with the distillation loss of dist (NULL: bq_train_step). terms (may be NULL) receives the
  * three unweighted terms of the loss: cross-entropy, T²·KL and Σ_l MSE_l (0 when hidden_weight is 0). */
+/* The loss of BqDistill on top of the student's cross-entropy ce (shape (1)), from the student's logits lg
+ * (B,C) and per-layer hidden states hs (layers tensors (B,T,H); NULL when hidden_weight is 0) and the
+ * teacher's tl and ht, recorded on ctx's tape; terms as in bq_train_step_distill. */
+BqTensor *bq_train_distill_loss(BqCtx *ctx, const BqDistill *dist, int layers, BqTensor *ce, BqTensor *lg,
+                                BqTensor *tl, BqTensor **hs, BqTensor **ht, double terms[3]);
 int bq_train_step_distill(BqBert *m, BqCtx *ctx, const BqBatch *b, const BqTrainState *ts, const BqDistill *dist,
                           double terms[3], float *loss, float *logits);
 
