@@ -30,6 +30,9 @@ typedef struct BqReportInfo {
     int onnx_skipped;
     const char *bench_json; /* file in RUN_DIR written by `bench --json` (the "Speed on this machine"
                                section), or NULL */
+    const char *fallback_ckpt; /* checkpoint in RUN_DIR whose exclude list gives the modules kept in fp32
+                                  (every entry but classifier and pooler), or NULL */
+    const char *distill_ckpt;  /* checkpoint in RUN_DIR whose distill.json (qat --teacher) is listed, or NULL */
 } BqReportInfo;
 
 int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, const BqReportInfo *info);
