@@ -366,8 +366,9 @@ int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const B
     int labelled = 0;
     int st = check_input(m, in, &labelled);
     if (st) return st;
-    BqTensor *x = embed(m, ctx, in);
-    for (int l = 0; l < c->num_hidden_layers; l++) {
+    BQ_CHECK(in->start_layer >= 0 && in->start_layer < c->num_hidden_layers && (!in->start_layer || in->start_hidden));
+    BqTensor *x = in->start_layer > 0 ? in->start_hidden : embed(m, ctx, in);
+    for (int l = in->start_layer; l < c->num_hidden_layers; l++) {
         if ((st = layer_forward(m, ctx, hook, l, x, in->attention_mask, &x))) return st;
         if (in->hidden) in->hidden[l] = x;
     }
