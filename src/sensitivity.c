@@ -318,11 +318,14 @@ int bq_sens_exclude(BqBert *m, const char *entries, const char *flag) {
         size_t len = strlen(e);
         while (len > 0 && e[len - 1] == ' ') e[--len] = '\0';
         if (!len) continue;
+        /* the entry on top of the list as it stands, so that it is judged by what it adds */
         BqQuantConfig probe = old->cfg;
-        int used = snprintf(probe.exclude, sizeof probe.exclude, "%s", e);
+        int used = snprintf(probe.exclude, sizeof probe.exclude, "%s%s%s", old->cfg.exclude,
+                            old->cfg.exclude[0] ? "," : "", e);
         BQ_CHECK(used >= 0);
         if ((size_t)used >= sizeof probe.exclude) {
-            st = bq_err(BQ_EINVAL, "%s: entry '%s' is too long", flag, e);
+            st = bq_err(BQ_EINVAL, "%s: the exclude list with '%s' would exceed %zu characters", flag, e,
+                        sizeof probe.exclude - 1);
             goto cleanup;
         }
         if ((st = bq_quant_create(&qs, m, &probe))) goto cleanup;

@@ -207,3 +207,45 @@ def test_pipeline_lists_fallback(env, tmp_path):
         ex = json.load(open(run_dir / stage / "config.json"))["bertqat"]["quant"]["exclude"]
         assert BROKEN in ex, (stage, ex)
     assert json.load(open(run_dir / "qat" / "distill.json"))["teacher"].endswith("/fp32")
+
+
+def val_probs(ckpt, env, out, engine):
+    """p(label 1) of every validation example (eval --split val --predictions, the examples sensitivity
+    measures), and the accuracy."""
+    p = run_bq("eval", "--model", ckpt, "--split", "val", "--engine", engine, "--predictions", out, "--json",
+               *env["common"])
+    rows = [ln.split("\t") for ln in open(out).read().splitlines()]
+    pos = np.array([float(r[3]) if r[2] == "1" else 1.0 - float(r[3]) for r in rows])
+    return pos, json.loads(p.stdout)["accuracy"]
+
+
+def test_brute_force_top_three(env, tmp_path):
+    """The brute-force check of `sensitivity`: for the three groups it ranks most harmful, a copy of the PTQ
+    checkpoint whose exclude list leaves every other group in fp32 (no quantizer exists for them) is scored
+    with `eval`; its accuracy equals the group's "only quantized" accuracy, its mean KL against the fp32
+    model's probabilities (from eval's 6-decimal predictions) equals the group's KL within 2 %, and ranking
+    the three by the brute-force numbers puts the same group first."""
+    out = tmp_path / "sens"
+    run_bq("sensitivity", "--model", env["ptq"], "--samples", 0, "--out", out, *env["common"])
+    j = json.load(open(out / "sensitivity.json"))
+    groups = j["groups"]
+    ref, _ = val_probs(env["ft"], env, tmp_path / "fp32.tsv", "auto")
+    brute = []
+    for g in groups[:3]:
+        ck = tmp_path / ("only-" + g["group"].replace("bert.encoder.", ""))
+        shutil.copytree(env["ptq"], ck)
+        cfg = json.load(open(ck / "config.json"))
+        others = [o["exclude"] for o in groups if o["group"] != g["group"]]
+        cfg["bertqat"]["quant"]["exclude"] = ",".join(["classifier", "pooler"] + others)
+        json.dump(cfg, open(ck / "config.json", "w"))
+        info = run_bq("info", ck).stdout
+        assert info.count("_quantizer ") == len(g["quantizers"]), (g, info)
+        pos, acc = val_probs(ck, env, tmp_path / (ck.name + ".tsv"), "fake-quant")
+        p, q = np.clip(ref, 1e-12, 1 - 1e-12), np.clip(pos, 1e-12, 1 - 1e-12)
+        kl = float(np.mean(p * np.log(p / q) + (1 - p) * np.log((1 - p) / (1 - q))))
+        print(f"{g['group']}: sensitivity acc {g['only_quantized_accuracy']:.4f} KL {g['only_quantized_kl']:.4g}; "
+              f"brute force acc {acc:.4f} KL {kl:.4g}")
+        assert abs(acc - g["only_quantized_accuracy"]) < 1e-9
+        assert abs(kl - g["only_quantized_kl"]) <= 0.02 * g["only_quantized_kl"] + 1e-7, (kl, g)
+        brute.append((-acc, -kl, g["group"]))
+    assert min(brute)[2] == groups[0]["group"], brute
