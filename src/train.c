@@ -360,7 +360,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
                     goto cleanup;
                 }
                 loss_acc += lv;
-                for (int k = 0; k < 3; k++) terms_acc[k] += terms[k];
+                for (int j = 0; j < 3; j++) terms_acc[j] += terms[j];
                 terms_n++;
                 ex_since_log += b->B;
                 tok_since_log += b->B * b->T;
