@@ -918,3 +918,65 @@ BQ_VEC void bq_kernel_minmax(const float *x, int64_t n, float *mn, float *mx) {
     *mn = lo;
     *mx = hi;
 }
+
+/* ---- distillation: KL at temperature T, mean squared error, constant scale ---- */
+
+/* Softmax of z/T into p (double accumulation); returns the log-sum-exp of z/T. */
+static double softmax_t(float *p, const float *z, int64_t C, double invT) {
+    double mx = (double)z[0] * invT;
+    for (int64_t c = 1; c < C; c++)
+        if ((double)z[c] * invT > mx) mx = (double)z[c] * invT;
+    double s = 0.0;
+    for (int64_t c = 0; c < C; c++) s += exp((double)z[c] * invT - mx);
+    double lse = mx + log(s);
+    for (int64_t c = 0; c < C; c++) p[c] = (float)exp((double)z[c] * invT - lse);
+    return lse;
+}
+
+void bq_kernel_kl_distill_forward(float *loss, float *ps, float *pt, const float *s, const float *t, int64_t B,
+                                  int64_t C, float T) {
+    double invT = 1.0 / (double)T, total = 0.0;
+    for (int64_t b = 0; b < B; b++) {
+        double lse_s = softmax_t(ps + b * C, s + b * C, C, invT);
+        double lse_t = softmax_t(pt + b * C, t + b * C, C, invT);
+        for (int64_t c = 0; c < C; c++) {
+            /* log p_t − log p_s = (t − s)/T − lse_t + lse_s, exact even where p_t underflows */
+            double lpt = (double)t[b * C + c] * invT - lse_t, lps = (double)s[b * C + c] * invT - lse_s;
+            total += exp(lpt) * (lpt - lps);
+        }
+    }
+    *loss = (float)((double)T * (double)T * total / (double)B);
+}
+
+void bq_kernel_kl_distill_backward(float *ds, float dloss, const float *ps, const float *pt, int64_t B, int64_t C,
+                                   float T) {
+    float g = dloss * T / (float)B;
+    for (int64_t i = 0; i < B * C; i++) ds[i] += g * (ps[i] - pt[i]);
+}
+
+void bq_kernel_mse_forward(float *loss, const float *x, const float *y, int64_t n) {
+    double total = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)x[i] - (double)y[i];
+        total += d * d;
+    }
+    *loss = (float)(total / (double)n);
+}
+
+void bq_kernel_mse_backward(float *dx, float *dy, float dloss, const float *x, const float *y, int64_t n) {
+    float g = 2.0f * dloss / (float)n;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float d = g * (x[i] - y[i]);
+        if (dx) dx[i] += d;
+        if (dy) dy[i] -= d;
+    }
+}
+
+void bq_kernel_scale_forward(float *out, const float *x, float a, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = a * x[i];
+}
+
+void bq_kernel_scale_backward(float *dx, const float *dout, float a, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dx[i] += a * dout[i];
+}

@@ -153,6 +153,20 @@ void bq_kernel_span_ce_forward(float *loss, float *probs, int64_t *cnt, const fl
                                int64_t B, int64_t T);
 void bq_kernel_span_ce_backward(float *dlogits, float dloss, const float *probs, const int64_t *cnt,
                                 const int32_t *pos, int64_t B, int64_t T);
+/* Distillation KL at temperature T: student s and teacher t logits (B,C) → *loss =
+ * T²·(1/B)·Σ_b Σ_c p_t·(log p_t − log p_s), p = softmax(z/T) (stable log-softmax in double); ps and pt
+ * (B,C) receive the two softmaxes (saved). Backward: ds += dloss·T·(ps − pt)/B; the teacher has none. */
+void bq_kernel_kl_distill_forward(float *loss, float *ps, float *pt, const float *s, const float *t, int64_t B,
+                                  int64_t C, float T);
+void bq_kernel_kl_distill_backward(float *ds, float dloss, const float *ps, const float *pt, int64_t B, int64_t C,
+                                   float T);
+/* *loss = (1/n)·Σ_i (x_i − y_i)², summed in double in a fixed order. Backward: dx += dloss·2(x − y)/n and
+ * dy −= dloss·2(x − y)/n (either may be NULL). */
+void bq_kernel_mse_forward(float *loss, const float *x, const float *y, int64_t n);
+void bq_kernel_mse_backward(float *dx, float *dy, float dloss, const float *x, const float *y, int64_t n);
+/* out = a·x; backward dx += a·dout. */
+void bq_kernel_scale_forward(float *out, const float *x, float a, int64_t n);
+void bq_kernel_scale_backward(float *dx, const float *dout, float a, int64_t n);
 
 /* Fake quantization of x viewed as (outer, nscale, inner): element (o,c,i) uses scale[c] (per tensor:
  * nscale = 1, inner = n). q = clamp(nearbyintf(x/s), qmin, qmax) with a true division, out = q·s.

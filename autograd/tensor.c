@@ -33,6 +33,7 @@ const char *bq_op_name(BqOp op) {
         [BQ_OP_RESIDUAL_LAYERNORM] = "residual_ln", [BQ_OP_GELU_LINEAR] = "gelu_linear",
         [BQ_OP_EMBED_LAYERNORM] = "embed_ln",
         [BQ_OP_SPAN_CROSS_ENTROPY] = "span_cross_entropy",
+        [BQ_OP_KL_DISTILL] = "kl_distill", [BQ_OP_MSE] = "mse", [BQ_OP_SCALE] = "scale",
     };
     return op >= 0 && op < BQ_OP_COUNT ? names[op] : "?";
 }
@@ -771,6 +772,74 @@ static void back_embed_layernorm(BqNode *nd) {
                                        nd->iparam[0], nd->iparam[1], (int32_t)nd->iparam[2]);
 }
 
+/* ---- distillation losses ---- */
+
+BqTensor *bq_op_kl_distill(BqCtx *ctx, BqTensor *s, BqTensor *t, float T) {
+    CONTIG(s);
+    CONTIG(t);
+    BQ_CHECK(s->ndim == 2 && t->ndim == 2 && s->shape[0] == t->shape[0] && s->shape[1] == t->shape[1] && T > 0);
+    int64_t B = s->shape[0], C = s->shape[1], one = 1;
+    BqTensor *loss = bq_tensor_new(ctx, 1, &one);
+    float *p = bq_arena_alloc(ctx->act, (size_t)(2 * B * C) * sizeof(float)); /* p_s then p_t */
+    bq_kernel_kl_distill_forward(loss->data, p, p + B * C, s->data, t->data, B, C, T);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_KL_DISTILL, loss);
+        nd->in[0] = s;
+        nd->in[1] = t;
+        nd->saved = p;
+        nd->iparam[0] = B, nd->iparam[1] = C;
+        nd->fval[0] = T;
+    }
+    return loss;
+}
+
+static void back_kl_distill(BqNode *nd) {
+    int64_t B = nd->iparam[0], C = nd->iparam[1];
+    const float *p = nd->saved;
+    if (nd->in[0]->grad)
+        bq_kernel_kl_distill_backward(nd->in[0]->grad, nd->out->grad[0], p, p + B * C, B, C, nd->fval[0]);
+}
+
+BqTensor *bq_op_mse(BqCtx *ctx, BqTensor *x, BqTensor *y) {
+    CONTIG(x);
+    CONTIG(y);
+    int64_t n = bq_tensor_numel(x), one = 1;
+    BQ_CHECK(n > 0 && n == bq_tensor_numel(y));
+    BqTensor *loss = bq_tensor_new(ctx, 1, &one);
+    bq_kernel_mse_forward(loss->data, x->data, y->data, n);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_MSE, loss);
+        nd->in[0] = x;
+        nd->in[1] = y;
+        nd->iparam[0] = n;
+    }
+    return loss;
+}
+
+static void back_mse(BqNode *nd) {
+    if (nd->in[0]->grad || nd->in[1]->grad)
+        bq_kernel_mse_backward(nd->in[0]->grad, nd->in[1]->grad, nd->out->grad[0], nd->in[0]->data, nd->in[1]->data,
+                               nd->iparam[0]);
+}
+
+BqTensor *bq_op_scale(BqCtx *ctx, BqTensor *x, float a) {
+    CONTIG(x);
+    BqTensor *y = bq_tensor_new(ctx, x->ndim, x->shape);
+    int64_t n = bq_tensor_numel(x);
+    bq_kernel_scale_forward(y->data, x->data, a, n);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_SCALE, y);
+        nd->in[0] = x;
+        nd->iparam[0] = n;
+        nd->fval[0] = a;
+    }
+    return y;
+}
+
+static void back_scale(BqNode *nd) {
+    if (nd->in[0]->grad) bq_kernel_scale_backward(nd->in[0]->grad, nd->out->grad, nd->fval[0], nd->iparam[0]);
+}
+
 /* ---- backward ---- */
 
 typedef void (*BackFn)(BqNode *);
@@ -794,6 +863,9 @@ static const BackFn g_backward[BQ_OP_COUNT] = {
     [BQ_OP_RESIDUAL_LAYERNORM] = back_residual_layernorm,
     [BQ_OP_GELU_LINEAR] = back_gelu_linear,
     [BQ_OP_EMBED_LAYERNORM] = back_embed_layernorm,
+    [BQ_OP_KL_DISTILL] = back_kl_distill,
+    [BQ_OP_MSE] = back_mse,
+    [BQ_OP_SCALE] = back_scale,
 };
 
 void bq_backward(BqCtx *ctx, BqTensor *loss) {

@@ -47,6 +47,9 @@ typedef enum BqOp {
     BQ_OP_RESIDUAL_LAYERNORM, /* y = LayerNorm(dropout(a) + b) */
     BQ_OP_GELU_LINEAR,   /* y = gelu(u + bi)·Wᵀ + b, the GELU output recomputed, never kept */
     BQ_OP_EMBED_LAYERNORM, /* y = LayerNorm(word[ids] + type[tids] + pos[pids]) */
+    BQ_OP_KL_DISTILL,    /* loss = T²·mean_b KL(softmax(t[b]/T) ‖ softmax(s[b]/T)), gradient to s only */
+    BQ_OP_MSE,           /* loss = mean (x − y)² over every element */
+    BQ_OP_SCALE,         /* y = a·x, a a constant */
     BQ_OP_COUNT
 } BqOp;
 
@@ -194,6 +197,16 @@ BqTensor *bq_op_fakequant_sole(BqCtx *ctx, BqTensor *x, const float *scale, int6
  * the straight-through gradient of bq_op_fakequant. dscale NULL: exactly bq_op_fakequant(_sole). */
 BqTensor *bq_op_fakequant_lsq(BqCtx *ctx, BqTensor *x, const float *scale, float *dscale, int64_t nscale, int axis,
                               int qmin, int qmax, float grad_factor, int sole);
+/* Distillation loss of student logits s (B,C) against teacher logits t (B,C) at temperature T > 0
+ * (Hinton et al. 2015): T²·(1/B)·Σ_b Σ_c p_t[b,c]·(log p_t[b,c] − log p_s[b,c]) with p = softmax(z/T),
+ * i.e. torch F.kl_div(log_softmax(s/T), log_softmax(t/T), reduction="batchmean", log_target=True)·T²
+ * → scalar (shape (1)). Only s receives a gradient (the teacher is a constant): ds += dloss·T·(p_s − p_t)/B. */
+BqTensor *bq_op_kl_distill(BqCtx *ctx, BqTensor *s, BqTensor *t, float T);
+/* Mean squared difference of two tensors with the same number of elements, averaged over every element
+ * → scalar (shape (1)); both receive gradients where tracked (dx += dloss·2(x − y)/n, dy −= the same). */
+BqTensor *bq_op_mse(BqCtx *ctx, BqTensor *x, BqTensor *y);
+/* y = a·x for a constant a (loss weights); dx += a·dy. */
+BqTensor *bq_op_scale(BqCtx *ctx, BqTensor *x, float a);
 
 /* Sets loss->grad[0] = 1 and runs every recorded node's backward in reverse order. */
 void bq_backward(BqCtx *ctx, BqTensor *loss);

@@ -444,12 +444,14 @@ int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const B
     int labelled = 0;
     int st = check_input(m, in, &labelled);
     if (st) return st;
-    BqTensor *x = embed(m, ctx, in);
-    for (int l = 0; l < c->num_hidden_layers; l++) {
+    BQ_CHECK(in->start_layer >= 0 && in->start_layer < c->num_hidden_layers && (!in->start_layer || in->start_hidden));
+    BqTensor *x = in->start_layer > 0 ? in->start_hidden : embed(m, ctx, in);
+    for (int l = in->start_layer; l < c->num_hidden_layers; l++) {
         BqTensor *y = NULL;
         if (hook && hook->layer && (st = hook->layer(hook->user, ctx, l, x, in->attention_mask, &y))) return st;
         if (!y && (st = layer_forward(m, ctx, hook, l, x, in->attention_mask, &y))) return st;
         x = y;
+        if (in->hidden) in->hidden[l] = x;
     }
 
     if (c->head == BQ_HEAD_QA) {

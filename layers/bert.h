@@ -126,6 +126,10 @@ typedef struct BqBertInput {
      * (unlabeled) disables the loss. */
     const int32_t *start_positions;
     const int32_t *end_positions;
+    BqTensor **hidden;             /* NULL, or (num_hidden_layers) outputs: the forward stores each encoder
+                                    * layer's output (B,T,H) there, tensors in ctx->act (distillation) */
+    int start_layer;               /* > 0: the embeddings and layers before it are skipped, and start_hidden */
+    BqTensor *start_hidden;        /* (B,T,H) is the input of layer start_layer (a cached prefix) */
 } BqBertInput;
 
 /* Forward pass of BertForSequenceClassification: logits (B, num_labels); when the input has labels

@@ -258,6 +258,7 @@ int bq_cli_train_run_sources(BqBert *m, const BqCliTrain *t, BqBatchSource *trai
     tc.logdir = t->logdir;
     tc.tag = tag;
     tc.precision = bq_precision_name(t->prec);
+    tc.distill = t->distill;
     memset(res, 0, sizeof *res);
     int st = bq_train(m, &tc, train, val, out, res);
     if (st) return st;

@@ -104,6 +104,7 @@ typedef struct BqCliTrain {
     const char *logdir;
     const char *precision;  /* --precision as given (default "auto") */
     BqPrecision prec;       /* resolved by bq_cli_splits_load */
+    const BqDistill *distill;        /* qat --teacher; NULL: none (not a flag of its own) */
 } BqCliTrain;
 
 /* HF TrainingArguments defaults where they exist (1 epoch, warmup 0, weight decay 0, max_grad_norm 1,

@@ -44,6 +44,10 @@ typedef struct Pipeline {
     int qa;                                /* --task qa */
     int doc_stride;                        /* --task qa: 128, or half a window's context when that is shorter */
     char train_data[4096], eval_data[4096]; /* the data of the training and evaluation stages */
+    const char *keep_fp32;  /* --keep-fp32 for the PTQ stage (the QAT stage inherits the list), or NULL */
+    double max_drop;        /* with --keep-fp32 auto; < 0: calibrate's default */
+    int distill;            /* QAT distils from RUN_DIR/fp32 */
+    double distill_alpha, distill_temperature, distill_hidden;
     char ran[64]; /* the first stage that ran in this invocation: every later stage runs as well */
     int train_samples, eval_samples, max_seq_len, batch_size, calib_samples;
     double epochs, qat_epochs, lr, qat_lr;
@@ -269,6 +273,14 @@ static int stage_train(Pipeline *p, const char *stage, const char *cmd, const ch
     if (is_qat) av_add(&a, "--ranges"), av_add(&a, p->qat_ranges);
     if (is_qat && p->qat_range_lr > 0) av_add(&a, "--range-lr"), av_addf(&a, "%g", p->qat_range_lr);
     if (is_qat) av_add(&a, "--scheme"), av_add(&a, p->scheme);
+    if (is_qat && p->distill) {
+        char teacher[4200];
+        snprintf(teacher, sizeof teacher, "%s/fp32", p->out);
+        av_add(&a, "--teacher"), av_add(&a, teacher);
+        av_add(&a, "--distill-alpha"), av_addf(&a, "%g", p->distill_alpha);
+        av_add(&a, "--distill-temperature"), av_addf(&a, "%g", p->distill_temperature);
+        av_add(&a, "--distill-hidden"), av_addf(&a, "%g", p->distill_hidden);
+    }
     int st = stage_run(p, stage, &a, 1, NULL, state);
     av_free(&a);
     return st;
@@ -291,6 +303,10 @@ static int stage_calibrate(Pipeline *p) {
     if (p->qa) av_add(&a, "--doc-stride"), av_addf(&a, "%.0f", p->doc_stride);
     av_add(&a, "--seed"), av_addf(&a, "%.0f", p->seed);
     av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
+    if (p->keep_fp32) {
+        av_add(&a, "--keep-fp32"), av_add(&a, p->keep_fp32);
+        if (!strcmp(p->keep_fp32, "auto") && p->max_drop >= 0) av_add(&a, "--max-drop"), av_addf(&a, "%g", p->max_drop);
+    }
     int st = stage_run(p, "ptq", &a, 1, NULL, NULL);
     av_free(&a);
     return st;
@@ -408,6 +424,9 @@ int bq_cmd_pipeline(int argc, char **argv) {
     p.task = "cls";
     p.qat_ranges = "fixed";
     p.qat_range_lr = -1;
+    p.max_drop = -1;
+    p.distill_alpha = 0.5, p.distill_temperature = 2.0, p.distill_hidden = 0.0;
+    int distill_on = 0, distill_off = 0;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &p.model, "pretrained Hugging Face BERT directory", 1, 0, 0},
         {"data", BQ_ARG_STR, &p.data, "IMDB archive or aclImdb folder (or CSV/JSONL); --task qa: the folder with "
@@ -439,6 +458,16 @@ int bq_cmd_pipeline(int argc, char **argv) {
          "from --budget: small 5, full 10)", 0, -1, 1000},
         {"bench-batch-sizes", BQ_ARG_STR, &p.bench_batches, "comma-separated batch sizes of the bench stage", 0, 0, 0},
         BQ_CLI_PRECISION_SPEC(p.precision),
+        {"keep-fp32", BQ_ARG_STR, &p.keep_fp32, "NAME,...|auto: modules PTQ leaves in fp32 (calibrate --keep-fp32); "
+         "QAT starts from that checkpoint and keeps the list", 0, 0, 0},
+        {"max-drop", BQ_ARG_FLOAT, &p.max_drop, "--keep-fp32 auto: accuracy budget in points (-1: calibrate's 0.5)", 0,
+         -1, 100},
+        {"distill", BQ_ARG_FLAG, &distill_on, "QAT distils from the fp32 stage's model (qat --teacher)", 0, 0, 0},
+        {"no-distill", BQ_ARG_FLAG, &distill_off, "QAT without a teacher (the default)", 0, 0, 0},
+        {"distill-alpha", BQ_ARG_FLOAT, &p.distill_alpha, "--distill: weight of the KL term", 0, 0, 1},
+        {"distill-temperature", BQ_ARG_FLOAT, &p.distill_temperature, "--distill: softmax temperature (> 0)", 0, 0,
+         1e6},
+        {"distill-hidden", BQ_ARG_FLOAT, &p.distill_hidden, "--distill: weight of the hidden-state MSE", 0, 0, 1e6},
     };
     BqArgs args = {.cmd = "pipeline", .usage = "--model DIR --data PATH --out RUN_DIR [options]",
                    .summary = "Fine-tune in fp32, calibrate (PTQ, percentile 99.99), QAT fine-tune, export fp32 and "
@@ -478,6 +507,18 @@ int bq_cmd_pipeline(int argc, char **argv) {
     } else {
         return bq_err(BQ_EINVAL, "pipeline: --budget must be small or full, got '%s'", p.budget);
     }
+    if (distill_on && distill_off) return bq_err(BQ_EINVAL, "pipeline: --distill and --no-distill exclude each other");
+    p.distill = distill_on;
+    if (p.qa && (p.distill || p.keep_fp32))
+        return bq_err(BQ_EINVAL, "pipeline: --%s applies to --task cls only", p.distill ? "distill" : "keep-fp32");
+    static const char *const dflags[3] = {"distill-alpha", "distill-temperature", "distill-hidden"};
+    for (int k = 0; k < 3; k++)
+        if (!p.distill && bq_args_given(&args, dflags[k]))
+            return bq_err(BQ_EINVAL, "pipeline: --%s applies only with --distill", dflags[k]);
+    if (p.distill && !(p.distill_temperature > 0))
+        return bq_err(BQ_EINVAL, "pipeline: --distill-temperature must be > 0");
+    if (bq_args_given(&args, "max-drop") && !(p.keep_fp32 && !strcmp(p.keep_fp32, "auto")))
+        return bq_err(BQ_EINVAL, "pipeline: --max-drop applies only with --keep-fp32 auto");
     BqScheme scheme;
     if ((st = bq_scheme_parse(&scheme, p.scheme, "--scheme"))) return st;
     if (strcmp(p.qat_ranges, "fixed") && strcmp(p.qat_ranges, "learn"))
@@ -627,6 +668,6 @@ int bq_cmd_pipeline(int argc, char **argv) {
     BqReportInfo info = {.model = p.model, .data = p.data, .budget = p.budget, .seconds = bq_now() - t0,
                          .runtime = bq_runtime_describe(), .recipe = recipe, .onnx_skipped = !have_python,
                          .stages = stages, .nstages = nstages, .bench_json = p.qa ? NULL : "bench.json",
-                         .qa = p.qa};
+                         .qa = p.qa, .fallback_ckpt = p.qa ? NULL : "ptq", .distill_ckpt = p.qa ? NULL : "qat"};
     return bq_report_write(p.out, rows, nrows, &info);
 }

@@ -29,6 +29,7 @@
 #include "src/cli.h"
 #include "src/cmd_common.h"
 #include "src/dist.h"
+#include "src/distill.h"
 #include "src/metrics.h"
 #include "src/qa.h"
 #include "src/sensitivity.h"
@@ -138,7 +139,7 @@ static int accuracy(BqBert *m, BqBatcher *b, double *acc) {
  * 10 % of the training examples, as in finetune) and keeps in fp32 the most harmful groups until the
  * accuracy is within max_drop points of fp32 (src/sensitivity.h), without recalibrating. */
 static int keep_fp32_auto(BqBert *m, BqCliData *d, const BqTokenizer *tok, int seed, int threads, int batch_size,
-                          int samples, double max_drop) {
+                          int samples, double max_drop, const char *tag) {
     BqDataset *ds = NULL;
     BqBatcher bt = {0};
     BqSensitivity s;
@@ -152,8 +153,8 @@ static int keep_fp32_auto(BqBert *m, BqCliData *d, const BqTokenizer *tok, int s
     if (st) goto cleanup;
     if ((st = bq_batcher_init(&bt, ds, batch_size, 0, (uint64_t)seed, 0))) goto cleanup;
     if ((st = bq_sens_init(&s, m, &bt, samples))) goto cleanup;
-    fprintf(stderr, "[calibrate] --keep-fp32 auto: %d groups on %lld validation examples: fp32 %.4f, all "
-            "quantized %.4f\n", s.ng, (long long)s.n, s.acc_fp32, s.acc_quant);
+    fprintf(stderr, "[%s] --keep-fp32 auto: %d groups on %lld validation examples: fp32 %.4f, all "
+            "quantized %.4f\n", tag, s.ng, (long long)s.n, s.acc_fp32, s.acc_quant);
     if ((st = bq_sens_run_groups(&s, 0))) goto cleanup;
     keep = bq_calloc((size_t)s.ng + 1, 1);
     int kept = 0;
@@ -314,7 +315,8 @@ int bq_cmd_calibrate(int argc, char **argv) {
     bq_batch_source_batcher(&scal, &bscal, &bcal);
     if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &scal, q.calib_samples, "calibrate"))) goto cleanup;
     if (keep_fp32 && !strcmp(keep_fp32, "auto")) {
-        if ((st = keep_fp32_auto(&m, &d, tok, seed, threads, batch_size, keep_samples, max_drop))) goto cleanup;
+        if ((st = keep_fp32_auto(&m, &d, tok, seed, threads, batch_size, keep_samples, max_drop, "calibrate")))
+            goto cleanup;
     } else if (keep_fp32 && (st = bq_sens_exclude(&m, keep_fp32, "--keep-fp32"))) {
         goto cleanup;
     }
@@ -359,9 +361,58 @@ static int check_kept_quant_flags(const BqArgs *a, const BqQuantConfig *want, co
                   "quantizers and ranges; drop the flag or start from an fp32 checkpoint", flag, model, bq_scheme_name(have->scheme));
 }
 
+/* qat --teacher: validates the distillation flags, takes the record of OUT on --resume (the teacher is
+ * loaded again from its recorded path; flags that disagree with the record are an error), loads the
+ * teacher and checks it against the student. *on = 1 when distillation runs. */
+static int distill_setup(const BqArgs *a, BqDistill *dist, BqBert *teacher, BqDistillRecord *rec, const char *teacher_dir,
+                         const BqBert *m, const char *model, const char *out, int resume, int *on) {
+    *on = 0;
+    static const char *const dflags[3] = {"distill-alpha", "distill-temperature", "distill-hidden"};
+    for (int k = 0; k < 3 && !teacher_dir; k++)
+        if (bq_args_given(a, dflags[k]))
+            return bq_err(BQ_EINVAL, "--%s applies only with --teacher", dflags[k]);
+    int st, found = 0;
+    if (resume && (st = bq_distill_record_read(out, rec, &found))) return st;
+    if (resume && found && !teacher_dir) {
+        dist->teacher_dir = rec->teacher;
+        dist->alpha = rec->alpha, dist->temperature = rec->temperature, dist->hidden_weight = rec->hidden_weight;
+        fprintf(stderr, "[qat] --resume: distilling from %s as recorded in %s/distill.json\n", rec->teacher, out);
+    } else if (resume && teacher_dir) {
+        char abs[4096];
+        const char *want = realpath(teacher_dir, abs) ? abs : teacher_dir;
+        if (!found)
+            return bq_err(BQ_EINVAL, "--teacher: %s was trained without distillation; resume it without --teacher",
+                          out);
+        if (strcmp(want, rec->teacher) || dist->alpha != rec->alpha || dist->temperature != rec->temperature ||
+            dist->hidden_weight != rec->hidden_weight)
+            return bq_err(BQ_EINVAL, "--teacher: %s/distill.json records teacher %s, alpha %g, temperature %g, hidden "
+                          "%g; resume with those settings (or without the distillation flags)", out, rec->teacher,
+                          rec->alpha, rec->temperature, rec->hidden_weight);
+        dist->teacher_dir = teacher_dir;
+    } else if (teacher_dir) {
+        dist->teacher_dir = teacher_dir;
+    } else {
+        return BQ_OK;
+    }
+    if ((st = bq_distill_check_flags(dist->alpha, dist->temperature, dist->hidden_weight))) return st;
+    if ((st = bq_distill_load_teacher(teacher, dist->teacher_dir, m, model, dist->hidden_weight))) return st;
+    dist->teacher = teacher;
+    *on = 1;
+    fprintf(stderr, "[qat] distillation: teacher %s (%s), alpha %g, temperature %g, hidden-state weight %g\n",
+            dist->teacher_dir, teacher->quant ? "quantized" : "fp32", dist->alpha, dist->temperature,
+            dist->hidden_weight);
+    return BQ_OK;
+}
+
 int bq_cmd_qat(int argc, char **argv) {
-    const char *model = NULL, *out = NULL, *ranges = "observe";
     double range_lr = -1.0;
+    const char *model = NULL, *out = NULL, *ranges = "observe", *keep_fp32 = NULL, *teacher_dir = NULL;
+    int keep_samples = 512;
+    double max_drop = 0.5;
+    BqDistill dist = {.alpha = 0.5, .temperature = 2.0, .hidden_weight = 0.0};
+    BqDistillRecord rec;
+    BqBert teacher;
+    memset(&teacher, 0, sizeof teacher);
     BqCliData d = {0};
     BqCliTrain t;
     bq_cli_train_default(&t, 2e-5);
@@ -382,6 +433,18 @@ int bq_cmd_qat(int argc, char **argv) {
          "its calibrated value (LSQ, docs/quantization.md)", 0, 0, 0},
         {"range-lr", BQ_ARG_FLOAT, &range_lr, "--ranges learn: peak learning rate of the scales (AdamW, no weight "
          "decay, the --lr schedule; -1: the --lr value)", 0, -1, 1},
+        {"keep-fp32", BQ_ARG_STR, &keep_fp32, "NAME,...: module prefixes left in fp32 (added to the exclude list, "
+         "also of a PTQ input); auto: the most harmful groups until validation accuracy is within --max-drop of "
+         "fp32", 0, 0, 0},
+        {"max-drop", BQ_ARG_FLOAT, &max_drop, "--keep-fp32 auto: accuracy budget in percentage points", 0, 0, 100},
+        {"keep-fp32-samples", BQ_ARG_INT, &keep_samples, "--keep-fp32 auto: validation examples measured", 0, 1,
+         1e9},
+        {"teacher", BQ_ARG_STR, &teacher_dir, "distill from this checkpoint (same vocabulary and labels): loss = "
+         "(1-A)·CE + A·T²·KL + W·Σ hidden MSE", 0, 0, 0},
+        {"distill-alpha", BQ_ARG_FLOAT, &dist.alpha, "--teacher: weight A of the KL term, in [0, 1]", 0, 0, 0},
+        {"distill-temperature", BQ_ARG_FLOAT, &dist.temperature, "--teacher: softmax temperature T (> 0)", 0, 0, 0},
+        {"distill-hidden", BQ_ARG_FLOAT, &dist.hidden_weight, "--teacher: weight W of the summed per-layer "
+         "hidden-state MSE (>= 0; > 0 needs the same layers and hidden size)", 0, 0, 0},
         BQ_CLI_TRAIN_SPECS(t),
         BQ_CLI_DATA_SPECS(d),
         BQ_CLI_TASK_SPEC(qa),
@@ -413,12 +476,18 @@ int bq_cmd_qat(int argc, char **argv) {
     if (learn && q.freeze_after > 0)
         return bq_err(BQ_EINVAL, "--freeze-ranges-after applies to observed ranges, not --ranges learn");
     if (learn && !bq_args_given(&args, "range-lr")) range_lr = t.lr;
+    if ((bq_args_given(&args, "max-drop") || bq_args_given(&args, "keep-fp32-samples")) &&
+        !(keep_fp32 && !strcmp(keep_fp32, "auto")))
+        return bq_err(BQ_EINVAL, "--max-drop and --keep-fp32-samples apply only with --keep-fp32 auto");
+    if (teacher_dir && (st = bq_distill_check_flags(dist.alpha, dist.temperature, dist.hidden_weight))) return st;
     bq_runtime_set_threads(t.threads);
-    int is_qa = 0;
+    int is_qa = 0, distilling = 0;
     QaTrainData td;
     memset(&td, 0, sizeof td);
     BqBatchSource *strain = &sp.strain, *sval = NULL;
     if ((st = bq_cli_task_resolve(&args, &qa, model, &is_qa)) || (st = bq_cli_task_check_data(is_qa, d.path))) return st;
+    if (is_qa && (teacher_dir || keep_fp32))
+        return bq_err(BQ_EINVAL, "--%s: applies to sequence-classification models only", teacher_dir ? "teacher" : "keep-fp32");
     if (is_qa) {
         if ((st = qa_train_data(&td, &m, model, &d, &qa, t.train_samples, t.batch_size, t.seed, t.threads, "qat")))
             goto cleanup;
@@ -427,6 +496,8 @@ int bq_cmd_qat(int argc, char **argv) {
     } else if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)t.seed, "qat"))) {
         goto cleanup;
     }
+    if ((st = distill_setup(&args, &dist, &teacher, &rec, teacher_dir, &m, model, out, t.resume, &distilling)))
+        goto cleanup;
     /* Ranges: keep a calibrated input's (its config wins; --freeze-ranges-after still applies), else calibrate. */
     int calibrated = m.quant && bq_quant_count_initialized(m.quant) == m.quant->n;
     if (calibrated && (st = check_kept_quant_flags(&args, &qcfg, &m.quant->cfg, model))) goto cleanup;
@@ -434,6 +505,7 @@ int bq_cmd_qat(int argc, char **argv) {
         if ((st = bq_cli_splits_load(&sp, &m, model, &d, &t, tok, "qat"))) goto cleanup;
         sval = sp.val ? &sp.sval : NULL;
     }
+    if (distilling && (st = bq_distill_check_labels(&teacher, &m))) goto cleanup;
     if (calibrated) {
         fprintf(stderr, "[qat] starting from the input's %d calibrated quantizers (scheme %s)\n", m.quant->n,
                 bq_scheme_name(m.quant->cfg.scheme));
@@ -441,6 +513,15 @@ int bq_cmd_qat(int argc, char **argv) {
     } else if ((st = calibrate_model(&m, &qcfg, method, q.percentile, strain, q.calib_samples, "qat"))) {
         goto cleanup;
     }
+    /* fp32 fallback: from an fp32 input as calibrate does; a PTQ input keeps its recorded list and these
+     * modules are added to it (their quantizers removed, every other range kept). */
+    if (keep_fp32 && !strcmp(keep_fp32, "auto")) {
+        if ((st = keep_fp32_auto(&m, &d, tok, t.seed, t.threads, t.batch_size, keep_samples, max_drop, "qat")))
+            goto cleanup;
+    } else if (keep_fp32 && (st = bq_sens_exclude(&m, keep_fp32, "--keep-fp32"))) {
+        goto cleanup;
+    }
+    if (keep_fp32) fprintf(stderr, "[qat] exclude list (kept in fp32) \"%s\"\n", m.quant->cfg.exclude);
     bq_quant_freeze(m.quant, fixed || learn);
     m.quant->observe = !fixed && !learn;
     m.quant->steps_seen = 0;
@@ -454,6 +535,7 @@ int bq_cmd_qat(int argc, char **argv) {
                                                   : "moving-average observers (c = 0.01)");
     }
     /* the trainer calls bq_quant_step after each optimizer step (freeze at --freeze-ranges-after) */
+    t.distill = distilling ? &dist : NULL;
     if ((st = bq_cli_train_run_sources(&m, &t, strain, sval, &d, model, out, "qat", &res))) goto cleanup;
     printf("; %d quantizers (scheme %s)%s; checkpoint %s\n", m.quant->n, bq_scheme_name(m.quant->cfg.scheme),
            learn ? ", ranges learned" : m.quant->q[0].frozen ? ", frozen" : "", out);
@@ -464,6 +546,8 @@ cleanup:
     if (tok) bq_tokenizer_free(tok);
     if (m.quant) bq_quant_free(m.quant), m.quant = NULL;
     bq_bert_free(&m);
+    if (teacher.quant) bq_quant_free(teacher.quant), teacher.quant = NULL;
+    bq_bert_free(&teacher);
     return st;
 }
 

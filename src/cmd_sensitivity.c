@@ -136,7 +136,7 @@ static int write_svg(const BqSensitivity *s, const int *order, const char *path,
 
 int bq_cmd_sensitivity(int argc, char **argv) {
     const char *model = NULL, *out = ".", *split = "val";
-    int samples = 512, batch_size = 32, threads = 0, seed = 42;
+    int samples = 512, batch_size = 32, threads = 0, seed = 42, no_cache = 0;
     double val_fraction = 0.1;
     BqCliData d = {0};
     const BqArgSpec specs[] = {
@@ -149,6 +149,8 @@ int bq_cmd_sensitivity(int argc, char **argv) {
         {"batch-size", BQ_ARG_INT, &batch_size, "examples per forward", 0, 1, 65536},
         {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
         {"out", BQ_ARG_STR, &out, "folder for sensitivity.json and sensitivity.svg (created)", 0, 0, 0},
+        {"no-prefix-cache", BQ_ARG_FLAG, &no_cache, "run every pass from the embeddings (same results, slower; "
+         "for timing)", 0, 0, 0},
         BQ_CLI_DATA_SPECS(d),
     };
     BqArgs args = {.cmd = "sensitivity", .usage = "--model CKPT --data PATH [options]",
@@ -194,6 +196,9 @@ int bq_cmd_sensitivity(int argc, char **argv) {
     if ((st = bq_batcher_init(&bt, ds, batch_size, 0, (uint64_t)seed, 0))) goto cleanup;
     double t0 = bq_now();
     if ((st = bq_sens_init(&s, &m, &bt, samples))) goto cleanup;
+    if (no_cache) s.prefix_cache = 0;
+    fprintf(stderr, "[sensitivity] prefix cache: %s\n", s.prefix_cache ? "on (each group's passes start at its "
+            "first layer)" : no_cache ? "off (--no-prefix-cache)" : "off (it would exceed 3 GiB)");
     fprintf(stderr, "[sensitivity] %d groups of %d quantizers (scheme %s) on %lld %s examples: fp32 %.4f, "
             "all quantized %.4f (KL %.3g)\n", s.ng, m.quant->n, bq_scheme_name(m.quant->cfg.scheme),
             (long long)s.n, split, s.acc_fp32, s.acc_quant, s.kl_quant);

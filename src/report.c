@@ -320,6 +320,51 @@ static void human_size(char *buf, size_t n, int64_t b) {
     else snprintf(buf, n, "%.1f KiB", (double)b / 1024);
 }
 
+/* The report's lines on the modules kept in fp32 (the exclude list of info->fallback_ckpt's config.json without
+ * the default classifier and pooler entries) and on distillation (info->distill_ckpt's distill.json), in the
+ * header of report.md and on stdout. */
+static void fallback_write(FILE *f, const char *run_dir, const BqReportInfo *info) {
+    char path[4200];
+    if (info->fallback_ckpt) {
+        snprintf(path, sizeof path, "%s/%s/config.json", run_dir, info->fallback_ckpt);
+        json_t *j = json_load_file(path, 0, NULL);
+        const char *ex = json_string_value(json_object_get(json_object_get(json_object_get(j, "bertqat"), "quant"),
+                                                           "exclude"));
+        char list[2048] = "";
+        size_t len = 0;
+        int n = 0;
+        for (const char *e = ex; e && *e;) {
+            size_t k = strcspn(e, ",");
+            if (k && !(k == 10 && !strncmp(e, "classifier", 10)) && !(k == 6 && !strncmp(e, "pooler", 6)) &&
+                len + k + 3 < sizeof list) {
+                len += (size_t)snprintf(list + len, sizeof list - len, "%s%.*s", n ? ", " : "", (int)k, e);
+                n++;
+            }
+            e += k + (e[k] == ',');
+        }
+        if (ex) {
+            fprintf(f, "- kept in fp32 (%s, `--keep-fp32`): %s\n", info->fallback_ckpt, n ? list : "none");
+            printf("kept in fp32 (%s): %s\n", info->fallback_ckpt, n ? list : "none");
+        }
+        if (j) json_decref(j);
+    }
+    if (info->distill_ckpt) {
+        snprintf(path, sizeof path, "%s/%s/distill.json", run_dir, info->distill_ckpt);
+        json_t *j = json_load_file(path, 0, NULL);
+        const char *t = json_string_value(json_object_get(j, "teacher"));
+        int found;
+        if (t) {
+            const char *slash = strrchr(t, '/');
+            fprintf(f, "- distillation (%s): teacher %s, alpha %g, temperature %g, hidden-state weight %g\n",
+                    info->distill_ckpt, slash ? slash + 1 : t, json_num(j, "alpha", &found),
+                    json_num(j, "temperature", &found), json_num(j, "hidden_weight", &found));
+        } else {
+            fprintf(f, "- distillation (%s): none\n", info->distill_ckpt);
+        }
+        if (j) json_decref(j);
+    }
+}
+
 int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, const BqReportInfo *info) {
     /* Curves: loss per training stage in one chart, eval accuracy in another. */
     Series loss[5] = {{0}}, acc[5] = {{0}};
@@ -362,6 +407,7 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
             u.machine, info->runtime);
     fprintf(f, "- model: `%s`; data: `%s`; budget: %s\n", info->model, info->data, info->budget);
     if (info->recipe) fprintf(f, "- recipe: %s\n", info->recipe);
+    fallback_write(f, run_dir, info);
     fprintf(f, "- wall time of this invocation: %.0f s (stages done earlier are skipped; their times are below)\n\n",
             info->seconds);
     const int qa = info->qa;

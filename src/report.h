@@ -33,6 +33,9 @@ typedef struct BqReportInfo {
     int qa;                 /* question answering: rows hold SQuAD exact match and F1 (x100, `eval --json`,
                                scripts/onnx_eval_qa.py --json), predictions are {id: answer} JSON files and
                                compared answer by answer */
+    const char *fallback_ckpt; /* checkpoint in RUN_DIR whose exclude list gives the modules kept in fp32
+                                  (every entry but classifier and pooler), or NULL */
+    const char *distill_ckpt;  /* checkpoint in RUN_DIR whose distill.json (qat --teacher) is listed, or NULL */
 } BqReportInfo;
 
 int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, const BqReportInfo *info);

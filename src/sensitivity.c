@@ -83,13 +83,16 @@ cleanup:
     return st;
 }
 
-/* Runs the forward over the measured examples with the current enabled flags. teacher NULL: stores
- * the logits into s->teacher; else compares against it. */
-static int run_pass(BqSensitivity *s, int store, double *acc, double *kl) {
+/* Runs the forward over the measured examples with the current enabled flags. store: stores the logits
+ * into s->teacher (the fp32 pass); else compares against them. start > 0: each batch starts at layer
+ * `start` from the cached outputs `from` of layer start − 1. capture (may be NULL): receives each batch's
+ * outputs of every layer but the last (allocated here). */
+static int run_pass(BqSensitivity *s, int store, int start, float **from, float **capture, double *acc, double *kl) {
     int st = BQ_OK;
     BqCtx ctx = {.act = &s->act, .tape = NULL, .training = 0};
-    const int C = s->num_labels;
-    int64_t seen = 0, correct = 0;
+    const int C = s->num_labels, L = s->m->cfg.num_hidden_layers;
+    const int64_t H = s->m->cfg.hidden_size;
+    int64_t seen = 0, correct = 0, bi = 0;
     double klsum = 0.0;
     BqBatch b;
     bq_batcher_seek(s->b, 0, 0);
@@ -97,8 +100,25 @@ static int run_pass(BqSensitivity *s, int store, double *acc, double *kl) {
         size_t mark = bq_arena_mark(&s->act);
         BqTensor *logits = NULL;
         BqBertInput in = bq_batch_input(&b);
+        const int64_t bth = b.B * b.T * H;
+        if (start > 0) {
+            BQ_CHECK(bi < s->ncached && s->cache_bt[bi] == b.B * b.T);
+            int64_t shape[3] = {b.B, b.T, H};
+            BqTensor *x = bq_tensor_new(&ctx, 3, shape);
+            memcpy(x->data, from[bi] + (int64_t)(start - 1) * bth, (size_t)bth * sizeof(float));
+            in.start_layer = start;
+            in.start_hidden = x;
+        }
+        if (capture) in.hidden = bq_arena_alloc_zero(&s->act, (size_t)L * sizeof(BqTensor *));
         if ((st = bq_bert_forward(s->m, &ctx, &in, &logits, NULL))) goto cleanup;
         s->forwards++;
+        if (capture) {
+            capture[bi] = bq_malloc((size_t)((L > 1 ? L - 1 : 1) * bth) * sizeof(float));
+            s->cache_bt[bi] = b.B * b.T;
+            for (int l = 0; l + 1 < L; l++)
+                memcpy(capture[bi] + l * bth, in.hidden[l]->data, (size_t)bth * sizeof(float));
+        }
+        bi++;
         int64_t rows = b.B < s->n - seen ? b.B : s->n - seen;
         for (int64_t r = 0; r < rows; r++) {
             const float *z = logits->data + r * C;
@@ -140,11 +160,17 @@ static void set_enabled(BqQuantState *qs, const unsigned char *enabled) {
     for (int i = 0; i < qs->n; i++) qs->q[i].enabled = enabled ? enabled[i] : 1;
 }
 
-int bq_sens_measure(BqSensitivity *s, const unsigned char *enabled, double *acc, double *kl) {
+/* bq_sens_measure starting at layer `start` from the cache `from` (start 0: from the embeddings). */
+static int measure_from(BqSensitivity *s, const unsigned char *enabled, int start, float **from, double *acc,
+                        double *kl) {
     set_enabled(s->m->quant, enabled);
-    int st = run_pass(s, 0, acc, kl);
+    int st = run_pass(s, 0, start, from, NULL, acc, kl);
     set_enabled(s->m->quant, NULL);
     return st;
+}
+
+int bq_sens_measure(BqSensitivity *s, const unsigned char *enabled, double *acc, double *kl) {
+    return measure_from(s, enabled, 0, NULL, acc, kl);
 }
 
 int bq_sens_init(BqSensitivity *s, BqBert *m, BqBatcher *b, int64_t max_examples) {
@@ -167,17 +193,35 @@ int bq_sens_init(BqSensitivity *s, BqBert *m, BqBatcher *b, int64_t max_examples
     if ((st = bq_sens_groups(qs, &s->g, &s->ng))) goto cleanup;
     off = bq_calloc((size_t)qs->n + 1, 1);
     double kl0;
+    /* the prefix cache, when it fits: batches of at most b->batch_size examples of max_len tokens */
+    const int L = m->cfg.num_hidden_layers;
+    int64_t nb = (s->n + b->batch_size - 1) / b->batch_size;
+    int64_t bytes = 2 * nb * (int64_t)b->batch_size * b->ds->max_len * m->cfg.hidden_size * (L - 1) * 4;
+    if (L > 1 && s->n > 0 && bytes <= BQ_SENS_CACHE_MAX) {
+        s->prefix_cache = 1;
+        s->ncached = nb;
+        s->cache_fp32 = bq_calloc((size_t)nb, sizeof(float *));
+        s->cache_quant = bq_calloc((size_t)nb, sizeof(float *));
+        s->cache_bt = bq_calloc((size_t)nb, sizeof(int64_t));
+    }
     set_enabled(qs, off);
-    st = run_pass(s, 1, &s->acc_fp32, &kl0);
+    st = run_pass(s, 1, 0, NULL, s->cache_fp32, &s->acc_fp32, &kl0);
     set_enabled(qs, NULL);
     if (st) goto cleanup;
-    if ((st = bq_sens_measure(s, NULL, &s->acc_quant, &s->kl_quant))) goto cleanup;
+    if ((st = run_pass(s, 0, 0, NULL, s->cache_quant, &s->acc_quant, &s->kl_quant))) goto cleanup;
 cleanup:
     free(off);
     return st;
 }
 
 void bq_sens_free(BqSensitivity *s) {
+    for (int64_t i = 0; i < s->ncached; i++) {
+        free(s->cache_fp32[i]);
+        free(s->cache_quant[i]);
+    }
+    free(s->cache_fp32);
+    free(s->cache_quant);
+    free(s->cache_bt);
     free(s->teacher);
     free(s->labels);
     free(s->g);
@@ -192,12 +236,18 @@ int bq_sens_run_groups(BqSensitivity *s, int quiet) {
     double t0 = bq_now();
     for (int k = 0; k < s->ng; k++) {
         BqSensGroup *g = &s->g[k];
+        /* the first layer the group touches (the embeddings' quantizer: none can be skipped) */
+        int start = s->prefix_cache ? s->m->cfg.num_hidden_layers - 1 : 0;
+        for (int j = 0; j < g->n; j++) {
+            int l = s->m->quant->q[g->q[j]].layer;
+            if (l < start) start = l < 0 ? 0 : l;
+        }
         memset(en, 0, (size_t)nq);
         for (int j = 0; j < g->n; j++) en[g->q[j]] = 1;
-        if ((st = bq_sens_measure(s, en, &g->acc_only, &g->kl_only))) goto cleanup;
+        if ((st = measure_from(s, en, start, s->cache_fp32, &g->acc_only, &g->kl_only))) goto cleanup;
         memset(en, 1, (size_t)nq);
         for (int j = 0; j < g->n; j++) en[g->q[j]] = 0;
-        if ((st = bq_sens_measure(s, en, &g->acc_without, &g->kl_without))) goto cleanup;
+        if ((st = measure_from(s, en, start, s->cache_quant, &g->acc_without, &g->kl_without))) goto cleanup;
         if (!quiet)
             fprintf(stderr, "[sensitivity] %d/%d %s: only quantized acc %.4f KL %.3g, only fp32 acc %.4f KL %.3g "
                     "(%.0fs)\n", k + 1, s->ng, g->name, g->acc_only, g->kl_only, g->acc_without, g->kl_without,
@@ -268,11 +318,14 @@ int bq_sens_exclude(BqBert *m, const char *entries, const char *flag) {
         size_t len = strlen(e);
         while (len > 0 && e[len - 1] == ' ') e[--len] = '\0';
         if (!len) continue;
+        /* the entry on top of the list as it stands, so that it is judged by what it adds */
         BqQuantConfig probe = old->cfg;
-        int used = snprintf(probe.exclude, sizeof probe.exclude, "%s", e);
+        int used = snprintf(probe.exclude, sizeof probe.exclude, "%s%s%s", old->cfg.exclude,
+                            old->cfg.exclude[0] ? "," : "", e);
         BQ_CHECK(used >= 0);
         if ((size_t)used >= sizeof probe.exclude) {
-            st = bq_err(BQ_EINVAL, "%s: entry '%s' is too long", flag, e);
+            st = bq_err(BQ_EINVAL, "%s: the exclude list with '%s' would exceed %zu characters", flag, e,
+                        sizeof probe.exclude - 1);
             goto cleanup;
         }
         if ((st = bq_quant_create(&qs, m, &probe))) goto cleanup;

@@ -41,7 +41,18 @@ typedef struct BqSensitivity {
     int ng;
     double acc_fp32, acc_quant, kl_quant;
     int64_t forwards;                   /* batch forwards run, teacher included */
+    /* Prefix cache: the output of every encoder layer but the last, per measured batch, of the fp32 pass and
+     * of the all-quantized pass (bq_sens_init keeps them when they take at most BQ_SENS_CACHE_MAX bytes).
+     * A group's "only quantized" pass then starts at the group's first layer from the fp32 outputs, its
+     * "all but this group" pass from the all-quantized ones: the layers before compute exactly those values
+     * in that pass, so the results are the same bit for bit. prefix_cache = 0 turns its use off. */
+    int prefix_cache;
+    int64_t ncached;                    /* batches cached */
+    float **cache_fp32, **cache_quant;  /* (ncached) blocks of (layers − 1)·B·T·H floats */
+    int64_t *cache_bt;                  /* (ncached) B·T of each cached batch */
 } BqSensitivity;
+
+#define BQ_SENS_CACHE_MAX ((int64_t)3 << 30)
 
 /* Groups of qs (see above), in table order. Errors: a group of more than BQ_SENS_MAX_MEMBERS. */
 int bq_sens_groups(const BqQuantState *qs, BqSensGroup **out, int *ng);

@@ -13,8 +13,10 @@
 #include <unistd.h>
 
 #include "datasets/dataset.h"
+#include "export/ckpt.h"
 #include "layers/quant.h"
 #include "src/dist.h"
+#include "src/distill.h"
 #include "src/optim.h"
 #include "src/progress.h"
 
@@ -122,13 +124,55 @@ int bq_evaluate_engine(BqBert *m, BqInt8Engine *e, BqBatchSource *src, BqArena *
 }
 
 int bq_train_step(BqBert *m, BqCtx *ctx, const BqBatch *b, const BqTrainState *ts, float *loss, float *logits) {
+    return bq_train_step_distill(m, ctx, b, ts, NULL, NULL, loss, logits);
+}
+
+/* (1 − A)·CE + A·T²·KL + W·Σ_l MSE_l, as in train.h's BqDistill, from scale and add ops on the tape. */
+BqTensor *bq_train_distill_loss(BqCtx *ctx, const BqDistill *dist, int layers, BqTensor *ce, BqTensor *lg,
+                                BqTensor *tl, BqTensor **hs, BqTensor **ht, double terms[3]) {
+    BqTensor *kl = bq_op_kl_distill(ctx, lg, tl, (float)dist->temperature);
+    BqTensor *loss = bq_op_add(ctx, bq_op_scale(ctx, ce, (float)(1.0 - dist->alpha)),
+                               bq_op_scale(ctx, kl, (float)dist->alpha));
+    BqTensor *h = NULL;
+    for (int l = 0; hs && l < layers; l++) {
+        BqTensor *e = bq_op_mse(ctx, hs[l], ht[l]);
+        h = h ? bq_op_add(ctx, h, e) : e;
+    }
+    if (h) loss = bq_op_add(ctx, loss, bq_op_scale(ctx, h, (float)dist->hidden_weight));
+    if (terms) terms[0] = ce->data[0], terms[1] = kl->data[0], terms[2] = h ? h->data[0] : 0.0;
+    return loss;
+}
+
+int bq_train_step_distill(BqBert *m, BqCtx *ctx, const BqBatch *b, const BqTrainState *ts, const BqDistill *dist,
+                          double terms[3], float *loss, float *logits) {
     size_t mark = bq_arena_mark(ctx->act);
     bq_tape_rewind(ctx->tape);
-    BqTensor *lg = NULL, *ls = NULL;
+    BqTensor *lg = NULL, *ls = NULL, *tl = NULL, **hs = NULL, **ht = NULL;
     BqBertInput in = bq_batch_input(b);
-    int st = bq_bert_forward(m, ctx, &in, &lg, &ls);
-    if (st) goto cleanup;
+    int st = BQ_OK;
+    const int layers = m->cfg.num_hidden_layers;
+    if (terms) terms[0] = terms[1] = terms[2] = 0.0;
+    if (dist) {
+        /* The teacher first, forward only and with dropout off; its outputs stay in the arena until the
+         * student's backward has read them. */
+        BqCtx tctx = {.act = ctx->act, .tape = NULL, .training = 0};
+        BqBertInput tin = in;
+        tin.labels = NULL;
+        if (dist->hidden_weight > 0) {
+            hs = bq_arena_alloc_zero(ctx->act, 2 * sizeof(BqTensor *) * (size_t)layers);
+            ht = hs + layers;
+            in.hidden = hs;
+            tin.hidden = ht;
+        }
+        if ((st = bq_bert_forward(dist->teacher, &tctx, &tin, &tl, NULL))) {
+            bq_err_ctx(st, "--teacher");
+            goto cleanup;
+        }
+    }
+    if ((st = bq_bert_forward(m, ctx, &in, &lg, &ls))) goto cleanup;
     BQ_CHECK(ls);
+    if (dist) ls = bq_train_distill_loss(ctx, dist, layers, ls, lg, tl, hs, ht, terms);
+    else if (terms) terms[0] = ls->data[0];
     float lv = ls->data[0];
     *loss = lv;
     if (logits) memcpy(logits, lg->data, sizeof(float) * (size_t)(b->B * m->cfg.num_labels));
@@ -346,10 +390,14 @@ typedef struct Run {
     int saved_any;
 } Run;
 
+/* BqCkptExtra writer of distill.json (the distillation settings, src/distill.h). */
+static int write_distill(void *user, const char *tmp_dir) { return bq_distill_record_write(user, tmp_dir); }
+
 static int save_ckpt(Run *r) {
     if (bq_dist_rank() != 0) return BQ_OK; /* under mpirun rank 0 alone writes */
     /* The ckpt writer carries training_log.jsonl over from the old directory. */
-    int st = bq_train_state_save(r->m, r->out, r->tc->vocab_dir, &r->ts);
+    BqCkptExtra more = {.write = write_distill, .user = (void *)r->tc->distill};
+    int st = bq_train_state_save_with(r->m, r->out, r->tc->vocab_dir, &r->ts, r->tc->distill ? &more : NULL);
     if (!st) r->saved_any = 1;
     return st;
 }
@@ -474,6 +522,8 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
     double t_log = bq_now();
     int64_t ex_since_log = 0, tok_since_log = 0;
     double loss_acc = 0; /* sum of micro-batch losses since the last optimizer step */
+    double terms_acc[3] = {0, 0, 0}; /* distillation: sums of the loss terms since the last log line */
+    int64_t terms_n = 0;
     int micro = 0;
     int stopped = 0;
     int finished_before = r.ts.step >= total; /* resume of a finished run: nothing to do */
@@ -499,12 +549,15 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
                 BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(r.ts.seed, (uint64_t)k)};
                 float lv;
                 grad_micro_begin(pt, acc, micro);
-                if ((st = bq_train_step(m, &ctx, &share, &r.ts, &lv, NULL))) {
+                double terms[3];
+                if ((st = bq_train_step_distill(m, &ctx, &share, &r.ts, tc->distill, terms, &lv, NULL))) {
                     st = numeric_ctx(st, out_dir, " (try a lower --lr)");
                     goto cleanup;
                 }
                 grad_micro_end(pt, acc, micro);
                 loss_acc += lv;
+                for (int j = 0; j < 3; j++) terms_acc[j] += terms[j];
+                terms_n++;
                 ex_since_log += share.B;
                 tok_since_log += share.B * share.T;
                 micro++;
@@ -530,6 +583,13 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
                     double dt = now - t_log > 1e-9 ? now - t_log : 1e-9;
                     bq_progress_step(&r.prog, r.ts.step, epoch_f, step_loss, lr, gnorm, sums.examples / dt,
                                      sums.tokens / dt);
+                    if (tc->distill && terms_n > 0)
+                        bq_progress_note(&r.prog, "distill step %lld: ce %.4f kl %.4f hidden %.4f (unweighted, mean of "
+                                         "%lld micro-batches)", (long long)r.ts.step, terms_acc[0] / (double)terms_n,
+                                         terms_acc[1] / (double)terms_n, terms_acc[2] / (double)terms_n,
+                                         (long long)terms_n);
+                    terms_acc[0] = terms_acc[1] = terms_acc[2] = 0.0;
+                    terms_n = 0;
                     t_log = now;
                     ex_since_log = tok_since_log = 0;
                 }

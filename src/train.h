@@ -43,6 +43,21 @@ typedef struct BqBatchSource {
     int (*next)(void *ctx, const BqBatch **out);
 } BqBatchSource;
 
+/* Knowledge distillation during training (qat --teacher; docs/quantization.md "Distillation"). The loss
+ * of a micro-batch becomes
+ *   (1 − alpha)·CE + alpha·T²·KL(softmax(teacher/T) ‖ softmax(student/T)) + hidden_weight·Σ_l MSE_l
+ * with the KL averaged over the batch (autograd/tensor.h bq_op_kl_distill) and MSE_l the mean over every
+ * element (B·T·H, padding positions included) of the squared difference between the student's and the
+ * teacher's output of encoder layer l. The teacher runs forward on the same batch, without a tape and
+ * with dropout off, in the step's activation arena. */
+typedef struct BqDistill {
+    BqBert *teacher;        /* same vocabulary and labels; same layers and hidden size when hidden_weight > 0 */
+    const char *teacher_dir; /* recorded in every checkpoint (distill.json) so that --resume reloads it */
+    double alpha;           /* in [0, 1] */
+    double temperature;     /* > 0 */
+    double hidden_weight;   /* >= 0; 0: no hidden-state term (and no hidden states kept) */
+} BqDistill;
+
 typedef struct BqTrainConfig {
     double epochs;          /* may be fractional: total steps = ceil(epochs · steps per epoch) */
     int64_t max_steps;      /* > 0: overrides epochs */
@@ -69,6 +84,7 @@ typedef struct BqTrainConfig {
      * a non-zero return stops training with that status. */
     int (*on_step)(void *user, BqBert *m, int64_t step, double loss);
     void *user;
+    const BqDistill *distill; /* NULL: cross-entropy only */
 } BqTrainConfig;
 
 /* A BqBatchSource over a datasets/dataset.h batcher (epoch e = bq_batcher_seek(b, e, 0)). */
@@ -108,6 +124,15 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
  * the step, epoch and batch of ts (the step about to be taken, ts->step + 1); gradients are then not
  * accumulated. */
 int bq_train_step(BqBert *m, BqCtx *ctx, const BqBatch *b, const BqTrainState *ts, float *loss, float *logits);
+/* bq_train_step with the distillation loss of dist (NULL: bq_train_step). terms (may be NULL) receives the
+ * three unweighted terms of the loss: cross-entropy, T²·KL and Σ_l MSE_l (0 when hidden_weight is 0). */
+/* The loss of BqDistill on top of the student's cross-entropy ce (shape (1)), from the student's logits lg
+ * (B,C) and per-layer hidden states hs (layers tensors (B,T,H); NULL when hidden_weight is 0) and the
+ * teacher's tl and ht, recorded on ctx's tape; terms as in bq_train_step_distill. */
+BqTensor *bq_train_distill_loss(BqCtx *ctx, const BqDistill *dist, int layers, BqTensor *ce, BqTensor *lg,
+                                BqTensor *tl, BqTensor **hs, BqTensor **ht, double terms[3]);
+int bq_train_step_distill(BqBert *m, BqCtx *ctx, const BqBatch *b, const BqTrainState *ts, const BqDistill *dist,
+                          double terms[3], float *loss, float *logits);
 
 /* bq_train_apply: ends an optimizer step over the gradients accumulated since the last one.
  * Gradients are divided by tc->grad_accum times the number of MPI ranks (when > 1; HF divides each

@@ -16,6 +16,7 @@
 typedef struct SaveCtx {
     const BqBert *m;
     const BqTrainState *ts;
+    const BqCkptExtra *more;
 } SaveCtx;
 
 static int put_i64(hid_t f, const char *path, const char *name, int64_t v) {
@@ -71,11 +72,17 @@ static int write_state(void *user, const char *tmp_dir) {
     if (!st && c->m->quant) st = bq_quant_learn_save_hdf5(c->m->quant, (int64_t)f, path, ts->best_params != NULL);
     if (H5Fclose(f) < 0 && !st) st = bq_err(BQ_EIO, "%s: close failed", path);
     if (!st) st = bq_fsync_path(path);
+    if (!st && c->more) st = c->more->write(c->more->user, tmp_dir);
     return st;
 }
 
 int bq_train_state_save(const BqBert *m, const char *dir, const char *vocab_dir, const BqTrainState *ts) {
-    SaveCtx c = {.m = m, .ts = ts};
+    return bq_train_state_save_with(m, dir, vocab_dir, ts, NULL);
+}
+
+int bq_train_state_save_with(const BqBert *m, const char *dir, const char *vocab_dir, const BqTrainState *ts,
+                             const BqCkptExtra *more) {
+    SaveCtx c = {.m = m, .ts = ts, .more = more};
     BqCkptExtra extra = {.write = write_state, .user = &c};
     return bq_ckpt_save(m, dir, vocab_dir, &extra);
 }

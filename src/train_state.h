@@ -37,6 +37,11 @@ typedef struct BqTrainState {
 /* Saves m as a checkpoint DIR (bq_ckpt_save) with ts in DIR/training_state.h5, both appearing by
  * the same atomic rename. */
 int bq_train_state_save(const BqBert *m, const char *dir, const char *vocab_dir, const BqTrainState *ts);
+/* bq_train_state_save that also lets `more` (may be NULL) add its files to the checkpoint (after
+ * training_state.h5, by the same atomic rename). */
+struct BqCkptExtra;
+int bq_train_state_save_with(const BqBert *m, const char *dir, const char *vocab_dir, const BqTrainState *ts,
+                             const struct BqCkptExtra *more);
 /* Loads DIR's model into m (bq_ckpt_load), then DIR/training_state.h5 into ts: ts->opt must be
  * initialised for the model's table; ts->best_params is allocated when the state holds one (the
  * caller frees it). A missing training_state.h5 is BQ_EIO naming it. */

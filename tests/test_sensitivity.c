@@ -182,7 +182,24 @@ int main(void) {
     EXPECT((st = bq_sens_init(&s, &m, &bt, 0)) == BQ_OK, "%s", bq_errmsg());
     if (!st) {
         EXPECT(s.n == N && s.acc_fp32 == 1.0, "n %lld, fp32 accuracy %g", (long long)s.n, s.acc_fp32);
+        EXPECT(s.prefix_cache == 1 && s.ncached == N / BATCH, "prefix cache %d, %lld batches", s.prefix_cache,
+               (long long)s.ncached);
         EXPECT(bq_sens_run_groups(&s, 1) == BQ_OK);
+        /* the prefix cache changes no result: every group again from the embeddings, compared bit for bit */
+        BqSensGroup *cached = bq_malloc((size_t)s.ng * sizeof *cached);
+        memcpy(cached, s.g, (size_t)s.ng * sizeof *cached);
+        int64_t fw = s.forwards;
+        s.prefix_cache = 0;
+        EXPECT(bq_sens_run_groups(&s, 1) == BQ_OK);
+        s.prefix_cache = 1;
+        int same = 0;
+        for (int k = 0; k < s.ng; k++)
+            same += cached[k].acc_only == s.g[k].acc_only && cached[k].kl_only == s.g[k].kl_only &&
+                    cached[k].acc_without == s.g[k].acc_without && cached[k].kl_without == s.g[k].kl_without;
+        printf("prefix cache: %d of %d groups identical to the uncached passes (%lld batch forwards each)\n", same,
+               s.ng, (long long)(s.forwards - fw));
+        EXPECT(same == s.ng, "%d of %d groups differ with the prefix cache", s.ng - same, s.ng);
+        free(cached);
         int *order = bq_sens_order(&s);
         for (int r = 0; r < s.ng; r++)
             printf("  %d %-48s only int8 %.4f KL %.4g | only fp32 %.4f KL %.4g\n", r + 1, s.g[order[r]].name,

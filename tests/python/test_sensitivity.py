@@ -148,3 +148,105 @@ def test_keep_fp32_name(env, tmp_path):
     print(f"ONNX Runtime vs bertqat logits, layer 3 intermediate.dense in fp32: max err {err:.3g}, "
           f"quantization noise {noise:.3g}")
     assert noise > 1e-3 and err <= 0.1 * noise + 1e-4, (err, noise)
+
+
+def test_qat_keep_fp32(env, tmp_path):
+    """qat --keep-fp32: from an fp32 checkpoint as calibrate does (a name, and auto); from a PTQ checkpoint
+    that records a fallback list the list is kept and --keep-fp32 adds to it."""
+    steps = ["--max-steps", 2, "--ranges", "fixed"]
+    q1 = tmp_path / "q1"
+    run_bq("qat", "--model", env["ft"], "--out", q1, "--scheme", "cpu", "--keep-fp32", BROKEN, *steps, *env["common"])
+    info = run_bq("info", q1).stdout
+    assert f"{BROKEN}.input_quantizer" not in info and "layer.2.intermediate.dense.input_quantizer" in info
+    assert BROKEN in json.load(open(q1 / "config.json"))["bertqat"]["quant"]["exclude"]
+
+    ptq = tmp_path / "ptqfb"
+    run_bq("calibrate", "--model", env["ft"], "--out", ptq, "--scheme", "cpu", "--calib-samples", 64,
+           "--keep-fp32", BROKEN, *env["common"])
+    q2 = tmp_path / "q2"
+    run_bq("qat", "--model", ptq, "--out", q2, *steps, *env["common"])
+    assert BROKEN in json.load(open(q2 / "config.json"))["bertqat"]["quant"]["exclude"]
+    q3 = tmp_path / "q3"
+    more = "bert.encoder.layer.2.output.dense"
+    run_bq("qat", "--model", ptq, "--out", q3, "--keep-fp32", more, *steps, *env["common"])
+    ex = json.load(open(q3 / "config.json"))["bertqat"]["quant"]["exclude"].split(",")
+    assert BROKEN in ex and more in ex, ex
+    info = run_bq("info", q3).stdout
+    assert f"{more}.input_quantizer" not in info and f"{BROKEN}.input_quantizer" not in info
+
+    q4 = tmp_path / "q4"
+    p = run_bq("qat", "--model", env["ft"], "--out", q4, "--scheme", "cpu", "--keep-fp32", "auto", "--max-drop", 0.0,
+               *steps, *env["common"])
+    names = re.findall(r"kept in fp32: (\S+)", p.stdout)
+    ex = json.load(open(q4 / "config.json"))["bertqat"]["quant"]["exclude"]
+    assert all(n in ex for n in names), (names, ex)
+    bad = run_bq("qat", "--model", env["ft"], "--out", tmp_path / "bad", "--max-drop", 1, *steps, *env["common"],
+                 check=False)
+    assert bad.returncode == 2 and "--max-drop" in bad.stderr and not os.path.exists(tmp_path / "bad")
+
+
+def test_pipeline_lists_fallback(env, tmp_path):
+    """pipeline --keep-fp32 NAME --distill: the PTQ stage leaves the module in fp32, QAT keeps it and distils
+    from the fp32 stage, and report.md lists both."""
+    d = tmp_path / "data"
+    d.mkdir()
+    rows = list(csv.reader(open(env["dir"] / "data.csv")))
+    for name, part in (("train.csv", rows[1:241]), ("test.csv", rows[241:])):
+        with open(d / name, "w", newline="") as f:
+            csv.writer(f).writerows([rows[0]] + part)
+    run_dir = tmp_path / "run"
+    p = run_bq("pipeline", "--model", env["ft"], "--data", d, "--out", run_dir, "--train-samples", 96,
+               "--eval-samples", 32, "--max-seq-len", 32, "--batch-size", 16, "--calib-samples", 32,
+               "--bench-rounds", 1, "--bench-batch-sizes", 1, "--keep-fp32", BROKEN, "--distill", "--threads",
+               THREADS, "--python", tmp_path / "no-python",  # scripts/onnx_eval.py reads no train/test CSV folder
+               timeout=3600)
+    report = open(run_dir / "report.md").read()
+    assert re.search(r"kept in fp32 \(ptq, `--keep-fp32`\): " + re.escape(BROKEN), report), report[:2000]
+    assert "distillation (qat): teacher fp32, alpha 0.5, temperature 2" in report
+    assert f"kept in fp32 (ptq): {BROKEN}" in p.stdout
+    for stage in ("ptq", "qat"):
+        ex = json.load(open(run_dir / stage / "config.json"))["bertqat"]["quant"]["exclude"]
+        assert BROKEN in ex, (stage, ex)
+    assert json.load(open(run_dir / "qat" / "distill.json"))["teacher"].endswith("/fp32")
+
+
+def val_probs(ckpt, env, out, engine):
+    """p(label 1) of every validation example (eval --split val --predictions, the examples sensitivity
+    measures), and the accuracy."""
+    p = run_bq("eval", "--model", ckpt, "--split", "val", "--engine", engine, "--predictions", out, "--json",
+               *env["common"])
+    rows = [ln.split("\t") for ln in open(out).read().splitlines()]
+    pos = np.array([float(r[3]) if r[2] == "1" else 1.0 - float(r[3]) for r in rows])
+    return pos, json.loads(p.stdout)["accuracy"]
+
+
+def test_brute_force_top_three(env, tmp_path):
+    """The brute-force check of `sensitivity`: for the three groups it ranks most harmful, a copy of the PTQ
+    checkpoint whose exclude list leaves every other group in fp32 (no quantizer exists for them) is scored
+    with `eval`; its accuracy equals the group's "only quantized" accuracy, its mean KL against the fp32
+    model's probabilities (from eval's 6-decimal predictions) equals the group's KL within 2 %, and ranking
+    the three by the brute-force numbers puts the same group first."""
+    out = tmp_path / "sens"
+    run_bq("sensitivity", "--model", env["ptq"], "--samples", 0, "--out", out, *env["common"])
+    j = json.load(open(out / "sensitivity.json"))
+    groups = j["groups"]
+    ref, _ = val_probs(env["ft"], env, tmp_path / "fp32.tsv", "auto")
+    brute = []
+    for g in groups[:3]:
+        ck = tmp_path / ("only-" + g["group"].replace("bert.encoder.", ""))
+        shutil.copytree(env["ptq"], ck)
+        cfg = json.load(open(ck / "config.json"))
+        others = [o["exclude"] for o in groups if o["group"] != g["group"]]
+        cfg["bertqat"]["quant"]["exclude"] = ",".join(["classifier", "pooler"] + others)
+        json.dump(cfg, open(ck / "config.json", "w"))
+        info = run_bq("info", ck).stdout
+        assert info.count("_quantizer ") == len(g["quantizers"]), (g, info)
+        pos, acc = val_probs(ck, env, tmp_path / (ck.name + ".tsv"), "fake-quant")
+        p, q = np.clip(ref, 1e-12, 1 - 1e-12), np.clip(pos, 1e-12, 1 - 1e-12)
+        kl = float(np.mean(p * np.log(p / q) + (1 - p) * np.log((1 - p) / (1 - q))))
+        print(f"{g['group']}: sensitivity acc {g['only_quantized_accuracy']:.4f} KL {g['only_quantized_kl']:.4g}; "
+              f"brute force acc {acc:.4f} KL {kl:.4g}")
+        assert abs(acc - g["only_quantized_accuracy"]) < 1e-9
+        assert abs(kl - g["only_quantized_kl"]) <= 0.02 * g["only_quantized_kl"] + 1e-7, (kl, g)
+        brute.append((-acc, -kl, g["group"]))
+    assert min(brute)[2] == groups[0]["group"], brute
