@@ -3,15 +3,14 @@
  * tokenizer, and the versioned on-disk cache of encoded examples. See dataset.h for the contracts. */
 #include "datasets/dataset.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "autograd/bq.h"
+#include "datasets/cache.h"
 #include "datasets/source.h"
 
 #define CACHE_MAGIC "BQDSET\x01\n"
@@ -247,141 +246,81 @@ static void encode_selection(Encoded *e, const BqRawSet *r, const int32_t *sel_l
 
 /* ---------------------------------------------------------------- cache file */
 
-typedef struct Hasher {
-    FILE *f;
-    uint64_t h, bytes;
-    int err;
-} Hasher;
-
-static void hw(Hasher *w, const void *p, size_t n) {
-    if (!n) return;
-    w->h = bq_fnv1a(w->h, p, n);
-    w->bytes += n;
-    if (fwrite(p, 1, n, w->f) != n) w->err = 1;
-}
-
 static int cache_write(const char *path, uint64_t key, const Encoded *e) {
-    /* per-process temp name: two runs filling the same cache entry never interleave their writes */
-    size_t pl = strlen(path) + 32;
-    char *tmp = bq_malloc(pl);
-    snprintf(tmp, pl, "%s.%ld.tmp", path, (long)getpid());
-    int st = BQ_OK;
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        st = bq_err(BQ_EIO, "%s: %s", tmp, strerror(errno));
-        goto cleanup;
-    }
-    uint64_t hdr[3] = {key, 0, 0};
-    uint32_t ver = CACHE_VERSION;
-    fwrite(CACHE_MAGIC, 1, 8, f);
-    fwrite(&ver, 4, 1, f);
-    fwrite(hdr, 8, 3, f);
-    Hasher w = {f, BQ_FNV_OFFSET, 0, 0};
+    BqCacheWriter w;
+    int st = bq_cache_writer_open(&w, path, CACHE_MAGIC, CACHE_VERSION, key);
+    if (st) return st;
     int64_t tot = e->offsets[e->n];
     int64_t head[4] = {e->source_count, e->skipped_empty, e->n, tot};
     int32_t h2[2] = {e->nlabels, e->pad_id};
-    hw(&w, head, sizeof head);
-    hw(&w, h2, sizeof h2);
+    bq_cache_append(&w, head, sizeof head);
+    bq_cache_append(&w, h2, sizeof h2);
     for (int i = 0; i < e->nlabels; i++) {
         uint32_t l = (uint32_t)strlen(e->label_names[i]);
-        hw(&w, &l, 4);
-        hw(&w, e->label_names[i], l);
+        bq_cache_append(&w, &l, 4);
+        bq_cache_append(&w, e->label_names[i], l);
     }
-    hw(&w, e->source_index, (size_t)e->n * 8);
-    hw(&w, e->labels, (size_t)e->n * 4);
-    hw(&w, e->full_len, (size_t)e->n * 4);
-    hw(&w, e->offsets, (size_t)(e->n + 1) * 8);
-    hw(&w, e->ids, (size_t)tot * 4);
-    hw(&w, e->types, (size_t)tot);
-    hdr[1] = w.bytes;
-    hdr[2] = w.h;
-    if (!w.err && fseek(f, 12, SEEK_SET) == 0 && fwrite(hdr, 8, 3, f) == 3 && fflush(f) == 0 && !ferror(f)) {
-        if (fclose(f) != 0) st = bq_err(BQ_EIO, "%s: write failed", tmp);
-        f = NULL;
-        if (!st) st = bq_rename_durable(tmp, path);
-    } else {
-        st = bq_err(BQ_EIO, "%s: write failed", tmp);
-    }
-cleanup:
-    if (f) fclose(f);
-    if (st) remove(tmp);
-    free(tmp);
-    return st;
+    bq_cache_append(&w, e->source_index, (size_t)e->n * 8);
+    bq_cache_append(&w, e->labels, (size_t)e->n * 4);
+    bq_cache_append(&w, e->full_len, (size_t)e->n * 4);
+    bq_cache_append(&w, e->offsets, (size_t)(e->n + 1) * 8);
+    bq_cache_append(&w, e->ids, (size_t)tot * 4);
+    bq_cache_append(&w, e->types, (size_t)tot);
+    return bq_cache_writer_commit(&w);
 }
 
 /* Reads and validates a cache file; returns 1 on success, 0 when absent, -1 when present but
  * stale/corrupt (never partially trusted). */
 static int cache_read(const char *path, uint64_t key, int32_t vocab, Encoded *e) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    char *buf = NULL;
-    int ok = -1;
     memset(e, 0, sizeof *e);
-    char magic[8];
-    uint32_t ver;
-    uint64_t hdr[3];
-    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, CACHE_MAGIC, 8) || fread(&ver, 4, 1, f) != 1 ||
-        ver != CACHE_VERSION || fread(hdr, 8, 3, f) != 3 || hdr[0] != key || hdr[1] > ((uint64_t)1 << 40))
+    BqCacheReader r;
+    int ok = bq_cache_reader_open(&r, path, CACHE_MAGIC, CACHE_VERSION, key);
+    if (ok != 1) return ok;
+    ok = -1;
+    int64_t head[4];
+    int32_t h2[2];
+    if (!bq_cache_take(&r, head, sizeof head) || !bq_cache_take(&r, h2, sizeof h2)) goto cleanup;
+    e->source_count = head[0];
+    e->skipped_empty = head[1];
+    int64_t n = head[2], tot = head[3];
+    if (n < 0 || tot < 0 || n > head[0] || h2[0] < 0 || h2[0] > 100000 || (uint64_t)tot > bq_cache_left(&r))
         goto cleanup;
-    buf = malloc(hdr[1] + 1);
-    if (!buf || fread(buf, 1, hdr[1], f) != hdr[1] || fgetc(f) != EOF) goto cleanup;
-    if (bq_fnv1a(BQ_FNV_OFFSET, buf, hdr[1]) != hdr[2]) goto cleanup;
-    {
-        const char *p = buf, *end = buf + hdr[1];
-#define TAKE(dst, nbytes)                                              \
-    do {                                                               \
-        if ((uint64_t)(end - p) < (uint64_t)(nbytes)) goto cleanup;    \
-        memcpy((dst), p, (nbytes));                                    \
-        p += (nbytes);                                                 \
-    } while (0)
-        int64_t head[4];
-        int32_t h2[2];
-        TAKE(head, sizeof head);
-        TAKE(h2, sizeof h2);
-        e->source_count = head[0];
-        e->skipped_empty = head[1];
-        int64_t n = head[2], tot = head[3];
-        if (n < 0 || tot < 0 || n > head[0] || h2[0] < 0 || h2[0] > 100000 || (uint64_t)tot > hdr[1]) goto cleanup;
-        e->pad_id = h2[1];
-        e->label_names = bq_calloc((size_t)h2[0] + 1, sizeof(char *));
-        for (int i = 0; i < h2[0]; i++) {
-            uint32_t l;
-            TAKE(&l, 4);
-            if ((uint64_t)(end - p) < l) goto cleanup;
-            e->label_names[i] = bq_malloc(l + 1);
-            memcpy(e->label_names[i], p, l);
-            e->label_names[i][l] = 0;
-            p += l;
-            e->nlabels = i + 1;
-        }
-        if ((uint64_t)(end - p) != (uint64_t)n * 24 + 8 + (uint64_t)tot * 5) goto cleanup;
-        e->n = n;
-        e->source_index = bq_malloc((size_t)(n ? n : 1) * 8);
-        e->labels = bq_malloc((size_t)(n ? n : 1) * 4);
-        e->full_len = bq_malloc((size_t)(n ? n : 1) * 4);
-        e->offsets = bq_malloc((size_t)(n + 1) * 8);
-        e->ids = bq_malloc((size_t)(tot ? tot : 1) * 4);
-        e->types = bq_malloc((size_t)(tot ? tot : 1));
-        TAKE(e->source_index, (size_t)n * 8);
-        TAKE(e->labels, (size_t)n * 4);
-        TAKE(e->full_len, (size_t)n * 4);
-        TAKE(e->offsets, (size_t)(n + 1) * 8);
-        TAKE(e->ids, (size_t)tot * 4);
-        TAKE(e->types, (size_t)tot);
-#undef TAKE
-        if (e->offsets[0] != 0 || e->offsets[n] != tot) goto cleanup;
-        for (int64_t i = 0; i < n; i++) {
-            if (e->offsets[i + 1] <= e->offsets[i] || e->source_index[i] < 0 || e->source_index[i] >= e->source_count ||
-                (i && e->source_index[i] <= e->source_index[i - 1]) || e->labels[i] < -1 || e->labels[i] >= e->nlabels)
-                goto cleanup;
-        }
-        for (int64_t t = 0; t < tot; t++)
-            if (e->ids[t] < 0 || e->ids[t] >= vocab || e->types[t] > 1) goto cleanup;
-        ok = 1;
+    e->pad_id = h2[1];
+    e->label_names = bq_calloc((size_t)h2[0] + 1, sizeof(char *));
+    for (int i = 0; i < h2[0]; i++) {
+        uint32_t l;
+        if (!bq_cache_take(&r, &l, 4) || bq_cache_left(&r) < l) goto cleanup;
+        e->label_names[i] = bq_malloc(l + 1);
+        bq_cache_take(&r, e->label_names[i], l);
+        e->label_names[i][l] = 0;
+        e->nlabels = i + 1;
     }
+    if (bq_cache_left(&r) != (uint64_t)n * 24 + 8 + (uint64_t)tot * 5) goto cleanup;
+    e->n = n;
+    e->source_index = bq_malloc((size_t)(n ? n : 1) * 8);
+    e->labels = bq_malloc((size_t)(n ? n : 1) * 4);
+    e->full_len = bq_malloc((size_t)(n ? n : 1) * 4);
+    e->offsets = bq_malloc((size_t)(n + 1) * 8);
+    e->ids = bq_malloc((size_t)(tot ? tot : 1) * 4);
+    e->types = bq_malloc((size_t)(tot ? tot : 1));
+    /* the exact remaining size was checked above, so every take succeeds */
+    bq_cache_take(&r, e->source_index, (size_t)n * 8);
+    bq_cache_take(&r, e->labels, (size_t)n * 4);
+    bq_cache_take(&r, e->full_len, (size_t)n * 4);
+    bq_cache_take(&r, e->offsets, (size_t)(n + 1) * 8);
+    bq_cache_take(&r, e->ids, (size_t)tot * 4);
+    bq_cache_take(&r, e->types, (size_t)tot);
+    if (e->offsets[0] != 0 || e->offsets[n] != tot) goto cleanup;
+    for (int64_t i = 0; i < n; i++) {
+        if (e->offsets[i + 1] <= e->offsets[i] || e->source_index[i] < 0 || e->source_index[i] >= e->source_count ||
+            (i && e->source_index[i] <= e->source_index[i - 1]) || e->labels[i] < -1 || e->labels[i] >= e->nlabels)
+            goto cleanup;
+    }
+    for (int64_t t = 0; t < tot; t++)
+        if (e->ids[t] < 0 || e->ids[t] >= vocab || e->types[t] > 1) goto cleanup;
+    ok = 1;
 cleanup:
-    free(buf);
-    fclose(f);
+    bq_cache_reader_close(&r);
     if (ok != 1) encoded_free(e);
     return ok;
 }

@@ -11,16 +11,15 @@
  * max_seq_len or doc_stride); windows, labels and the padded (n,T) arrays are rebuilt from them. */
 #include "datasets/squad.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 #include <utf8proc.h>
 
 #include "autograd/bq.h"
+#include "datasets/cache.h"
 #include "datasets/dataset.h"
 #include "datasets/source.h"
 
@@ -282,123 +281,66 @@ static void build_pieces(Pieces *p, const BqSquadSet *s, const BqTokenizer *tok,
 
 /* ---------------------------------------------------------------- cache file */
 
-typedef struct Hasher {
-    FILE *f;
-    uint64_t h, bytes;
-    int err;
-} Hasher;
-
-static void hw(Hasher *w, const void *p, size_t n) {
-    if (!n) return;
-    w->h = bq_fnv1a(w->h, p, n);
-    w->bytes += n;
-    if (fwrite(p, 1, n, w->f) != n) w->err = 1;
-}
-
 static int cache_write(const char *path, uint64_t key, const Pieces *p) {
-    size_t pl = strlen(path) + 32;
-    char *tmp = bq_malloc(pl);
-    snprintf(tmp, pl, "%s.%ld.tmp", path, (long)getpid());
-    int st = BQ_OK;
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        st = bq_err(BQ_EIO, "%s: %s", tmp, strerror(errno));
-        goto cleanup;
-    }
-    uint64_t hdr[3] = {key, 0, 0};
-    uint32_t ver = CACHE_VERSION;
-    fwrite(CACHE_MAGIC, 1, 8, f);
-    fwrite(&ver, 4, 1, f);
-    fwrite(hdr, 8, 3, f);
-    Hasher w = {f, BQ_FNV_OFFSET, 0, 0};
+    BqCacheWriter w;
+    int st = bq_cache_writer_open(&w, path, CACHE_MAGIC, CACHE_VERSION, key);
+    if (st) return st;
     int64_t head[2] = {p->n_ctx, p->n_ex};
-    hw(&w, head, sizeof head);
-    hw(&w, p->ctx_off, (size_t)(p->n_ctx + 1) * 8);
-    hw(&w, p->q_off, (size_t)(p->n_ex + 1) * 8);
-    hw(&w, p->ctx_ids, (size_t)p->ctx_off[p->n_ctx] * 4);
-    hw(&w, p->ctx_span, (size_t)p->ctx_off[p->n_ctx] * 8);
-    hw(&w, p->q_ids, (size_t)p->q_off[p->n_ex] * 4);
-    hdr[1] = w.bytes;
-    hdr[2] = w.h;
-    if (!w.err && fseek(f, 12, SEEK_SET) == 0 && fwrite(hdr, 8, 3, f) == 3 && fflush(f) == 0 && !ferror(f)) {
-        if (fclose(f) != 0) st = bq_err(BQ_EIO, "%s: write failed", tmp);
-        f = NULL;
-        if (!st) st = bq_rename_durable(tmp, path);
-    } else {
-        st = bq_err(BQ_EIO, "%s: write failed", tmp);
-    }
-cleanup:
-    if (f) fclose(f);
-    if (st) remove(tmp);
-    free(tmp);
-    return st;
+    bq_cache_append(&w, head, sizeof head);
+    bq_cache_append(&w, p->ctx_off, (size_t)(p->n_ctx + 1) * 8);
+    bq_cache_append(&w, p->q_off, (size_t)(p->n_ex + 1) * 8);
+    bq_cache_append(&w, p->ctx_ids, (size_t)p->ctx_off[p->n_ctx] * 4);
+    bq_cache_append(&w, p->ctx_span, (size_t)p->ctx_off[p->n_ctx] * 8);
+    bq_cache_append(&w, p->q_ids, (size_t)p->q_off[p->n_ex] * 4);
+    return bq_cache_writer_commit(&w);
 }
 
 /* Reads and validates a cache file against the parsed set: 1 valid, 0 absent, -1 stale or corrupt
  * (then nothing of it is used). */
 static int cache_read(const char *path, uint64_t key, const BqSquadSet *s, int64_t mql, int32_t vocab, Pieces *p) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    char *buf = NULL;
-    int ok = -1;
     memset(p, 0, sizeof *p);
-    char magic[8];
-    uint32_t ver;
-    uint64_t hdr[3];
-    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, CACHE_MAGIC, 8) || fread(&ver, 4, 1, f) != 1 ||
-        ver != CACHE_VERSION || fread(hdr, 8, 3, f) != 3 || hdr[0] != key || hdr[1] > ((uint64_t)1 << 40))
+    BqCacheReader r;
+    int ok = bq_cache_reader_open(&r, path, CACHE_MAGIC, CACHE_VERSION, key);
+    if (ok != 1) return ok;
+    ok = -1;
+    int64_t head[2];
+    if (!bq_cache_take(&r, head, sizeof head) || head[0] != s->n_contexts || head[1] != s->n_examples) goto cleanup;
+    p->n_ctx = head[0];
+    p->n_ex = head[1];
+    p->ctx_off = bq_malloc((size_t)(p->n_ctx + 1) * 8);
+    p->q_off = bq_malloc((size_t)(p->n_ex + 1) * 8);
+    if (!bq_cache_take(&r, p->ctx_off, (size_t)(p->n_ctx + 1) * 8) ||
+        !bq_cache_take(&r, p->q_off, (size_t)(p->n_ex + 1) * 8))
         goto cleanup;
-    buf = malloc(hdr[1] + 1);
-    if (!buf || fread(buf, 1, hdr[1], f) != hdr[1] || fgetc(f) != EOF) goto cleanup;
-    if (bq_fnv1a(BQ_FNV_OFFSET, buf, hdr[1]) != hdr[2]) goto cleanup;
-    {
-        const char *q = buf, *end = buf + hdr[1];
-#define TAKE(dst, nbytes)                                           \
-    do {                                                            \
-        if ((uint64_t)(end - q) < (uint64_t)(nbytes)) goto cleanup; \
-        memcpy((dst), q, (nbytes));                                 \
-        q += (nbytes);                                              \
-    } while (0)
-        int64_t head[2];
-        TAKE(head, sizeof head);
-        if (head[0] != s->n_contexts || head[1] != s->n_examples) goto cleanup;
-        p->n_ctx = head[0];
-        p->n_ex = head[1];
-        p->ctx_off = bq_malloc((size_t)(p->n_ctx + 1) * 8);
-        p->q_off = bq_malloc((size_t)(p->n_ex + 1) * 8);
-        TAKE(p->ctx_off, (size_t)(p->n_ctx + 1) * 8);
-        TAKE(p->q_off, (size_t)(p->n_ex + 1) * 8);
-        int64_t tc = p->ctx_off[p->n_ctx], tq = p->q_off[p->n_ex];
-        if (p->ctx_off[0] != 0 || p->q_off[0] != 0 || tc < 0 || tq < 0 ||
-            (uint64_t)(end - q) != (uint64_t)tc * 12 + (uint64_t)tq * 4)
-            goto cleanup;
-        p->ctx_ids = bq_malloc((size_t)(tc + 1) * 4);
-        p->ctx_span = bq_malloc((size_t)(tc + 1) * 8);
-        p->q_ids = bq_malloc((size_t)(tq + 1) * 4);
-        TAKE(p->ctx_ids, (size_t)tc * 4);
-        TAKE(p->ctx_span, (size_t)tc * 8);
-        TAKE(p->q_ids, (size_t)tq * 4);
-#undef TAKE
-        for (int64_t i = 0; i < p->n_ctx; i++) {
-            if (p->ctx_off[i + 1] < p->ctx_off[i]) goto cleanup;
-            int32_t clen = (int32_t)strlen(s->contexts[i]), prev = 0;
-            for (int64_t k = p->ctx_off[i]; k < p->ctx_off[i + 1]; k++) {
-                int32_t b = p->ctx_span[2 * k], e = p->ctx_span[2 * k + 1];
-                if (b < prev || e <= b || e > clen) goto cleanup;
-                prev = b;
-            }
+    int64_t tc = p->ctx_off[p->n_ctx], tq = p->q_off[p->n_ex];
+    if (p->ctx_off[0] != 0 || p->q_off[0] != 0 || tc < 0 || tq < 0 ||
+        bq_cache_left(&r) != (uint64_t)tc * 12 + (uint64_t)tq * 4)
+        goto cleanup;
+    p->ctx_ids = bq_malloc((size_t)(tc + 1) * 4);
+    p->ctx_span = bq_malloc((size_t)(tc + 1) * 8);
+    p->q_ids = bq_malloc((size_t)(tq + 1) * 4);
+    /* the exact remaining size was checked above, so every take succeeds */
+    bq_cache_take(&r, p->ctx_ids, (size_t)tc * 4);
+    bq_cache_take(&r, p->ctx_span, (size_t)tc * 8);
+    bq_cache_take(&r, p->q_ids, (size_t)tq * 4);
+    for (int64_t i = 0; i < p->n_ctx; i++) {
+        if (p->ctx_off[i + 1] < p->ctx_off[i]) goto cleanup;
+        int32_t clen = (int32_t)strlen(s->contexts[i]), prev = 0;
+        for (int64_t k = p->ctx_off[i]; k < p->ctx_off[i + 1]; k++) {
+            int32_t b = p->ctx_span[2 * k], e = p->ctx_span[2 * k + 1];
+            if (b < prev || e <= b || e > clen) goto cleanup;
+            prev = b;
         }
-        for (int64_t i = 0; i < p->n_ex; i++)
-            if (p->q_off[i + 1] < p->q_off[i] || p->q_off[i + 1] - p->q_off[i] > mql) goto cleanup;
-        for (int64_t k = 0; k < tc; k++)
-            if (p->ctx_ids[k] < 0 || p->ctx_ids[k] >= vocab) goto cleanup;
-        for (int64_t k = 0; k < tq; k++)
-            if (p->q_ids[k] < 0 || p->q_ids[k] >= vocab) goto cleanup;
-        ok = 1;
     }
+    for (int64_t i = 0; i < p->n_ex; i++)
+        if (p->q_off[i + 1] < p->q_off[i] || p->q_off[i + 1] - p->q_off[i] > mql) goto cleanup;
+    for (int64_t k = 0; k < tc; k++)
+        if (p->ctx_ids[k] < 0 || p->ctx_ids[k] >= vocab) goto cleanup;
+    for (int64_t k = 0; k < tq; k++)
+        if (p->q_ids[k] < 0 || p->q_ids[k] >= vocab) goto cleanup;
+    ok = 1;
 cleanup:
-    free(buf);
-    fclose(f);
+    bq_cache_reader_close(&r);
     if (ok != 1) pieces_free(p);
     return ok;
 }
