@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "autograd/bq.h"
+#include "autograd/fastmath.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(BQ_NO_CLONES)
 #define IK_VEC __attribute__((target_clones("default", "avx2", "avx512f")))
@@ -29,51 +30,8 @@
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4))); /* unaligned load/store */
 
-/* ---- scalar math: the formulas of autograd/kernels.c (same constants, same operation order) ---- */
-
-IK_INLINE float rne_small(float x) {
-    const float magic = 12582912.0f; /* 1.5·2^23 */
-    return (x + magic) - magic;
-}
-
-/* e^x, relative error below 2e-7 on [-87.3, 88]; 0 below, +inf above (autograd/kernels.c exp_fast). */
-IK_INLINE float exp_fast(float x) {
-    float xc = x < -87.3f ? -87.3f : x;
-    xc = xc > 88.0f ? 88.0f : xc;
-    float n = rne_small(xc * 1.44269504088896341f);
-    float r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float two_n;
-    memcpy(&two_n, &bits, sizeof two_n);
-    float y = p * two_n;
-    y = x < -87.3f ? 0.0f : y;
-    return x > 88.0f ? INFINITY : y;
-}
-
-/* erfc(z), z >= 0, by the Chebyshev fit of Press et al., Numerical Recipes §6.2 (autograd/kernels.c). */
-IK_INLINE float erfc_pos(float z) {
-    float t = 1.0f / (1.0f + 0.5f * z);
-    float p = 0.17087277f;
-    p = p * t - 0.82215223f;
-    p = p * t + 1.48851587f;
-    p = p * t - 1.13520398f;
-    p = p * t + 0.27886807f;
-    p = p * t - 0.18628806f;
-    p = p * t + 0.09678418f;
-    p = p * t + 0.37409196f;
-    p = p * t + 1.00002368f;
-    p = p * t - 1.26551223f;
-    return t * exp_fast(-z * z + p);
-}
+/* ---- scalar math: rne_small, exp_fast and erfc_pos are those of autograd/kernels.c, shared through
+ * autograd/fastmath.h (same bits in both engines) ---- */
 
 IK_INLINE float gelu(float x) {
     float h = 0.5f * erfc_pos(fabsf(x) * (float)M_SQRT1_2);

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "autograd/bq.h"
+#include "autograd/fastmath.h"
 
 /* Below this many elements a loop stays serial (thread start-up would dominate). */
 #define PAR_MIN 16384
@@ -35,56 +36,8 @@
 #endif
 #define BQ_INLINE static inline __attribute__((always_inline))
 
-/* ---- vectorizable scalar math (branch-free, inlined into the loops above so they vectorize) ---- */
-
-/* Round to nearest, ties to even, for |x| < 2^22, in the default rounding mode: adding and subtracting
- * 1.5·2^23 leaves exactly the rounded integer (the float spacing there is 1). */
-BQ_INLINE float rne_small(float x) {
-    const float magic = 12582912.0f; /* not folded away: without -ffast-math this is no identity */
-    return (x + magic) - magic;
-}
-
-/* e^x with relative error below 2e-7 for x in [-87.3, 88]; 0 below (the softmax's masked keys),
- * +inf above. 2^n·e^r with n = rne(x·log2 e), r = x − n·ln 2 in two parts (Cody-Waite), and the degree-7
- * Taylor polynomial of e^r on |r| <= ln2/2 (truncation error < 3e-9). */
-BQ_INLINE float exp_fast(float x) {
-    float xc = x < -87.3f ? -87.3f : x;
-    xc = xc > 88.0f ? 88.0f : xc;
-    float n = rne_small(xc * 1.44269504088896341f);
-    float r = xc - n * 0.693359375f; /* ln2 high part: exact product for |n| <= 2^10 */
-    r = r - n * -2.12194440e-4f;     /* ln2 = 0.693359375 - 2.12194440e-4 */
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float two_n;
-    memcpy(&two_n, &bits, sizeof two_n);
-    float y = p * two_n;
-    y = x < -87.3f ? 0.0f : y;
-    return x > 88.0f ? INFINITY : y;
-}
-
-/* erfc(z) for z >= 0 with relative error below 1.2e-7 before rounding (the Chebyshev fit
- * erfc(z) = t·exp(−z² + P(t)), t = 1/(1 + z/2), of Press et al., Numerical Recipes §6.2). */
-BQ_INLINE float erfc_pos(float z) {
-    float t = 1.0f / (1.0f + 0.5f * z);
-    float p = 0.17087277f;
-    p = p * t - 0.82215223f;
-    p = p * t + 1.48851587f;
-    p = p * t - 1.13520398f;
-    p = p * t + 0.27886807f;
-    p = p * t - 0.18628806f;
-    p = p * t + 0.09678418f;
-    p = p * t + 0.37409196f;
-    p = p * t + 1.00002368f;
-    p = p * t - 1.26551223f;
-    return t * exp_fast(-z * z + p);
-}
+/* ---- vectorizable scalar math (branch-free, inlined into the loops above so they vectorize) ----
+ * rne_small, exp_fast and erfc_pos come from autograd/fastmath.h. */
 
 /* Reductions over a row with 8 fixed lanes combined in a fixed order: they vectorize, and the result
  * is the same whatever vector width the running clone has. */

@@ -4,6 +4,7 @@
 #include "tests/gradcheck.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,4 +126,35 @@ int bq_gradcheck_ref(const char *op, BqGcForward fwd, BqGcReference ref, void *u
     bq_tape_free(&tape);
     bq_arena_free(&act);
     return fails;
+}
+
+void bq_gc_pass_begin(BqGcPass *p, int threads, size_t arena_bytes, int record, uint64_t rng_key,
+                      uint64_t rng_count) {
+    if (threads > 0) omp_set_num_threads(threads);
+    BQ_CHECK(bq_arena_init(&p->act, arena_bytes, "gradcheck pass") == BQ_OK);
+    BQ_CHECK(bq_tape_init(&p->tape, 16) == BQ_OK);
+    p->ctx = (BqCtx){.act = &p->act, .tape = record ? &p->tape : NULL, .training = 1, .rng_key = rng_key,
+                     .rng_count = rng_count};
+}
+
+uint64_t bq_gc_pass_end(BqGcPass *p, const BqTensor *out, const float *R, float *y) {
+    int64_t n = bq_tensor_numel(out);
+    uint64_t count = p->ctx.rng_count;
+    memcpy(y, out->data, (size_t)n * sizeof(float));
+    if (p->ctx.tape) {
+        memcpy(out->grad, R, (size_t)n * sizeof(float));
+        float dd = 0, dg = 0;
+        int64_t one = 1;
+        BqTensor seed = bq_tensor_wrap(&dd, &dg, 1, &one);
+        bq_backward(&p->ctx, &seed);
+    }
+    bq_tape_free(&p->tape);
+    bq_arena_free(&p->act);
+    return count;
+}
+
+int64_t bq_gc_ndiff(const float *a, const float *b, int64_t n) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++) d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return d;
 }

@@ -43,4 +43,29 @@ typedef void (*BqGcReference)(double *out, void *ud);
 int bq_gradcheck_ref(const char *op, BqGcForward fwd, BqGcReference ref, void *ud, BqGcInput *inputs, int ninputs,
                      double eps, double *max_err);
 
+/* ---- recorded passes, for the tests that compare a fused op with its unfused sequence (and one thread
+ * with two) bit for bit ---- */
+
+/* One pass's activation arena, tape and context. p->ctx points into the struct: keep it in place. */
+typedef struct BqGcPass {
+    BqArena act;
+    BqTape tape;
+    BqCtx ctx;
+} BqGcPass;
+
+/* Opens a pass: sets the OpenMP thread count (when threads > 0), an activation arena of arena_bytes,
+ * training on with the given dropout key and counter, and a tape when record is set (otherwise
+ * p->ctx.tape is NULL and the pass is forward only). The caller then wraps its arrays with gradient
+ * buffers it has prefilled, builds the graph on &p->ctx and closes the pass with bq_gc_pass_end. */
+void bq_gc_pass_begin(BqGcPass *p, int threads, size_t arena_bytes, int record, uint64_t rng_key,
+                      uint64_t rng_count);
+
+/* Closes a pass: copies out's values to y; with a tape, sets out's gradient to R (the weights of the
+ * loss Σ y⊙R) and runs bq_backward, which adds into the caller's gradient buffers. Frees the tape and
+ * the arena and returns the dropout counter as the forward left it. */
+uint64_t bq_gc_pass_end(BqGcPass *p, const BqTensor *out, const float *R, float *y);
+
+/* Number of positions where a and b differ bit for bit. */
+int64_t bq_gc_ndiff(const float *a, const float *b, int64_t n);
+
 #endif

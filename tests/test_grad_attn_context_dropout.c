@@ -6,7 +6,6 @@
  *    and dv bit for bit, and the same dropout-counter advance;
  *  - 1 against 2 threads (B=4, T=64, H=64, NH=4): same bits;
  *  - p = 0 or evaluation: the plain op (no dropout, no saved state). */
-#include <omp.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -30,33 +29,16 @@ enum { B2 = 4, T2 = 64, H2 = 64, NH2 = 4, NV2 = B2 * T2 * H2, NP2 = B2 * NH2 * T
 /* One recorded pass with `threads`: out, dprobs, dv (prefilled 0.5); fused or dropout + context. */
 static void run(int fused, int threads, const float *pin, const float *vin, const float *R, float *out, float *dp,
                 float *dv, uint64_t *count) {
-    omp_set_num_threads(threads);
-    BqArena act;
-    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 28, "t") == BQ_OK);
-    BqTape tape;
-    bq_tape_init(&tape, 8);
-    BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = 0xabcULL, .rng_count = 5};
+    BqGcPass pass;
+    bq_gc_pass_begin(&pass, threads, (size_t)1 << 28, 1, 0xabcULL, 5);
+    BqCtx *ctx = &pass.ctx;
     int64_t vs[3] = {B2, T2, H2}, ps[4] = {B2, NH2, T2, T2};
     for (int i = 0; i < NP2; i++) dp[i] = 0.5f;
     for (int i = 0; i < NV2; i++) dv[i] = 0.5f;
     BqTensor Pt = bq_tensor_wrap((float *)pin, dp, 4, ps), Vt = bq_tensor_wrap((float *)vin, dv, 3, vs);
-    BqTensor *c = fused ? bq_op_attn_context_dropout(&ctx, &Pt, 0.1f, &Vt, NH2)
-                        : bq_op_attn_context(&ctx, bq_op_dropout(&ctx, &Pt, 0.1f), &Vt, NH2);
-    *count = ctx.rng_count;
-    memcpy(out, c->data, sizeof(float) * NV2);
-    memcpy(c->grad, R, sizeof(float) * NV2);
-    float dd = 0, dg = 0;
-    int64_t one = 1;
-    BqTensor seed = bq_tensor_wrap(&dd, &dg, 1, &one);
-    bq_backward(&ctx, &seed);
-    bq_tape_free(&tape);
-    bq_arena_free(&act);
-}
-
-static int64_t ndiff(const float *a, const float *b, int64_t n) {
-    int64_t d = 0;
-    for (int64_t i = 0; i < n; i++) d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
-    return d;
+    BqTensor *c = fused ? bq_op_attn_context_dropout(ctx, &Pt, 0.1f, &Vt, NH2)
+                        : bq_op_attn_context(ctx, bq_op_dropout(ctx, &Pt, 0.1f), &Vt, NH2);
+    *count = bq_gc_pass_end(&pass, c, R, out);
 }
 
 int main(void) {
@@ -74,12 +56,12 @@ int main(void) {
     for (int f = 0; f < 2; f++)
         for (int t = 0; t < 2; t++) run(f, t + 1, P2, V2, R, out[f][t], dp[f][t], dv[f][t], &cnt[f][t]);
     for (int f = 0; f < 2; f++) {
-        int64_t d = ndiff(out[f][0], out[f][1], NV2) + ndiff(dp[f][0], dp[f][1], NP2) + ndiff(dv[f][0], dv[f][1], NV2);
+        int64_t d = bq_gc_ndiff(out[f][0], out[f][1], NV2) + bq_gc_ndiff(dp[f][0], dp[f][1], NP2) + bq_gc_ndiff(dv[f][0], dv[f][1], NV2);
         printf("%-22s 1 vs 2 threads: %lld values differ\n", f ? "fused" : "dropout + context", (long long)d);
         fails += d != 0;
     }
-    int64_t dy = ndiff(out[1][1], out[0][1], NV2), dgp = ndiff(dp[1][1], dp[0][1], NP2),
-            dgv = ndiff(dv[1][1], dv[0][1], NV2);
+    int64_t dy = bq_gc_ndiff(out[1][1], out[0][1], NV2), dgp = bq_gc_ndiff(dp[1][1], dp[0][1], NP2),
+            dgv = bq_gc_ndiff(dv[1][1], dv[0][1], NV2);
     printf("fused vs dropout + context: forward %lld, dprobs %lld, dv %lld values differ (bit-equal expected); "
            "dropout counter %llu vs %llu\n", (long long)dy, (long long)dgp, (long long)dgv,
            (unsigned long long)cnt[1][1], (unsigned long long)cnt[0][1]);

@@ -6,7 +6,6 @@
  *  - 1 against 2 threads on a size that runs in parallel: same bits.
  * C = 70 spans two column blocks of the bias-gradient reduction. */
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -41,35 +40,19 @@ static void ref(double *out, void *ud) {
  * backward of Σ y⊙R. mode 0: fused, 1: fused sole, 2: gelu(add(x, b)). */
 static void run(int mode, int threads, const float *xin, const float *bin, const float *R, int64_t rows, int64_t cols,
                 float *y, float *dx, float *db) {
-    omp_set_num_threads(threads);
-    BqArena act;
-    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 28, "t") == BQ_OK);
-    BqTape tape;
-    bq_tape_init(&tape, 16);
-    BqCtx ctx = {.act = &act, .tape = &tape, .training = 1};
+    BqGcPass pass;
+    bq_gc_pass_begin(&pass, threads, (size_t)1 << 28, 1, 0, 0);
+    BqCtx *ctx = &pass.ctx;
     int64_t n = rows * cols, s[2] = {rows, cols}, cs[1] = {cols};
     for (int64_t i = 0; i < n; i++) dx[i] = 0.5f;
     for (int64_t i = 0; i < cols; i++) db[i] = 0.5f;
     BqTensor X = bq_tensor_wrap((float *)xin, dx, 2, s), Bt = bq_tensor_wrap((float *)bin, db, 1, cs);
-    float *zz = bq_arena_alloc_zero(&act, (size_t)n * sizeof(float));
+    float *zz = bq_arena_alloc_zero(ctx->act, (size_t)n * sizeof(float));
     BqTensor Z = bq_tensor_wrap(zz, NULL, 2, s);
-    BqTensor *out = mode == 0 ? bq_op_bias_gelu(&ctx, &X, &Bt)
-                  : mode == 1 ? bq_op_bias_gelu_sole(&ctx, bq_op_add(&ctx, &X, &Z), &Bt)
-                              : bq_op_gelu(&ctx, bq_op_add(&ctx, &X, &Bt));
-    memcpy(y, out->data, (size_t)n * sizeof(float));
-    memcpy(out->grad, R, (size_t)n * sizeof(float));
-    float dd = 0, dg = 0;
-    int64_t one = 1;
-    BqTensor seed = bq_tensor_wrap(&dd, &dg, 1, &one);
-    bq_backward(&ctx, &seed);
-    bq_tape_free(&tape);
-    bq_arena_free(&act);
-}
-
-static int64_t ndiff(const float *a, const float *b2, int64_t n) {
-    int64_t d = 0;
-    for (int64_t i = 0; i < n; i++) d += memcmp(&a[i], &b2[i], sizeof(float)) != 0;
-    return d;
+    BqTensor *out = mode == 0 ? bq_op_bias_gelu(ctx, &X, &Bt)
+                  : mode == 1 ? bq_op_bias_gelu_sole(ctx, bq_op_add(ctx, &X, &Z), &Bt)
+                              : bq_op_gelu(ctx, bq_op_add(ctx, &X, &Bt));
+    bq_gc_pass_end(&pass, out, R, y);
 }
 
 int main(void) {
@@ -95,14 +78,14 @@ int main(void) {
         for (int t = 0; t < 2; t++) run(mode, t + 1, X, Bv, Rw, R_, C_, y[mode][t], dx[mode][t], db[mode][t]);
     const char *names[3] = {"fused", "fused sole", "unfused gelu(add)"};
     for (int mode = 0; mode < 3; mode++) {
-        int64_t d = ndiff(y[mode][0], y[mode][1], N_) + ndiff(dx[mode][0], dx[mode][1], N_) +
-                    ndiff(db[mode][0], db[mode][1], C_);
+        int64_t d = bq_gc_ndiff(y[mode][0], y[mode][1], N_) + bq_gc_ndiff(dx[mode][0], dx[mode][1], N_) +
+                    bq_gc_ndiff(db[mode][0], db[mode][1], C_);
         printf("%-18s 1 vs 2 threads: %lld values differ\n", names[mode], (long long)d);
         fails += d != 0;
     }
     for (int mode = 0; mode < 2; mode++) {
-        int64_t dy = ndiff(y[mode][1], y[2][1], N_), ddx = ndiff(dx[mode][1], dx[2][1], N_),
-                ddb = ndiff(db[mode][1], db[2][1], C_);
+        int64_t dy = bq_gc_ndiff(y[mode][1], y[2][1], N_), ddx = bq_gc_ndiff(dx[mode][1], dx[2][1], N_),
+                ddb = bq_gc_ndiff(db[mode][1], db[2][1], C_);
         printf("%-18s vs unfused: forward %lld, dx %lld, db %lld values differ (bit-equal expected)\n", names[mode],
                (long long)dy, (long long)ddx, (long long)ddb);
         fails += dy + ddx + ddb != 0;

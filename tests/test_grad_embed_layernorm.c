@@ -4,7 +4,6 @@
  *  - equality with the unfused ops (embedding ×3, add, add, layernorm in HF's order): forward and every
  *    gradient bit for bit, and 1 against 2 threads on a size that runs in parallel: same bits. */
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -47,12 +46,9 @@ static float W2[V2 * H2], T2t[2 * H2], P2[T2 * H2], LW[H2], LB[H2], R[N2 * H2];
 static int32_t I2[N2], TI2[N2], PI2[N2];
 
 static void run(int fused, int threads, float *y, float *g[5]) {
-    omp_set_num_threads(threads);
-    BqArena act;
-    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 27, "t") == BQ_OK);
-    BqTape tape;
-    bq_tape_init(&tape, 16);
-    BqCtx ctx = {.act = &act, .tape = &tape, .training = 1};
+    BqGcPass pass;
+    bq_gc_pass_begin(&pass, threads, (size_t)1 << 27, 1, 0, 0);
+    BqCtx *ctx = &pass.ctx;
     int64_t ws[2] = {V2, H2}, ts[2] = {2, H2}, ps[2] = {T2, H2}, hs[1] = {H2};
     const int64_t sz[5] = {V2 * H2, 2 * H2, T2 * H2, H2, H2};
     for (int k = 0; k < 5; k++)
@@ -61,27 +57,14 @@ static void run(int fused, int threads, float *y, float *g[5]) {
     BqTensor Pt = bq_tensor_wrap(P2, g[2], 2, ps), Lw = bq_tensor_wrap(LW, g[3], 1, hs), Lb = bq_tensor_wrap(LB, g[4], 1, hs);
     BqTensor *out;
     if (fused) {
-        out = bq_op_embed_layernorm(&ctx, &Wt, &Tt, &Pt, I2, TI2, PI2, B2, T2, &Lw, &Lb, EPS, -1);
+        out = bq_op_embed_layernorm(ctx, &Wt, &Tt, &Pt, I2, TI2, PI2, B2, T2, &Lw, &Lb, EPS, -1);
     } else {
-        out = bq_op_embedding(&ctx, &Wt, I2, B2, T2);
-        out = bq_op_add(&ctx, out, bq_op_embedding(&ctx, &Tt, TI2, B2, T2));
-        out = bq_op_add(&ctx, out, bq_op_embedding(&ctx, &Pt, PI2, B2, T2));
-        out = bq_op_layernorm(&ctx, out, &Lw, &Lb, EPS);
+        out = bq_op_embedding(ctx, &Wt, I2, B2, T2);
+        out = bq_op_add(ctx, out, bq_op_embedding(ctx, &Tt, TI2, B2, T2));
+        out = bq_op_add(ctx, out, bq_op_embedding(ctx, &Pt, PI2, B2, T2));
+        out = bq_op_layernorm(ctx, out, &Lw, &Lb, EPS);
     }
-    memcpy(y, out->data, sizeof(float) * N2 * H2);
-    memcpy(out->grad, R, sizeof(float) * N2 * H2);
-    float dd = 0, dg = 0;
-    int64_t one = 1;
-    BqTensor seed = bq_tensor_wrap(&dd, &dg, 1, &one);
-    bq_backward(&ctx, &seed);
-    bq_tape_free(&tape);
-    bq_arena_free(&act);
-}
-
-static int64_t ndiff(const float *a, const float *b, int64_t n) {
-    int64_t d = 0;
-    for (int64_t i = 0; i < n; i++) d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
-    return d;
+    bq_gc_pass_end(&pass, out, R, y);
 }
 
 int main(void) {
@@ -113,13 +96,13 @@ int main(void) {
             run(f, t + 1, y[f][t], g);
         }
     for (int f = 0; f < 2; f++) {
-        int64_t d = ndiff(y[f][0], y[f][1], N2 * H2);
-        for (int k = 0; k < 5; k++) d += ndiff(gs[f][0][k], gs[f][1][k], sz[k]);
+        int64_t d = bq_gc_ndiff(y[f][0], y[f][1], N2 * H2);
+        for (int k = 0; k < 5; k++) d += bq_gc_ndiff(gs[f][0][k], gs[f][1][k], sz[k]);
         printf("%-8s 1 vs 2 threads: %lld values differ\n", f ? "fused" : "unfused", (long long)d);
         fails += d != 0;
     }
-    int64_t dy = ndiff(y[1][1], y[0][1], N2 * H2), dg = 0;
-    for (int k = 0; k < 5; k++) dg += ndiff(gs[1][1][k], gs[0][1][k], sz[k]);
+    int64_t dy = bq_gc_ndiff(y[1][1], y[0][1], N2 * H2), dg = 0;
+    for (int k = 0; k < 5; k++) dg += bq_gc_ndiff(gs[1][1][k], gs[0][1][k], sz[k]);
     printf("fused vs unfused: forward %lld, gradients %lld values differ (bit-equal expected)\n", (long long)dy,
            (long long)dg);
     fails += dy + dg != 0;

@@ -8,7 +8,6 @@
  *    the same count is compared);
  *  - without a tape it is the unfused forward (same values). */
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -46,40 +45,22 @@ enum { N2 = 512, C2 = 96, OC2 = 40 };
 
 static void run(int fused, int threads, int tape_on, const float *X, const float *Bi, const float *W, const float *Bo,
                 const float *R, float *y, float *g[4]) {
-    omp_set_num_threads(threads);
-    BqArena act;
-    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "t") == BQ_OK);
-    BqTape tape;
-    bq_tape_init(&tape, 8);
-    BqCtx ctx = {.act = &act, .tape = tape_on ? &tape : NULL, .training = 1};
+    BqGcPass pass;
+    bq_gc_pass_begin(&pass, threads, (size_t)1 << 26, tape_on, 0, 0);
+    BqCtx *ctx = &pass.ctx;
     int64_t s[2] = {N2, C2}, cs[1] = {C2}, ws[2] = {OC2, C2}, os[1] = {OC2};
     for (int i = 0; i < N2 * C2; i++) g[0][i] = 0.5f;
     for (int i = 0; i < C2; i++) g[1][i] = 0.5f;
     for (int i = 0; i < OC2 * C2; i++) g[2][i] = 0.5f;
     for (int i = 0; i < OC2; i++) g[3][i] = 0.5f;
-    float *zz = bq_arena_alloc_zero(&act, sizeof(float) * N2 * C2);
+    float *zz = bq_arena_alloc_zero(ctx->act, sizeof(float) * N2 * C2);
     BqTensor Xt = bq_tensor_wrap((float *)X, g[0], 2, s), Z = bq_tensor_wrap(zz, NULL, 2, s);
     BqTensor Bt = bq_tensor_wrap((float *)Bi, g[1], 1, cs), Wt = bq_tensor_wrap((float *)W, g[2], 2, ws);
     BqTensor Ot = bq_tensor_wrap((float *)Bo, g[3], 1, os);
-    BqTensor *u = bq_op_add(&ctx, &Xt, &Z);
-    BqTensor *out = fused ? bq_op_gelu_linear(&ctx, u, &Bt, &Wt, &Ot)
-                          : bq_op_linear(&ctx, bq_op_bias_gelu_sole(&ctx, u, &Bt), &Wt, &Ot);
-    memcpy(y, out->data, sizeof(float) * N2 * OC2);
-    if (tape_on) {
-        memcpy(out->grad, R, sizeof(float) * N2 * OC2);
-        float dd = 0, dg = 0;
-        int64_t one = 1;
-        BqTensor seed = bq_tensor_wrap(&dd, &dg, 1, &one);
-        bq_backward(&ctx, &seed);
-    }
-    bq_tape_free(&tape);
-    bq_arena_free(&act);
-}
-
-static int64_t ndiff(const float *a, const float *c, int64_t n) {
-    int64_t d = 0;
-    for (int64_t i = 0; i < n; i++) d += memcmp(&a[i], &c[i], sizeof(float)) != 0;
-    return d;
+    BqTensor *u = bq_op_add(ctx, &Xt, &Z);
+    BqTensor *out = fused ? bq_op_gelu_linear(ctx, u, &Bt, &Wt, &Ot)
+                          : bq_op_linear(ctx, bq_op_bias_gelu_sole(ctx, u, &Bt), &Wt, &Ot);
+    bq_gc_pass_end(&pass, out, R, y);
 }
 
 int main(void) {
@@ -106,12 +87,12 @@ int main(void) {
         }
     int64_t dy = 0, dg = 0;
     for (int t = 0; t < 2; t++) {
-        dy += ndiff(y[1][t], y[0][t], N2 * OC2);
-        for (int k = 0; k < 4; k++) dg += ndiff(gs[1][t][k], gs[0][t][k], sz[k]);
+        dy += bq_gc_ndiff(y[1][t], y[0][t], N2 * OC2);
+        for (int k = 0; k < 4; k++) dg += bq_gc_ndiff(gs[1][t][k], gs[0][t][k], sz[k]);
     }
     float *g[4] = {gs[2][0][0], gs[2][0][1], gs[2][0][2], gs[2][0][3]};
     run(1, 2, 0, X, Bi, W, Bo, R, y[2][0], g);
-    int64_t dinf = ndiff(y[2][0], y[0][1], N2 * OC2);
+    int64_t dinf = bq_gc_ndiff(y[2][0], y[0][1], N2 * OC2);
     printf("fused vs unfused: forward %lld, gradients %lld values differ (bit-equal expected); without a tape: %lld\n",
            (long long)dy, (long long)dg, (long long)dinf);
     fails += dy + dg + dinf != 0;

@@ -8,7 +8,6 @@
  *  - the sole-consumer variant (sum written over a's data; a = x + 0, exact) gives the same bits too;
  *  - 1 against 2 threads on a size that runs in parallel: same bits. */
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -52,37 +51,20 @@ static void ref(double *out, void *ud) {
 /* One recorded pass at (rows, Hc) with `threads`; gradients prefilled with 0.5; fused or unfused. */
 static void run(int fused, int threads, const float *ain, const float *bin, const float *win, const float *bein,
                 const float *R, int64_t rows, int64_t Hc, float p, float *y, float *g[4], uint64_t *count) {
-    omp_set_num_threads(threads);
-    BqArena act;
-    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 28, "t") == BQ_OK);
-    BqTape tape;
-    bq_tape_init(&tape, 16);
-    BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = 0xfeedULL, .rng_count = 3};
+    BqGcPass pass;
+    bq_gc_pass_begin(&pass, threads, (size_t)1 << 28, 1, 0xfeedULL, 3);
+    BqCtx *ctx = &pass.ctx;
     int64_t n = rows * Hc, s[2] = {rows, Hc}, hs[1] = {Hc};
     for (int64_t i = 0; i < n; i++) g[0][i] = g[1][i] = 0.5f;
     for (int64_t i = 0; i < Hc; i++) g[2][i] = g[3][i] = 0.5f;
     BqTensor A = bq_tensor_wrap((float *)ain, g[0], 2, s), Bt = bq_tensor_wrap((float *)bin, g[1], 2, s);
     BqTensor W = bq_tensor_wrap((float *)win, g[2], 1, hs), Be = bq_tensor_wrap((float *)bein, g[3], 1, hs);
-    float *zz = bq_arena_alloc_zero(&act, (size_t)n * sizeof(float));
+    float *zz = bq_arena_alloc_zero(ctx->act, (size_t)n * sizeof(float));
     BqTensor Z = bq_tensor_wrap(zz, NULL, 2, s);
-    BqTensor *out = fused == 2 ? bq_op_residual_layernorm_sole(&ctx, bq_op_add(&ctx, &A, &Z), p, &Bt, &W, &Be, EPS)
-                  : fused    ? bq_op_residual_layernorm(&ctx, &A, p, &Bt, &W, &Be, EPS)
-                             : bq_op_layernorm(&ctx, bq_op_add(&ctx, bq_op_dropout(&ctx, &A, p), &Bt), &W, &Be, EPS);
-    *count = ctx.rng_count;
-    memcpy(y, out->data, (size_t)n * sizeof(float));
-    memcpy(out->grad, R, (size_t)n * sizeof(float));
-    float dd = 0, dg = 0;
-    int64_t one = 1;
-    BqTensor seed = bq_tensor_wrap(&dd, &dg, 1, &one);
-    bq_backward(&ctx, &seed);
-    bq_tape_free(&tape);
-    bq_arena_free(&act);
-}
-
-static int64_t ndiff(const float *x, const float *y, int64_t n) {
-    int64_t d = 0;
-    for (int64_t i = 0; i < n; i++) d += memcmp(&x[i], &y[i], sizeof(float)) != 0;
-    return d;
+    BqTensor *out = fused == 2 ? bq_op_residual_layernorm_sole(ctx, bq_op_add(ctx, &A, &Z), p, &Bt, &W, &Be, EPS)
+                  : fused    ? bq_op_residual_layernorm(ctx, &A, p, &Bt, &W, &Be, EPS)
+                             : bq_op_layernorm(ctx, bq_op_add(ctx, bq_op_dropout(ctx, &A, p), &Bt), &W, &Be, EPS);
+    *count = bq_gc_pass_end(&pass, out, R, y);
 }
 
 int main(void) {
@@ -114,20 +96,20 @@ int main(void) {
                 run(fused, t + 1, A, Bv, W, Be, Rw, R_, H_, p, y[fused][t], g, &cnt[fused][t]);
             }
         for (int fused = 0; fused < 3; fused++) {
-            int64_t d = ndiff(y[fused][0], y[fused][1], N_);
-            for (int k = 0; k < 4; k++) d += ndiff(gd[fused][0][k], gd[fused][1][k], k < 2 ? N_ : H_);
+            int64_t d = bq_gc_ndiff(y[fused][0], y[fused][1], N_);
+            for (int k = 0; k < 4; k++) d += bq_gc_ndiff(gd[fused][0][k], gd[fused][1][k], k < 2 ? N_ : H_);
             printf("p=%.1f %-10s 1 vs 2 threads: %lld values differ\n", p,
                    fused == 2 ? "fused sole" : fused ? "fused" : "unfused", (long long)d);
             fails += d != 0;
         }
-        int64_t dy = ndiff(y[1][1], y[0][1], N_), dg = 0;
-        for (int k = 0; k < 4; k++) dg += ndiff(gd[1][1][k], gd[0][1][k], k < 2 ? N_ : H_);
+        int64_t dy = bq_gc_ndiff(y[1][1], y[0][1], N_), dg = 0;
+        for (int k = 0; k < 4; k++) dg += bq_gc_ndiff(gd[1][1][k], gd[0][1][k], k < 2 ? N_ : H_);
         printf("p=%.1f fused vs unfused: forward %lld, gradients %lld values differ (bit-equal expected); dropout "
                "counter %llu vs %llu\n", p, (long long)dy, (long long)dg, (unsigned long long)cnt[1][1],
                (unsigned long long)cnt[0][1]);
         fails += dy + dg != 0 || cnt[1][1] != cnt[0][1];
-        int64_t sy = ndiff(y[2][1], y[0][1], N_), sg = 0;
-        for (int k = 0; k < 4; k++) sg += ndiff(gd[2][1][k], gd[0][1][k], k < 2 ? N_ : H_);
+        int64_t sy = bq_gc_ndiff(y[2][1], y[0][1], N_), sg = 0;
+        for (int k = 0; k < 4; k++) sg += bq_gc_ndiff(gd[2][1][k], gd[0][1][k], k < 2 ? N_ : H_);
         printf("p=%.1f fused sole vs unfused: forward %lld, gradients %lld values differ\n", p, (long long)sy,
                (long long)sg);
         fails += sy + sg != 0 || cnt[2][1] != cnt[0][1];

@@ -44,29 +44,20 @@ static void ref(double *out, void *ud) {
 
 /* Recorded pass of the plain (sole 0) or in-place (sole 1) op on x + 0; y and dx (prefilled 0.5). */
 static void run(int op, int sole, const float *R, float *y, float *dx, int *shares, int *saved) {
-    BqArena act;
-    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 24, "t") == BQ_OK);
-    BqTape tape;
-    bq_tape_init(&tape, 8);
-    BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = 99};
+    BqGcPass pass;
+    bq_gc_pass_begin(&pass, 0, (size_t)1 << 24, 1, 99, 0);
+    BqCtx *ctx = &pass.ctx;
     int64_t s[4] = {B, NH, T, T};
     for (int i = 0; i < N; i++) dx[i] = 0.5f;
     BqTensor X = bq_tensor_wrap(x, dx, 4, s), Z = bq_tensor_wrap(zero, NULL, 4, s);
-    BqTensor *u = bq_op_add(&ctx, &X, &Z), *out;
+    BqTensor *u = bq_op_add(ctx, &X, &Z), *out;
     if (op == 0)
-        out = sole ? bq_op_softmax_mask_sole(&ctx, u, mask, SCALE, -FLT_MAX) : bq_op_softmax_mask(&ctx, u, mask, SCALE, -FLT_MAX);
+        out = sole ? bq_op_softmax_mask_sole(ctx, u, mask, SCALE, -FLT_MAX) : bq_op_softmax_mask(ctx, u, mask, SCALE, -FLT_MAX);
     else
-        out = sole ? bq_op_dropout_sole(&ctx, u, P) : bq_op_dropout(&ctx, u, P);
+        out = sole ? bq_op_dropout_sole(ctx, u, P) : bq_op_dropout(ctx, u, P);
     *shares = op == 0 ? out == u : out->grad == u->grad;
-    *saved = tape.nodes[tape.n - 1].saved != NULL;
-    memcpy(y, out->data, sizeof(float) * N);
-    memcpy(out->grad, R, sizeof(float) * N);
-    float dd = 0, dg = 0;
-    int64_t one = 1;
-    BqTensor seed = bq_tensor_wrap(&dd, &dg, 1, &one);
-    bq_backward(&ctx, &seed);
-    bq_tape_free(&tape);
-    bq_arena_free(&act);
+    *saved = pass.tape.nodes[pass.tape.n - 1].saved != NULL;
+    bq_gc_pass_end(&pass, out, R, y);
 }
 
 int main(void) {
