@@ -82,10 +82,10 @@ static int64_t char_to_byte(const char *s, int64_t n, int64_t ci) {
 }
 
 /* Fills s->examples / s->contexts from the file, keeping the first max_examples questions (0: all). */
-static int read_json(BqSquadSet *s, const char *path, int64_t max_examples, int64_t **ex_par) {
+static int read_json(BqSquadSet *s, const char *path, const json_t *doc, int64_t max_examples, int64_t **ex_par) {
     int st = BQ_OK;
     json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr), *ids = json_object();
+    json_t *root = doc ? json_incref((json_t *)doc) : json_load_file(path, 0, &jerr), *ids = json_object();
     int64_t cap_ex = 0, cap_ctx = 0;
     *ex_par = NULL;
     if (!root) {
@@ -457,14 +457,14 @@ int bq_squad_load(BqSquadSet **out, const char *path, const BqTokenizer *tok, co
     Pieces p = {0};
     BqSquadSet *s = bq_calloc(1, sizeof *s);
     double t0 = bq_now();
-    if ((st = read_json(s, path, opt->max_examples, &ex_par))) goto cleanup;
+    if ((st = read_json(s, path, opt->doc, opt->max_examples, &ex_par))) goto cleanup;
     s->read_seconds = bq_now() - t0;
     if (s->n_examples == 0) {
         st = bq_err(BQ_EFORMAT, "%s: no questions", path);
         goto cleanup;
     }
-    uint64_t ident, vh = bq_tokenizer_hash(tok), v = CACHE_VERSION;
-    if ((st = bq_source_identity(path, BQ_DATA_JSONL, "train", &ident))) goto cleanup;
+    uint64_t ident = 0, vh = bq_tokenizer_hash(tok), v = CACHE_VERSION;
+    if (!opt->doc && (st = bq_source_identity(path, BQ_DATA_JSONL, "train", &ident))) goto cleanup;
     int64_t kv[2] = {opt->max_query_length, opt->max_examples};
     uint64_t key = BQ_FNV_OFFSET;
     key = bq_fnv1a(key, "squad", 5);
@@ -472,7 +472,7 @@ int bq_squad_load(BqSquadSet **out, const char *path, const BqTokenizer *tok, co
     key = bq_fnv1a(key, &ident, sizeof ident);
     key = bq_fnv1a(key, &vh, sizeof vh);
     key = bq_fnv1a(key, kv, sizeof kv);
-    const char *cdir = opt->cache_dir ? opt->cache_dir : bq_data_default_cache_dir();
+    const char *cdir = opt->doc ? "" : opt->cache_dir ? opt->cache_dir : bq_data_default_cache_dir();
     int hit = 0;
     if (*cdir) {
         size_t n = strlen(cdir) + 40;

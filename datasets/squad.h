@@ -34,6 +34,8 @@
 #include "datasets/batch.h"
 #include "tokenizer/tokenizer.h"
 
+struct json_t; /* jansson's value type */
+
 typedef struct BqSquadOptions {
     int64_t max_seq_len;      /* tokens per window including [CLS] and the two [SEP]s (384) */
     int64_t doc_stride;       /* context pieces shared by consecutive windows (128) */
@@ -41,6 +43,8 @@ typedef struct BqSquadOptions {
     int64_t max_examples;     /* the first N questions in file order; 0 = all */
     const char *cache_dir;    /* NULL: bq_data_default_cache_dir(); "": no cache */
     int threads;              /* encoding threads; <= 0: bq_runtime_threads() */
+    const struct json_t *doc; /* NULL: read the file at path; else this parsed SQuAD document (path then
+                                 only names it in messages) and no cache */
 } BqSquadOptions;
 
 /* max_seq_len 384, doc_stride 128, max_query_length 64, all examples, default cache, runtime threads. */

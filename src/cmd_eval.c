@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "autograd/bq.h"
 #include "datasets/dataset.h"
@@ -167,13 +166,14 @@ cleanup:
     return st;
 }
 
-/* The questions to answer as a SQuAD v1.1 JSON file at tmp (mkstemp template, filled in): one
+/* The questions to answer as a SQuAD v1.1 document in memory (*out, the caller's reference): one
  * paragraph per question; each gets the placeholder reference answer "the context's first character at
  * 0", which the reader requires and predict never scores. From --question/--context (jsonl NULL) or
  * a JSONL file with "question" and "context" fields (and an optional "id"; default the line number). */
-static int qa_questions_file(char *tmp, const char *question, const char *context, const char *jsonl) {
+static int qa_questions_doc(json_t **out, const char *question, const char *context, const char *jsonl) {
     json_t *data = json_array();
-    int st = BQ_OK, fd = -1;
+    int st = BQ_OK;
+    *out = NULL;
     FILE *in = NULL;
     char *line = NULL;
     size_t cap = 0;
@@ -227,12 +227,8 @@ static int qa_questions_file(char *tmp, const char *question, const char *contex
         st = bq_err(BQ_EINVAL, "--data %s: no questions", jsonl);
         goto cleanup;
     }
-    json_t *doc = json_pack("{s:s, s:O}", "version", "1.1", "data", data);
-    if ((fd = mkstemp(tmp)) < 0 || json_dumpfd(doc, fd, JSON_COMPACT) != 0)
-        st = bq_err(BQ_EIO, "%s: cannot write the questions file", tmp);
-    json_decref(doc);
+    *out = json_pack("{s:s, s:O}", "version", "1.1", "data", data);
 cleanup:
-    if (fd >= 0) close(fd);
     if (in) fclose(in);
     free(line);
     json_decref(data);
@@ -249,18 +245,18 @@ static int predict_qa(const char *model, BqCliData *d, BqCliQa *q, const char *q
     BqSquadSet *s = NULL;
     BqInt8Engine *eng = NULL;
     const char *engine_name = NULL, *data = d->path;
-    char **answers = NULL, tmp[] = "/tmp/bertqat-questions-XXXXXX";
-    int made = 0, st;
+    char **answers = NULL;
+    json_t *doc = NULL;
+    int st;
     BqSquadScore sc;
     size_t n = data ? strlen(data) : 0;
     if (!data && (!question || !context)) return bq_err(BQ_EINVAL, "predict: a question-answering model needs "
                                                         "--question and --context, or --data FILE.jsonl");
     if (data && (question || context)) return bq_err(BQ_EINVAL, "predict: --data and --question/--context exclude each other");
     if (!data || !(n >= 5 && !strcmp(data + n - 5, ".json"))) {
-        if ((st = qa_questions_file(tmp, question, context, data))) return st;
-        made = 1;
-        d->path = tmp;
-        d->no_cache = 1;
+        if ((st = qa_questions_doc(&doc, question, context, data))) return st;
+        q->doc = doc;
+        if (!data) d->path = "--question/--context";
     }
     if ((st = bq_qa_model_load(&m, &tok, model, 0, "predict")) ||
         (st = bq_cli_engine_select(&eng, &m, engine, "predict", &engine_name)) ||
@@ -281,7 +277,8 @@ static int predict_qa(const char *model, BqCliData *d, BqCliQa *q, const char *q
     }
 cleanup:
     if (answers) bq_squad_answers_free(answers, s->n_examples);
-    if (made) remove(tmp);
+    json_decref(doc);
+    q->doc = NULL;
     d->path = data;
     bq_squad_free(s);
     if (tok) bq_tokenizer_free(tok);

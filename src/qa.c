@@ -126,10 +126,11 @@ int bq_qa_data_load(BqSquadSet **out, BqCliData *d, const BqBert *m, const BqTok
     o.max_examples = max_examples;
     o.cache_dir = d->no_cache ? "" : d->cache_dir;
     o.threads = threads;
+    o.doc = q->doc;
     size_t n = strlen(d->path);
     int json = n >= 5 && !strcmp(d->path + n - 5, ".json");
     int st = bq_squad_load(out, d->path, tok, &o);
-    if (st && !json)
+    if (st && !json && !q->doc)
         return bq_err(st, "--data %s: not a SQuAD v1.1 JSON file; the model answers questions (--task qa), give a "
                       "classification model or a .json SQuAD file", d->path);
     if (st) return st;

@@ -20,10 +20,13 @@
 #define BQ_QA_DOC_STRIDE 128
 #define BQ_QA_MAX_QUERY_LENGTH 64
 
+struct json_t; /* jansson's value type */
+
 typedef struct BqCliQa {
     const char *task;     /* "qa", "cls", or NULL: the model's head decides */
     int doc_stride, max_query_length; /* 0: the checkpoint's, else the defaults above */
     int n_best, max_answer_len;
+    const struct json_t *doc; /* predict: the questions as a parsed SQuAD document; NULL: read --data */
 } BqCliQa;
 
 void bq_cli_qa_default(BqCliQa *q);
