@@ -328,7 +328,9 @@ int bq_quant_config_from_json(BqQuantConfig *cfg, json_t *j) {
 
 _Static_assert(sizeof(hid_t) == sizeof(int64_t), "hid_t is passed as int64_t");
 
-static int h5_write_vec(hid_t g, const char *path, const char *qname, const char *ds_name, const float *v,
+/* One checksummed float vector ds_name of n values in group g; group is the group's path as the messages
+ * show it ("/quant/<quantizer>", "/lsq"). */
+static int h5_write_vec(hid_t g, const char *path, const char *group, const char *ds_name, const float *v,
                         int64_t n) {
     hsize_t dim = (hsize_t)n;
     hid_t sp = H5Screate_simple(1, &dim, NULL);
@@ -336,27 +338,27 @@ static int h5_write_vec(hid_t g, const char *path, const char *qname, const char
     hid_t ds = H5Dcreate2(g, ds_name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     int st = BQ_OK;
     if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)
-        st = bq_err(BQ_EIO, "%s: cannot write /quant/%s/%s", path, qname, ds_name);
+        st = bq_err(BQ_EIO, "%s: cannot write %s/%s", path, group, ds_name);
     if (ds >= 0) H5Dclose(ds);
     H5Pclose(dcpl);
     H5Sclose(sp);
     return st;
 }
 
-static int h5_read_vec(hid_t g, const char *path, const char *qname, const char *ds_name, float *v, int64_t n) {
+static int h5_read_vec(hid_t g, const char *path, const char *group, const char *ds_name, float *v, int64_t n) {
     if (H5Lexists(g, ds_name, H5P_DEFAULT) <= 0)
-        return bq_err(BQ_EFORMAT, "%s: /quant/%s/%s is missing", path, qname, ds_name);
+        return bq_err(BQ_EFORMAT, "%s: %s/%s is missing", path, group, ds_name);
     hid_t ds = H5Dopen2(g, ds_name, H5P_DEFAULT);
-    if (ds < 0) return bq_err(BQ_EFORMAT, "%s: cannot open /quant/%s/%s", path, qname, ds_name);
+    if (ds < 0) return bq_err(BQ_EFORMAT, "%s: cannot open %s/%s", path, group, ds_name);
     hid_t sp = H5Dget_space(ds);
     int st = BQ_OK;
     hsize_t dim = 0;
     if (H5Sget_simple_extent_ndims(sp) != 1 || H5Sget_simple_extent_dims(sp, &dim, NULL) < 0 || (int64_t)dim != n)
-        st = bq_err(BQ_EFORMAT, "%s: /quant/%s/%s has %lld values, expected %lld", path, qname, ds_name,
+        st = bq_err(BQ_EFORMAT, "%s: %s/%s has %lld values, expected %lld", path, group, ds_name,
                     (long long)dim, (long long)n);
     else {
         char tensor[256];
-        snprintf(tensor, sizeof tensor, "/quant/%s/%s", qname, ds_name);
+        snprintf(tensor, sizeof tensor, "%s/%s", group, ds_name);
         st = bq_h5sum_read_f32(ds, path, tensor, v);
     }
     H5Sclose(sp);
@@ -411,10 +413,12 @@ int bq_quant_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path
             break;
         }
         float omin = q->run_min, omax = q->run_max;
-        st = h5_write_vec(g, path, q->name, "amax", q->amax, q->nch);
-        if (!st) st = h5_write_vec(g, path, q->name, "scale", q->scale, q->nch);
-        if (!st) st = h5_write_vec(g, path, q->name, "observer_min", q->is_weight ? q->ch_min : &omin, q->is_weight ? q->nch : 1);
-        if (!st) st = h5_write_vec(g, path, q->name, "observer_max", q->is_weight ? q->ch_max : &omax, q->is_weight ? q->nch : 1);
+        char qpath[sizeof q->name + 8];
+        snprintf(qpath, sizeof qpath, "/quant/%s", q->name);
+        st = h5_write_vec(g, path, qpath, "amax", q->amax, q->nch);
+        if (!st) st = h5_write_vec(g, path, qpath, "scale", q->scale, q->nch);
+        if (!st) st = h5_write_vec(g, path, qpath, "observer_min", q->is_weight ? q->ch_min : &omin, q->is_weight ? q->nch : 1);
+        if (!st) st = h5_write_vec(g, path, qpath, "observer_max", q->is_weight ? q->ch_max : &omax, q->is_weight ? q->nch : 1);
         if (!st) st = h5_attr_i64(g, path, q->name, "axis", q->axis);
         if (!st) st = h5_attr_i64(g, path, q->name, "bits", q->bits);
         if (!st) st = h5_attr_i64(g, path, q->name, "frozen", q->frozen);
@@ -449,12 +453,14 @@ int bq_quant_load_hdf5(BqBert *m, int64_t file_id, const char *path) {
         else if (h5_attr_get_i64(g, "bits", &bits) == 0 && bits != q->bits)
             st = bq_err(BQ_EFORMAT, "%s: /quant/%s: %lld bits, the scheme %s expects %d", path, q->name, (long long)bits,
                         bq_scheme_name(qs->cfg.scheme), q->bits);
-        if (!st) st = h5_read_vec(g, path, q->name, "amax", q->amax, q->nch);
-        if (!st) st = h5_read_vec(g, path, q->name, "scale", q->scale, q->nch);
+        char qpath[sizeof q->name + 8];
+        snprintf(qpath, sizeof qpath, "/quant/%s", q->name);
+        if (!st) st = h5_read_vec(g, path, qpath, "amax", q->amax, q->nch);
+        if (!st) st = h5_read_vec(g, path, qpath, "scale", q->scale, q->nch);
         if (!st && H5Lexists(g, "observer_min", H5P_DEFAULT) > 0) {
             float omin = 0, omax = 0;
-            st = h5_read_vec(g, path, q->name, "observer_min", q->is_weight ? q->ch_min : &omin, q->is_weight ? q->nch : 1);
-            if (!st) st = h5_read_vec(g, path, q->name, "observer_max", q->is_weight ? q->ch_max : &omax, q->is_weight ? q->nch : 1);
+            st = h5_read_vec(g, path, qpath, "observer_min", q->is_weight ? q->ch_min : &omin, q->is_weight ? q->nch : 1);
+            if (!st) st = h5_read_vec(g, path, qpath, "observer_max", q->is_weight ? q->ch_max : &omax, q->is_weight ? q->nch : 1);
             if (!q->is_weight) q->run_min = omin, q->run_max = omax;
         } else if (!st) { /* ranges only: the observer restarts from ±amax */
             q->run_min = -q->amax[0], q->run_max = q->amax[0];
@@ -533,47 +539,13 @@ void bq_quant_learn_restore_best(BqQuantState *qs) {
     bq_quant_learn_sync_amax(qs);
 }
 
-static int lsq_write(hid_t g, const char *path, const char *name, const float *v, int64_t n) {
-    hsize_t dim = (hsize_t)(n > 0 ? n : 1);
-    hid_t sp = H5Screate_simple(1, &dim, NULL);
-    hid_t dcpl = bq_h5sum_dcpl(1, &dim);
-    hid_t ds = H5Dcreate2(g, name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    int st = BQ_OK;
-    if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)
-        st = bq_err(BQ_EIO, "%s: cannot write /lsq/%s", path, name);
-    if (ds >= 0) H5Dclose(ds);
-    H5Pclose(dcpl);
-    H5Sclose(sp);
-    return st;
-}
-
-static int lsq_read(hid_t g, const char *path, const char *name, float *v, int64_t n) {
-    if (H5Lexists(g, name, H5P_DEFAULT) <= 0) return bq_err(BQ_EFORMAT, "%s: /lsq/%s is missing", path, name);
-    hid_t ds = H5Dopen2(g, name, H5P_DEFAULT);
-    if (ds < 0) return bq_err(BQ_EFORMAT, "%s: cannot open /lsq/%s", path, name);
-    hid_t sp = H5Dget_space(ds);
-    hsize_t dim = 0;
-    int st = BQ_OK;
-    if (H5Sget_simple_extent_ndims(sp) != 1 || H5Sget_simple_extent_dims(sp, &dim, NULL) < 0 || (int64_t)dim != n) {
-        st = bq_err(BQ_EFORMAT, "%s: /lsq/%s has %lld values, the quantizer table %lld scales", path, name,
-                    (long long)dim, (long long)n);
-    } else {
-        char tensor[64];
-        snprintf(tensor, sizeof tensor, "/lsq/%s", name);
-        st = bq_h5sum_read_f32(ds, path, tensor, v);
-    }
-    H5Sclose(sp);
-    H5Dclose(ds);
-    return st;
-}
-
 int bq_quant_learn_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path, int with_best) {
     if (!qs || !qs->lsq) return BQ_OK;
     hid_t g = H5Gcreate2((hid_t)file_id, "/lsq", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (g < 0) return bq_err(BQ_EIO, "%s: cannot create group /lsq", path);
-    int st = lsq_write(g, path, "m", qs->lsq_m, qs->nscales);
-    if (!st) st = lsq_write(g, path, "v", qs->lsq_v, qs->nscales);
-    if (!st && with_best) st = lsq_write(g, path, "best", qs->lsq_best, qs->nscales);
+    int st = h5_write_vec(g, path, "/lsq", "m", qs->lsq_m, qs->nscales);
+    if (!st) st = h5_write_vec(g, path, "/lsq", "v", qs->lsq_v, qs->nscales);
+    if (!st && with_best) st = h5_write_vec(g, path, "/lsq", "best", qs->lsq_best, qs->nscales);
     H5Gclose(g);
     return st;
 }
@@ -590,10 +562,10 @@ int bq_quant_learn_load_hdf5(BqQuantState *qs, int64_t file_id, const char *path
                                                                                 "--ranges learn asks to");
     hid_t g = H5Gopen2(f, "/lsq", H5P_DEFAULT);
     if (g < 0) return bq_err(BQ_EFORMAT, "%s: cannot open group /lsq", path);
-    int st = lsq_read(g, path, "m", qs->lsq_m, qs->nscales);
-    if (!st) st = lsq_read(g, path, "v", qs->lsq_v, qs->nscales);
+    int st = h5_read_vec(g, path, "/lsq", "m", qs->lsq_m, qs->nscales);
+    if (!st) st = h5_read_vec(g, path, "/lsq", "v", qs->lsq_v, qs->nscales);
     if (!st && H5Lexists(g, "best", H5P_DEFAULT) > 0) {
-        st = lsq_read(g, path, "best", qs->lsq_best, qs->nscales);
+        st = h5_read_vec(g, path, "/lsq", "best", qs->lsq_best, qs->nscales);
         *has_best = !st;
     }
     H5Gclose(g);
