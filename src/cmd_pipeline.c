@@ -176,7 +176,7 @@ static int run_in_process(const char *stage, int (*fn)(int, char **), Argv *a, c
         close(fd);
     }
     bq_err_clear();
-    if ((st = fn(a->n - 1, a->v + 1))) bq_err_ctx(st, "stage %s (rerun the same command to resume)", stage);
+    if ((st = fn(a->n - 1, a->v + 1))) bq_err_ctx(st, "stage %s", stage);
 
 cleanup:
     fflush(stdout);

@@ -250,3 +250,33 @@ def test_sigusr1_saves_and_resumes(env):
     r = run_mpi(2, "finetune", *args, "--resume", timeout=900)
     assert "8 steps" in r.stdout
     assert [x["step"] for x in log_rows(out) if x["type"] == "train"][-1] == 8
+
+
+def test_sensitivity_equals_one_process(env, finetuned):
+    """sensitivity shards its batches over the ranks (rank r: batches k with k mod N = r) and sums the
+    per-example KL terms into one array before adding them in example order: the JSON (accuracies, KL,
+    group order, forward count) equals the single-process one bit for bit; rank 0 alone writes."""
+    cal = env / "cal_sens"
+    run_bq("calibrate", "--model", finetuned[0], "--out", cal, "--data", env / "data.csv", "--calib-samples", 16,
+           "--batch-size", 8, "--threads", 1, "--cache-dir", env / "cache")
+    s = ["--model", cal, "--data", env / "data.csv", "--split", "val", "--samples", 24, "--batch-size", 8,
+         "--max-seq-len", 32, "--threads", 1, "--cache-dir", env / "cache"]
+    run_bq("sensitivity", *s, "--out", env / "sens1")
+    p = run_mpi(2, "sensitivity", *s, "--out", env / "sens2", timeout=900)
+    assert p.stdout.count("wrote ") == 1, p.stdout
+    a = json.loads((env / "sens1" / "sensitivity.json").read_text())
+    b = json.loads((env / "sens2" / "sensitivity.json").read_text())
+    for j in (a, b):
+        j.pop("seconds")
+    assert a["examples"] == 20 and len(a["groups"]) > 10  # 3 batches: rank 0 runs two, rank 1 one
+    assert a == b
+
+
+def test_single_process_commands_refuse_mpirun(env):
+    """Commands that are not data-parallel refuse mpirun with one line and exit 2 (no MPI_Abort)."""
+    for cmd in (["info", MODEL], ["export", "--model", MODEL, "--out", env / "refused.onnx"]):
+        p = run_mpi(2, *cmd, check=False, timeout=300)
+        assert p.returncode == 2, p.stderr
+        assert p.stderr.count("runs in one process, not under mpirun") == 1, p.stderr
+        assert "MPI_ABORT" not in p.stderr
+    assert not os.path.exists(env / "refused.onnx")
