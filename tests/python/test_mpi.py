@@ -3,7 +3,9 @@ all-MiniLM-L6-v2 on a small CSV made here:
 - finetune, 2 ranks x 1 thread with --batch-size 16 against 1 process with --batch-size 8 --grad-accum 2:
   the same losses, gradient norms and validation metrics at every step and bit-identical weights and
   optimizer state after 20 steps;
-- calibrate (percentile histograms) and eval (confusion matrix, predictions file) equal to 1 process;
+- calibrate (percentile histograms), eval (confusion matrix, predictions file) and sensitivity (its
+  JSON) equal to 1 process; finetune --task qa bit-identical to 1 process with --grad-accum 2;
+- a command that is not data-parallel (info, export) refuses mpirun with one line, exit 2;
 - a bad input file fails every rank with one message and a non-zero exit, no output folder;
 - a killed rank ends the job within seconds, the last checkpoint loads, and the run resumes (in one
   process, so with a different N).
