@@ -5,7 +5,14 @@
  * SVGs, and the table on stdout).
  *
  * Each stage runs this same executable as a child process (so each has its own memory, and SIGINT
- * reaches the training child, which saves a resumable checkpoint). A stage is done when its marker
+ * reaches the training child, which saves a resumable checkpoint). Under mpirun (more than one rank; a
+ * child of a rank cannot join the job) every rank runs the training, calibration and evaluation stages
+ * in process instead, by calling the subcommand's entry function with the same argv, so that they are
+ * data-parallel as those commands are under mpirun; the stages that run once (export, the ONNX Runtime
+ * scoring, bench, the report, and the evaluations of --task qa, which eval does not shard) run on rank 0
+ * alone, as child processes that do not see the launcher's environment, while the other ranks wait.
+ * Rank 0 alone reads and writes the stage bookkeeping below and tells the others what to run
+ * (docs/distributed.md, "pipeline"). A stage is done when its marker
  * file RUN_DIR/.done-<stage> records the settings it would run with now (stage_run); such stages are
  * skipped unless --force, and a changed setting runs that stage and every later one again. A training
  * stage interrupted with the same settings is resumed with --resume.
@@ -41,6 +48,7 @@ typedef struct Pipeline {
     const char *model, *data, *out, *budget, *python, *vocab, *scheme, *bench_batches, *task;
     const char *precision; /* --precision as given, passed on to the training and eval stages; NULL: their auto */
     int force, threads, seed, bench_rounds;
+    int grad_accum; /* micro-batches per step of the training stages (passed on when > 1) */
     int qa;                                /* --task qa */
     int doc_stride;                        /* --task qa: 128, or half a window's context when that is shorter */
     char train_data[4096], eval_data[4096]; /* the data of the training and evaluation stages */
@@ -75,7 +83,9 @@ static int64_t path_size(const char *p) { /* file, or sum over a directory's reg
     return total;
 }
 
-/* Runs argv as a child; stdout to out_path when given. Returns BQ_OK when it exits 0. */
+/* Runs argv as a child; stdout to out_path when given. Returns BQ_OK when it exits 0. Under mpirun the
+ * child gets the environment without the launcher's variables, so that a bertqat child runs as a single
+ * process instead of trying to join the job. */
 static int run_child(const char *stage, char **argv, const char *out_path) {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
@@ -88,8 +98,10 @@ static int run_child(const char *stage, char **argv, const char *out_path) {
     for (char **a = argv; *a; a++) fprintf(stderr, " %s", *a);
     fprintf(stderr, "\n");
     pid_t pid;
-    int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    char **env = bq_dist_size() > 1 ? bq_dist_child_env() : NULL;
+    int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, env ? env : environ);
     posix_spawn_file_actions_destroy(&fa);
+    free(env);
     if (rc != 0) return bq_err(BQ_EIO, "stage %s: cannot start %s: %s", stage, argv[0], strerror(rc));
     int status = 0;
     while (waitpid(pid, &status, 0) < 0) {
@@ -127,6 +139,68 @@ static void av_addf(Argv *a, const char *fmt, double x) {
 static void av_free(Argv *a) {
     for (int i = 0; i < a->n; i++) free(a->v[i]);
     a->n = 0;
+}
+
+/* Under mpirun: the entry function of a stage that every rank runs in process (training, calibration,
+ * and the classification evaluation, which shards its examples), or NULL for a stage that runs once, on
+ * rank 0 (export, bench, a script, and eval of --task qa, which every rank would compute whole). */
+static int (*collective_cmd(const Pipeline *p, const Argv *a))(int, char **) {
+    const char *cmd = a->v[1];
+    if (strcmp(a->v[0], p->self)) return NULL; /* a Python script */
+    if (!strcmp(cmd, "finetune")) return bq_cmd_finetune;
+    if (!strcmp(cmd, "calibrate")) return bq_cmd_calibrate;
+    if (!strcmp(cmd, "qat")) return bq_cmd_qat;
+    if (!strcmp(cmd, "eval") && !p->qa) return bq_cmd_eval;
+    return NULL;
+}
+
+/* Calls a subcommand's entry function with argv[1..] (argv[1] is its name, as main passes it), stdout to
+ * out_path on rank 0 when given (the other ranks print nothing: src/main.c). Every rank calls it. */
+static int run_in_process(const char *stage, int (*fn)(int, char **), Argv *a, const char *out_path) {
+    char tmp[4200];
+    int saved = -1, st = BQ_OK;
+    fprintf(stderr, "[pipeline] %s (in process on each of %d MPI ranks):", stage, bq_dist_size());
+    for (int i = 1; i < a->n; i++) fprintf(stderr, " %s", a->v[i]);
+    fprintf(stderr, "\n");
+    fflush(stdout);
+    if (out_path && bq_dist_rank() == 0) {
+        snprintf(tmp, sizeof tmp, "%s.tmp", out_path);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) return bq_err(BQ_EIO, "stage %s: %s: %s", stage, tmp, strerror(errno));
+        saved = dup(STDOUT_FILENO);
+        if (saved < 0 || dup2(fd, STDOUT_FILENO) < 0) {
+            st = bq_err(BQ_EIO, "stage %s: cannot redirect stdout to %s: %s", stage, tmp, strerror(errno));
+            close(fd);
+            goto cleanup;
+        }
+        close(fd);
+    }
+    bq_err_clear();
+    if ((st = fn(a->n - 1, a->v + 1))) bq_err_ctx(st, "stage %s", stage);
+
+cleanup:
+    fflush(stdout);
+    if (saved >= 0) {
+        dup2(saved, STDOUT_FILENO);
+        close(saved);
+        if (st) remove(tmp);
+        else st = bq_rename_durable(tmp, out_path);
+    }
+    return st;
+}
+
+/* Runs one stage: a child process in a single process; under mpirun in process on every rank or as a
+ * child of rank 0 (collective_cmd), then every rank waits for the others, without spinning, so that the
+ * next stage finds what rank 0 wrote. A failure on any rank returns here and ends the job in main. */
+static int run_stage(const Pipeline *p, const char *stage, Argv *a, const char *out_path) {
+    if (bq_dist_size() == 1) return run_child(stage, a->v, out_path);
+    int (*fn)(int, char **) = collective_cmd(p, a);
+    int st = BQ_OK;
+    if (fn) st = run_in_process(stage, fn, a, out_path);
+    else if (bq_dist_rank() == 0) st = run_child(stage, a->v, out_path);
+    if (st) return st;
+    bq_dist_barrier_idle();
+    return BQ_OK;
 }
 
 /* A stage's settings: {"command": name, "--flag": "value" or true, ...} from argv[from..], where
@@ -193,34 +267,47 @@ static int stage_run(Pipeline *p, const char *stage, Argv *a, int key_from, cons
     snprintf(marker, sizeof marker, "%s/.done-%s", p->out, stage);
     snprintf(started, sizeof started, "%s/.settings-%s.json", p->out, stage);
     json_t *cur = stage_settings(a, key_from), *done = NULL, *prev = NULL, *rec = NULL;
-    int st = BQ_OK, had_marker = file_exists(marker);
-    if (had_marker) {
-        done = json_load_file(marker, 0, NULL);
-        json_t *old = done ? json_object_get(done, "settings") : NULL;
-        if (p->force) snprintf(why, sizeof why, "--force");
-        else if (p->ran[0]) snprintf(why, sizeof why, "the earlier stage %s ran again", p->ran);
-        else if (!old) snprintf(why, sizeof why, "its marker records no settings");
-        else if (!json_equal(old, cur)) settings_diff(old, cur, why, sizeof why);
-        else if (out_path && !file_exists(out_path)) snprintf(why, sizeof why, "%s is missing", out_path);
-        if (!why[0]) {
-            fprintf(stderr, "[pipeline] %s: done already with these settings (use --force to redo)\n", stage);
-            goto cleanup;
+    /* plan[0]: the status of the decision; plan[1]: 0 done already, 1 run, 2 run with --resume. Rank 0
+     * decides from the files and tells the other ranks, which touch no bookkeeping file. */
+    int st = BQ_OK, plan[2] = {BQ_OK, 1};
+    if (bq_dist_rank() == 0) {
+        int had_marker = file_exists(marker);
+        if (had_marker) {
+            done = json_load_file(marker, 0, NULL);
+            json_t *old = done ? json_object_get(done, "settings") : NULL;
+            if (p->force) snprintf(why, sizeof why, "--force");
+            else if (p->ran[0]) snprintf(why, sizeof why, "the earlier stage %s ran again", p->ran);
+            else if (!old) snprintf(why, sizeof why, "its marker records no settings");
+            else if (!json_equal(old, cur)) settings_diff(old, cur, why, sizeof why);
+            else if (out_path && !file_exists(out_path)) snprintf(why, sizeof why, "%s is missing", out_path);
+            if (!why[0]) {
+                fprintf(stderr, "[pipeline] %s: done already with these settings (use --force to redo)\n", stage);
+                plan[1] = 0;
+            } else {
+                fprintf(stderr, "[pipeline] %s: running again (%s)%s\n", stage, why,
+                        p->ran[0] || p->force ? "" : "; every later stage runs again too");
+                if (remove(marker) != 0) plan[0] = bq_err(BQ_EIO, "%s: cannot remove: %s", marker, strerror(errno));
+            }
         }
-        fprintf(stderr, "[pipeline] %s: running again (%s)%s\n", stage, why,
-                p->ran[0] || p->force ? "" : "; every later stage runs again too");
-        if (remove(marker) != 0) {
-            st = bq_err(BQ_EIO, "%s: cannot remove: %s", marker, strerror(errno));
-            goto cleanup;
+        if (!plan[0] && plan[1] && resume_state && !had_marker && !p->force && !p->ran[0] &&
+            file_exists(resume_state)) {
+            prev = json_load_file(started, 0, NULL);
+            if (prev && json_equal(prev, cur)) plan[1] = 2;
+            else fprintf(stderr, "[pipeline] %s: starting over: the interrupted run had other settings\n", stage);
         }
+        if (!plan[0] && plan[1]) plan[0] = write_json(started, cur);
     }
-    if (resume_state && !had_marker && !p->force && !p->ran[0] && file_exists(resume_state)) {
-        prev = json_load_file(started, 0, NULL);
-        if (prev && json_equal(prev, cur)) av_add(a, "--resume");
-        else fprintf(stderr, "[pipeline] %s: starting over: the interrupted run had other settings\n", stage);
+    bq_dist_bcast(plan, sizeof plan, 0);
+    if ((st = plan[0])) {
+        if (bq_dist_rank() != 0) bq_err(st, "stage %s: rank 0 failed (its message comes from rank 0)", stage);
+        goto cleanup;
     }
-    if ((st = write_json(started, cur))) goto cleanup;
+    if (!plan[1]) goto cleanup;
+    if (plan[1] == 2) av_add(a, "--resume");
     double t0 = bq_now();
-    if ((st = run_child(stage, a->v, out_path))) goto cleanup;
+    if ((st = run_stage(p, stage, a, out_path))) goto cleanup;
+    if (!p->ran[0]) snprintf(p->ran, sizeof p->ran, "%s", stage);
+    if (bq_dist_rank() != 0) goto cleanup;
     rec = json_object();
     json_object_set(rec, "settings", cur);
     json_t *jargv = json_array();
@@ -228,8 +315,8 @@ static int stage_run(Pipeline *p, const char *stage, Argv *a, int key_from, cons
     json_object_set_new(rec, "argv", jargv);
     json_object_set_new(rec, "finished", json_integer((json_int_t)time(NULL)));
     json_object_set_new(rec, "seconds", json_real(bq_now() - t0));
+    if (bq_dist_size() > 1) json_object_set_new(rec, "mpi_ranks", json_integer(bq_dist_size()));
     if ((st = write_json(marker, rec))) goto cleanup;
-    if (!p->ran[0]) snprintf(p->ran, sizeof p->ran, "%s", stage);
 
 cleanup:
     json_decref(cur);
@@ -246,6 +333,7 @@ static void av_common_train(Argv *a, const Pipeline *p, double epochs, double lr
     av_add(a, "--max-seq-len"), av_addf(a, "%.0f", p->max_seq_len);
     if (p->qa) av_add(a, "--doc-stride"), av_addf(a, "%.0f", p->doc_stride);
     av_add(a, "--batch-size"), av_addf(a, "%.0f", p->batch_size);
+    if (p->grad_accum > 1) av_add(a, "--grad-accum"), av_addf(a, "%.0f", p->grad_accum);
     av_add(a, "--epochs"), av_addf(a, "%g", epochs);
     av_add(a, "--lr"), av_addf(a, "%g", lr);
     av_add(a, "--seed"), av_addf(a, "%.0f", p->seed);
@@ -338,7 +426,7 @@ static int stage_eval(Pipeline *p, const char *name, const char *target, int onn
     snprintf(path, sizeof path, "%s/%s", p->out, target);
     snprintf(marker, sizeof marker, "%s/.done-%s", p->out, stage);
     /* the predictions are an output as well: a stage done without them runs again */
-    if (file_exists(marker) && !file_exists(pred)) {
+    if (bq_dist_rank() == 0 && file_exists(marker) && !file_exists(pred)) {
         fprintf(stderr, "[pipeline] %s: running again (%s is missing)\n", stage, pred);
         if (remove(marker) != 0) return bq_err(BQ_EIO, "%s: cannot remove: %s", marker, strerror(errno));
     }
@@ -420,6 +508,7 @@ int bq_cmd_pipeline(int argc, char **argv) {
     p.python = getenv("BQ_PYTHON");
     p.seed = 42;
     p.threads = 0;
+    p.grad_accum = 1;
     p.bench_batches = "1,32";
     p.task = "cls";
     p.qat_ranges = "fixed";
@@ -444,7 +533,10 @@ int bq_cmd_pipeline(int argc, char **argv) {
         {"train-samples", BQ_ARG_INT, &o.train_samples, "training reviews incl. validation (0: all; -1: from --budget)", 0, -1, 1e9},
         {"eval-samples", BQ_ARG_INT, &o.eval_samples, "test reviews evaluated (0: all; -1: from --budget)", 0, -1, 1e9},
         {"max-seq-len", BQ_ARG_INT, &o.max_seq_len, "tokens per review (-1: from --budget)", 0, -1, 8192},
-        {"batch-size", BQ_ARG_INT, &o.batch_size, "batch size (-1: from --budget)", 0, -1, 65536},
+        {"batch-size", BQ_ARG_INT, &o.batch_size, "batch size of the training stages, global under mpirun (each rank "
+         "takes its share); with --grad-accum the micro-batch (-1: from --budget)", 0, -1, 65536},
+        {"grad-accum", BQ_ARG_INT, &p.grad_accum, "micro-batches per optimizer step of the training stages (1 process "
+         "with --batch-size B --grad-accum N computes the steps of N MPI ranks with --batch-size N*B)", 0, 1, 65536},
         {"epochs", BQ_ARG_FLOAT, &o.epochs, "fp32 epochs (-1: from --budget)", 0, -1, 1000},
         {"qat-epochs", BQ_ARG_FLOAT, &o.qat_epochs, "QAT epochs (-1: from --budget)", 0, -1, 1000},
         {"lr", BQ_ARG_FLOAT, &o.lr, "fp32 learning rate (-1: from --budget)", 0, -1, 1},
@@ -476,10 +568,6 @@ int bq_cmd_pipeline(int argc, char **argv) {
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof specs[0])};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
-    /* Its stages are child processes, which cannot join the MPI job of their parent. */
-    if (bq_dist_size() > 1)
-        return bq_err(BQ_EINVAL, "cannot run under mpirun; run its stages (finetune, calibrate, qat, eval) "
-                      "under mpirun one by one (docs/distributed.md)");
     if (strcmp(p.task, "cls") && strcmp(p.task, "qa"))
         return bq_err(BQ_EINVAL, "pipeline: --task must be cls or qa, got '%s'", p.task);
     p.qa = !strcmp(p.task, "qa");
@@ -541,6 +629,9 @@ int bq_cmd_pipeline(int argc, char **argv) {
     if (!p.bench_batches[0] || strspn(p.bench_batches, "0123456789,") != strlen(p.bench_batches))
         return bq_err(BQ_EINVAL, "pipeline: --bench-batch-sizes '%s' is not a comma-separated list of batch sizes",
                       p.bench_batches);
+    if (p.batch_size % bq_dist_size())
+        return bq_err(BQ_EINVAL, "pipeline: --batch-size %d: the global batch must be a multiple of the %d MPI ranks",
+                      p.batch_size, bq_dist_size());
     if (p.max_seq_len < 8 || p.batch_size < 1 || p.epochs <= 0 || p.qat_epochs <= 0 || p.lr <= 0 || p.qat_lr <= 0 ||
         p.calib_samples < 1 || p.bench_rounds < 1)
         return bq_err(BQ_EINVAL, "pipeline: --max-seq-len >= 8, --batch-size >= 1, --epochs/--qat-epochs/--lr/--qat-lr "
@@ -573,6 +664,7 @@ int bq_cmd_pipeline(int argc, char **argv) {
     snprintf(venv_python, sizeof venv_python, "%s/.venv/bin/python", BQ_SOURCE_DIR);
     if ((!p.python || !*p.python) && access(venv_python, X_OK) == 0) p.python = venv_python; /* scripts/setup_env.sh's */
     int have_python = p.python && *p.python && access(p.python, X_OK) == 0;
+    bq_dist_bcast(&have_python, sizeof have_python, 0); /* rank 0 runs the scripts: its Python decides */
     double t0 = bq_now();
 
     if ((st = stage_train(&p, "fp32", "finetune", p.model))) return st;
@@ -603,6 +695,7 @@ int bq_cmd_pipeline(int argc, char **argv) {
     }
     if (!p.qa && (st = stage_bench(&p, have_python))) return st;
 
+    if (bq_dist_rank() != 0) return BQ_OK; /* the report is rank 0's */
     /* Which runtime each export is for: the CPU layout is the ONNX Runtime CPU deployment (integer
      * kernels); the default layout of the ort scheme is what onnxruntime.transformers.optimizer fuses
      * into QOrdered (CUDA) kernels, that of the qdqbert scheme what TensorRT builds int8 engines from.
@@ -665,8 +758,13 @@ int bq_cmd_pipeline(int argc, char **argv) {
         "learn) → ONNX export → "
         "evaluation of every stage on the same test reviews → bench of the QAT model; the settings of each "
         "stage are listed under \"Stages as run\"";
+    char runtime[400];
+    snprintf(runtime, sizeof runtime, "%s", bq_runtime_describe());
+    if (bq_dist_size() > 1) /* the thread count is per rank */
+        snprintf(runtime + strlen(runtime), sizeof runtime - strlen(runtime), " per rank, %d MPI ranks",
+                 bq_dist_size());
     BqReportInfo info = {.model = p.model, .data = p.data, .budget = p.budget, .seconds = bq_now() - t0,
-                         .runtime = bq_runtime_describe(), .recipe = recipe, .onnx_skipped = !have_python,
+                         .runtime = runtime, .recipe = recipe, .onnx_skipped = !have_python,
                          .stages = stages, .nstages = nstages, .bench_json = p.qa ? NULL : "bench.json",
                          .qa = p.qa, .fallback_ckpt = p.qa ? NULL : "ptq", .distill_ckpt = p.qa ? NULL : "qat"};
     return bq_report_write(p.out, rows, nrows, &info);

@@ -220,7 +220,7 @@ static int calibrate_qa(const char *model, const char *out, BqCliData *d, BqCliQ
     /* calib_samples counts windows; a question gives at least one */
     int st = qa_train_data(&td, &m, model, d, qa, q->calib_samples, batch_size, seed, threads, "calibrate");
     if (!st) st = calibrate_model(&m, qcfg, method, q->percentile, &td.src, q->calib_samples, "calibrate");
-    if (!st) {
+    if (!st && bq_dist_rank() == 0) { /* rank 0 writes */
         m.data = d->used;
         st = bq_ckpt_save(&m, out, model, NULL);
     }

@@ -16,6 +16,7 @@
 #include "src/args.h"
 #include "src/cli.h"
 #include "src/cmd_common.h"
+#include "src/dist.h"
 #include "src/sensitivity.h"
 
 /* The group name without the "bert.encoder." / "bert." prefix, for tables and chart labels. */
@@ -161,7 +162,7 @@ int bq_cmd_sensitivity(int argc, char **argv) {
     if (st || args.help) return st;
     if (strcmp(split, "val") && strcmp(split, "test"))
         return bq_err(BQ_EINVAL, "--split: '%s' is not val or test", split);
-    if ((st = bq_mkdir_p(out))) return bq_err_ctx(st, "--out");
+    if (bq_dist_rank() == 0 && (st = bq_mkdir_p(out))) return bq_err_ctx(st, "--out"); /* rank 0 writes */
 
     BqTokenizer *tok = NULL;
     BqDataset *ds = NULL;
@@ -204,6 +205,7 @@ int bq_cmd_sensitivity(int argc, char **argv) {
             (long long)s.n, split, s.acc_fp32, s.acc_quant, s.kl_quant);
     if ((st = bq_sens_run_groups(&s, 0))) goto cleanup;
     double secs = bq_now() - t0;
+    bq_dist_sum_i64(&s.forwards, 1); /* under mpirun each rank counted its own batches */
     order = bq_sens_order(&s);
     printf("sensitivity: %lld %s examples, scheme %s, %d groups, %.1fs (%d threads)\n", (long long)s.n, split,
            bq_scheme_name(m.quant->cfg.scheme), s.ng, secs, bq_runtime_threads());
@@ -215,6 +217,7 @@ int bq_cmd_sensitivity(int argc, char **argv) {
         printf("%4d  %-44s %12.4f %10.4g %12.4f %10.4g\n", r + 1, short_name(g->name), g->acc_only, g->kl_only,
                g->acc_without, g->kl_without);
     }
+    if (bq_dist_rank() != 0) goto cleanup;
     snprintf(path, sizeof path, "%s/sensitivity.json", out);
     if ((st = write_json(&s, order, path, model, d.path, split, secs))) goto cleanup;
     snprintf(path, sizeof path, "%s/sensitivity.svg", out);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "autograd/bq.h"
 #include "layers/calib.h"
@@ -149,6 +150,19 @@ void bq_dist_barrier(void) {
     if (g_size > 1) MPI_Barrier(MPI_COMM_WORLD);
 }
 
+void bq_dist_barrier_idle(void) {
+    if (g_size == 1) return;
+    MPI_Request req;
+    BQ_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS);
+    const struct timespec nap = {0, 10 * 1000 * 1000};
+    for (;;) {
+        int done = 0;
+        BQ_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS);
+        if (done) return;
+        nanosleep(&nap, NULL);
+    }
+}
+
 void bq_dist_abort(int code) {
     fflush(stdout);
     fflush(stderr);
@@ -184,6 +198,7 @@ void bq_dist_allgatherv(const void *buf, const int64_t *bytes, void *out) {
     if (bytes[0]) memcpy(out, buf, (size_t)bytes[0]);
 }
 void bq_dist_barrier(void) {}
+void bq_dist_barrier_idle(void) {}
 void bq_dist_abort(int code) {
     fflush(stdout);
     fflush(stderr);
@@ -191,6 +206,22 @@ void bq_dist_abort(int code) {
 }
 
 #endif
+
+extern char **environ;
+
+char **bq_dist_child_env(void) {
+    size_t n = 0;
+    while (environ[n]) n++;
+    char **env = bq_malloc((n + 1) * sizeof *env);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *e = environ[i];
+        if (!strncmp(e, "OMPI_", 5) || !strncmp(e, "PMIX_", 5) || !strncmp(e, "PMI_", 4)) continue;
+        env[k++] = environ[i];
+    }
+    env[k] = NULL;
+    return env;
+}
 
 /* ---- quantizer statistics (layers/quant.h, layers/calib.h) ---- */
 

@@ -42,6 +42,14 @@ void bq_dist_allgather_i64(int64_t mine, int64_t *all);
 /* Every rank's bytes[rank] bytes of buf, concatenated in rank order into out (sum of bytes, < 2 GiB). */
 void bq_dist_allgatherv(const void *buf, const int64_t *bytes, void *out);
 void bq_dist_barrier(void);
+/* A barrier that sleeps instead of spinning while it waits (MPI_Ibarrier tested every 10 ms), for ranks
+ * that wait while rank 0 alone works (a stage of `pipeline` that runs once): a spinning MPI_Barrier
+ * would take a core from rank 0 on a machine with no core to spare. */
+void bq_dist_barrier_idle(void);
+/* The environment of this process without the variables an MPI launcher sets (OMPI_*, PMIX_*, PMI_*),
+ * for a child process that must run as a single process and not try to join this job: a bq_malloc'd,
+ * NULL-terminated array of pointers into environ (free the array, not the strings). */
+char **bq_dist_child_env(void);
 /* Ends every rank of the job with exit status `code` (MPI_Abort), or exit(code) in one process. */
 void bq_dist_abort(int code) __attribute__((noreturn));
 

@@ -14,22 +14,23 @@ typedef struct Command {
     const char *name;
     int (*run)(int argc, char **argv);
     const char *summary;
+    int parallel; /* runs data-parallel under mpirun (docs/distributed.md); the others refuse it */
 } Command;
 
 static const Command COMMANDS[] = {
-    {"finetune", bq_cmd_finetune, "fine-tune a BERT checkpoint in fp32 for sequence classification"},
-    {"eval", bq_cmd_eval, "evaluate a fp32, PTQ or QAT checkpoint (accuracy, F1, confusion matrix)"},
-    {"predict", bq_cmd_predict, "print label and probability for texts (arguments or stdin)"},
-    {"calibrate", bq_cmd_calibrate, "post-training quantization: calibrate quantizer ranges"},
-    {"qat", bq_cmd_qat, "quantization-aware fine-tuning with fake-quantized modules"},
-    {"export", bq_cmd_export, "export a checkpoint to ONNX (fp32, or Q/DQ for quantized checkpoints)"},
-    {"export-hf", bq_cmd_export_hf, "write a Hugging Face directory (config.json, model.safetensors)"},
-    {"sensitivity", bq_cmd_sensitivity, "per-group quantization sensitivity: accuracy and KL against fp32"},
-    {"info", bq_cmd_info, "describe a checkpoint: config, parameters and every quantizer"},
-    {"pipeline", bq_cmd_pipeline, "fine-tune, calibrate, QAT, export and evaluate, with a report"},
-    {"bench", bq_cmd_bench, "latency of fp32, fake-quant and int8 forwards (and ONNX Runtime) on this CPU"},
-    {"tokenize", bq_cmd_tokenize, "print WordPiece ids or tokens of input lines"},
-    {"data-stats", bq_cmd_data_stats, "counts per split and label, and token-length percentiles"},
+    {"finetune", bq_cmd_finetune, "fine-tune a BERT checkpoint in fp32 for sequence classification", 1},
+    {"eval", bq_cmd_eval, "evaluate a fp32, PTQ or QAT checkpoint (accuracy, F1, confusion matrix)", 1},
+    {"predict", bq_cmd_predict, "print label and probability for texts (arguments or stdin)", 0},
+    {"calibrate", bq_cmd_calibrate, "post-training quantization: calibrate quantizer ranges", 1},
+    {"qat", bq_cmd_qat, "quantization-aware fine-tuning with fake-quantized modules", 1},
+    {"export", bq_cmd_export, "export a checkpoint to ONNX (fp32, or Q/DQ for quantized checkpoints)", 0},
+    {"export-hf", bq_cmd_export_hf, "write a Hugging Face directory (config.json, model.safetensors)", 0},
+    {"sensitivity", bq_cmd_sensitivity, "per-group quantization sensitivity: accuracy and KL against fp32", 1},
+    {"info", bq_cmd_info, "describe a checkpoint: config, parameters and every quantizer", 0},
+    {"pipeline", bq_cmd_pipeline, "fine-tune, calibrate, QAT, export and evaluate, with a report", 1},
+    {"bench", bq_cmd_bench, "latency of fp32, fake-quant and int8 forwards (and ONNX Runtime) on this CPU", 0},
+    {"tokenize", bq_cmd_tokenize, "print WordPiece ids or tokens of input lines", 0},
+    {"data-stats", bq_cmd_data_stats, "counts per split and label, and token-length percentiles", 0},
 };
 #define NCOMMANDS (int)(sizeof COMMANDS / sizeof COMMANDS[0])
 
@@ -99,6 +100,13 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < NCOMMANDS; i++) {
         if (strcmp(cmd, COMMANDS[i].name) != 0) continue;
+        if (bq_dist_size() > 1 && !COMMANDS[i].parallel) {
+            /* every rank decides alike: rank 0 prints, all leave with the same status, no abort */
+            fprintf(stderr, "bertqat %s: runs in one process, not under mpirun (data-parallel: finetune, qat, "
+                    "calibrate, eval, sensitivity, pipeline; docs/distributed.md)\n", cmd);
+            bq_dist_finalize();
+            return 2;
+        }
         bq_err_clear();
         st = COMMANDS[i].run(argc - 1, argv + 1);
         /* 2: bad flags or arguments; 5: NaN/Inf during training; 6: interrupted, resumable state saved;

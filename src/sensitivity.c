@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "autograd/bq.h"
+#include "src/dist.h"
 #include "src/train.h"
 
 /* 1 when `prefix` equals a dotted prefix of name ("a.b" matches "a.b.c", not "a.bc"). */
@@ -86,17 +87,29 @@ cleanup:
 /* Runs the forward over the measured examples with the current enabled flags. store: stores the logits
  * into s->teacher (the fp32 pass); else compares against them. start > 0: each batch starts at layer
  * `start` from the cached outputs `from` of layer start − 1. capture (may be NULL): receives each batch's
- * outputs of every layer but the last (allocated here). */
+ * outputs of every layer but the last (allocated here).
+ * Under mpirun rank r runs the batches bi with bi mod N = r (its teacher rows, labels and cache entries
+ * are those of its batches) and writes each example's KL term into its slot of a zeroed array; one sum
+ * over the ranks fills every slot (each is one rank's value plus zeros, exact), and the terms are then
+ * added in example order as one process adds them: accuracy and KL equal the single-process ones bit for
+ * bit. */
 static int run_pass(BqSensitivity *s, int store, int start, float **from, float **capture, double *acc, double *kl) {
     int st = BQ_OK;
     BqCtx ctx = {.act = &s->act, .tape = NULL, .training = 0};
     const int C = s->num_labels, L = s->m->cfg.num_hidden_layers;
     const int64_t H = s->m->cfg.hidden_size;
+    const int nr = bq_dist_size(), rank = bq_dist_rank();
     int64_t seen = 0, correct = 0, bi = 0;
-    double klsum = 0.0;
+    double klsum = 0.0, *klrow = nr > 1 ? bq_calloc((size_t)(s->n > 0 ? s->n : 1), sizeof(double)) : NULL;
     BqBatch b;
     bq_batcher_seek(s->b, 0, 0);
     while (seen < s->n && bq_batcher_next(s->b, &b)) {
+        int64_t rows = b.B < s->n - seen ? b.B : s->n - seen;
+        if (bi % nr != rank) {
+            bi++;
+            seen += rows;
+            continue;
+        }
         size_t mark = bq_arena_mark(&s->act);
         BqTensor *logits = NULL;
         BqBertInput in = bq_batch_input(&b);
@@ -119,7 +132,6 @@ static int run_pass(BqSensitivity *s, int store, int start, float **from, float 
                 memcpy(capture[bi] + l * bth, in.hidden[l]->data, (size_t)bth * sizeof(float));
         }
         bi++;
-        int64_t rows = b.B < s->n - seen ? b.B : s->n - seen;
         for (int64_t r = 0; r < rows; r++) {
             const float *z = logits->data + r * C;
             float *t = s->teacher + (seen + r) * C;
@@ -140,10 +152,16 @@ static int run_pass(BqSensitivity *s, int store, int start, float **from, float 
                 double lp = t[c] - lt, lq = z[c] - lz;
                 d += exp(lp) * (lp - lq);
             }
-            klsum += d > 0.0 ? d : 0.0;
+            if (klrow) klrow[seen + r] = d > 0.0 ? d : 0.0;
+            else klsum += d > 0.0 ? d : 0.0;
         }
         seen += rows;
         bq_arena_rewind(&s->act, mark);
+    }
+    if (klrow) {
+        bq_dist_sum_i64(&correct, 1);
+        bq_dist_sum_f64(klrow, seen);
+        for (int64_t i = 0; i < seen; i++) klsum += klrow[i];
     }
     if (store) s->n = seen;
     if (seen == 0) {
@@ -153,6 +171,7 @@ static int run_pass(BqSensitivity *s, int store, int start, float **from, float 
     *acc = (double)correct / (double)seen;
     *kl = klsum / (double)seen;
 cleanup:
+    free(klrow);
     return st;
 }
 

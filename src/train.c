@@ -265,8 +265,10 @@ static int shard_batch(const BqBatch *b, BqArena *act, int nr, int rk, BqBatch *
     out->input_ids = bq_arena_alloc(act, sizeof(int32_t) * (size_t)(B * T));
     out->attention_mask = bq_arena_alloc(act, sizeof(float) * (size_t)(B * T));
     out->token_type_ids = bq_arena_alloc(act, sizeof(int32_t) * (size_t)(B * T));
-    out->labels = b->labels + lo;
+    out->labels = b->labels ? b->labels + lo : NULL;
     out->example_index = b->example_index ? b->example_index + lo : NULL;
+    out->start_positions = b->start_positions ? b->start_positions + lo : NULL; /* question answering */
+    out->end_positions = b->end_positions ? b->end_positions + lo : NULL;
     for (int64_t i = 0; i < B; i++) {
         memcpy(out->input_ids + i * T, b->input_ids + (lo + i) * b->T, sizeof(int32_t) * (size_t)T);
         memcpy(out->attention_mask + i * T, b->attention_mask + (lo + i) * b->T, sizeof(float) * (size_t)T);

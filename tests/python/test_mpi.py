@@ -3,7 +3,9 @@ all-MiniLM-L6-v2 on a small CSV made here:
 - finetune, 2 ranks x 1 thread with --batch-size 16 against 1 process with --batch-size 8 --grad-accum 2:
   the same losses, gradient norms and validation metrics at every step and bit-identical weights and
   optimizer state after 20 steps;
-- calibrate (percentile histograms) and eval (confusion matrix, predictions file) equal to 1 process;
+- calibrate (percentile histograms), eval (confusion matrix, predictions file) and sensitivity (its
+  JSON) equal to 1 process; finetune --task qa bit-identical to 1 process with --grad-accum 2;
+- a command that is not data-parallel (info, export) refuses mpirun with one line, exit 2;
 - a bad input file fails every rank with one message and a non-zero exit, no output folder;
 - a killed rank ends the job within seconds, the last checkpoint loads, and the run resumes (in one
   process, so with a different N).
@@ -215,9 +217,9 @@ def test_killed_rank_stops_all_and_resume_works(env):
     assert steps[-1] == 40
 
 
-def test_qat_observers_and_pipeline_refusal(env, finetuned):
+def test_qat_observers(env, finetuned):
     """QAT with live observers (a min/max allreduce inside every training forward, sharded validation)
-    finishes under 2 ranks; pipeline, whose stages are child processes, refuses mpirun."""
+    finishes under 2 ranks."""
     one = finetuned[0]
     cal = env / "cal_qat"
     run_bq("calibrate", "--model", one, "--out", cal, "--data", env / "data.csv", "--calib-samples", 32,
@@ -227,10 +229,6 @@ def test_qat_observers_and_pipeline_refusal(env, finetuned):
                 "--eval-every", 2, "--batch-size", 16, timeout=900)
     assert p.stdout.count("qat: 3 steps") == 1, p.stdout
     assert "quant" in run_bq("info", out).stdout.lower()
-    r = run_mpi(2, "pipeline", "--model", one, "--data", env / "data.csv", "--out", env / "pl", check=False,
-                timeout=300)
-    assert r.returncode == 2 and r.stderr.count("cannot run under mpirun") == 1, r.stderr
-    assert not os.path.exists(env / "pl")
 
 
 def test_sigusr1_saves_and_resumes(env):
@@ -254,3 +252,33 @@ def test_sigusr1_saves_and_resumes(env):
     r = run_mpi(2, "finetune", *args, "--resume", timeout=900)
     assert "8 steps" in r.stdout
     assert [x["step"] for x in log_rows(out) if x["type"] == "train"][-1] == 8
+
+
+def test_sensitivity_equals_one_process(env, finetuned):
+    """sensitivity shards its batches over the ranks (rank r: batches k with k mod N = r) and sums the
+    per-example KL terms into one array before adding them in example order: the JSON (accuracies, KL,
+    group order, forward count) equals the single-process one bit for bit; rank 0 alone writes."""
+    cal = env / "cal_sens"
+    run_bq("calibrate", "--model", finetuned[0], "--out", cal, "--data", env / "data.csv", "--calib-samples", 16,
+           "--batch-size", 8, "--threads", 1, "--cache-dir", env / "cache")
+    s = ["--model", cal, "--data", env / "data.csv", "--split", "val", "--samples", 24, "--batch-size", 8,
+         "--max-seq-len", 32, "--threads", 1, "--cache-dir", env / "cache"]
+    run_bq("sensitivity", *s, "--out", env / "sens1")
+    p = run_mpi(2, "sensitivity", *s, "--out", env / "sens2", timeout=900)
+    assert p.stdout.count("wrote ") == 1, p.stdout
+    a = json.loads((env / "sens1" / "sensitivity.json").read_text())
+    b = json.loads((env / "sens2" / "sensitivity.json").read_text())
+    for j in (a, b):
+        j.pop("seconds")
+    assert a["examples"] == 20 and len(a["groups"]) > 10  # 3 batches: rank 0 runs two, rank 1 one
+    assert a == b
+
+
+def test_single_process_commands_refuse_mpirun(env):
+    """Commands that are not data-parallel refuse mpirun with one line and exit 2 (no MPI_Abort)."""
+    for cmd in (["info", MODEL], ["export", "--model", MODEL, "--out", env / "refused.onnx"]):
+        p = run_mpi(2, *cmd, check=False, timeout=300)
+        assert p.returncode == 2, p.stderr
+        assert p.stderr.count("runs in one process, not under mpirun") == 1, p.stderr
+        assert "MPI_ABORT" not in p.stderr
+    assert not os.path.exists(env / "refused.onnx")
