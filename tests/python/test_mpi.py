@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import BIN, MODEL, run_bq
+from conftest import BIN, DATA, MODEL, run_bq
 
 h5py = pytest.importorskip("h5py")
 
@@ -282,3 +282,19 @@ def test_single_process_commands_refuse_mpirun(env):
         assert p.stderr.count("runs in one process, not under mpirun") == 1, p.stderr
         assert "MPI_ABORT" not in p.stderr
     assert not os.path.exists(env / "refused.onnx")
+
+
+def test_qa_finetune_two_ranks_bit_identical(env):
+    """finetune --task qa: each rank's share of a batch of SQuAD windows keeps its answer positions;
+    2 ranks with --batch-size 8 equal 1 process with --batch-size 4 --grad-accum 2 bit for bit."""
+    squad = os.path.join(DATA, "squad", "train-v1.1-rebuilt.json")
+    if not os.path.exists(squad):
+        if os.environ.get("CI"):
+            pytest.fail(f"{squad} not found")
+        pytest.skip(f"{squad} not found")
+    qa = ["--task", "qa", "--model", MODEL, "--data", squad, "--train-samples", 32, "--max-seq-len", 96,
+          "--doc-stride", 14, "--threads", 1, "--max-steps", 3, "--log-every", 1]
+    run_bq("finetune", *qa, "--out", env / "qa1", "--batch-size", 4, "--grad-accum", 2)
+    run_mpi(2, "finetune", *qa, "--out", env / "qa2", "--batch-size", 8, timeout=900)
+    assert log_rows(env / "qa1") == log_rows(env / "qa2")
+    assert_same_tensors(env / "qa1" / "model.h5", env / "qa2" / "model.h5")
