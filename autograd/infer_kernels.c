@@ -163,6 +163,9 @@ IK_INLINE void dequant_head(float *dst, const int32_t *acc, int64_t ld, const in
     }
 }
 
+/* Rows ahead that load_head_f32 prefetches. */
+#define PREFETCH_ROWS 16
+
 /* Q_h, K_h, V_h (T, d) each, contiguous at dst, dst + Td, dst + 2·Td, from the fp32 query/key/value
  * GEMM output qkv (T rows, leading dim ld, no bias yet) plus bias. */
 IK_INLINE void load_head_f32(float *dst, const float *qkv, int64_t ld, const float *bias, int64_t H, int64_t h,
@@ -171,8 +174,12 @@ IK_INLINE void load_head_f32(float *dst, const float *qkv, int64_t ld, const flo
     for (int part = 0; part < 3; part++) {
         const int64_t c0 = part * H + h * d;
         float *o = dst + part * Td;
-        for (int64_t t = 0; t < T; t++)
+        for (int64_t t = 0; t < T; t++) {
+            /* Each row is in another 4 KiB page, where the hardware prefetchers stop: fetch ahead. */
+            for (int64_t e = 0; e < d && t + PREFETCH_ROWS < T; e += 16)
+                __builtin_prefetch(qkv + (t + PREFETCH_ROWS) * ld + c0 + e, 0, 3);
             for (int64_t e = 0; e < d; e++) o[t * d + e] = qkv[t * ld + c0 + e] + bias[c0 + e];
+        }
     }
 }
 
