@@ -109,6 +109,36 @@ IK_VEC static void gelu_quant_portable(uint8_t *codes, const int32_t *acc, const
             codes[m * N + n] = quant_u8(gelu(dequant(acc[m * N + n], comp[n], scale[n], bias[n])), sq);
 }
 
+/* ---- fp32 GEMM epilogues (layers/bert_fp32.c) ---- */
+
+IK_VEC void bq_infer_bias_residual_layernorm_f32(float *out, const float *x, const float *bias, const float *resid,
+                                                 const float *lnw, const float *lnb, float eps, int64_t M, int64_t N) {
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        float *y = out + m * N;
+        const float *a = x + m * N, *r = resid + m * N;
+        for (int64_t n = 0; n < N; n++) y[n] = (a[n] + bias[n]) + r[n];
+        const float mean = row_sum8(y, N) / (float)N;
+        float v8a[8] = {0};
+        int64_t n = 0;
+        for (; n + 8 <= N; n += 8)
+            for (int l = 0; l < 8; l++) {
+                float c = y[n + l] - mean;
+                v8a[l] += c * c;
+            }
+        for (; n < N; n++) v8a[0] += (y[n] - mean) * (y[n] - mean);
+        const float var = (((v8a[0] + v8a[1]) + (v8a[2] + v8a[3])) + ((v8a[4] + v8a[5]) + (v8a[6] + v8a[7]))) / (float)N;
+        const float rs = 1.0f / sqrtf(var + eps);
+        for (n = 0; n < N; n++) y[n] = (y[n] - mean) * rs * lnw[n] + lnb[n];
+    }
+}
+
+IK_VEC static void bias_gelu_portable(float *x, const float *bias, int64_t M, int64_t N) {
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) x[m * N + n] = gelu(x[m * N + n] + bias[n]);
+}
+
 /* ---- attention ---- */
 
 static int64_t pad16(int64_t x) { return (x + 15) / 16 * 16; }
@@ -130,6 +160,50 @@ IK_INLINE void dequant_head(float *dst, const int32_t *acc, int64_t ld, const in
         for (int64_t t = 0; t < T; t++)
             for (int64_t e = 0; e < d; e++)
                 o[t * d + e] = dequant(acc[t * ld + c0 + e], comp[c0 + e], scale[c0 + e], bias[c0 + e]);
+    }
+}
+
+/* Rows ahead that load_head_f32 prefetches. */
+#define PREFETCH_ROWS 16
+
+/* Q_h, K_h, V_h (T, d) each, contiguous at dst, dst + Td, dst + 2·Td, from the fp32 query/key/value
+ * GEMM output qkv (T rows, leading dim ld, no bias yet) plus bias. */
+IK_INLINE void load_head_f32(float *dst, const float *qkv, int64_t ld, const float *bias, int64_t H, int64_t h,
+                             int64_t T, int64_t d) {
+    const int64_t Td = pad16(T * d);
+    for (int part = 0; part < 3; part++) {
+        const int64_t c0 = part * H + h * d;
+        float *o = dst + part * Td;
+        for (int64_t t = 0; t < T; t++) {
+            /* Each row is in another 4 KiB page, where the hardware prefetchers stop: fetch ahead. */
+            for (int64_t e = 0; e < d && t + PREFETCH_ROWS < T; e += 16)
+                __builtin_prefetch(qkv + (t + PREFETCH_ROWS) * ld + c0 + e, 0, 3);
+            for (int64_t e = 0; e < d; e++) o[t * d + e] = qkv[t * ld + c0 + e] + bias[c0 + e];
+        }
+    }
+}
+
+/* C rows [0,R) (d columns, fp32, leading dim ldc) = P rows (leading dim Tp, T keys) · V (T, d, leading
+ * dim ldv): context_rows without the quantization. */
+IK_INLINE void context_rows_f32(float *C, int64_t ldc, const float *P, int64_t Tp, const float *V, int64_t ldv,
+                                int64_t T, int64_t d, const int R) {
+    for (int64_t c = 0; c < d; c += 16) {
+        const int two = c + 16 <= d;
+        v8 acc[4][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (v8){0};
+        for (int64_t j = 0; j < T; j++) {
+            const v8 v0 = *(const v8u *)(V + j * ldv + c);
+            const v8 v1 = two ? *(const v8u *)(V + j * ldv + c + 8) : (v8){0};
+            for (int r = 0; r < R; r++) {
+                const v8 pb = (v8){0} + P[r * Tp + j];
+                acc[r][0] += pb * v0;
+                acc[r][1] += pb * v1;
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            *(v8u *)(C + r * ldc + c) = acc[r][0];
+            if (two) *(v8u *)(C + r * ldc + c + 8) = acc[r][1];
+        }
     }
 }
 
@@ -375,6 +449,78 @@ IK_FMA static void attn_head_fma(uint8_t *c, int64_t ldc, const int32_t *acc, in
     for (; i < T; i++) context_rows_fma(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 1);
 }
 
+/* R rows of C = P·V (d columns, 16 or 8 at a time), fp32 (context_rows_fma without the quantization). */
+IK_FMA_INLINE void context_rows_f32_fma(float *C, int64_t ldc, const float *P, int64_t Tp, const float *V,
+                                        int64_t ldv, int64_t T, int64_t d, const int R) {
+    for (int64_t c = 0; c < d; c += 16) {
+        const int two = c + 16 <= d;
+        __m256 acc[4][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        if (two) {
+            for (int64_t j = 0; j < T; j++) {
+                const __m256 v0 = _mm256_loadu_ps(V + j * ldv + c), v1 = _mm256_loadu_ps(V + j * ldv + c + 8);
+                for (int r = 0; r < R; r++) {
+                    const __m256 pb = _mm256_broadcast_ss(P + r * Tp + j);
+                    acc[r][0] = _mm256_fmadd_ps(pb, v0, acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(pb, v1, acc[r][1]);
+                }
+            }
+        } else {
+            for (int64_t j = 0; j < T; j++) {
+                const __m256 v0 = _mm256_loadu_ps(V + j * ldv + c);
+                for (int r = 0; r < R; r++)
+                    acc[r][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(P + r * Tp + j), v0, acc[r][0]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            _mm256_storeu_ps(C + r * ldc + c, acc[r][0]);
+            if (two) _mm256_storeu_ps(C + r * ldc + c + 8, acc[r][1]);
+        }
+    }
+}
+
+/* x = gelu(x + bias) in place, gelu_quant_rows_fma's GELU, 8 columns at a time (N a multiple of 8). */
+IK_FMA static void bias_gelu_rows_fma(float *x, const float *bias, int64_t M, int64_t N) {
+    static const float cf[10] = {0.17087277f, -0.82215223f, 1.48851587f,  -1.13520398f, 0.27886807f,
+                                 -0.18628806f, 0.09678418f, 0.37409196f, 1.00002368f,  -1.26551223f};
+    const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n += 8) {
+            const __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + m * N + n), _mm256_loadu_ps(bias + n));
+            const __m256 z = _mm256_mul_ps(_mm256_and_ps(v, absmask), _mm256_set1_ps((float)M_SQRT1_2));
+            const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(half, z, one));
+            __m256 p = _mm256_set1_ps(cf[0]);
+            for (int i = 1; i < 10; i++) p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(cf[i]));
+            const __m256 h = _mm256_mul_ps(half, _mm256_mul_ps(t, exp8_fma(_mm256_fnmadd_ps(z, z, p))));
+            const __m256 cdf = _mm256_blendv_ps(_mm256_sub_ps(one, h), h, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ));
+            _mm256_storeu_ps(x + m * N + n, _mm256_mul_ps(v, cdf));
+        }
+}
+
+/* One (batch, head) pair of the fp32 attention on AVX2 + FMA (attn_head_fma's steps on fp32 inputs). */
+IK_FMA static void attn_head_f32_fma(float *c, int64_t ldc, const float *qkv, int64_t lda, const float *bias,
+                                     int64_t h, const float *mrow, float *Kt, float scale, int64_t T, int64_t d) {
+    const int64_t Tp = pad16(T), T8 = T / 8 * 8, ld = d;
+    float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
+    load_head_f32(q, qkv, lda, bias, ldc, h, T, d);
+    transpose_fma(Kt, Tp, k, ld, T8, d);
+    for (int64_t j = T8; j < T; j++)
+        for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
+    for (int64_t e = 0; e < d; e++)
+        for (int64_t j = T; j < Tp; j++) Kt[e * Tp + j] = 0.0f;
+    int64_t i = 0;
+    for (; i + 4 <= T; i += 4) scores_rows_fma(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 4);
+    for (; i < T; i++) scores_rows_fma(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 1);
+    for (i = 0; i < T; i++) {
+        if (T == T8) softmax_row_fma(S + i * Tp, mrow, scale, T);
+        else softmax_row(S + i * Tp, mrow, scale, T);
+    }
+    for (i = 0; i + 4 <= T; i += 4) context_rows_f32_fma(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, 4);
+    for (; i < T; i++) context_rows_f32_fma(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, 1);
+}
+
 /* 1 when the CPU has AVX2 and FMA and the environment does not set BQ_INFER_PORTABLE (which tests
  * set to run the portable kernels on such CPUs too). */
 static int have_fma(void) {
@@ -443,4 +589,56 @@ void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp
     }
 #endif
     gelu_quant_portable(codes, acc, comp, scale, bias, sq, M, N);
+}
+
+/* ---- fp32 attention and GELU (layers/bert_fp32.c) ---- */
+
+/* One (batch, head) pair of the fp32 attention, portable (attn_head's steps on fp32 inputs). */
+static void attn_head_f32(float *c, int64_t ldc, const float *qkv, int64_t lda, const float *bias, int64_t h,
+                          const float *mrow, float *Kt, float scale, int64_t T, int64_t d) {
+    const int64_t Tp = pad16(T), ld = d;
+    float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
+    load_head_f32(q, qkv, lda, bias, ldc, h, T, d);
+    for (int64_t j = 0; j < T; j++)
+        for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
+    for (int64_t e = 0; e < d; e++)
+        for (int64_t j = T; j < Tp; j++) Kt[e * Tp + j] = 0.0f;
+    int64_t i = 0;
+    for (; i + 4 <= T; i += 4) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 4);
+    for (; i < T; i++) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 1);
+    for (i = 0; i < T; i++) softmax_row(S + i * Tp, mrow, scale, T);
+    for (i = 0; i + 4 <= T; i += 4) context_rows_f32(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, 4);
+    for (; i < T; i++) context_rows_f32(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, 1);
+}
+
+void bq_infer_attention_f32(float *ctx, const float *qkv, const float *bias, const float *mask, float *scratch,
+                            int64_t nthreads, float scale, int64_t B, int64_t T, int64_t NH, int64_t d) {
+    BQ_CHECK(d % 8 == 0 && omp_get_max_threads() <= nthreads);
+    const int64_t H = NH * d, lda = 3 * H, per = bq_infer_attention_scratch(T, d);
+    const int fma = have_fma();
+#pragma omp parallel for if (B * NH > 1) schedule(static)
+    for (int64_t bh = 0; bh < B * NH; bh++) {
+        const int64_t b = bh / NH, h = bh % NH;
+        float *Kt = scratch + (int64_t)omp_get_thread_num() * per;
+        const float *a = qkv + b * T * lda;
+        const float *mrow = mask ? mask + b * T : NULL;
+        float *c = ctx + b * T * H + h * d;
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (fma) {
+            attn_head_f32_fma(c, H, a, lda, bias, h, mrow, Kt, scale, T, d);
+            continue;
+        }
+#endif
+        attn_head_f32(c, H, a, lda, bias, h, mrow, Kt, scale, T, d);
+    }
+}
+
+void bq_infer_bias_gelu_f32(float *x, const float *bias, int64_t M, int64_t N) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_fma() && N % 8 == 0) {
+        bias_gelu_rows_fma(x, bias, M, N);
+        return;
+    }
+#endif
+    bias_gelu_portable(x, bias, M, N);
 }

@@ -46,4 +46,23 @@ void bq_infer_attention(uint8_t *codes, const int32_t *acc, const int32_t *comp,
                         const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
                         float sq, int64_t B, int64_t T, int64_t NH, int64_t d);
 
+/* ---- fp32 kernels of the fused evaluation forward (layers/bert_fp32.h) ----
+ * The same structure without integers: each takes the fp32 output of a bias-free GEMM. */
+
+/* out (M,N) = LayerNorm((x + bias) + resid) with weight lnw and bias lnb (BertSelfOutput, BertOutput
+ * without dropout); LayerNorm's sums in 8 fixed lanes. out may be x (in place), not resid. */
+void bq_infer_bias_residual_layernorm_f32(float *out, const float *x, const float *bias, const float *resid,
+                                          const float *lnw, const float *lnb, float eps, int64_t M, int64_t N);
+
+/* x (M,N) = gelu(x + bias) in place, the exact-erf GELU of autograd/kernels.c (with fused multiply-adds
+ * where the CPU has AVX2 and FMA and N is a multiple of 8). */
+void bq_infer_bias_gelu_f32(float *x, const float *bias, int64_t M, int64_t N);
+
+/* bq_infer_attention on the fp32 output qkv (B,T,3H) of the bias-free fused query/key/value GEMM: for
+ * every (b, h), Q_h, K_h, V_h = its columns + bias (3H), S = Q_h·K_hᵀ, P = softmax(scale·S + (1 −
+ * mask)·(−FLT_MAX)) over keys, ctx (B,T,H) head columns = P·V_h in fp32. d a multiple of 8; scratch as
+ * bq_infer_attention's. */
+void bq_infer_attention_f32(float *ctx, const float *qkv, const float *bias, const float *mask, float *scratch,
+                            int64_t nthreads, float scale, int64_t B, int64_t T, int64_t NH, int64_t d);
+
 #endif

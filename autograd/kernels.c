@@ -293,36 +293,52 @@ void bq_kernel_embedding_backward_pad(float *dtable, const float *dout, const in
 
 /* ---- layernorm ---- */
 
-/* One row of LayerNorm: two passes (mean, then variance of the centred values: no cancellation). Shared
- * by the plain and the residual kernel so both give the same bits. */
+/* One row of LayerNorm: two passes (mean, then variance of the centred values: no cancellation), each
+ * summed in 8 fixed lanes combined pairwise (row_sum's order: it vectorizes, and every clone and thread
+ * count gives the same bits; the order of autograd/infer_kernels.c's LayerNorm). Shared by the plain,
+ * residual and embedding kernels so all give the same bits. */
 BQ_INLINE void ln_row_forward(float *y, float *mean, float *rstd, const float *x, const float *weight,
                               const float *bias, int64_t H, float eps) {
-    float m = 0.0f;
-    for (int64_t i = 0; i < H; i++) m += x[i];
-    m /= (float)H;
-    float v = 0.0f;
-    for (int64_t i = 0; i < H; i++) {
-        float xc = x[i] - m;
-        v += xc * xc;
-    }
-    v /= (float)H;
+    float m = row_sum(x, H) / (float)H;
+    float a[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= H; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float xc = x[j + l] - m;
+            a[l] += xc * xc;
+        }
+    for (; j < H; j++) a[0] += (x[j] - m) * (x[j] - m);
+    float v = (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) / (float)H;
     float r = 1.0f / sqrtf(v + eps);
     for (int64_t i = 0; i < H; i++) y[i] = (x[i] - m) * r * weight[i] + bias[i];
     *mean = m;
     *rstd = r;
 }
 
-/* mean(g) and mean(g⊙x̂) of one row, g = dy⊙w: dx = r·(g − mean(g) − x̂·mean(g⊙x̂)). */
+/* The 8 lanes of a row reduction, combined pairwise. */
+BQ_INLINE float lanes_sum(const float *a) {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+/* mean(g) and mean(g⊙x̂) of one row, g = dy⊙w: dx = r·(g − mean(g) − x̂·mean(g⊙x̂)). Both sums in 8
+ * fixed lanes (element i in lane i mod 8 below the last multiple of 8, the tail in lane 0). */
 BQ_INLINE void ln_row_stats(float *sg_out, float *sgx_out, const float *x, const float *dy, const float *weight,
                             float m, float r, int64_t H) {
-    float sg = 0.0f, sgx = 0.0f;
-    for (int64_t i = 0; i < H; i++) {
-        float g = dy[i] * weight[i];
-        sg += g;
-        sgx += g * (x[i] - m) * r;
+    float ag[LANES] = {0}, agx[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= H; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float g = dy[j + l] * weight[j + l];
+            ag[l] += g;
+            agx[l] += g * (x[j + l] - m) * r;
+        }
+    for (; j < H; j++) {
+        float g = dy[j] * weight[j];
+        ag[0] += g;
+        agx[0] += g * (x[j] - m) * r;
     }
-    *sg_out = sg / (float)H;
-    *sgx_out = sgx / (float)H;
+    *sg_out = lanes_sum(ag) / (float)H;
+    *sgx_out = lanes_sum(agx) / (float)H;
 }
 
 BQ_INLINE float ln_dx(float x, float dy, float w, float m, float r, float sg, float sgx) {
@@ -354,13 +370,13 @@ static void ln_param_grads(float *dweight, float *dbias, const float *dout, cons
     }
 }
 
-void bq_kernel_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+BQ_VEC void bq_kernel_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                                  const float *bias, int64_t N, int64_t H, float eps) {
 #pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
     for (int64_t n = 0; n < N; n++) ln_row_forward(out + n * H, mean + n, rstd + n, inp + n * H, weight, bias, H, eps);
 }
 
-void bq_kernel_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+BQ_VEC void bq_kernel_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                   const float *inp, const float *weight, const float *mean, const float *rstd,
                                   int64_t N, int64_t H) {
     if (dinp) {
@@ -383,7 +399,7 @@ BQ_INLINE float emb_sum(const float *word, const float *type, const float *pos, 
     return (word[(int64_t)w * H + i] + type[(int64_t)t * H + i]) + pos[(int64_t)p * H + i];
 }
 
-void bq_kernel_embed_layernorm_forward(float *out, float *mean, float *rstd, const float *word, const float *type,
+BQ_VEC void bq_kernel_embed_layernorm_forward(float *out, float *mean, float *rstd, const float *word, const float *type,
                                        const float *pos, const int32_t *wid, const int32_t *tid, const int32_t *pid,
                                        const float *weight, const float *bias, int64_t N, int64_t H, float eps) {
 #pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
@@ -394,7 +410,7 @@ void bq_kernel_embed_layernorm_forward(float *out, float *mean, float *rstd, con
     }
 }
 
-void bq_kernel_embed_layernorm_backward(float *dword, float *dtype, float *dpos, float *dweight, float *dbias,
+BQ_VEC void bq_kernel_embed_layernorm_backward(float *dword, float *dtype, float *dpos, float *dweight, float *dbias,
                                         float *stats, const float *dout, const float *word, const float *type,
                                         const float *pos, const int32_t *wid, const int32_t *tid,
                                         const int32_t *pid, const float *weight, const float *mean,
@@ -403,15 +419,23 @@ void bq_kernel_embed_layernorm_backward(float *dword, float *dtype, float *dpos,
 #pragma omp parallel for if (N * H > PAR_MIN) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const float *dy = dout + n * H;
-        float m = mean[n], r = rstd[n], sg = 0.0f, sgx = 0.0f;
-        for (int64_t i = 0; i < H; i++) {
-            float x = emb_sum(word, type, pos, wid[n], tid[n], pid[n], H, i);
-            float g = dy[i] * weight[i];
-            sg += g;
-            sgx += g * (x - m) * r;
+        float m = mean[n], r = rstd[n], ag[LANES] = {0}, agx[LANES] = {0};
+        int64_t j = 0;
+        for (; j + LANES <= H; j += LANES)
+            for (int l = 0; l < LANES; l++) {
+                float x = emb_sum(word, type, pos, wid[n], tid[n], pid[n], H, j + l);
+                float g = dy[j + l] * weight[j + l];
+                ag[l] += g;
+                agx[l] += g * (x - m) * r;
+            }
+        for (; j < H; j++) {
+            float x = emb_sum(word, type, pos, wid[n], tid[n], pid[n], H, j);
+            float g = dy[j] * weight[j];
+            ag[0] += g;
+            agx[0] += g * (x - m) * r;
         }
-        stats[2 * n] = sg / (float)H;
-        stats[2 * n + 1] = sgx / (float)H;
+        stats[2 * n] = lanes_sum(ag) / (float)H;
+        stats[2 * n + 1] = lanes_sum(agx) / (float)H;
     }
     /* pass 2, column blocks: scatter the input gradient into the tables, sum the LayerNorm's parameter
      * gradients; rows in order within each block */

@@ -6,11 +6,13 @@
  * random, full length (attention mask all ones), dropout as in the config (training mode).
  *
  *   bench_train_step [--model DIR] [--batch 32] [--seq 128] [--steps 5] [--warmup 1] [--threads 0]
- *                    [--qat] [--scheme ort|qdqbert|cpu] [--profile] [--precision fp32|bf16|auto] [--infer]
+ *                    [--qat] [--scheme ort|qdqbert|cpu] [--profile] [--precision fp32|bf16|auto]
+ *                    [--infer | --infer-ops]
  *
  * --precision resolves as the CLI's flag does (autograd/bq.h; bf16 on a CPU without it, or in a build
  * without bf16 GEMMs, is the CLI's one-line error and exit status 2). --infer times the forward alone
- * without a tape (evaluation mode, as `bertqat eval` runs it) and reports examples/s.
+ * without a tape (evaluation mode, as `bertqat eval` runs it: bq_fp32_forward's fused layers, or fake
+ * quant with --qat) and reports examples/s; --infer-ops times bq_bert_forward's op-by-op path instead.
  *
  * --qat adds the fake-quantized modules of the scheme with live moving-average observers, as `bertqat
  * qat` trains them. Prints one JSON line (read by bench/bench_train.py): median ms/step, tokens/s,
@@ -18,17 +20,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "autograd/bq.h"
 #include "autograd/tensor.h"
 #include "export/ckpt.h"
 #include "layers/bert.h"
+#include "layers/bert_fp32.h"
 #include "layers/quant.h"
 #include "src/train.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* CPU seconds of the whole process (all threads): on a loaded machine this, unlike the wall time, does
+ * not count the time other jobs hold the cores. */
+static double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 static void base_config(BqBertConfig *cfg) {
@@ -54,7 +66,7 @@ static void base_config(BqBertConfig *cfg) {
 
 static int usage(void) {
     fprintf(stderr, "usage: bench_train_step [--model DIR] [--batch B] [--seq T] [--steps N] [--warmup N] "
-                    "[--threads N] [--qat] [--scheme ort|qdqbert|cpu] [--profile] [--precision P] [--infer]\n");
+                    "[--threads N] [--qat] [--scheme ort|qdqbert|cpu] [--profile] [--precision P] [--infer | --infer-ops]\n");
     return 2;
 }
 
@@ -64,7 +76,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     const char *model = NULL, *scheme = "ort", *precision = "auto";
-    int B = 32, T = 128, steps = 5, warmup = 1, threads = 0, qat = 0, profile = 0, infer = 0;
+    int B = 32, T = 128, steps = 5, warmup = 1, threads = 0, qat = 0, profile = 0, infer = 0, infer_ops = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -78,6 +90,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--qat")) qat = 1;
         else if (!strcmp(a, "--profile")) profile = 1;
         else if (!strcmp(a, "--infer")) infer = 1;
+        else if (!strcmp(a, "--infer-ops")) infer = infer_ops = 1;
         else if (!strcmp(a, "--precision") && has) precision = argv[++i];
         else return usage();
     }
@@ -144,7 +157,7 @@ int main(int argc, char **argv) {
     tc.lr = 5e-5;
     tc.max_grad_norm = 1.0;
     BqTrainState ts = {.opt = &opt};
-    double *times = bq_malloc(sizeof(double) * (size_t)steps);
+    double *times = bq_malloc(sizeof(double) * (size_t)steps), *ctimes = bq_malloc(sizeof(double) * (size_t)steps);
     float loss_v = 0;
     for (int s = 0; s < warmup + steps; s++) {
         if (s == warmup) {
@@ -152,13 +165,13 @@ int main(int argc, char **argv) {
             bq_profile_enable(profile);
         }
         BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(1, (uint64_t)s)};
-        double t0 = bq_now();
+        double t0 = bq_now(), c0 = cpu_now();
         bq_profile_mark();
         if (infer) { /* the evaluation forward: no tape, no dropout, activations rewound per batch */
             BqCtx ev = {.act = &act, .tape = NULL, .training = 0};
             BqBertInput in = bq_batch_input(&bt);
             BqTensor *lg = NULL;
-            if (bq_bert_forward(&m, &ev, &in, &lg, NULL)) {
+            if (infer_ops ? bq_bert_forward(&m, &ev, &in, &lg, NULL) : bq_fp32_forward(&m, &ev, &in, &lg)) {
                 fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
                 return 1;
             }
@@ -169,13 +182,15 @@ int main(int argc, char **argv) {
             return 1;
         }
         double dt = bq_now() - t0;
-        if (s >= warmup) times[s - warmup] = dt;
+        if (s >= warmup) times[s - warmup] = dt, ctimes[s - warmup] = cpu_now() - c0;
     }
     bq_profile_enable(0);
     double *sorted = bq_malloc(sizeof(double) * (size_t)steps);
     memcpy(sorted, times, sizeof(double) * (size_t)steps);
     qsort(sorted, (size_t)steps, sizeof(double), cmp_double);
     double ms = sorted[steps / 2] * 1e3;
+    qsort(ctimes, (size_t)steps, sizeof(double), cmp_double);
+    double cpu_ms = ctimes[steps / 2] * 1e3;
     if (profile) {
         const BqProfile *p = bq_profile_get();
         double tf = 0, tb = 0;
@@ -190,14 +205,15 @@ int main(int argc, char **argv) {
                 tf * 1e3 / steps, tb * 1e3 / steps, ms);
     }
     printf("{\"peer\": \"bertqat\", \"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"qat\": %s, "
-           "\"scheme\": \"%s\", \"mode\": \"%s\", \"precision\": \"%s\", \"ms_per_step\": %.3f, "
+           "\"scheme\": \"%s\", \"mode\": \"%s\", \"precision\": \"%s\", \"ms_per_step\": %.3f, \"cpu_ms_per_step\": %.3f, \"cpu_ms_min_step\": %.3f, "
            "\"tokens_per_s\": %.1f, \"examples_per_s\": %.2f, \"peak_rss_mib\": %.1f, "
            "\"activation_peak_mib\": %.1f, \"loss\": %.6f, \"runtime\": \"%s\", \"cpu_bf16\": \"%s\"}\n",
            model ? model : "bert-base-shape", B, T, bq_runtime_threads(), qat ? "true" : "false",
-           qat ? scheme : "", infer ? "infer" : "train", bq_precision_name(prec), ms, (double)B * T / (ms / 1e3),
+           qat ? scheme : "", infer ? "infer" : "train", bq_precision_name(prec), ms, cpu_ms, ctimes[0] * 1e3, (double)B * T / (ms / 1e3),
            (double)B / (ms / 1e3), (double)bq_peak_rss() / (1 << 20), (double)act.peak / (1 << 20), loss_v,
            bq_runtime_describe(), bq_cpu_bf16_describe());
     free(times);
+    free(ctimes);
     free(sorted);
     free(bt.input_ids);
     free(bt.token_type_ids);

@@ -14,6 +14,7 @@
 
 #include "datasets/dataset.h"
 #include "export/ckpt.h"
+#include "layers/bert_fp32.h"
 #include "layers/quant.h"
 #include "src/dist.h"
 #include "src/distill.h"
@@ -42,7 +43,7 @@ void bq_train_config_default(BqTrainConfig *tc) {
 
 int bq_infer_forward(BqBert *m, BqInt8Engine *e, BqCtx *ctx, const BqBertInput *in, BqTensor **logits) {
     BQ_CHECK(!ctx->tape && !ctx->training);
-    return e ? bq_int8_forward(e, m, ctx, in, logits) : bq_bert_forward(m, ctx, in, logits, NULL);
+    return e ? bq_int8_forward(e, m, ctx, in, logits) : bq_fp32_forward(m, ctx, in, logits);
 }
 
 int bq_evaluate(BqBert *m, BqBatchSource *src, BqArena *act, BqConfusion *conf, int64_t max_examples,

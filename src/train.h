@@ -152,8 +152,8 @@ int bq_evaluate(BqBert *m, BqBatchSource *src, BqArena *act, BqConfusion *conf, 
                 void (*probs_cb)(void *user, const BqBatch *b, const float *probs), void *user);
 
 /* The inference forward of eval and predict: logits (B, num_labels) of in, through the integer engine
- * e (layers/bert_int8.h, prepared from m) when e is set, else bq_bert_forward without a tape (fp32 or
- * fake quant). ctx->tape must be NULL and ctx->training 0. */
+ * e (layers/bert_int8.h, prepared from m) when e is set, else bq_fp32_forward (layers/bert_fp32.h: the
+ * fused fp32 layers, or bq_bert_forward without a tape for fake quant). ctx->tape must be NULL and ctx->training 0. */
 int bq_infer_forward(BqBert *m, BqInt8Engine *e, BqCtx *ctx, const BqBertInput *in, BqTensor **logits);
 
 /* bq_evaluate with its forwards through bq_infer_forward(m, e, ...); e NULL is bq_evaluate. The trainer's

@@ -1,0 +1,98 @@
+/* Fused fp32 evaluation forward (layers/bert_fp32.h): a BqLinearHook (layers/bert.h) whose whole-layer
+ * callback computes each encoder layer of a model without quantizers as 4 GEMMs (OpenBLAS, threaded
+ * inside each call) and the fused passes of autograd/infer_kernels.h; the embeddings, pooler and
+ * classifier stay layers/bert.c's ops. The ops and their order are layer_forward's of layers/bert.c in
+ * evaluation (no dropout).
+ *
+ * Memory: the layer's output comes from ctx->act first; everything else it needs (the concatenated
+ * query/key/value weights, the GEMM outputs, the attention scratch) is taken after it and given back
+ * when the layer ends, so a forward holds one layer's temporaries at a time. */
+#include "layers/bert_fp32.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "autograd/infer_kernels.h"
+
+static int layer_fusable(const BqBertConfig *c) {
+    return c->num_attention_heads > 0 && c->hidden_size % c->num_attention_heads == 0 &&
+           (c->hidden_size / c->num_attention_heads) % 8 == 0;
+}
+
+int bq_fp32_fused_layer_count(const BqBert *m) {
+    return m->quant || !layer_fusable(&m->cfg) ? 0 : m->cfg.num_hidden_layers;
+}
+
+/* out (M,N) = x (M,K)·Wᵀ, W (N,K) row-major (PyTorch's Linear layout); no bias. */
+static void gemm_nt(float *out, const float *x, const float *w, int64_t M, int64_t N, int64_t K) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x, (int)K, w, (int)K, 0.0f,
+                out, (int)N);
+}
+
+/* The whole encoder layer l on x (B,T,H) → *y (B,T,H); leaves *y NULL when the layer cannot be fused. */
+static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask, BqTensor **y) {
+    const BqBert *m = user;
+    const BqBertConfig *c = &m->cfg;
+    if (!layer_fusable(c) || x->ndim != 3 || !bq_tensor_is_contiguous(x) || x->shape[2] != c->hidden_size)
+        return BQ_OK;
+    const BqBertLayer *L = &m->layers[l];
+    const int64_t B = x->shape[0], T = x->shape[1], H = c->hidden_size, NI = c->intermediate_size;
+    const int64_t NH = c->num_attention_heads, d = H / NH, M = B * T;
+    const float scale = 1.0f / sqrtf((float)d), eps = c->layer_norm_eps;
+
+    int64_t shape[3] = {B, T, H};
+    BqTensor *o = bq_tensor_new(ctx, 3, shape); /* the layer's output: kept */
+    size_t mark = bq_arena_mark(ctx->act);
+
+    /* query | key | value weights as one (3H, H) matrix and their biases as one (3H) vector */
+    float *wqkv = bq_arena_alloc(ctx->act, (size_t)(3 * H * H) * sizeof(float));
+    float *bqkv = bq_arena_alloc(ctx->act, (size_t)(3 * H) * sizeof(float));
+    const BqTensor *W[3] = {&L->q_w, &L->k_w, &L->v_w}, *Bs[3] = {&L->q_b, &L->k_b, &L->v_b};
+    for (int j = 0; j < 3; j++) {
+        memcpy(wqkv + j * H * H, W[j]->data, (size_t)(H * H) * sizeof(float));
+        memcpy(bqkv + j * H, Bs[j]->data, (size_t)H * sizeof(float));
+    }
+    float *qkv = bq_arena_alloc(ctx->act, (size_t)(M * 3 * H) * sizeof(float));
+    gemm_nt(qkv, x->data, wqkv, M, 3 * H, H);
+
+    const int64_t nthr = omp_get_max_threads();
+    float *scratch = bq_arena_alloc(ctx->act, (size_t)(nthr * bq_infer_attention_scratch(T, d)) * sizeof(float));
+    float *cx = bq_arena_alloc(ctx->act, (size_t)(M * H) * sizeof(float));
+    bq_infer_attention_f32(cx, qkv, bqkv, mask, scratch, nthr, scale, B, T, NH, d);
+
+    /* BertSelfOutput: LayerNorm(dense(ctx) + x) */
+    float *a = bq_arena_alloc(ctx->act, (size_t)(M * H) * sizeof(float));
+    gemm_nt(a, cx, L->ao_w.data, M, H, H);
+    bq_infer_bias_residual_layernorm_f32(a, a, L->ao_b.data, x->data, L->ln1_w.data, L->ln1_b.data, eps, M, H);
+
+    /* BertIntermediate: gelu(dense(a)), the GELU in place on the GEMM output */
+    float *h = bq_arena_alloc(ctx->act, (size_t)(M * NI) * sizeof(float));
+    gemm_nt(h, a, L->i_w.data, M, NI, H);
+    bq_infer_bias_gelu_f32(h, L->i_b.data, M, NI);
+
+    /* BertOutput: LayerNorm(dense(h) + a) */
+    gemm_nt(o->data, h, L->o_w.data, M, H, NI);
+    bq_infer_bias_residual_layernorm_f32(o->data, o->data, L->o_b.data, a, L->ln2_w.data, L->ln2_b.data, eps, M, H);
+
+    bq_arena_rewind(ctx->act, mark);
+    *y = o;
+    return BQ_OK;
+}
+
+/* Every Linear the fused layers do not cover (pooler, classifier, QA outputs, unfused layers) is left to
+ * the forward's own op. */
+static int linear_run(void *user, BqCtx *ctx, int layer, BqLinearId id, BqTensor *x, const BqTensor *w,
+                      const BqTensor *b, BqTensor **out) {
+    (void)user, (void)ctx, (void)layer, (void)id, (void)x, (void)w, (void)b, (void)out;
+    return BQ_OK;
+}
+
+int bq_fp32_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits) {
+    BQ_CHECK(m && ctx && ctx->act && in && logits);
+    BQ_CHECK(ctx->tape == NULL && !ctx->training); /* inference only */
+    if (!bq_fp32_fused_layer_count(m)) return bq_bert_forward(m, ctx, in, logits, NULL);
+    BqLinearHook hook = {.user = m, .run = linear_run, .layer = layer_run};
+    return bq_bert_forward_hooked(m, ctx, in, &hook, logits, NULL);
+}

@@ -1,0 +1,224 @@
+/* The fused fp32 evaluation forward (layers/bert_fp32.h) against the op-by-op forward of layers/bert.c
+ * without a tape, on random models (2 layers, hidden 64, 4 heads of 16, intermediate 96) with padded
+ * batches:
+ *  - every encoder layer runs fused (bq_fp32_fused_layer_count), classification and QA heads, T = 24
+ *    (the vector softmax) and T = 13 (the scalar tail);
+ *  - each layer's output and the logits within the bound below of the reference;
+ *  - the fused kernels (attention, bias + GELU, bias + residual + LayerNorm) give the same bits on 1 and 2
+ *    threads. (The whole forward inherits the thread behaviour of OpenBLAS's sgemm, which the op-by-op
+ *    forward shares: on small shapes like these its 1- and 2-thread results already differ there.)
+ *  - a head size that is not a multiple of 8 (hidden 60, 4 heads of 15): no layer fused, the logits are
+ *    bq_bert_forward's bit for bit.
+ *
+ * The bound. Both forwards compute the same ops in the same order on the same values; they differ only
+ * in rounding: the query/key/value GEMM is one call instead of three (OpenBLAS sums each output in
+ * the same k order either way), the attention products sum d = 16 and T terms in 8 lanes instead of
+ * sgemm's order, LayerNorm's mean and variance sum H terms in 8 lanes instead of one, and the softmax,
+ * GELU and products use fused multiply-adds where the CPU has AVX2 and FMA. Each such value differs by
+ * at most γ_K·Σ|terms| with γ_K = K·u/(1 − K·u), u = 2^-24, K <= 96 here: below 6·10^-6 of the term
+ * magnitudes. The layers in between (LayerNorm, softmax, GELU: smooth maps of gain of order 1 on
+ * normalised values) carry such a difference along without growing it by more than a small factor
+ * per op; 2 layers of about 8 ops each give well under 10^-4 of the values' scale. The test allows
+ * max|Δ| <= 1e-4·max(1, max|reference|) for every layer output and the logits; a wrong bias, a
+ * missing residual or a transposed head block moves values by their own size (order 1) and fails. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/bq.h"
+#include "autograd/infer_kernels.h"
+#include "autograd/tensor.h"
+#include "layers/bert.h"
+#include "layers/bert_fp32.h"
+
+static int fails = 0;
+#define EXPECT(c, ...)                                 \
+    do {                                               \
+        if (!(c)) {                                    \
+            fails++;                                   \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+            printf(__VA_ARGS__);                       \
+            printf("\n");                              \
+        }                                              \
+    } while (0)
+
+enum { B = 3, L = 2, MAXT = 24 };
+
+static void make_model(BqBert *m, int hidden, int heads, int inter, uint64_t seed) {
+    BqBertConfig c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 97;
+    c.hidden_size = hidden;
+    c.num_hidden_layers = L;
+    c.num_attention_heads = heads;
+    c.intermediate_size = inter;
+    c.max_position_embeddings = 64;
+    c.type_vocab_size = 2;
+    c.pad_token_id = 0;
+    c.layer_norm_eps = 1e-12f;
+    c.hidden_dropout_prob = 0.1f;
+    c.attention_probs_dropout_prob = 0.1f;
+    c.classifier_dropout = -1.0f;
+    c.initializer_range = 0.02f;
+    c.num_labels = 3;
+    c.id2label = bq_calloc(3, sizeof(char *));
+    for (int i = 0; i < 3; i++) c.id2label[i] = bq_strdup(i == 0 ? "a" : i == 1 ? "b" : "c");
+    BqRng rng;
+    bq_rng_seed(&rng, seed);
+    BQ_CHECK(bq_bert_create(m, &c, 0, &rng) == BQ_OK);
+    /* Larger weights than HF's initialisation (0.02), so attention is far from uniform and the GELU
+     * sees both tails; biases and LayerNorm parameters random too (they are zeros and ones at init). */
+    for (int i = 0; i < m->params.n; i++) {
+        const BqParam *p = &m->params.p[i];
+        float *d = m->params.data + p->offset;
+        int ln = strstr(p->name, "LayerNorm") != NULL, w = strstr(p->name, ".weight") != NULL;
+        for (int64_t k = 0; k < p->numel; k++) {
+            float r = (float)bq_rng_normal(&rng);
+            d[k] = ln && w ? 1.0f + 0.1f * r : ln || !w ? 0.1f * r : 0.15f * r;
+        }
+    }
+}
+
+typedef struct Batch {
+    int32_t ids[B * MAXT], types[B * MAXT];
+    float mask[B * MAXT];
+} Batch;
+
+static void make_batch(Batch *bt, int T, BqRng *rng) {
+    for (int b = 0; b < B; b++) {
+        int len = T - 4 * b; /* padded rows: keys masked */
+        for (int t = 0; t < T; t++) {
+            bt->ids[b * T + t] = t < len ? 1 + (int32_t)bq_rng_below(rng, 96) : 0;
+            bt->types[b * T + t] = t >= len / 2 && t < len;
+            bt->mask[b * T + t] = t < len ? 1.0f : 0.0f;
+        }
+    }
+}
+
+/* max|a − r| and max|r| over n values. */
+static void diff(const float *a, const float *r, int64_t n, double *md, double *mr) {
+    *md = *mr = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)r[i]);
+        if (!(d <= *md)) *md = d; /* NaN propagates as a failure */
+        if (fabs((double)r[i]) > *mr) *mr = fabs((double)r[i]);
+    }
+}
+
+/* One comparison of the fused forward with the reference on a batch of length T. */
+static void compare(BqBert *m, BqArena *act, int T, const char *what) {
+    BqRng rng;
+    bq_rng_seed(&rng, 7 + (uint64_t)T);
+    Batch bt;
+    make_batch(&bt, T, &rng);
+    BqTensor *hr[L], *hf[L];
+    BqBertInput in = {.B = B, .T = T, .input_ids = bt.ids, .token_type_ids = bt.types, .attention_mask = bt.mask};
+    BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
+    BqTensor *lr = NULL, *lf = NULL;
+    in.hidden = hr;
+    BQ_CHECK(bq_bert_forward(m, &ctx, &in, &lr, NULL) == BQ_OK);
+    in.hidden = hf;
+    EXPECT(bq_fp32_forward(m, &ctx, &in, &lf) == BQ_OK, "%s: fused forward failed: %s", what, bq_errmsg());
+    if (!lf) return;
+
+    double worst = 0.0;
+    for (int l = 0; l < L; l++) {
+        double md, mr;
+        diff(hf[l]->data, hr[l]->data, bq_tensor_numel(hr[l]), &md, &mr);
+        double tol = 1e-4 * (mr > 1.0 ? mr : 1.0);
+        EXPECT(md <= tol, "%s T=%d: layer %d output differs by %.3g (bound %.3g)", what, T, l, md, tol);
+        if (md > worst) worst = md;
+    }
+    double md, mr;
+    int64_t n = bq_tensor_numel(lr);
+    diff(lf->data, lr->data, n, &md, &mr);
+    double tol = 1e-4 * (mr > 1.0 ? mr : 1.0);
+    EXPECT(md <= tol, "%s T=%d: logits differ by %.3g (bound %.3g)", what, T, md, tol);
+    printf("%s T=%d: max |fused - op by op| %.3g over layer outputs, %.3g over logits (max |logit| %.3g)\n", what,
+           T, worst, md, mr);
+}
+
+static void fill(float *v, int64_t n, BqRng *r, float s) {
+    for (int64_t i = 0; i < n; i++) v[i] = s * (float)bq_rng_normal(r);
+}
+
+/* The fused kernels on 1 and on 2 threads (B·NH = 24 pairs, 96 rows: both threads get work). */
+static void kernels_thread_invariant(void) {
+    enum { KB = 4, KT = 24, KNH = 6, KD = 16, KH = KNH * KD, KI = 128, KM = KB * KT };
+    BqRng r;
+    bq_rng_seed(&r, 11);
+    float *qkv = bq_malloc(sizeof(float) * KM * 3 * KH), *bias = bq_malloc(sizeof(float) * 3 * KH);
+    float *mask = bq_malloc(sizeof(float) * KM), *h = bq_malloc(sizeof(float) * KM * KI);
+    float *out[2], *g[2], *ln[2];
+    fill(qkv, KM * 3 * KH, &r, 1.0f);
+    fill(bias, 3 * KH, &r, 0.3f);
+    fill(h, KM * KI, &r, 2.0f);
+    for (int i = 0; i < KM; i++) mask[i] = (i % KT) < KT - (i / KT) * 3 ? 1.0f : 0.0f;
+    int64_t per = bq_infer_attention_scratch(KT, KD);
+    float *scratch = bq_malloc(sizeof(float) * (size_t)(4 * per + 16));
+    float *sa = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    int prev = bq_runtime_threads();
+    for (int k = 0; k < 2; k++) {
+        bq_runtime_set_threads(k + 1);
+        out[k] = bq_malloc(sizeof(float) * KM * KH);
+        g[k] = bq_malloc(sizeof(float) * KM * KI);
+        ln[k] = bq_malloc(sizeof(float) * KM * KH);
+        bq_infer_attention_f32(out[k], qkv, bias, mask, sa, 3, 0.25f, KB, KT, KNH, KD);
+        memcpy(g[k], h, sizeof(float) * KM * KI);
+        bq_infer_bias_gelu_f32(g[k], bias, KM, KI);
+        bq_infer_bias_residual_layernorm_f32(ln[k], out[k], bias, qkv, bias + KH, bias + 2 * KH, 1e-12f, KM, KH);
+    }
+    bq_runtime_set_threads(prev);
+    EXPECT(!memcmp(out[0], out[1], sizeof(float) * KM * KH), "attention: 1 vs 2 threads differ");
+    EXPECT(!memcmp(g[0], g[1], sizeof(float) * KM * KI), "bias + GELU: 1 vs 2 threads differ");
+    EXPECT(!memcmp(ln[0], ln[1], sizeof(float) * KM * KH), "bias + residual + LayerNorm: 1 vs 2 threads differ");
+    for (int k = 0; k < 2; k++) free(out[k]), free(g[k]), free(ln[k]);
+    free(qkv), free(bias), free(mask), free(h), free(scratch);
+}
+
+int main(void) {
+    if (bq_runtime_boot(0, NULL) != BQ_OK) {
+        printf("FAIL runtime: %s\n", bq_errmsg());
+        return 1;
+    }
+    kernels_thread_invariant();
+    BqArena act;
+    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 30, "act") == BQ_OK);
+
+    BqBert m;
+    make_model(&m, 64, 4, 96, 1);
+    EXPECT(bq_fp32_fused_layer_count(&m) == L, "fused layers: %d of %d", bq_fp32_fused_layer_count(&m), L);
+    compare(&m, &act, 24, "classification");
+    compare(&m, &act, 13, "classification");
+    BqRng hr;
+    bq_rng_seed(&hr, 3);
+    BQ_CHECK(bq_bert_set_head(&m, BQ_HEAD_QA, &hr) == BQ_OK);
+    compare(&m, &act, 24, "question answering");
+    bq_bert_free(&m);
+
+    /* head size 15: nothing fused, the reference's bits */
+    make_model(&m, 60, 4, 96, 2);
+    EXPECT(bq_fp32_fused_layer_count(&m) == 0, "head size 15: %d layers fused", bq_fp32_fused_layer_count(&m));
+    {
+        BqRng rng;
+        bq_rng_seed(&rng, 5);
+        Batch bt;
+        make_batch(&bt, 16, &rng);
+        BqBertInput in = {.B = B, .T = 16, .input_ids = bt.ids, .token_type_ids = bt.types, .attention_mask = bt.mask};
+        BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
+        BqTensor *lr = NULL, *lf = NULL;
+        BQ_CHECK(bq_bert_forward(&m, &ctx, &in, &lr, NULL) == BQ_OK);
+        BQ_CHECK(bq_fp32_forward(&m, &ctx, &in, &lf) == BQ_OK);
+        EXPECT(memcmp(lr->data, lf->data, (size_t)bq_tensor_numel(lr) * sizeof(float)) == 0,
+               "head size 15: logits differ from bq_bert_forward");
+    }
+    bq_bert_free(&m);
+    bq_arena_free(&act);
+    if (fails) {
+        printf("%d failure(s)\n", fails);
+        return 1;
+    }
+    printf("all fused fp32 forward checks passed\n");
+    return 0;
+}
