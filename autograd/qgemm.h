@@ -1,7 +1,8 @@
 /* Integer GEMM for quantized Linears on oneDNN's u8×s8→s32 matmul, and the kernels around it
  * (activation quantization to codes, the fp32 epilogue).
  *
- * Contract (the integer engine of layers/bert_int8.h):
+ * Contract (the integer engine of layers/bert_int8.h, and the quantized Linears of the fake-quant and QAT
+ * forward, bq_op_linear_qgemm of autograd/tensor.h):
  *   qx[m,k] = clamp(rne(x[m,k] / sx), -128, 127)        (symmetric int8 codes, zero point 0, as the
  *                                                         fake quantizer bq_op_fakequant rounds)
  *   acc[m,n] = Σ_k qx[m,k]·qw[n,k]                      (exact, int32)
@@ -12,7 +13,8 @@
  * Exactness on CPUs without VNNI: AVX2/AVX-512 kernels without VNNI multiply u8 by s8 with
  * vpmaddubsw, which adds products in pairs into SATURATING int16; 2·255·|w| <= 32767 holds only for
  * |w| <= 64. Weights are therefore accepted only when the codes fit [-64, 64] (7-bit weights, the `cpu`
- * scheme) unless oneDNN dispatches to a VNNI or AMX ISA (32-bit accumulation of every product).
+ * scheme) unless oneDNN dispatches to a VNNI or AMX ISA (32-bit accumulation of every product); weights
+ * made by bq_qgemm_weights_create_empty run 8-bit codes as two exact 7-bit GEMMs there instead.
  *
  * Every result is independent of M (rows are computed from their own data only: the integer part is
  * exact and the epilogue is elementwise) and of the thread count. Not safe for concurrent callers:
