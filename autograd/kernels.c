@@ -17,6 +17,7 @@
 
 #include "autograd/bq.h"
 #include "autograd/fastmath.h"
+#include "autograd/qgemm.h"
 
 /* Below this many elements a loop stays serial (thread start-up would dominate). */
 #define PAR_MIN 16384
@@ -96,6 +97,15 @@ void bq_kernel_linear_forward(float *out, const float *inp, const float *weight,
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C, 1.0f, inp, (int)C, weight,
                 (int)C, beta, out, (int)OC);
+}
+
+int bq_kernel_linear_qgemm_forward(float *out, uint8_t *codes, int32_t *acc, const float *inp,
+                                   struct BqQGemmWeights *w, float sx, const float *bias, int64_t N, int64_t C,
+                                   int64_t OC) {
+    BQ_CHECK(bq_qgemm_weights_n(w) == OC && bq_qgemm_weights_k(w) == C);
+    bq_qgemm_quantize_u8(codes, inp, N * C, sx);
+    float *const dst[1] = {out};
+    return bq_qgemm_linear(w, codes, N, sx, bias, 1, dst, acc);
 }
 
 void bq_kernel_colsum_acc(float *dst, const float *src, int64_t rows, int64_t C) {

@@ -35,18 +35,32 @@ typedef struct CacheEntry {
     dnnl_memory_desc_t src_md, wei_md, dst_md;
 } CacheEntry;
 
+/* One layout of a weight matrix; the reorder from the plain codes is kept so refilled codes
+ * (bq_qgemm_weights_set) are packed again into the same memory without creating anything. */
 typedef struct Pack {
     dnnl_memory_desc_t md;
-    dnnl_memory_t mem;
+    dnnl_memory_t mem, src;
+    dnnl_primitive_t reorder;
+    int stale; /* the codes changed since this copy was made */
 } Pack;
+
+/* The codes of one GEMM and their packed copies. */
+typedef struct Half {
+    int8_t *codes; /* (N,K) */
+    Pack packs[PACK_MAX];
+    int npacks;
+} Half;
 
 struct BqQGemmWeights {
     int64_t N, K;
-    int8_t *codes;   /* (N,K) */
+    int bits;
+    int nh;          /* 1, or 2 when 8-bit codes run as two 7-bit GEMMs (split) */
+    Half h[2];       /* h[0] the codes (split: the halves hi = floor(q/2), lo = q − hi) */
+    int8_t *codes;   /* (N,K) the codes themselves (h[0].codes unless split) */
     int32_t *comp;   /* (N) 128·Σ_k qw[n,k] */
     float *sw;       /* (N) */
-    Pack packs[PACK_MAX];
-    int npacks;
+    int32_t *tmp;    /* split: (tmp_n) int32, the second GEMM's sums; grown on demand */
+    int64_t tmp_n;
 };
 
 static dnnl_engine_t g_engine;
@@ -265,8 +279,11 @@ int bq_qgemm_weights_create(BqQGemmWeights **out, const int8_t *qw, const float 
 static BqQGemmWeights *weights_alloc(const int8_t *qw, const float *sw, int64_t nscale, int64_t N, int64_t K) {
     BqQGemmWeights *w = bq_calloc(1, sizeof *w);
     w->N = N, w->K = K;
+    w->bits = 8;
+    w->nh = 1;
     w->codes = bq_malloc((size_t)(N * K));
     memcpy(w->codes, qw, (size_t)(N * K));
+    w->h[0].codes = w->codes;
     w->comp = bq_malloc((size_t)N * sizeof(int32_t));
     w->sw = bq_malloc((size_t)N * sizeof(float));
     for (int64_t n = 0; n < N; n++) {
@@ -278,74 +295,78 @@ static BqQGemmWeights *weights_alloc(const int8_t *qw, const float *sw, int64_t 
     return w;
 }
 
+static void pack_destroy(Pack *p) {
+    if (p->reorder) dnnl_primitive_destroy(p->reorder);
+    if (p->src) dnnl_memory_destroy(p->src);
+    if (p->mem) dnnl_memory_destroy(p->mem);
+    memset(p, 0, sizeof *p);
+}
+
 void bq_qgemm_weights_free(BqQGemmWeights *w) {
     if (!w) return;
-    for (int i = 0; i < w->npacks; i++) dnnl_memory_destroy(w->packs[i].mem);
+    for (int j = 0; j < w->nh; j++) {
+        for (int i = 0; i < w->h[j].npacks; i++) pack_destroy(&w->h[j].packs[i]);
+        if (w->h[j].codes != w->codes) free(w->h[j].codes);
+    }
     free(w->codes);
     free(w->comp);
     free(w->sw);
+    free(w->tmp);
     free(w);
 }
 
 int64_t bq_qgemm_weights_n(const BqQGemmWeights *w) { return w->N; }
 int64_t bq_qgemm_weights_k(const BqQGemmWeights *w) { return w->K; }
 
-/* The weights in layout md, reordered from the plain codes on first use. The codes (N,K) row-major
- * are the (K,N) matrix with strides (1, K): format tag ba. */
-static int weights_packed(BqQGemmWeights *w, const dnnl_memory_desc_t *md, dnnl_memory_t *mem) {
-    for (int i = 0; i < w->npacks; i++)
-        if (dnnl_memory_desc_equal(&w->packs[i].md, md)) {
-            *mem = w->packs[i].mem;
-            return BQ_OK;
-        }
-    if (w->npacks == PACK_MAX) { /* a fifth layout: drop the oldest */
-        dnnl_memory_destroy(w->packs[0].mem);
-        memmove(&w->packs[0], &w->packs[1], sizeof(Pack) * (PACK_MAX - 1));
-        w->npacks--;
-    }
-    int rc = BQ_OK;
-    dnnl_memory_desc_t plain;
-    dnnl_dims_t dw = {w->K, w->N};
-    dnnl_memory_t src = NULL, dst = NULL;
-    dnnl_primitive_desc_t rpd = NULL;
-    dnnl_primitive_t r = NULL;
+/* Codes h in layout md, reordered from the plain codes on first use and again after they change. The
+ * codes (N,K) row-major are the (K,N) matrix with strides (1, K): format tag ba. */
+static int weights_packed(BqQGemmWeights *w, Half *h, const dnnl_memory_desc_t *md, dnnl_memory_t *mem) {
+    Pack *p = NULL;
+    for (int i = 0; i < h->npacks && !p; i++)
+        if (dnnl_memory_desc_equal(&h->packs[i].md, md)) p = &h->packs[i];
     dnnl_status_t s;
-    if ((s = dnnl_memory_desc_init_by_tag(&plain, 2, dw, dnnl_s8, dnnl_ba)) != dnnl_success ||
-        (s = dnnl_memory_create(&src, &plain, g_engine, w->codes)) != dnnl_success ||
-        (s = dnnl_memory_create(&dst, md, g_engine, DNNL_MEMORY_ALLOCATE)) != dnnl_success ||
-        (s = dnnl_reorder_primitive_desc_create(&rpd, &plain, g_engine, md, g_engine, NULL)) != dnnl_success ||
-        (s = dnnl_primitive_create(&r, rpd)) != dnnl_success) {
-        rc = dnnl_fail(s, "weight reorder");
-        goto cleanup;
+    int rc = BQ_OK;
+    if (!p) {
+        if (h->npacks == PACK_MAX) { /* a fifth layout: drop the oldest */
+            pack_destroy(&h->packs[0]);
+            memmove(&h->packs[0], &h->packs[1], sizeof(Pack) * (PACK_MAX - 1));
+            h->npacks--;
+        }
+        p = &h->packs[h->npacks];
+        memset(p, 0, sizeof *p);
+        dnnl_memory_desc_t plain;
+        dnnl_dims_t dw = {w->K, w->N};
+        dnnl_primitive_desc_t rpd = NULL;
+        if ((s = dnnl_memory_desc_init_by_tag(&plain, 2, dw, dnnl_s8, dnnl_ba)) != dnnl_success ||
+            (s = dnnl_memory_create(&p->src, &plain, g_engine, h->codes)) != dnnl_success ||
+            (s = dnnl_memory_create(&p->mem, md, g_engine, DNNL_MEMORY_ALLOCATE)) != dnnl_success ||
+            (s = dnnl_reorder_primitive_desc_create(&rpd, &plain, g_engine, md, g_engine, NULL)) != dnnl_success ||
+            (s = dnnl_primitive_create(&p->reorder, rpd)) != dnnl_success) {
+            if (rpd) dnnl_primitive_desc_destroy(rpd);
+            pack_destroy(p);
+            return dnnl_fail(s, "weight reorder");
+        }
+        dnnl_primitive_desc_destroy(rpd);
+        p->md = *md;
+        p->stale = 1;
+        h->npacks++;
     }
-    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
-    if ((s = dnnl_primitive_execute(r, g_stream, 2, args)) != dnnl_success ||
-        (s = dnnl_stream_wait(g_stream)) != dnnl_success) {
-        rc = dnnl_fail(s, "weight reorder");
-        goto cleanup;
+    if (p->stale) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, p->src}, {DNNL_ARG_TO, p->mem}};
+        if ((s = dnnl_primitive_execute(p->reorder, g_stream, 2, args)) != dnnl_success ||
+            (s = dnnl_stream_wait(g_stream)) != dnnl_success)
+            rc = dnnl_fail(s, "weight reorder");
+        p->stale = rc != BQ_OK;
     }
-    w->packs[w->npacks].md = *md;
-    w->packs[w->npacks].mem = dst;
-    w->npacks++;
-    *mem = dst;
-    dst = NULL;
-
-cleanup:
-    if (r) dnnl_primitive_destroy(r);
-    if (rpd) dnnl_primitive_desc_destroy(rpd);
-    if (src) dnnl_memory_destroy(src);
-    if (dst) dnnl_memory_destroy(dst);
+    *mem = p->mem;
     return rc;
 }
 
-/* acc = Σ (qx+128)·qw, not yet corrected. */
-static int run_raw(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc) {
-    BQ_CHECK(w && xu8 && acc && M > 0);
-    CacheEntry *e;
-    int rc = cache_get(M, w->N, w->K, &e);
-    if (rc) return rc;
+/* One GEMM: acc = Σ (qx+128)·codes of h. */
+static int run_half(BqQGemmWeights *w, Half *h, CacheEntry *e, const uint8_t *xu8, int32_t *acc) {
     dnnl_memory_t wm;
-    if ((rc = weights_packed(w, &e->wei_md, &wm))) return rc;
+    int rc = weights_packed(w, h, &e->wei_md, &wm);
+    if (rc) return rc;
     dnnl_memory_t sm = NULL, dm = NULL;
     dnnl_status_t s;
     if ((s = dnnl_memory_create(&sm, &e->src_md, g_engine, (void *)xu8)) != dnnl_success ||
@@ -362,6 +383,26 @@ cleanup:
     if (sm) dnnl_memory_destroy(sm);
     if (dm) dnnl_memory_destroy(dm);
     return rc;
+}
+
+/* acc = Σ (qx+128)·qw, not yet corrected. Split codes: the sum of the two halves' GEMMs, each exact
+ * in int32 (|hi|, |lo| <= 64), so the total is the same integer a single 8-bit GEMM gives. */
+static int run_raw(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc) {
+    BQ_CHECK(w && xu8 && acc && M > 0);
+    CacheEntry *e;
+    int rc = cache_get(M, w->N, w->K, &e);
+    if (rc || (rc = run_half(w, &w->h[0], e, xu8, acc)) || w->nh == 1) return rc;
+    const int64_t n = M * w->N;
+    if (w->tmp_n < n) { /* the first call at this size only */
+        free(w->tmp);
+        w->tmp = bq_malloc((size_t)n * sizeof(int32_t));
+        w->tmp_n = n;
+    }
+    if ((rc = run_half(w, &w->h[1], e, xu8, w->tmp))) return rc;
+    const int32_t *t = w->tmp;
+#pragma omp parallel for if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; i++) acc[i] += t[i];
+    return BQ_OK;
 }
 
 int bq_qgemm_raw(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc) {
@@ -421,4 +462,73 @@ QG_VEC void bq_qgemm_quantize_u8(uint8_t *out, const float *x, int64_t n, float 
         v = (v + magic) - magic;
         out[i] = (uint8_t)((int)v + 128);
     }
+}
+
+/* ---- weights refilled every step (the QAT forward) ---- */
+
+int bq_qgemm_weights_create_empty(BqQGemmWeights **out, int64_t N, int64_t K, int bits, const char *name) {
+    BQ_CHECK(out && N > 0 && K > 0);
+    *out = NULL;
+    if (bits < 2 || bits > 8) return bq_err(BQ_EINVAL, "%s: %d-bit weights are not supported (2..8)", name, bits);
+    if ((int64_t)K * 255 * 128 > INT32_MAX)
+        return bq_err(BQ_EINVAL, "%s: K = %lld overflows the int32 accumulator", name, (long long)K);
+    int rc = ensure_engine();
+    if (rc) return rc;
+    BqQGemmWeights *w = bq_calloc(1, sizeof *w);
+    w->N = N, w->K = K, w->bits = bits;
+    w->nh = bits > 7 && !bq_qgemm_exact_8bit() ? 2 : 1;
+    w->codes = bq_calloc((size_t)(N * K), 1);
+    w->h[0].codes = w->codes;
+    if (w->nh == 2) {
+        w->h[0].codes = bq_calloc((size_t)(N * K), 1);
+        w->h[1].codes = bq_calloc((size_t)(N * K), 1);
+    }
+    w->comp = bq_calloc((size_t)N, sizeof(int32_t));
+    w->sw = bq_calloc((size_t)N, sizeof(float));
+    *out = w;
+    return BQ_OK;
+}
+
+int bq_qgemm_weights_split(const BqQGemmWeights *w) { return w->nh == 2; }
+
+QG_VEC int bq_qgemm_weights_set(BqQGemmWeights *w, const float *wf, const float *sw, int64_t nscale) {
+    const int64_t N = w->N, K = w->K;
+    BQ_CHECK(wf && sw && (nscale == 1 || nscale == N));
+    const float lo = (float)-(1 << (w->bits - 1)), hi = (float)((1 << (w->bits - 1)) - 1);
+    const float magic = 12582912.0f; /* 1.5·2^23: (v + magic) − magic rounds |v| < 2^22 to nearest even */
+    int changed = 0;
+    for (int64_t n = 0; n < N; n++) {
+        const float s = sw[nscale == 1 ? 0 : n];
+        changed |= s != w->sw[n];
+        w->sw[n] = s;
+    }
+    int8_t *c = w->codes, *c0 = w->h[0].codes, *c1 = w->h[1].codes;
+    const int split = w->nh == 2;
+#pragma omp parallel for reduction(| : changed) if (N * K > 65536) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float s = w->sw[n];
+        int32_t sum = 0;
+        int ch = 0;
+        for (int64_t k = 0; k < K; k++) {
+            float v = wf[n * K + k] / s;
+            v = v < lo ? lo : v;
+            v = v > hi ? hi : v;
+            v = v == v ? v : 0.0f;
+            const int q = (int)((v + magic) - magic);
+            ch |= c[n * K + k] != q;
+            c[n * K + k] = (int8_t)q;
+            sum += q;
+            if (split) { /* floor(q/2) and the rest, both in [-64, 64] for q in [-128, 127] */
+                const int a = (q - (q & 1)) / 2;
+                c0[n * K + k] = (int8_t)a;
+                c1[n * K + k] = (int8_t)(q - a);
+            }
+        }
+        w->comp[n] = 128 * sum;
+        changed |= ch;
+    }
+    if (changed)
+        for (int j = 0; j < w->nh; j++)
+            for (int i = 0; i < w->h[j].npacks; i++) w->h[j].packs[i].stale = 1;
+    return changed;
 }

@@ -1,7 +1,8 @@
 /* Integer GEMM for quantized Linears on oneDNN's u8×s8→s32 matmul, and the kernels around it
  * (activation quantization to codes, the fp32 epilogue).
  *
- * Contract (the integer engine of layers/bert_int8.h):
+ * Contract (the integer engine of layers/bert_int8.h, and the quantized Linears of the fake-quant and QAT
+ * forward, bq_op_linear_qgemm of autograd/tensor.h):
  *   qx[m,k] = clamp(rne(x[m,k] / sx), -128, 127)        (symmetric int8 codes, zero point 0, as the
  *                                                         fake quantizer bq_op_fakequant rounds)
  *   acc[m,n] = Σ_k qx[m,k]·qw[n,k]                      (exact, int32)
@@ -12,7 +13,8 @@
  * Exactness on CPUs without VNNI: AVX2/AVX-512 kernels without VNNI multiply u8 by s8 with
  * vpmaddubsw, which adds products in pairs into SATURATING int16; 2·255·|w| <= 32767 holds only for
  * |w| <= 64. Weights are therefore accepted only when the codes fit [-64, 64] (7-bit weights, the `cpu`
- * scheme) unless oneDNN dispatches to a VNNI or AMX ISA (32-bit accumulation of every product).
+ * scheme) unless oneDNN dispatches to a VNNI or AMX ISA (32-bit accumulation of every product); weights
+ * made by bq_qgemm_weights_create_empty run 8-bit codes as two exact 7-bit GEMMs there instead.
  *
  * Every result is independent of M (rows are computed from their own data only: the integer part is
  * exact and the epilogue is elementwise) and of the thread count. Not safe for concurrent callers:
@@ -67,6 +69,24 @@ const float *bq_qgemm_weights_scale(const BqQGemmWeights *w);
  * fused query/key/value GEMM writes three tensors). scratch: M·N int32 of caller memory. */
 int bq_qgemm_linear(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, float sx, const float *b, int nout,
                     float *const out[], int32_t *scratch);
+
+/* ---- weights refilled in place: the QAT forward (layers/quant.c), codes that change every step ----
+ * Such weights are exact on every CPU at up to 8 bits: where 8-bit codes are not
+ * (bq_qgemm_exact_8bit() == 0), each code q is split into a = floor(q/2) and q − a, both in [-64, 64],
+ * and the sums of the two exact GEMMs are added in int32: the same integers one 8-bit GEMM gives on a
+ * VNNI CPU, at twice the GEMM cost. Every bq_qgemm_* function above accepts them. */
+
+/* An (N,K) weights object with `bits`-bit codes (2..8), all codes 0 until bq_qgemm_weights_set.
+ * Errors (BQ_EINVAL naming `name`): bits out of range, K overflowing the int32 accumulator. */
+int bq_qgemm_weights_create_empty(BqQGemmWeights **out, int64_t N, int64_t K, int bits, const char *name);
+/* Sets the codes to clamp(rne(wf[n,k] / sw[n]), qmin, qmax) with a true division (the rounding of
+ * bq_kernel_fakequant_forward, so a fake-quantized weight wf = fl(q·sw[n]) gives back exactly q) and the
+ * scales to sw (nscale N, or 1 for per tensor). Returns 1 when codes or scales changed (their packed
+ * copies are then made again on next use, into the same memory), 0 when they are the ones already
+ * packed. Allocates nothing. */
+int bq_qgemm_weights_set(BqQGemmWeights *w, const float *wf, const float *sw, int64_t nscale);
+/* 1 when the codes run as two 7-bit GEMMs (8-bit codes on a CPU without VNNI). */
+int bq_qgemm_weights_split(const BqQGemmWeights *w);
 
 /* Drops every cached oneDNN primitive (they are rebuilt on demand); for tests and shutdown. */
 void bq_qgemm_cache_clear(void);

@@ -7,6 +7,7 @@
 #include "autograd/tensor.h"
 
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -157,6 +158,34 @@ BqTensor *bq_op_linear(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b) {
     }
     BqTensor *y = new_last(ctx, x, OC);
     bq_kernel_linear_forward(y->data, x->data, w->data, b ? b->data : NULL, N, C, OC);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_LINEAR, y);
+        nd->in[0] = x, nd->in[1] = w, nd->in[2] = b;
+        nd->iparam[0] = N, nd->iparam[1] = C, nd->iparam[2] = OC;
+    }
+    return y;
+}
+
+BqTensor *bq_op_linear_qgemm(BqCtx *ctx, BqTensor *x, float sx, BqTensor *w, struct BqQGemmWeights *pw,
+                             BqTensor *b) {
+    CONTIG(x);
+    CONTIG(w);
+    BQ_CHECK(w->ndim == 2 && last_dim(x) == w->shape[1] && pw);
+    int64_t C = w->shape[1], OC = w->shape[0], N = bq_tensor_numel(x) / C;
+    if (b) {
+        CONTIG(b);
+        BQ_CHECK(bq_tensor_numel(b) == OC);
+    }
+    BqTensor *y = new_last(ctx, x, OC);
+    const size_t mark = bq_arena_mark(ctx->act); /* the scratch below is released at once */
+    uint8_t *codes = bq_arena_alloc(ctx->act, (size_t)(N * C));
+    int32_t *acc = bq_arena_alloc(ctx->act, (size_t)(N * OC) * sizeof(int32_t));
+    int rc = bq_kernel_linear_qgemm_forward(y->data, codes, acc, x->data, pw, sx, b ? b->data : NULL, N, C, OC);
+    bq_arena_rewind(ctx->act, mark);
+    if (rc) { /* oneDNN could not run (out of memory): no status path through the ops, as bq_malloc */
+        fprintf(stderr, "bertqat: %s\n", bq_errmsg());
+        BQ_CHECK(rc == BQ_OK);
+    }
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_LINEAR, y);
         nd->in[0] = x, nd->in[1] = w, nd->in[2] = b;

@@ -99,6 +99,15 @@ BqTensor bq_tensor_wrap(float *data, float *grad, int ndim, const int64_t *shape
 
 /* x (..., C), w (OC, C), b (OC) or NULL → (..., OC). Through cblas_sgemm. */
 BqTensor *bq_op_linear(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b);
+/* bq_op_linear for x and w on integer grids: x = qx·sx (fake-quantized per tensor to 8 bits, zero point
+ * 0) and w = qw·sw[o] with codes qw and scales sw already set in pw (bq_qgemm_weights_set on this w).
+ * The forward sums the codes exactly in int32 (autograd/qgemm.h) and rounds once:
+ * y = fl(fl(Σ qx·qw · fl(sx·sw[o])) + b[o]), the value of the integer engine (layers/bert_int8.h). The
+ * tape node is bq_op_linear's: the backward reads x and w as floats, so gradients are bq_op_linear's
+ * on the same inputs. Scratch (codes, int32 sums) is released before returning. */
+struct BqQGemmWeights;
+BqTensor *bq_op_linear_qgemm(BqCtx *ctx, BqTensor *x, float sx, BqTensor *w, struct BqQGemmWeights *pw,
+                             BqTensor *b);
 /* q, k (B,T,H) with H = nheads·d → scores (B,nheads,T,T), unscaled. Heads are strided views, no copy. */
 BqTensor *bq_op_attn_scores(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads);
 /* probs (B,nheads,T,T), v (B,T,H) → context (B,T,H), heads already merged. */

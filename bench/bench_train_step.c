@@ -7,7 +7,7 @@
  *
  *   bench_train_step [--model DIR] [--batch 32] [--seq 128] [--steps 5] [--warmup 1] [--threads 0]
  *                    [--qat] [--scheme ort|qdqbert|cpu] [--profile] [--precision fp32|bf16|auto]
- *                    [--infer | --infer-ops]
+ *                    [--infer | --infer-ops] [--fp32-linear] [--clock wall|cpu]
  *
  * --precision resolves as the CLI's flag does (autograd/bq.h; bf16 on a CPU without it, or in a build
  * without bf16 GEMMs, is the CLI's one-line error and exit status 2). --infer times the forward alone
@@ -15,7 +15,10 @@
  * quant with --qat) and reports examples/s; --infer-ops times bq_bert_forward's op-by-op path instead.
  *
  * --qat adds the fake-quantized modules of the scheme with live moving-average observers, as `bertqat
- * qat` trains them. Prints one JSON line (read by bench/bench_train.py): median ms/step, tokens/s,
+ * qat` trains them. --fp32-linear runs its quantized Linears in fp32 on the fake-quantized values (the
+ * forward before the integer GEMMs of layers/quant.h, bq_quant_linear) for comparison. --clock cpu times
+ * process CPU time (every thread, spin-waits included) instead of wall time: on a loaded machine at
+ * --threads 1 it says what a step costs rather than how long the scheduler let it wait. Prints one JSON line (read by bench/bench_train.py): median ms/step, tokens/s,
  * peak RSS, the BLAS runtime; --profile also prints per-op forward/backward milliseconds per step. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,7 +69,8 @@ static void base_config(BqBertConfig *cfg) {
 
 static int usage(void) {
     fprintf(stderr, "usage: bench_train_step [--model DIR] [--batch B] [--seq T] [--steps N] [--warmup N] "
-                    "[--threads N] [--qat] [--scheme ort|qdqbert|cpu] [--profile] [--precision P] [--infer | --infer-ops]\n");
+                    "[--threads N] [--qat] [--scheme ort|qdqbert|cpu] [--profile] [--precision P] [--infer | --infer-ops] "
+                    "[--fp32-linear] [--clock wall|cpu]\n");
     return 2;
 }
 
@@ -77,6 +81,7 @@ int main(int argc, char **argv) {
     }
     const char *model = NULL, *scheme = "ort", *precision = "auto";
     int B = 32, T = 128, steps = 5, warmup = 1, threads = 0, qat = 0, profile = 0, infer = 0, infer_ops = 0;
+    int fp32_linear = 0, cpu_clock = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -91,6 +96,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--profile")) profile = 1;
         else if (!strcmp(a, "--infer")) infer = 1;
         else if (!strcmp(a, "--infer-ops")) infer = infer_ops = 1;
+        else if (!strcmp(a, "--fp32-linear")) fp32_linear = 1;
+        else if (!strcmp(a, "--clock") && has && (!strcmp(argv[i + 1], "wall") || !strcmp(argv[i + 1], "cpu")))
+            cpu_clock = !strcmp(argv[++i], "cpu");
         else if (!strcmp(a, "--precision") && has) precision = argv[++i];
         else return usage();
     }
@@ -129,6 +137,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         m.quant->observe = 1; /* live moving-average observers; the first batch sets the ranges */
+        m.quant->fp32_linear = fp32_linear;
     }
 
     BqBatch bt;
@@ -181,8 +190,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
             return 1;
         }
-        double dt = bq_now() - t0;
-        if (s >= warmup) times[s - warmup] = dt, ctimes[s - warmup] = cpu_now() - c0;
+        double dt = bq_now() - t0, dc = cpu_now() - c0;
+        if (s >= warmup) times[s - warmup] = cpu_clock ? dc : dt, ctimes[s - warmup] = dc;
     }
     bq_profile_enable(0);
     double *sorted = bq_malloc(sizeof(double) * (size_t)steps);
@@ -205,11 +214,12 @@ int main(int argc, char **argv) {
                 tf * 1e3 / steps, tb * 1e3 / steps, ms);
     }
     printf("{\"peer\": \"bertqat\", \"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"qat\": %s, "
-           "\"scheme\": \"%s\", \"mode\": \"%s\", \"precision\": \"%s\", \"ms_per_step\": %.3f, \"cpu_ms_per_step\": %.3f, \"cpu_ms_min_step\": %.3f, "
+           "\"scheme\": \"%s\", \"linear\": \"%s\", \"clock\": \"%s\", \"mode\": \"%s\", \"precision\": \"%s\", \"ms_per_step\": %.3f, \"cpu_ms_per_step\": %.3f, \"cpu_ms_min_step\": %.3f, "
            "\"tokens_per_s\": %.1f, \"examples_per_s\": %.2f, \"peak_rss_mib\": %.1f, "
            "\"activation_peak_mib\": %.1f, \"loss\": %.6f, \"runtime\": \"%s\", \"cpu_bf16\": \"%s\"}\n",
            model ? model : "bert-base-shape", B, T, bq_runtime_threads(), qat ? "true" : "false",
-           qat ? scheme : "", infer ? "infer" : "train", bq_precision_name(prec), ms, cpu_ms, ctimes[0] * 1e3, (double)B * T / (ms / 1e3),
+           qat ? scheme : "", qat && fp32_linear ? "fp32" : qat ? "integer where quantized" : "fp32",
+           cpu_clock ? "cpu" : "wall", infer ? "infer" : "train", bq_precision_name(prec), ms, cpu_ms, ctimes[0] * 1e3, (double)B * T / (ms / 1e3),
            (double)B / (ms / 1e3), (double)bq_peak_rss() / (1 << 20), (double)act.peak / (1 << 20), loss_v,
            bq_runtime_describe(), bq_cpu_bf16_describe());
     free(times);

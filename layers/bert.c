@@ -272,7 +272,8 @@ static inline int has_q(BqQuantState *qs, int l, int point) { return qs && bq_qu
 
 /* y = the Linear `id` of layer l on x: the hook's result when it computes it, else x through the input
  * quantizer at in_pt (xq: x already through a shared quantizer) times w through the weight quantizer
- * at w_pt, plus b. qs NULL: no quantizers (fp32 model, pooler, classifier). */
+ * at w_pt, plus b, on integer codes where both are quantized (bq_quant_linear). qs NULL: no quantizers
+ * (fp32 model, pooler, classifier). */
 static int linear(BqCtx *ctx, const BqLinearHook *hk, BqQuantState *qs, int l, BqLinearId id, BqTensor *x,
                   BqTensor *xq, int in_pt, BqTensor *w, int w_pt, BqTensor *b, BqTensor **y) {
     *y = NULL;
@@ -280,7 +281,16 @@ static int linear(BqCtx *ctx, const BqLinearHook *hk, BqQuantState *qs, int l, B
         int st = hk->run(hk->user, ctx, l, id, x, w, b, y);
         if (st || *y) return st;
     }
-    *y = bq_op_linear(ctx, qs ? qact(qs, ctx, l, in_pt, xq) : xq, qs ? qweight(qs, ctx, l, w_pt, w) : w, b);
+    if (!qs) {
+        *y = bq_op_linear(ctx, xq, w, b);
+        return BQ_OK;
+    }
+    BqTensor *xin = qact(qs, ctx, l, in_pt, xq), *wq = qweight(qs, ctx, l, w_pt, w);
+    /* the input's grid: its own quantizer, or the shared query/key/value one that made xq (cpu scheme) */
+    const BqQuantizer *iq = bq_quant_at(qs, l, in_pt) ? bq_quant_active(qs, l, in_pt)
+                            : xq != x                 ? bq_quant_active(qs, l, BQ_QP_QKV_IN)
+                                                      : NULL;
+    *y = bq_quant_linear(qs, ctx, iq, xin, bq_quant_active(qs, l, w_pt), wq, b);
     return BQ_OK;
 }
 

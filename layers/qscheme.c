@@ -16,6 +16,7 @@
 #include <string.h>
 #include <stdio.h>
 
+#include "autograd/qgemm.h"
 #include "layers/bert.h"
 #include "layers/calib.h"
 #include "layers/quant.h"
@@ -152,6 +153,7 @@ void bq_quant_free(BqQuantState *qs) {
         if (!q->dscale) free(q->scale); /* learned scales live in qs->lsq */
         free(q->ch_min);
         free(q->ch_max);
+        bq_qgemm_weights_free(q->qgemm);
         if (q->hist) {
             bq_hist_free(q->hist);
             free(q->hist);

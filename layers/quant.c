@@ -23,6 +23,7 @@
 #include <jansson.h>
 
 #include "autograd/kernels.h"
+#include "autograd/qgemm.h"
 #include "layers/bert.h"
 #include "layers/calib.h"
 #include "layers/h5sum.h"
@@ -163,6 +164,26 @@ BqTensor *bq_quant_weight(BqQuantState *qs, BqCtx *ctx, int layer, int point, Bq
         return bq_op_fakequant_lsq(ctx, w, q->scale, q->dscale, q->nch, q->nch == 1 ? -1 : 0, bq_quant_qmin(q),
                                    bq_quant_qmax(q), lsq_grad_factor(q, bq_tensor_numel(w) / q->nch), 0);
     return bq_op_fakequant(ctx, w, q->scale, q->nch, q->nch == 1 ? -1 : 0, bq_quant_qmin(q), bq_quant_qmax(q));
+}
+
+BqQuantizer *bq_quant_active(BqQuantState *qs, int layer, int point) {
+    BqQuantizer *q = bq_quant_at(qs, layer, point);
+    return q && q->enabled && q->initialized && qs->calib == BQ_CALIB_OFF ? q : NULL;
+}
+
+BqTensor *bq_quant_linear(BqQuantState *qs, BqCtx *ctx, const BqQuantizer *iq, BqTensor *x, BqQuantizer *wq,
+                          BqTensor *w, BqTensor *b) {
+    if (!qs || qs->fp32_linear || !iq || !wq || iq->is_weight || !wq->is_weight || iq->bits != 8 || iq->nch != 1 ||
+        wq->bits > 8 || w->ndim != 2 || (wq->nch != 1 && wq->nch != w->shape[0]))
+        return bq_op_linear(ctx, x, w, b);
+    /* first forward only: codes, sums and scales of this weight (reused, refilled every forward) */
+    if (!wq->qgemm && bq_qgemm_weights_create_empty(&wq->qgemm, w->shape[0], w->shape[1], wq->bits, wq->name)) {
+        fprintf(stderr, "bertqat: %s\n", bq_errmsg()); /* oneDNN could not start: no status path here */
+        BQ_CHECK(wq->qgemm != NULL);
+    }
+    BQ_CHECK(bq_tensor_is_contiguous(w));
+    bq_qgemm_weights_set(wq->qgemm, w->data, wq->scale, wq->nch);
+    return bq_op_linear_qgemm(ctx, x, iq->scale[0], w, wq->qgemm, b);
 }
 
 void bq_quant_freeze(BqQuantState *qs, int frozen) {

@@ -133,6 +133,10 @@ typedef struct BqQuantizer {
     /* --ranges learn: the gradient of scale (nch floats in BqQuantState.lsq, where
      * scale then points too); NULL when the ranges are not learned */
     float *dscale;
+    /* A weight's codes and scales packed for the integer GEMM of bq_quant_linear (autograd/qgemm.h),
+     * refilled from the fake-quantized weight at every forward and packed again only when they changed;
+     * NULL until a forward runs this Linear on integers. Never saved. */
+    struct BqQGemmWeights *qgemm;
 } BqQuantizer;
 
 typedef struct BqQuantConfig {
@@ -158,6 +162,8 @@ typedef struct BqQuantState {
     int observe;           /* training with live moving-average observers (unfrozen quantizers) */
     BqCalibMode calib;
     int64_t steps_seen;
+    int fp32_linear;       /* 1: bq_quant_linear always runs the fp32 Linear (tests and benchmarks compare
+                              the integer forward with it); 0, the default: integers where it applies */
     int plain_fakequant;   /* tests: every activation quantizer gets its own gradient buffer (no
                               bq_op_fakequant_sole), to check the shared-buffer path against it */
     /* Set by src/train.c under mpirun: reduces an activation observer's batch min/max over the ranks
@@ -196,6 +202,21 @@ BqQuantizer *bq_quant_at(BqQuantState *qs, int layer, int point);
 BqTensor *bq_quant_act(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTensor *x);
 /* Same for a Linear weight (per channel along axis 0 unless per-tensor). */
 BqTensor *bq_quant_weight(BqQuantState *qs, BqCtx *ctx, int layer, int point, BqTensor *w);
+
+/* The quantizer at (layer, point) when it quantizes in this forward (enabled, not collecting calibration
+ * statistics, range set), else NULL. */
+BqQuantizer *bq_quant_active(BqQuantState *qs, int layer, int point);
+
+/* y = x·wᵀ + b for a Linear whose input x went through the activation quantizer iq and whose weight w
+ * through the weight quantizer wq (x and w are those hooks' outputs; either quantizer NULL when the
+ * tensor was not quantized). When both quantize — iq per tensor at 8 bits (zero point 0), wq per channel
+ * or per tensor at up to 8 bits — and qs->fp32_linear is 0, the forward runs on integers
+ * (bq_op_linear_qgemm): the codes of w are set in wq->qgemm (packed again only when they changed, so once
+ * per optimizer step in training and once in evaluation), the products summed exactly in int32 and
+ * rounded once, as the integer engine of layers/bert_int8.h computes them. Otherwise bq_op_linear. The
+ * tape node is bq_op_linear's either way, so the backward (straight-through, LSQ) is unchanged. */
+BqTensor *bq_quant_linear(BqQuantState *qs, BqCtx *ctx, const BqQuantizer *iq, BqTensor *x, BqQuantizer *wq,
+                          BqTensor *w, BqTensor *b);
 
 /* ---- additions (qat helper): life cycle, calibration, persistence (layers/quant.c, qscheme.c) ---- */
 
