@@ -129,8 +129,20 @@ static int pack_linear(Int8Linear *il, const BqBert *m, int l, const int *js, in
     il->sx = iq->scale[0];
     il->scale = bq_malloc((size_t)N * sizeof(float));
     for (int64_t n = 0; n < N; n++) il->scale[n] = il->sx * sw[n];
-    rc = bq_qgemm_weights_create(&il->w, codes, sw, N, N, K, bits,
-                                 bq_quant_at(qs, l, weight_point[js[0]])->name);
+    const char *name = bq_quant_at(qs, l, weight_point[js[0]])->name;
+    if (bits <= 7 || bq_qgemm_exact_8bit()) {
+        rc = bq_qgemm_weights_create(&il->w, codes, sw, N, N, K, bits, name);
+    } else {
+        /* 8-bit codes where oneDNN's int8 kernels sum u8·s8 pairs in saturating int16: the weights object
+         * of the QAT forward, which runs each code as two exact 7-bit halves (autograd/qgemm.h). It takes
+         * the fake-quantized values fl(q·s), from which it recovers q exactly. */
+        float *wf = bq_malloc((size_t)(N * K) * sizeof(float));
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < K; k++) wf[n * K + k] = (float)codes[n * K + k] * sw[n];
+        rc = bq_qgemm_weights_create_empty(&il->w, N, K, bits, name);
+        if (!rc) bq_qgemm_weights_set(il->w, wf, sw, N);
+        free(wf);
+    }
 
 cleanup:
     free(codes);

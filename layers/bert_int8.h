@@ -9,8 +9,8 @@
  * size or thread count.
  *
  * Schemes: `cpu` runs all 6 Linears of every layer on integers (query/key/value as one fused GEMM);
- * `qdqbert` runs them too where oneDNN's ISA has VNNI/AMX (8-bit weights); `ort` quantizes Linear
- * outputs rather than inputs and is refused. */
+ * `qdqbert` runs them too (8-bit weights: one GEMM where oneDNN's ISA has VNNI/AMX, two exact 7-bit
+ * GEMMs elsewhere); `ort` quantizes Linear outputs rather than inputs and is refused. */
 #ifndef BQ_BERT_INT8_H
 #define BQ_BERT_INT8_H
 
@@ -21,8 +21,7 @@ typedef struct BqInt8Engine BqInt8Engine;
 /* Packs the integer weights of m (which must carry calibrated or trained quantizers, m->quant) once.
  * The engine is a snapshot: weights, biases and ranges as they are now; re-prepare after changing
  * them. Errors (BQ_EINVAL, one line): no quantizers, a scheme whose Linears have no quantized input,
- * a quantizer without a range, weights this CPU cannot multiply exactly (8-bit weights without VNNI,
- * naming the quantizer and its bits), oneDNN failures. */
+ * a quantizer without a range, codes outside a quantizer's bits, oneDNN failures. */
 int bq_int8_prepare(BqInt8Engine **out, const BqBert *m);
 void bq_int8_free(BqInt8Engine *e);
 

@@ -57,7 +57,7 @@ int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine
     }
     if (!strcmp(engine, "fake-quant")) {
         *name = "fake-quant";
-        fprintf(stderr, "[%s] engine: fake-quant (fp32 arithmetic on quantized values)\n", tag);
+        fprintf(stderr, "[%s] engine: fake-quant (quantized Linears on integers, the rest fp32 on quantized values)\n", tag);
         return BQ_OK;
     }
     double t0 = bq_now();
@@ -68,7 +68,7 @@ int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine
         bq_err_clear();
         *out = NULL;
         *name = "fake-quant";
-        fprintf(stderr, "[%s] engine: fake-quant (fp32 arithmetic on quantized values)\n", tag);
+        fprintf(stderr, "[%s] engine: fake-quant (quantized Linears on integers, the rest fp32 on quantized values)\n", tag);
         return BQ_OK;
     }
     if (st) {
