@@ -31,39 +31,13 @@
 #include "autograd/tensor.h"
 #include "layers/bert.h"
 #include "layers/bert_fp32.h"
+#include "tests/test_util.h"
 
-static int fails = 0;
-#define EXPECT(c, ...)                                 \
-    do {                                               \
-        if (!(c)) {                                    \
-            fails++;                                   \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                       \
-            printf("\n");                              \
-        }                                              \
-    } while (0)
 
 enum { B = 3, L = 2, MAXT = 24 };
 
 static void make_model(BqBert *m, int hidden, int heads, int inter, uint64_t seed) {
-    BqBertConfig c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 97;
-    c.hidden_size = hidden;
-    c.num_hidden_layers = L;
-    c.num_attention_heads = heads;
-    c.intermediate_size = inter;
-    c.max_position_embeddings = 64;
-    c.type_vocab_size = 2;
-    c.pad_token_id = 0;
-    c.layer_norm_eps = 1e-12f;
-    c.hidden_dropout_prob = 0.1f;
-    c.attention_probs_dropout_prob = 0.1f;
-    c.classifier_dropout = -1.0f;
-    c.initializer_range = 0.02f;
-    c.num_labels = 3;
-    c.id2label = bq_calloc(3, sizeof(char *));
-    for (int i = 0; i < 3; i++) c.id2label[i] = bq_strdup(i == 0 ? "a" : i == 1 ? "b" : "c");
+    BqBertConfig c = bq_test_config(97, hidden, L, heads, inter, 64, 3, 0.1f, 0.02f);
     BqRng rng;
     bq_rng_seed(&rng, seed);
     BQ_CHECK(bq_bert_create(m, &c, 0, &rng) == BQ_OK);

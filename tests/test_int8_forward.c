@@ -38,17 +38,8 @@
 #include "export/hf_load.h"
 #include "layers/bert_int8.h"
 #include "layers/quant.h"
+#include "tests/test_util.h"
 
-static int fails = 0;
-#define EXPECT(c, ...)                                 \
-    do {                                               \
-        if (!(c)) {                                    \
-            fails++;                                   \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                       \
-            printf("\n");                              \
-        }                                              \
-    } while (0)
 
 enum { B = 4, T = 12, NCAL = 6 };
 

@@ -28,17 +28,8 @@
 #include "autograd/infer_kernels.h"
 #include "autograd/kernels.h"
 #include "autograd/qgemm.h"
+#include "tests/test_util.h"
 
-static int fails = 0;
-#define EXPECT(c, ...)                                 \
-    do {                                               \
-        if (!(c)) {                                    \
-            fails++;                                   \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                       \
-            printf("\n");                              \
-        }                                              \
-    } while (0)
 
 /* Codes: 0 random, 1 row m = 0 all qmin / row 1 all qmax, the rest random. */
 static void fill_codes(int8_t *q, int64_t rows, int64_t cols, int qmin, int qmax, BqRng *rng) {
