@@ -183,30 +183,6 @@ IK_INLINE void load_head_f32(float *dst, const float *qkv, int64_t ld, const flo
     }
 }
 
-/* C rows [0,R) (d columns, fp32, leading dim ldc) = P rows (leading dim Tp, T keys) · V (T, d, leading
- * dim ldv): context_rows without the quantization. */
-IK_INLINE void context_rows_f32(float *C, int64_t ldc, const float *P, int64_t Tp, const float *V, int64_t ldv,
-                                int64_t T, int64_t d, const int R) {
-    for (int64_t c = 0; c < d; c += 16) {
-        const int two = c + 16 <= d;
-        v8 acc[4][2];
-        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (v8){0};
-        for (int64_t j = 0; j < T; j++) {
-            const v8 v0 = *(const v8u *)(V + j * ldv + c);
-            const v8 v1 = two ? *(const v8u *)(V + j * ldv + c + 8) : (v8){0};
-            for (int r = 0; r < R; r++) {
-                const v8 pb = (v8){0} + P[r * Tp + j];
-                acc[r][0] += pb * v0;
-                acc[r][1] += pb * v1;
-            }
-        }
-        for (int r = 0; r < R; r++) {
-            *(v8u *)(C + r * ldc + c) = acc[r][0];
-            if (two) *(v8u *)(C + r * ldc + c + 8) = acc[r][1];
-        }
-    }
-}
-
 /* S rows [0,R) (leading dim Tp) = the R query rows q (leading dim ldq) · Kt (d, Tp). */
 IK_INLINE void scores_rows(float *S, int64_t Tp, const float *q, int64_t ldq, const float *Kt, int64_t d,
                            const int R) {
@@ -228,10 +204,10 @@ IK_INLINE void scores_rows(float *S, int64_t Tp, const float *q, int64_t ldq, co
     }
 }
 
-/* C rows [0,R) (d columns, written as codes at scale sq, leading dim ldc) = P rows (leading dim Tp, T
- * keys) · V (T, d, leading dim ldv). */
-IK_INLINE void context_rows(uint8_t *codes, int64_t ldc, const float *P, int64_t Tp, const float *V, int64_t ldv,
-                            int64_t T, int64_t d, float sq, const int R) {
+/* C rows [0,R) (d columns, leading dim ldc) = P rows (leading dim Tp, T keys) · V (T, d, leading dim
+ * ldv), written as codes at scale sq when codes is not NULL, else as fp32 to C. */
+IK_INLINE void context_rows(uint8_t *codes, float *C, int64_t ldc, const float *P, int64_t Tp, const float *V,
+                            int64_t ldv, int64_t T, int64_t d, float sq, const int R) {
     for (int64_t c = 0; c < d; c += 16) {
         const int two = c + 16 <= d; /* d is a multiple of 8: the last block may be 8 wide */
         v8 acc[4][2];
@@ -245,9 +221,15 @@ IK_INLINE void context_rows(uint8_t *codes, int64_t ldc, const float *P, int64_t
                 acc[r][1] += pb * v1;
             }
         }
-        for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++) {
+            if (!codes) {
+                *(v8u *)(C + r * ldc + c) = acc[r][0];
+                if (two) *(v8u *)(C + r * ldc + c + 8) = acc[r][1];
+                continue;
+            }
             for (int l = 0; l < (two ? 16 : 8); l++)
                 codes[r * ldc + c + l] = quant_u8(l < 8 ? acc[r][0][l] : acc[r][1][l - 8], sq);
+        }
     }
 }
 
@@ -372,9 +354,10 @@ IK_FMA_INLINE void transpose_fma(float *Kt, int64_t Tp, const float *k, int64_t 
         }
 }
 
-/* R rows of C = P·V (d columns, 16 or 8 at a time), written as codes at scale sq. */
-IK_FMA_INLINE void context_rows_fma(uint8_t *codes, int64_t ldc, const float *P, int64_t Tp, const float *V,
-                                    int64_t ldv, int64_t T, int64_t d, float sq, const int R) {
+/* R rows of C = P·V (d columns, 16 or 8 at a time), as codes at scale sq when codes is not NULL, else
+ * fp32 to C. */
+IK_FMA_INLINE void context_rows_fma(uint8_t *codes, float *C, int64_t ldc, const float *P, int64_t Tp,
+                                    const float *V, int64_t ldv, int64_t T, int64_t d, float sq, const int R) {
     const __m256 s = _mm256_set1_ps(sq);
     for (int64_t c = 0; c < d; c += 16) {
         const int two = c + 16 <= d;
@@ -397,42 +380,54 @@ IK_FMA_INLINE void context_rows_fma(uint8_t *codes, int64_t ldc, const float *P,
             }
         }
         for (int r = 0; r < R; r++) {
-            quant8_fma(codes + r * ldc + c, acc[r][0], s);
-            if (two) quant8_fma(codes + r * ldc + c + 8, acc[r][1], s);
+            if (codes) {
+                quant8_fma(codes + r * ldc + c, acc[r][0], s);
+                if (two) quant8_fma(codes + r * ldc + c + 8, acc[r][1], s);
+            } else {
+                _mm256_storeu_ps(C + r * ldc + c, acc[r][0]);
+                if (two) _mm256_storeu_ps(C + r * ldc + c + 8, acc[r][1]);
+            }
         }
     }
 }
 
 /* gelu_quant_portable's row with fused multiply-adds, 8 columns at a time (N a multiple of 8). */
-IK_FMA static void gelu_quant_rows_fma(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                                       const float *bias, float sq, int64_t M, int64_t N) {
+/* gelu(x) = x·Φ(x) of 8 values with fused multiply-adds: Φ from erfc's rational approximation (the
+ * coefficients of autograd/fastmath.h) and exp8_fma. */
+IK_FMA_INLINE __m256 gelu8_fma(__m256 x) {
     static const float cf[10] = {0.17087277f, -0.82215223f, 1.48851587f,  -1.13520398f, 0.27886807f,
                                  -0.18628806f, 0.09678418f, 0.37409196f, 1.00002368f,  -1.26551223f};
-    const __m256 s = _mm256_set1_ps(sq), one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
+    const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 z = _mm256_mul_ps(_mm256_and_ps(x, absmask), _mm256_set1_ps((float)M_SQRT1_2));
+    const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(half, z, one));
+    __m256 p = _mm256_set1_ps(cf[0]);
+    for (int i = 1; i < 10; i++) p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(cf[i]));
+    const __m256 h = _mm256_mul_ps(half, _mm256_mul_ps(t, exp8_fma(_mm256_fnmadd_ps(z, z, p))));
+    const __m256 cdf = _mm256_blendv_ps(_mm256_sub_ps(one, h), h, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+    return _mm256_mul_ps(x, cdf);
+}
+
+IK_FMA static void gelu_quant_rows_fma(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                                       const float *bias, float sq, int64_t M, int64_t N) {
+    const __m256 s = _mm256_set1_ps(sq);
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n += 8) {
             const __m256i a = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)(acc + m * N + n)),
                                                _mm256_loadu_si256((const __m256i *)(comp + n)));
             const __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(scale + n), _mm256_loadu_ps(bias + n));
-            const __m256 z = _mm256_mul_ps(_mm256_and_ps(x, absmask), _mm256_set1_ps((float)M_SQRT1_2));
-            const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(half, z, one));
-            __m256 p = _mm256_set1_ps(cf[0]);
-            for (int i = 1; i < 10; i++) p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(cf[i]));
-            const __m256 h = _mm256_mul_ps(half, _mm256_mul_ps(t, exp8_fma(_mm256_fnmadd_ps(z, z, p))));
-            const __m256 cdf = _mm256_blendv_ps(_mm256_sub_ps(one, h), h, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
-            quant8_fma(codes + m * N + n, _mm256_mul_ps(x, cdf), s);
+            quant8_fma(codes + m * N + n, gelu8_fma(x), s);
         }
 }
 
-/* One (batch, head) pair on AVX2 + FMA; the softmax is softmax_row (the same bits as the portable path). */
-IK_FMA static void attn_head_fma(uint8_t *c, int64_t ldc, const int32_t *acc, int64_t lda, const int32_t *comp,
-                                 const float *qscale, const float *bias, int64_t h, const float *mrow, float *Kt,
-                                 float scale, float sq, int64_t T, int64_t d) {
+/* The attention of one (batch, head) pair on AVX2 + FMA, its query, key and value (T, d) each already at
+ * Kt + d·Tp + T·Tp and the next two pad16(T·d) blocks: scores, softmax (softmax_row's bits), context
+ * rows written as codes at scale sq when codes is not NULL, else as fp32 to C (leading dim ldc). */
+IK_FMA static void attn_core_fma(uint8_t *codes, float *C, int64_t ldc, const float *mrow, float *Kt, float scale,
+                                 float sq, int64_t T, int64_t d) {
     const int64_t Tp = pad16(T), T8 = T / 8 * 8, ld = d;
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
-    dequant_head(q, acc, lda, comp, qscale, bias, ldc, h, T, d);
     transpose_fma(Kt, Tp, k, ld, T8, d);
     for (int64_t j = T8; j < T; j++)
         for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
@@ -445,80 +440,36 @@ IK_FMA static void attn_head_fma(uint8_t *c, int64_t ldc, const int32_t *acc, in
         if (T == T8) softmax_row_fma(S + i * Tp, mrow, scale, T);
         else softmax_row(S + i * Tp, mrow, scale, T);
     }
-    for (i = 0; i + 4 <= T; i += 4) context_rows_fma(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 4);
-    for (; i < T; i++) context_rows_fma(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 1);
+    uint8_t *cq = codes;
+    float *cf = C;
+    for (i = 0; i + 4 <= T; i += 4, cq = codes ? cq + 4 * ldc : NULL, cf = C ? cf + 4 * ldc : NULL)
+        context_rows_fma(cq, cf, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 4);
+    for (; i < T; i++, cq = codes ? cq + ldc : NULL, cf = C ? cf + ldc : NULL)
+        context_rows_fma(cq, cf, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 1);
 }
 
-/* R rows of C = P·V (d columns, 16 or 8 at a time), fp32 (context_rows_fma without the quantization). */
-IK_FMA_INLINE void context_rows_f32_fma(float *C, int64_t ldc, const float *P, int64_t Tp, const float *V,
-                                        int64_t ldv, int64_t T, int64_t d, const int R) {
-    for (int64_t c = 0; c < d; c += 16) {
-        const int two = c + 16 <= d;
-        __m256 acc[4][2];
-        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-        if (two) {
-            for (int64_t j = 0; j < T; j++) {
-                const __m256 v0 = _mm256_loadu_ps(V + j * ldv + c), v1 = _mm256_loadu_ps(V + j * ldv + c + 8);
-                for (int r = 0; r < R; r++) {
-                    const __m256 pb = _mm256_broadcast_ss(P + r * Tp + j);
-                    acc[r][0] = _mm256_fmadd_ps(pb, v0, acc[r][0]);
-                    acc[r][1] = _mm256_fmadd_ps(pb, v1, acc[r][1]);
-                }
-            }
-        } else {
-            for (int64_t j = 0; j < T; j++) {
-                const __m256 v0 = _mm256_loadu_ps(V + j * ldv + c);
-                for (int r = 0; r < R; r++)
-                    acc[r][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(P + r * Tp + j), v0, acc[r][0]);
-            }
-        }
-        for (int r = 0; r < R; r++) {
-            _mm256_storeu_ps(C + r * ldc + c, acc[r][0]);
-            if (two) _mm256_storeu_ps(C + r * ldc + c + 8, acc[r][1]);
-        }
-    }
+/* One (batch, head) pair on AVX2 + FMA from the query/key/value accumulators, context as codes. */
+IK_FMA static void attn_head_fma(uint8_t *c, int64_t ldc, const int32_t *acc, int64_t lda, const int32_t *comp,
+                                 const float *qscale, const float *bias, int64_t h, const float *mrow, float *Kt,
+                                 float scale, float sq, int64_t T, int64_t d) {
+    dequant_head(Kt + d * pad16(T) + T * pad16(T), acc, lda, comp, qscale, bias, ldc, h, T, d);
+    attn_core_fma(c, NULL, ldc, mrow, Kt, scale, sq, T, d);
 }
 
 /* x = gelu(x + bias) in place, gelu_quant_rows_fma's GELU, 8 columns at a time (N a multiple of 8). */
 IK_FMA static void bias_gelu_rows_fma(float *x, const float *bias, int64_t M, int64_t N) {
-    static const float cf[10] = {0.17087277f, -0.82215223f, 1.48851587f,  -1.13520398f, 0.27886807f,
-                                 -0.18628806f, 0.09678418f, 0.37409196f, 1.00002368f,  -1.26551223f};
-    const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++)
-        for (int64_t n = 0; n < N; n += 8) {
-            const __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + m * N + n), _mm256_loadu_ps(bias + n));
-            const __m256 z = _mm256_mul_ps(_mm256_and_ps(v, absmask), _mm256_set1_ps((float)M_SQRT1_2));
-            const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(half, z, one));
-            __m256 p = _mm256_set1_ps(cf[0]);
-            for (int i = 1; i < 10; i++) p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(cf[i]));
-            const __m256 h = _mm256_mul_ps(half, _mm256_mul_ps(t, exp8_fma(_mm256_fnmadd_ps(z, z, p))));
-            const __m256 cdf = _mm256_blendv_ps(_mm256_sub_ps(one, h), h, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ));
-            _mm256_storeu_ps(x + m * N + n, _mm256_mul_ps(v, cdf));
-        }
+        for (int64_t n = 0; n < N; n += 8)
+            _mm256_storeu_ps(x + m * N + n,
+                             gelu8_fma(_mm256_add_ps(_mm256_loadu_ps(x + m * N + n), _mm256_loadu_ps(bias + n))));
 }
 
-/* One (batch, head) pair of the fp32 attention on AVX2 + FMA (attn_head_fma's steps on fp32 inputs). */
+/* One (batch, head) pair of the fp32 attention on AVX2 + FMA, from the fp32 query/key/value GEMM output. */
 IK_FMA static void attn_head_f32_fma(float *c, int64_t ldc, const float *qkv, int64_t lda, const float *bias,
                                      int64_t h, const float *mrow, float *Kt, float scale, int64_t T, int64_t d) {
-    const int64_t Tp = pad16(T), T8 = T / 8 * 8, ld = d;
-    float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
-    load_head_f32(q, qkv, lda, bias, ldc, h, T, d);
-    transpose_fma(Kt, Tp, k, ld, T8, d);
-    for (int64_t j = T8; j < T; j++)
-        for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
-    for (int64_t e = 0; e < d; e++)
-        for (int64_t j = T; j < Tp; j++) Kt[e * Tp + j] = 0.0f;
-    int64_t i = 0;
-    for (; i + 4 <= T; i += 4) scores_rows_fma(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 4);
-    for (; i < T; i++) scores_rows_fma(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 1);
-    for (i = 0; i < T; i++) {
-        if (T == T8) softmax_row_fma(S + i * Tp, mrow, scale, T);
-        else softmax_row(S + i * Tp, mrow, scale, T);
-    }
-    for (i = 0; i + 4 <= T; i += 4) context_rows_f32_fma(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, 4);
-    for (; i < T; i++) context_rows_f32_fma(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, 1);
+    load_head_f32(Kt + d * pad16(T) + T * pad16(T), qkv, lda, bias, ldc, h, T, d);
+    attn_core_fma(NULL, c, ldc, mrow, Kt, scale, 0.0f, T, d);
 }
 
 /* 1 when the CPU has AVX2 and FMA and the environment does not set BQ_INFER_PORTABLE (which tests
@@ -532,13 +483,11 @@ static int have_fma(void) {
 static int have_fma(void) { return 0; }
 #endif
 
-/* One (batch, head) pair, portable (vector extensions, separate multiply and add). */
-static void attn_head(uint8_t *c, int64_t ldc, const int32_t *acc, int64_t lda, const int32_t *comp,
-                      const float *qscale, const float *bias, int64_t h, const float *mrow, float *Kt, float scale,
-                      float sq, int64_t T, int64_t d) {
+/* attn_core_fma's steps, portable (vector extensions, separate multiply and add). */
+static void attn_core(uint8_t *codes, float *C, int64_t ldc, const float *mrow, float *Kt, float scale, float sq,
+                      int64_t T, int64_t d) {
     const int64_t Tp = pad16(T), ld = d;
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
-    dequant_head(q, acc, lda, comp, qscale, bias, ldc, h, T, d);
     for (int64_t j = 0; j < T; j++)
         for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
     for (int64_t e = 0; e < d; e++)
@@ -547,8 +496,20 @@ static void attn_head(uint8_t *c, int64_t ldc, const int32_t *acc, int64_t lda, 
     for (; i + 4 <= T; i += 4) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 4);
     for (; i < T; i++) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 1);
     for (i = 0; i < T; i++) softmax_row(S + i * Tp, mrow, scale, T);
-    for (i = 0; i + 4 <= T; i += 4) context_rows(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 4);
-    for (; i < T; i++) context_rows(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 1);
+    uint8_t *cq = codes;
+    float *cf = C;
+    for (i = 0; i + 4 <= T; i += 4, cq = codes ? cq + 4 * ldc : NULL, cf = C ? cf + 4 * ldc : NULL)
+        context_rows(cq, cf, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 4);
+    for (; i < T; i++, cq = codes ? cq + ldc : NULL, cf = C ? cf + ldc : NULL)
+        context_rows(cq, cf, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 1);
+}
+
+/* One (batch, head) pair, portable, from the query/key/value accumulators, context as codes. */
+static void attn_head(uint8_t *c, int64_t ldc, const int32_t *acc, int64_t lda, const int32_t *comp,
+                      const float *qscale, const float *bias, int64_t h, const float *mrow, float *Kt, float scale,
+                      float sq, int64_t T, int64_t d) {
+    dequant_head(Kt + d * pad16(T) + T * pad16(T), acc, lda, comp, qscale, bias, ldc, h, T, d);
+    attn_core(c, NULL, ldc, mrow, Kt, scale, sq, T, d);
 }
 
 /* The products use fused multiply-adds where the CPU has AVX2 and FMA (rounding differs from the
@@ -593,22 +554,11 @@ void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp
 
 /* ---- fp32 attention and GELU (layers/bert_fp32.c) ---- */
 
-/* One (batch, head) pair of the fp32 attention, portable (attn_head's steps on fp32 inputs). */
+/* One (batch, head) pair of the fp32 attention, portable. */
 static void attn_head_f32(float *c, int64_t ldc, const float *qkv, int64_t lda, const float *bias, int64_t h,
                           const float *mrow, float *Kt, float scale, int64_t T, int64_t d) {
-    const int64_t Tp = pad16(T), ld = d;
-    float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
-    load_head_f32(q, qkv, lda, bias, ldc, h, T, d);
-    for (int64_t j = 0; j < T; j++)
-        for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
-    for (int64_t e = 0; e < d; e++)
-        for (int64_t j = T; j < Tp; j++) Kt[e * Tp + j] = 0.0f;
-    int64_t i = 0;
-    for (; i + 4 <= T; i += 4) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 4);
-    for (; i < T; i++) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 1);
-    for (i = 0; i < T; i++) softmax_row(S + i * Tp, mrow, scale, T);
-    for (i = 0; i + 4 <= T; i += 4) context_rows_f32(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, 4);
-    for (; i < T; i++) context_rows_f32(c + i * ldc, ldc, S + i * Tp, Tp, v, ld, T, d, 1);
+    load_head_f32(Kt + d * pad16(T) + T * pad16(T), qkv, lda, bias, ldc, h, T, d);
+    attn_core(NULL, c, ldc, mrow, Kt, scale, 0.0f, T, d);
 }
 
 void bq_infer_attention_f32(float *ctx, const float *qkv, const float *bias, const float *mask, float *scratch,
