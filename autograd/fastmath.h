@@ -66,4 +66,48 @@ BQ_FASTMATH_INLINE float erfc_pos(float z) {
     return t * exp_fast(-z * z + p);
 }
 
+/* Reductions over a row in 8 fixed lanes (element i in lane i mod 8 below the last multiple of 8, the
+ * tail in lane 0) combined pairwise: they vectorize, and the result is the same whatever vector width
+ * the running clone has and whatever the thread count. */
+BQ_FASTMATH_INLINE float row_max(const float *x, int64_t n) {
+    float m[8];
+    for (int l = 0; l < 8; l++) m[l] = -INFINITY;
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
+    for (; j < n; j++) m[0] = x[j] > m[0] ? x[j] : m[0];
+    float r = m[0];
+    for (int l = 1; l < 8; l++) r = m[l] > r ? m[l] : r;
+    return r;
+}
+
+BQ_FASTMATH_INLINE float row_sum(const float *x, int64_t n) {
+    float a[8] = {0};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) a[l] += x[j + l];
+    for (; j < n; j++) a[0] += x[j];
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+/* One row of LayerNorm, y = (x − mean)·rstd·weight + bias over H values (y may be x): two passes (the
+ * mean, then the variance of the centred values: no cancellation), each in row_sum's lanes and order. */
+BQ_FASTMATH_INLINE void ln_row_forward(float *y, float *mean, float *rstd, const float *x, const float *weight,
+                                       const float *bias, int64_t H, float eps) {
+    float m = row_sum(x, H) / (float)H;
+    float a[8] = {0};
+    int64_t j = 0;
+    for (; j + 8 <= H; j += 8)
+        for (int l = 0; l < 8; l++) {
+            float xc = x[j + l] - m;
+            a[l] += xc * xc;
+        }
+    for (; j < H; j++) a[0] += (x[j] - m) * (x[j] - m);
+    float v = (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) / (float)H;
+    float r = 1.0f / sqrtf(v + eps);
+    for (int64_t i = 0; i < H; i++) y[i] = (x[i] - m) * r * weight[i] + bias[i];
+    *mean = m;
+    *rstd = r;
+}
+
 #endif

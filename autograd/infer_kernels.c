@@ -50,28 +50,6 @@ IK_INLINE float dequant(int32_t a, int32_t comp, float scale, float bias) {
     return (float)(a - comp) * scale + bias;
 }
 
-/* Sums in 8 fixed lanes combined pairwise (autograd/kernels.c row_sum's order). */
-IK_INLINE float row_sum8(const float *x, int64_t n) {
-    float a[8] = {0};
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int l = 0; l < 8; l++) a[l] += x[j + l];
-    for (; j < n; j++) a[0] += x[j];
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-}
-
-IK_INLINE float row_max8(const float *x, int64_t n) {
-    float m[8];
-    for (int l = 0; l < 8; l++) m[l] = -INFINITY;
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int l = 0; l < 8; l++) m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
-    for (; j < n; j++) m[0] = x[j] > m[0] ? x[j] : m[0];
-    float r = m[0];
-    for (int l = 1; l < 8; l++) r = m[l] > r ? m[l] : r;
-    return r;
-}
-
 /* ---- GEMM epilogues ---- */
 
 IK_VEC void bq_infer_residual_layernorm(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
@@ -84,20 +62,10 @@ IK_VEC void bq_infer_residual_layernorm(float *out, uint8_t *codes, const int32_
         const int32_t *a = acc + m * N;
         const float *r = resid + m * N;
         for (int64_t n = 0; n < N; n++) y[n] = dequant(a[n], comp[n], scale[n], bias[n]) + r[n];
-        const float mean = row_sum8(y, N) / (float)N;
-        float v8a[8] = {0};
-        int64_t n = 0;
-        for (; n + 8 <= N; n += 8)
-            for (int l = 0; l < 8; l++) {
-                float c = y[n + l] - mean;
-                v8a[l] += c * c;
-            }
-        for (; n < N; n++) v8a[0] += (y[n] - mean) * (y[n] - mean);
-        const float var = (((v8a[0] + v8a[1]) + (v8a[2] + v8a[3])) + ((v8a[4] + v8a[5]) + (v8a[6] + v8a[7]))) / (float)N;
-        const float rs = 1.0f / sqrtf(var + eps);
-        for (n = 0; n < N; n++) y[n] = (y[n] - mean) * rs * lnw[n] + lnb[n];
+        float mean, rstd;
+        ln_row_forward(y, &mean, &rstd, y, lnw, lnb, N, eps);
         if (codes)
-            for (n = 0; n < N; n++) codes[m * N + n] = quant_u8(y[n], sq);
+            for (int64_t n = 0; n < N; n++) codes[m * N + n] = quant_u8(y[n], sq);
     }
 }
 
@@ -118,18 +86,8 @@ IK_VEC void bq_infer_bias_residual_layernorm_f32(float *out, const float *x, con
         float *y = out + m * N;
         const float *a = x + m * N, *r = resid + m * N;
         for (int64_t n = 0; n < N; n++) y[n] = (a[n] + bias[n]) + r[n];
-        const float mean = row_sum8(y, N) / (float)N;
-        float v8a[8] = {0};
-        int64_t n = 0;
-        for (; n + 8 <= N; n += 8)
-            for (int l = 0; l < 8; l++) {
-                float c = y[n + l] - mean;
-                v8a[l] += c * c;
-            }
-        for (; n < N; n++) v8a[0] += (y[n] - mean) * (y[n] - mean);
-        const float var = (((v8a[0] + v8a[1]) + (v8a[2] + v8a[3])) + ((v8a[4] + v8a[5]) + (v8a[6] + v8a[7]))) / (float)N;
-        const float rs = 1.0f / sqrtf(var + eps);
-        for (n = 0; n < N; n++) y[n] = (y[n] - mean) * rs * lnw[n] + lnb[n];
+        float mean, rstd;
+        ln_row_forward(y, &mean, &rstd, y, lnw, lnb, N, eps);
     }
 }
 
@@ -240,9 +198,9 @@ IK_INLINE void softmax_row(float *y, const float *mrow, float scale, int64_t T) 
         for (int64_t j = 0; j < T; j++) y[j] = scale * y[j] + (1.0f - mrow[j]) * -FLT_MAX;
     else
         for (int64_t j = 0; j < T; j++) y[j] = scale * y[j];
-    const float mx = row_max8(y, T);
+    const float mx = row_max(y, T);
     for (int64_t j = 0; j < T; j++) y[j] = exp_fast(y[j] - mx);
-    const float inv = 1.0f / row_sum8(y, T);
+    const float inv = 1.0f / row_sum(y, T);
     for (int64_t j = 0; j < T; j++) y[j] *= inv;
 }
 

@@ -38,31 +38,11 @@
 #define BQ_INLINE static inline __attribute__((always_inline))
 
 /* ---- vectorizable scalar math (branch-free, inlined into the loops above so they vectorize) ----
- * rne_small, exp_fast and erfc_pos come from autograd/fastmath.h. */
+ * rne_small, exp_fast, erfc_pos, row_max, row_sum and ln_row_forward come from autograd/fastmath.h. */
 
-/* Reductions over a row with 8 fixed lanes combined in a fixed order: they vectorize, and the result
- * is the same whatever vector width the running clone has. */
+/* The dot product and the LayerNorm backward sums use row_sum's 8 fixed lanes and order. */
 #define LANES 8
-BQ_INLINE float row_max(const float *x, int64_t n) {
-    float m[LANES];
-    for (int l = 0; l < LANES; l++) m[l] = -INFINITY;
-    int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
-    for (; j < n; j++) m[0] = x[j] > m[0] ? x[j] : m[0];
-    float r = m[0];
-    for (int l = 1; l < LANES; l++) r = m[l] > r ? m[l] : r;
-    return r;
-}
 
-BQ_INLINE float row_sum(const float *x, int64_t n) {
-    float a[LANES] = {0};
-    int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) a[l] += x[j + l];
-    for (; j < n; j++) a[0] += x[j];
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-}
 
 BQ_INLINE float row_dot(const float *x, const float *y, int64_t n) {
     float a[LANES] = {0};
@@ -303,27 +283,8 @@ void bq_kernel_embedding_backward_pad(float *dtable, const float *dout, const in
 
 /* ---- layernorm ---- */
 
-/* One row of LayerNorm: two passes (mean, then variance of the centred values: no cancellation), each
- * summed in 8 fixed lanes combined pairwise (row_sum's order: it vectorizes, and every clone and thread
- * count gives the same bits; the order of autograd/infer_kernels.c's LayerNorm). Shared by the plain,
- * residual and embedding kernels so all give the same bits. */
-BQ_INLINE void ln_row_forward(float *y, float *mean, float *rstd, const float *x, const float *weight,
-                              const float *bias, int64_t H, float eps) {
-    float m = row_sum(x, H) / (float)H;
-    float a[LANES] = {0};
-    int64_t j = 0;
-    for (; j + LANES <= H; j += LANES)
-        for (int l = 0; l < LANES; l++) {
-            float xc = x[j + l] - m;
-            a[l] += xc * xc;
-        }
-    for (; j < H; j++) a[0] += (x[j] - m) * (x[j] - m);
-    float v = (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) / (float)H;
-    float r = 1.0f / sqrtf(v + eps);
-    for (int64_t i = 0; i < H; i++) y[i] = (x[i] - m) * r * weight[i] + bias[i];
-    *mean = m;
-    *rstd = r;
-}
+/* One row of LayerNorm: ln_row_forward of autograd/fastmath.h, shared by the plain, residual and
+ * embedding kernels and by the inference epilogues of autograd/infer_kernels.c, so all give the same bits. */
 
 /* The 8 lanes of a row reduction, combined pairwise. */
 BQ_INLINE float lanes_sum(const float *a) {
