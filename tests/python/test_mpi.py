@@ -174,23 +174,30 @@ def bertqat_pids(parent):
     return sorted(out)
 
 
-def test_killed_rank_stops_all_and_resume_works(env):
-    out = env / "kill"
-    args = [*common(env, out), "--max-steps", 40, "--eval-every", 2, "--batch-size", 16]
-    p = subprocess.Popen([*mpirun_cmd(2), BIN, "finetune", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+def kill_rank_when_saved(argv, path, limit):
+    """Starts `mpirun -np 2 bertqat ARGV`, SIGKILLs rank 1 once `path` exists and requires the job to end
+    within `limit` seconds; returns the finished Popen, the pids of the ranks and the time of the kill."""
+    p = subprocess.Popen([*mpirun_cmd(2), BIN, *map(str, argv)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     deadline = time.time() + 900
-    while time.time() < deadline and p.poll() is None and not os.path.exists(out / "training_state.h5"):
+    while time.time() < deadline and p.poll() is None and not os.path.exists(path):
         time.sleep(0.05)
     ranks = bertqat_pids(p.pid)
     assert p.poll() is None and len(ranks) == 2, f"ranks {ranks}, exit {p.poll()}"
     os.kill(ranks[-1], signal.SIGKILL)
     t0 = time.time()
     try:
-        p.communicate(timeout=30)
+        p.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         p.kill()
-        raise AssertionError("the job did not end within 30 s of a killed rank")
+        raise AssertionError(f"the job did not end within {limit} s of a killed rank")
+    return p, ranks, t0
+
+
+def test_killed_rank_stops_all_and_resume_works(env):
+    out = env / "kill"
+    args = [*common(env, out), "--max-steps", 40, "--eval-every", 2, "--batch-size", 16]
+    p, ranks, t0 = kill_rank_when_saved(["finetune", *args], out / "training_state.h5", 30)
     waited = time.time() - t0
     print(f"job ended {waited:.1f}s after the kill, exit {p.returncode}")
     assert p.returncode != 0

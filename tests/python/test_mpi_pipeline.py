@@ -12,7 +12,6 @@ pipeline, all-MiniLM-L6-v2 on 54 IMDB training reviews at seq 32, 1 thread per r
 Under CI a missing mpirun or model fails instead of skipping."""
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import time
 import pytest
 
 from conftest import BIN, IMDB, MODEL, run_bq
-from test_mpi import MPIRUN, assert_same_tensors, bertqat_pids, log_rows, mpirun_cmd, run_mpi
+from test_mpi import MPIRUN, assert_same_tensors, kill_rank_when_saved, log_rows, mpirun_cmd, run_mpi
 
 # 54 reviews: 6 held out for validation (10 %, rounded up) and 48 = 3 global batches of 16, so that no
 # epoch ends in a smaller batch, which 2 ranks split 6 + 5 rows where 1 process with --grad-accum 2
@@ -49,20 +48,7 @@ def runs(tmp_path_factory, bin_path):
     args = ["pipeline", "--model", MODEL, "--out", two, *PIPE, "--batch-size", 16]
 
     # A: kill rank 1 once the fp32 stage has saved a resumable state.
-    p = subprocess.Popen([*mpirun_cmd(2), BIN, *map(str, args), "--python", bad_python], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 900
-    while time.time() < deadline and p.poll() is None and not os.path.exists(two / "fp32" / "training_state.h5"):
-        time.sleep(0.05)
-    ranks = bertqat_pids(p.pid)
-    assert p.poll() is None and len(ranks) == 2, f"ranks {ranks}, exit {p.poll()}"
-    os.kill(ranks[-1], signal.SIGKILL)
-    t0 = time.time()
-    try:
-        p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        raise AssertionError("the pipeline did not end within 60 s of a killed rank")
+    p, _, t0 = kill_rank_when_saved([*args, "--python", bad_python], two / "fp32" / "training_state.h5", 60)
     r["kill_exit"], r["kill_wait"] = p.returncode, time.time() - t0
 
     # B: the same command resumes, then fails in the first ONNX Runtime stage (rank 0 alone).
