@@ -1,11 +1,11 @@
 /* Fused fp32 evaluation forward (layers/bert_fp32.h): a BqLinearHook (layers/bert.h) whose whole-layer
- * callback computes each encoder layer of a model without quantizers as 4 GEMMs (OpenBLAS, threaded
- * inside each call) and the fused passes of autograd/infer_kernels.h; the embeddings, pooler and
+ * callback computes each encoder layer of a model without quantizers as 6 GEMMs (OpenBLAS, threaded
+ * inside each call; query, key and value write one interleaved (B·T, 3H) block) and the fused passes of autograd/infer_kernels.h; the embeddings, pooler and
  * classifier stay layers/bert.c's ops. The ops and their order are layer_forward's of layers/bert.c in
  * evaluation (no dropout).
  *
- * Memory: the layer's output comes from ctx->act first; everything else it needs (the concatenated
- * query/key/value weights, the GEMM outputs, the attention scratch) is taken after it and given back
+ * Memory: the layer's output comes from ctx->act first; everything else it needs (the query/key/value
+ * biases, the GEMM outputs, the attention scratch) is taken after it and given back
  * when the layer ends, so a forward holds one layer's temporaries at a time. */
 #include "layers/bert_fp32.h"
 
@@ -25,10 +25,13 @@ int bq_fp32_fused_layer_count(const BqBert *m) {
     return m->quant || !layer_fusable(&m->cfg) ? 0 : m->cfg.num_hidden_layers;
 }
 
-/* out (M,N) = x (M,K)·Wᵀ, W (N,K) row-major (PyTorch's Linear layout); no bias. */
-static void gemm_nt(float *out, const float *x, const float *w, int64_t M, int64_t N, int64_t K) {
+/* out (M,N), rows ldo apart, = x (M,K)·Wᵀ, W (N,K) row-major (PyTorch's Linear layout); no bias. */
+static void gemm_nt_ld(float *out, int64_t ldo, const float *x, const float *w, int64_t M, int64_t N, int64_t K) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x, (int)K, w, (int)K, 0.0f,
-                out, (int)N);
+                out, (int)ldo);
+}
+static void gemm_nt(float *out, const float *x, const float *w, int64_t M, int64_t N, int64_t K) {
+    gemm_nt_ld(out, N, x, w, M, N, K);
 }
 
 /* The whole encoder layer l on x (B,T,H) → *y (B,T,H); leaves *y NULL when the layer cannot be fused. */
@@ -46,16 +49,15 @@ static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *ma
     BqTensor *o = bq_tensor_new(ctx, 3, shape); /* the layer's output: kept */
     size_t mark = bq_arena_mark(ctx->act);
 
-    /* query | key | value weights as one (3H, H) matrix and their biases as one (3H) vector */
-    float *wqkv = bq_arena_alloc(ctx->act, (size_t)(3 * H * H) * sizeof(float));
+    /* qkv (M, 3H): row m is query | key | value of token m, written by three GEMMs with row stride 3H
+     * straight from the parameters (no per-forward copy of the weights); their biases as one (3H) vector */
     float *bqkv = bq_arena_alloc(ctx->act, (size_t)(3 * H) * sizeof(float));
     const BqTensor *W[3] = {&L->q_w, &L->k_w, &L->v_w}, *Bs[3] = {&L->q_b, &L->k_b, &L->v_b};
-    for (int j = 0; j < 3; j++) {
-        memcpy(wqkv + j * H * H, W[j]->data, (size_t)(H * H) * sizeof(float));
-        memcpy(bqkv + j * H, Bs[j]->data, (size_t)H * sizeof(float));
-    }
     float *qkv = bq_arena_alloc(ctx->act, (size_t)(M * 3 * H) * sizeof(float));
-    gemm_nt(qkv, x->data, wqkv, M, 3 * H, H);
+    for (int j = 0; j < 3; j++) {
+        memcpy(bqkv + j * H, Bs[j]->data, (size_t)H * sizeof(float));
+        gemm_nt_ld(qkv + j * H, 3 * H, x->data, W[j]->data, M, H, H);
+    }
 
     const int64_t nthr = omp_get_max_threads();
     float *scratch = bq_arena_alloc(ctx->act, (size_t)(nthr * bq_infer_attention_scratch(T, d)) * sizeof(float));
