@@ -1,4 +1,4 @@
-/* Times full training steps of BertForSequenceClassification as `bertqat finetune` / `bertqat qat` run
+/* Times full training steps of BertForSequenceClassification (or BertForQuestionAnswering) as `bertqat finetune` / `bertqat qat` run
  * them (bq_train_step, bq_train_apply of src/train.h): forward with tape, backward, global-norm
  * clipping, AdamW at a constant lr, gradient zeroing. The model is a
  * Hugging Face directory (--model, e.g. all-MiniLM-L6-v2) or, without --model, a randomly initialised
@@ -7,8 +7,11 @@
  *
  *   bench_train_step [--model DIR] [--batch 32] [--seq 128] [--steps 5] [--warmup 1] [--threads 0]
  *                    [--qat] [--scheme ort|qdqbert|cpu] [--profile] [--precision fp32|bf16|auto]
- *                    [--infer | --infer-ops] [--fp32-linear] [--clock wall|cpu]
+ *                    [--infer | --infer-ops] [--fp32-linear] [--clock wall|cpu] [--task cls|qa]
  *
+ * --task qa replaces the head by BertForQuestionAnswering's qa_outputs (as `finetune --task qa` does)
+ * and gives every example a random answer span: the same step on SQuAD-shaped batches, for comparing
+ * the two heads' tokens/s at the same sequence length.
  * --precision resolves as the CLI's flag does (autograd/bq.h; bf16 on a CPU without it, or in a build
  * without bf16 GEMMs, is the CLI's one-line error and exit status 2). --infer times the forward alone
  * without a tape (evaluation mode, as `bertqat eval` runs it: bq_fp32_forward's fused layers, or fake
@@ -70,7 +73,7 @@ static void base_config(BqBertConfig *cfg) {
 static int usage(void) {
     fprintf(stderr, "usage: bench_train_step [--model DIR] [--batch B] [--seq T] [--steps N] [--warmup N] "
                     "[--threads N] [--qat] [--scheme ort|qdqbert|cpu] [--profile] [--precision P] [--infer | --infer-ops] "
-                    "[--fp32-linear] [--clock wall|cpu]\n");
+                    "[--fp32-linear] [--clock wall|cpu] [--task cls|qa]\n");
     return 2;
 }
 
@@ -81,7 +84,7 @@ int main(int argc, char **argv) {
     }
     const char *model = NULL, *scheme = "ort", *precision = "auto";
     int B = 32, T = 128, steps = 5, warmup = 1, threads = 0, qat = 0, profile = 0, infer = 0, infer_ops = 0;
-    int fp32_linear = 0, cpu_clock = 0;
+    int fp32_linear = 0, cpu_clock = 0, qa = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -100,6 +103,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--clock") && has && (!strcmp(argv[i + 1], "wall") || !strcmp(argv[i + 1], "cpu")))
             cpu_clock = !strcmp(argv[++i], "cpu");
         else if (!strcmp(a, "--precision") && has) precision = argv[++i];
+        else if (!strcmp(a, "--task") && has && (!strcmp(argv[i + 1], "cls") || !strcmp(argv[i + 1], "qa")))
+            qa = !strcmp(argv[++i], "qa");
         else return usage();
     }
     if (B < 1 || T < 2 || steps < 1 || warmup < 0) return usage();
@@ -128,6 +133,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
         return 1;
     }
+    if (qa && (st = bq_bert_set_head(&m, BQ_HEAD_QA, &rng))) { /* qa_outputs on every token, as finetune --task qa */
+        fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
+        return 1;
+    }
     if (T > m.cfg.max_position_embeddings) T = m.cfg.max_position_embeddings;
     if (qat) {
         BqQuantConfig qc;
@@ -153,6 +162,14 @@ int main(int argc, char **argv) {
         bt.attention_mask[i] = 1.0f;
     }
     for (int b = 0; b < B; b++) bt.labels[b] = (int32_t)bq_rng_below(&rng, 2);
+    if (qa) { /* answer spans somewhere in the window, as SQuAD batches carry them */
+        bt.start_positions = bq_malloc((size_t)B * sizeof(int32_t));
+        bt.end_positions = bq_malloc((size_t)B * sizeof(int32_t));
+        for (int b = 0; b < B; b++) {
+            bt.start_positions[b] = (int32_t)bq_rng_below(&rng, (uint64_t)T);
+            bt.end_positions[b] = bt.start_positions[b] + (int32_t)bq_rng_below(&rng, (uint64_t)(T - bt.start_positions[b]));
+        }
+    }
 
     BqArena act;
     BqTape tape;
@@ -213,11 +230,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%-14s %10.1f %10.1f   (step %.1f ms: the rest is clip + AdamW + zeroing)\n", "total",
                 tf * 1e3 / steps, tb * 1e3 / steps, ms);
     }
-    printf("{\"peer\": \"bertqat\", \"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"qat\": %s, "
+    printf("{\"peer\": \"bertqat\", \"task\": \"%s\", \"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"qat\": %s, "
            "\"scheme\": \"%s\", \"linear\": \"%s\", \"clock\": \"%s\", \"mode\": \"%s\", \"precision\": \"%s\", \"ms_per_step\": %.3f, \"cpu_ms_per_step\": %.3f, \"cpu_ms_min_step\": %.3f, "
            "\"tokens_per_s\": %.1f, \"examples_per_s\": %.2f, \"peak_rss_mib\": %.1f, "
            "\"activation_peak_mib\": %.1f, \"loss\": %.6f, \"runtime\": \"%s\", \"cpu_bf16\": \"%s\"}\n",
-           model ? model : "bert-base-shape", B, T, bq_runtime_threads(), qat ? "true" : "false",
+           qa ? "qa" : "cls", model ? model : "bert-base-shape", B, T, bq_runtime_threads(), qat ? "true" : "false",
            qat ? scheme : "", qat && fp32_linear ? "fp32" : qat ? "integer where quantized" : "fp32",
            cpu_clock ? "cpu" : "wall", infer ? "infer" : "train", bq_precision_name(prec), ms, cpu_ms, ctimes[0] * 1e3, (double)B * T / (ms / 1e3),
            (double)B / (ms / 1e3), (double)bq_peak_rss() / (1 << 20), (double)act.peak / (1 << 20), loss_v,
@@ -229,6 +246,8 @@ int main(int argc, char **argv) {
     free(bt.token_type_ids);
     free(bt.attention_mask);
     free(bt.labels);
+    free(bt.start_positions);
+    free(bt.end_positions);
     bq_adamw_free(&opt);
     bq_tape_free(&tape);
     bq_arena_free(&act);
