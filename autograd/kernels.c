@@ -753,34 +753,34 @@ BQ_INLINE int ste_pass(float x, float s, float lo, float hi) {
     return q >= lo && q <= hi;
 }
 
-/* dst = (accumulate ? dst : 0) + (mask ? src : 0) row by row; always inlined with a constant
- * `accumulate`, so each caller gets its own branch-free vector loop. */
-BQ_INLINE void ste_apply(float *dst, const float *src, const float *x, const float *scale, int64_t outer,
-                         int64_t nscale, int64_t inner, int qmin, int qmax, int accumulate) {
-    int64_t rows = outer * nscale;
-    float lo = (float)qmin, hi = (float)qmax;
-#pragma omp parallel for if (rows * inner > PAR_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        float s = scale[r % nscale];
-        const float *xr = x + r * inner, *g = src + r * inner;
-        float *d = dst + r * inner;
-        for (int64_t i = 0; i < inner; i++) {
-            float m = ste_pass(xr[i], s, lo, hi) ? g[i] : 0.0f;
-            d[i] = accumulate ? d[i] + m : m;
-        }
+/* dst = (accumulate ? dst : 0) + (mask ? src : 0) over one row of n elements sharing scale s; always
+ * inlined with a constant `accumulate`, so each caller gets its own branch-free vector loop. The
+ * parallel loops live in the BQ_VEC kernels below, not here: OpenMP outlines a parallel region inside the
+ * function that holds it, and only a BQ_VEC function's outlined regions get the AVX2 clones. */
+BQ_INLINE void ste_row(float *d, const float *g, const float *xr, float s, float lo, float hi, int64_t n,
+                       int accumulate) {
+    for (int64_t i = 0; i < n; i++) {
+        float m = ste_pass(xr[i], s, lo, hi) ? g[i] : 0.0f;
+        d[i] = accumulate ? d[i] + m : m;
     }
 }
 
 /* dx += dy where the mask passes. */
 BQ_VEC void bq_kernel_fakequant_backward(float *dx, const float *dout, const float *x, const float *scale,
                                          int64_t outer, int64_t nscale, int64_t inner, int qmin, int qmax) {
-    ste_apply(dx, dout, x, scale, outer, nscale, inner, qmin, qmax, 1);
+    const int64_t rows = outer * nscale;
+#pragma omp parallel for if (rows * inner > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        ste_row(dx + r * inner, dout + r * inner, x + r * inner, scale[r % nscale], (float)qmin, (float)qmax, inner, 1);
 }
 
 /* g = 0 where the mask fails (g is both the output's and the input's gradient). */
 BQ_VEC void bq_kernel_fakequant_mask_inplace(float *g, const float *x, const float *scale, int64_t outer,
                                              int64_t nscale, int64_t inner, int qmin, int qmax) {
-    ste_apply(g, g, x, scale, outer, nscale, inner, qmin, qmax, 0);
+    const int64_t rows = outer * nscale;
+#pragma omp parallel for if (rows * inner > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        ste_row(g + r * inner, g + r * inner, x + r * inner, scale[r % nscale], (float)qmin, (float)qmax, inner, 0);
 }
 
 /* LSQ step-size gradient term of one element: with v = x/s and q = rne(v) (the forward's rounding),
