@@ -783,6 +783,44 @@ BQ_VEC void bq_kernel_fakequant_mask_inplace(float *g, const float *x, const flo
         ste_row(g + r * inner, g + r * inner, x + r * inner, scale[r % nscale], (float)qmin, (float)qmax, inner, 0);
 }
 
+/* In-place fake quantization of n elements sharing scale s, with the straight-through mask kept as bits:
+ * bit i%32 of mask[i/32] = ste_pass(x[i]) (taken from x before it is overwritten), then x[i] = the value
+ * bq_kernel_fakequant_forward gives. Words of 32 elements are spread over threads, so no two threads write
+ * one word. */
+BQ_VEC void bq_kernel_fakequant_forward_bits(float *x, uint32_t *mask, float s, int64_t n, int qmin, int qmax) {
+    const int64_t nw = (n + 31) / 32;
+    const float lo = (float)qmin, hi = (float)qmax;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t w = 0; w < nw; w++) {
+        float *xw = x + w * 32;
+        const int m = n - w * 32 < 32 ? (int)(n - w * 32) : 32;
+        uint32_t pass[32];
+        for (int k = 0; k < m; k++) pass[k] = (uint32_t)ste_pass(xw[k], s, lo, hi);
+        for (int k = m; k < 32; k++) pass[k] = 0;
+        uint32_t bits = 0;
+        for (int k = 0; k < 32; k++) bits |= pass[k] << k;
+        mask[w] = bits;
+        for (int k = 0; k < m; k++) {
+            float v = xw[k] / s;
+            v = v < lo ? lo : v;
+            v = v > hi ? hi : v;
+            xw[k] = rne_small(v) * s;
+        }
+    }
+}
+
+/* g[i] = 0 where bit i of mask (bq_kernel_fakequant_forward_bits) is clear. */
+BQ_VEC void bq_kernel_fakequant_mask_bits_inplace(float *g, const uint32_t *mask, int64_t n) {
+    const int64_t nw = (n + 31) / 32;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t w = 0; w < nw; w++) {
+        float *gw = g + w * 32;
+        const int m = n - w * 32 < 32 ? (int)(n - w * 32) : 32;
+        const uint32_t bits = mask[w];
+        for (int k = 0; k < m; k++) gw[k] = (bits >> k) & 1u ? gw[k] : 0.0f;
+    }
+}
+
 /* LSQ step-size gradient term of one element: with v = x/s and q = rne(v) (the forward's rounding),
  * ∂(clamp(q, lo, hi)·s)/∂s under the straight-through rounding is q − v where lo <= q <= hi (the same
  * inside test as ste_pass), lo below and hi above. v is clamped to [lo−2, hi+2] only for the rounding

@@ -190,6 +190,13 @@ void bq_kernel_fakequant_backward(float *dx, const float *dout, const float *x, 
  * fake-quant op whose output shares its input's gradient buffer (the input has no other consumer). */
 void bq_kernel_fakequant_mask_inplace(float *g, const float *x, const float *scale, int64_t outer, int64_t nscale,
                                       int64_t inner, int qmin, int qmax);
+/* In place, for an activation whose input is needed by nobody after it: x = fake-quant(x) (same values as
+ * bq_kernel_fakequant_forward, one scale), with the straight-through mask stored as bits in mask
+ * ((n + 31) / 32 words; bit i%32 of word i/32 is element i's) instead of keeping x. */
+void bq_kernel_fakequant_forward_bits(float *x, uint32_t *mask, float s, int64_t n, int qmin, int qmax);
+/* g = 0 where the mask bit is clear: the backward of bq_kernel_fakequant_forward_bits on a gradient buffer
+ * shared by its output and input. */
+void bq_kernel_fakequant_mask_bits_inplace(float *g, const uint32_t *mask, int64_t n);
 /* Learned step size (LSQ, Esser et al., ICLR 2020, eq. 3), the scale's gradient of the same op: for each
  * scale c, dscale[c] += grad_factor · Σ dout·t over the elements (o,c,i) using it, where with v = x/s and
  * q = nearbyintf(v): t = q − v where qmin <= q <= qmax (the straight-through mask of

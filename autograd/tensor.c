@@ -655,6 +655,19 @@ static void fq_dims(const BqTensor *x, int64_t nscale, int axis, int64_t *outer,
     *outer = n / (in * nscale);
 }
 
+/* 1 when the values of x are read by no backward to come once a sole-consumer quantizer has used them: x was
+ * made by one of the last few tape nodes, whose backward does not read its own output (softmax and tanh
+ * do), and no later node has it as an input. Anything else (x from further back, a parameter, an op that
+ * reads its output) keeps the copying path. */
+static int output_free_after(const BqTape *t, const BqTensor *x) {
+    for (int64_t i = t->n - 1; i >= 0 && i >= t->n - 8; i--) {
+        const BqNode *nd = &t->nodes[i];
+        if (nd->in[0] == x || nd->in[1] == x || nd->in[2] == x) return 0;
+        if (nd->out == x) return nd->op != BQ_OP_SOFTMAX_MASK && nd->op != BQ_OP_TANH;
+    }
+    return 0;
+}
+
 static BqTensor *fakequant(BqCtx *ctx, BqTensor *x, const float *scale, float *dscale, float grad_factor,
                            int64_t nscale, int axis, int qmin, int qmax, int sole) {
     CONTIG(x);
@@ -664,6 +677,21 @@ static BqTensor *fakequant(BqCtx *ctx, BqTensor *x, const float *scale, float *d
     BqTensor *y;
     if (sole && !ctx->tape) { /* inference: nothing else reads x, so quantize it in place */
         bq_kernel_fakequant_forward(x->data, x->data, scale, outer, nscale, inner, qmin, qmax);
+        return x;
+    }
+    if (sole && ctx->tape && x->grad && nscale == 1 && !dscale && output_free_after(ctx->tape, x)) {
+        /* training, and nobody reads x's values again: quantize in place and keep the straight-through
+         * mask as bits instead of a second copy of the activation */
+        const int64_t n = bq_tensor_numel(x);
+        uint32_t *bits = bq_arena_alloc(ctx->act, (size_t)((n + 31) / 32 > 0 ? (n + 31) / 32 : 1) * sizeof(uint32_t));
+        bq_kernel_fakequant_forward_bits(x->data, bits, scale[0], n, qmin, qmax);
+        BqNode *nd = tape_push(ctx, BQ_OP_FAKEQUANT, x);
+        nd->in[0] = x;
+        nd->fparam = scale;
+        nd->iparam[0] = outer, nd->iparam[1] = nscale, nd->iparam[2] = inner;
+        nd->iparam[3] = (int64_t)(uint32_t)qmin | ((int64_t)(uint32_t)qmax << 32);
+        nd->fval[0] = 2.0f; /* in place: the mask is in nd->saved */
+        nd->saved = bits;
         return x;
     }
     if (sole && ctx->tape && x->grad) {
@@ -708,6 +736,10 @@ BqTensor *bq_op_fakequant_lsq(BqCtx *ctx, BqTensor *x, const float *scale, float
 static void back_fakequant(BqNode *nd) {
     int qmin = (int)(int32_t)(uint32_t)(nd->iparam[3] & 0xffffffff);
     int qmax = (int)(int32_t)(uint32_t)((uint64_t)nd->iparam[3] >> 32);
+    if (nd->fval[0] == 2.0f) { /* quantized in place (never with a learned scale): nd->saved is the mask */
+        bq_kernel_fakequant_mask_bits_inplace(nd->in[0]->grad, nd->saved, nd->iparam[0] * nd->iparam[1] * nd->iparam[2]);
+        return;
+    }
     /* the scale's gradient first: with a shared buffer the mask below overwrites dout */
     if (nd->saved)
         bq_kernel_fakequant_backward_scale(nd->saved, nd->out->grad, nd->in[0]->data, nd->fparam, nd->iparam[0],

@@ -4,7 +4,9 @@
  * where qmin <= rne(x/s) <= qmax (the rounded value, as torch.fake_quantize_per_tensor_affine) and
  * exactly 0 elsewhere (checked on points away from rounding and saturation edges, plus the edges:
  * x/s = 127.4 and 127.5 (tie → 128), −128.4 and −128.5 (tie → −128) and −128.6). Per tensor, per channel along axis 0
- * of a (OC,C) weight and along axis 1 of a (B,T,H) tensor. Central differences do not apply (the
+ * of a (OC,C) weight and along axis 1 of a (B,T,H) tensor; each also as the sole consumer (shared
+ * gradient buffer) and as the sole consumer of a recorded op's output (quantized in place with the mask
+ * kept as bits, per tensor; a length not a multiple of 32 and the threaded path included). Central differences do not apply (the
  * true derivative is 0 almost everywhere), so this test is exact instead. Prints the max error. */
 #include <math.h>
 #include <stdio.h>
@@ -36,10 +38,23 @@ static void check_case(const char *name, float *x, int ndim, const int64_t *shap
     BqTensor X = bq_tensor_wrap(x, NULL, ndim, shape);
     int64_t n = bq_tensor_numel(&X);
     X.grad = bq_arena_alloc_zero(&act, (size_t)n * sizeof(float));
-    BqTensor *y = sole ? bq_op_fakequant_sole(&ctx, &X, scale, nscale, axis, qmin, qmax)
-                       : bq_op_fakequant(&ctx, &X, scale, nscale, axis, qmin, qmax);
-    if (sole && y->grad != X.grad) {
+    /* sole == 2: the input is a recorded op's output (x + 0), which the sole-consumer op may quantize in
+     * place with its mask as bits (per tensor); X's gradient is then the add's pass-through of dx */
+    BqTensor *in = &X;
+    if (sole == 2) {
+        BqTensor *zero = bq_tensor_new(&ctx, ndim, shape);
+        memset(zero->data, 0, (size_t)n * sizeof(float));
+        in = bq_op_add(&ctx, &X, zero);
+    }
+    BqTensor *y = sole ? bq_op_fakequant_sole(&ctx, in, scale, nscale, axis, qmin, qmax)
+                       : bq_op_fakequant(&ctx, in, scale, nscale, axis, qmin, qmax);
+    if (sole && y->grad != in->grad) {
         printf("  FAIL %s: the sole-consumer op did not share the input's gradient buffer\n", name);
+        fails++;
+    }
+    if (sole == 2 && (y == in) != (nscale == 1)) {
+        printf("  FAIL %s: quantized %s, expected %s\n", name, y == in ? "in place" : "into a copy",
+               nscale == 1 ? "in place (per tensor, input made by a recorded op)" : "into a copy (per channel)");
         fails++;
     }
     BqRng r;
@@ -64,8 +79,11 @@ static void check_case(const char *name, float *x, int ndim, const int64_t *shap
         float want_dx = (nearbyintf(v) >= (float)qmin && nearbyintf(v) <= (float)qmax) ? dy[i] : 0.0f;
         expect(name, i, X.grad[i], want_dx);
     }
-    printf("fakequant %s%s: %lld elements %s\n", name, sole ? " (sole consumer, shared gradient)" : "", (long long)n,
-           fails == ok0 ? "exact" : "MISMATCH");
+    printf("fakequant %s%s: %lld elements %s\n", name,
+           sole == 2 ? " (sole consumer of an op's output: in place, mask as bits, where per tensor)"
+           : sole    ? " (sole consumer, shared gradient)"
+                     : "",
+           (long long)n, fails == ok0 ? "exact" : "MISMATCH");
     bq_tape_free(&tape);
     bq_arena_free(&act);
 }
@@ -129,7 +147,7 @@ int main(void) {
         a[i] = (k + f) * sa[(i / H) % T];
     }
     int64_t wsh[2] = {OC, C}, ash[3] = {B, T, H};
-    for (int sole = 0; sole <= 1; sole++) {
+    for (int sole = 0; sole <= 2; sole++) {
         check_case("per-tensor (OC,C)", w, 2, wsh, &st, 1, 0, -128, 127, sole);
         check_case("per-channel axis 0 (OC,C)", w, 2, wsh, sw, OC, 0, -128, 127, sole);
         check_case("per-channel axis 1 (B,T,H)", a, 3, ash, sa, T, 1, -128, 127, sole);
@@ -143,7 +161,7 @@ int main(void) {
     for (int i = 0; i < NBIG; i++) big[i] = ((float)(i % 1601) * 0.25f - 200.0f) * st;
     int64_t bsh[1] = {NBIG};
     float sbig = st;
-    for (int sole = 0; sole <= 1; sole++) check_case("large per-tensor", big, 1, bsh, &sbig, 1, 0, -128, 127, sole);
+    for (int sole = 0; sole <= 2; sole++) check_case("large per-tensor", big, 1, bsh, &sbig, 1, 0, -128, 127, sole);
     printf("test_grad_fakequant: max error %.3e, %d mismatches, %s\n", max_err, fails, fails ? "FAIL" : "ok");
     return fails ? 1 : 0;
 }

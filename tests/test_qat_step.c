@@ -2,9 +2,9 @@
  * dropout on, a padded batch) for every scheme (ort, qdqbert, cpu), run twice from the same state: once with every
  * activation quantizer as a plain fake-quant op (its own gradient buffer, accumulating backward) and
  * once with the sole-consumer op where the forward allows it (layers/quant.c: shared gradient buffer,
- * in-place mask; in place without a tape). Loss, training and inference logits, every parameter gradient
- * and every observer range must be bit-identical,
- * and the shared path must use less activation memory. Prints the peaks and the max difference. */
+ * in-place mask; an activation that nothing reads again quantized in place with its mask kept as bits;
+ * in place without a tape). Loss, training and inference logits, every parameter gradient and every
+ * observer range must be bit-identical, and the shared path must use much less activation memory. Prints the peaks and the max difference. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,8 +123,12 @@ int main(void) {
             printf("FAIL %s: too few non-zero gradients (the step did not train)\n", schemes[s]);
             fails++;
         }
-        if (!(b.peak < a.peak)) {
-            printf("FAIL %s: the shared-gradient path did not save activation memory\n", schemes[s]);
+        /* Shared gradient buffers alone gave 0.80 (ort), 0.88 (qdqbert) and 0.94 (cpu) of the plain peak;
+         * quantizing sole-consumer activations in place with bit masks brings them to 0.62, 0.76 and 0.89. */
+        const double max_ratio[3] = {0.70, 0.82, 0.92};
+        if (!((double)b.peak <= max_ratio[s] * (double)a.peak)) {
+            printf("FAIL %s: activation peak %.3f of the plain path's, above %.2f (in-place quantization lost?)\n",
+                   schemes[s], (double)b.peak / (double)a.peak, max_ratio[s]);
             fails++;
         }
         free(a.grad), free(b.grad), free(a.amax), free(b.amax);
