@@ -176,6 +176,78 @@ void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx
     }
 }
 
+/* ---- attention on integer codes: both inputs of the product are fake-quant outputs (values c·s on
+ * one per-tensor grid each), so their codes c = rne(x/s) are recovered exactly, multiplied and summed in
+ * int32 (exact: |c| <= 255, sums of at most T·255·128 < 2^31 for T <= 65,536) and scaled once,
+ * y = fl(Σ ca·cb · fl(sa·sb)), the convention of the integer Linears (autograd/qgemm.h). The per-thread
+ * scratch holds one (batch, head) block of codes as int16, so the inner products are widening int16
+ * multiply-adds; integers make the result the same on every CPU and thread count. ---- */
+
+/* codes of the (T, d) block at x with row stride H, into dst (T, d) */
+BQ_INLINE void head_codes(int16_t *dst, const float *x, int64_t T, int64_t d, int64_t H, float s) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t c = 0; c < d; c++) {
+            float v = x[t * H + c] / s;
+            v = v < -32768.0f ? -32768.0f : v;
+            v = v > 32767.0f ? 32767.0f : v;
+            dst[t * d + c] = (int16_t)(int32_t)rne_small(v);
+        }
+}
+
+size_t bq_kernel_attn_int_scratch(int64_t T, int64_t d) { return (size_t)(2 * T * (T > d ? T : d)) * sizeof(int16_t); }
+
+BQ_VEC void bq_kernel_attn_scores_int_forward(float *scores, void *scratch, int nscratch, const float *q,
+                                              const float *k, float sq, float sk, int64_t B, int64_t T, int64_t NH,
+                                              int64_t d) {
+    const int64_t H = NH * d;
+    const float f = sq * sk;
+    const size_t per = bq_kernel_attn_int_scratch(T, d);
+#pragma omp parallel for schedule(static) if (B * NH > 1) num_threads(nscratch)
+    for (int64_t bh = 0; bh < B * NH; bh++) {
+        const int64_t b = bh / NH, h = bh % NH, off = b * T * H + h * d;
+        int16_t *qc = (int16_t *)((char *)scratch + (size_t)omp_get_thread_num() * per), *kc = qc + T * d;
+        head_codes(qc, q + off, T, d, H, sq);
+        head_codes(kc, k + off, T, d, H, sk);
+        float *out = scores + bh * T * T;
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t j = 0; j < T; j++) {
+                int32_t acc = 0;
+                for (int64_t c = 0; c < d; c++) acc += (int32_t)qc[i * d + c] * (int32_t)kc[j * d + c];
+                out[i * T + j] = (float)acc * f;
+            }
+    }
+}
+
+BQ_VEC void bq_kernel_attn_context_int_forward(float *ctx, void *scratch, int nscratch, const float *probs,
+                                               const float *v, float sp, float sv, int64_t B, int64_t T, int64_t NH,
+                                               int64_t d) {
+    const int64_t H = NH * d;
+    const float f = sp * sv;
+    const size_t per = bq_kernel_attn_int_scratch(T, d);
+#pragma omp parallel for schedule(static) if (B * NH > 1) num_threads(nscratch)
+    for (int64_t bh = 0; bh < B * NH; bh++) {
+        const int64_t b = bh / NH, h = bh % NH, off = b * T * H + h * d;
+        int16_t *pc = (int16_t *)((char *)scratch + (size_t)omp_get_thread_num() * per), *vc = pc + T * T;
+        head_codes(pc, probs + bh * T * T, T, T, T, sp);
+        head_codes(vc, v + off, T, d, H, sv);
+        int32_t acc[512];
+        for (int64_t c0 = 0; c0 < d; c0 += 512) {
+            const int64_t dc = d - c0 < 512 ? d - c0 : 512;
+            for (int64_t i = 0; i < T; i++) {
+                for (int64_t c = 0; c < dc; c++) acc[c] = 0;
+                for (int64_t j = 0; j < T; j++) {
+                    const int32_t pij = pc[i * T + j];
+                    if (!pij) continue;
+                    const int16_t *vr = vc + j * d + c0;
+                    for (int64_t c = 0; c < dc; c++) acc[c] += pij * (int32_t)vr[c];
+                }
+                float *out = ctx + off + i * H + c0;
+                for (int64_t c = 0; c < dc; c++) out[c] = (float)acc[c] * f;
+            }
+        }
+    }
+}
+
 /* Attention context with the probabilities' dropout inside the head loop: each (batch, head) block of
  * dropout(probs) is formed in the calling thread's scratch (T·T floats) right before its product, in the
  * forward and again in the backward, so the dropped probabilities are never stored. The scratch of

@@ -14,6 +14,7 @@
 #ifndef BQ_KERNELS_H
 #define BQ_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct BqQGemmWeights; /* autograd/qgemm.h */
@@ -43,6 +44,17 @@ void bq_kernel_attn_context_forward(float *ctx, const float *probs, const float 
                                     int64_t NH, int64_t d);
 void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx, const float *probs,
                                      const float *v, int64_t B, int64_t T, int64_t NH, int64_t d);
+/* The two attention products on integer codes, for inputs that are fake-quant outputs of per-tensor
+ * quantizers with scales sa, sb: codes rne(x/s) (exact on such values), int32 sums, one fp32 scaling,
+ * out = fl(Σ ca·cb · fl(sa·sb)); shapes and layout as bq_kernel_attn_scores_forward /
+ * bq_kernel_attn_context_forward (their backwards apply unchanged: straight-through on the fp32 values).
+ * scratch: nscratch · bq_kernel_attn_int_scratch(T, d) bytes; at most nscratch threads run. Results do
+ * not depend on the CPU or the thread count. */
+size_t bq_kernel_attn_int_scratch(int64_t T, int64_t d);
+void bq_kernel_attn_scores_int_forward(float *scores, void *scratch, int nscratch, const float *q, const float *k,
+                                       float sq, float sk, int64_t B, int64_t T, int64_t NH, int64_t d);
+void bq_kernel_attn_context_int_forward(float *ctx, void *scratch, int nscratch, const float *probs, const float *v,
+                                        float sp, float sv, int64_t B, int64_t T, int64_t NH, int64_t d);
 
 /* ctx = dropout(probs)·v with the mask of bq_kernel_dropout_forward(key) over the (B,NH,T,T) elements
  * (0 < p < 1), the dropped probabilities formed per (batch, head) in a thread's scratch block and never

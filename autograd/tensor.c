@@ -241,6 +241,51 @@ BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nhead
     return c;
 }
 
+/* The two attention products on integer codes (autograd/kernels.h bq_kernel_attn_*_int_forward): the
+ * same tape nodes as bq_op_attn_scores / bq_op_attn_context, so the backward is theirs. */
+BqTensor *bq_op_attn_scores_int(BqCtx *ctx, BqTensor *q, BqTensor *k, float sq, float sk, int nheads) {
+    CONTIG(q);
+    CONTIG(k);
+    BQ_CHECK(q->ndim == 3 && k->ndim == 3 && nheads > 0 && sq > 0.0f && sk > 0.0f);
+    for (int i = 0; i < 3; i++) BQ_CHECK(q->shape[i] == k->shape[i]);
+    int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2];
+    BQ_CHECK(H % nheads == 0);
+    int64_t shape[4] = {B, nheads, T, T};
+    BqTensor *s = bq_tensor_new(ctx, 4, shape);
+    const size_t mark = bq_arena_mark(ctx->act);
+    const int nthr = omp_get_max_threads();
+    void *scratch = bq_arena_alloc(ctx->act, (size_t)nthr * bq_kernel_attn_int_scratch(T, H / nheads));
+    bq_kernel_attn_scores_int_forward(s->data, scratch, nthr, q->data, k->data, sq, sk, B, T, nheads, H / nheads);
+    bq_arena_rewind(ctx->act, mark);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_ATTN_SCORES, s);
+        nd->in[0] = q, nd->in[1] = k;
+        nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = nheads, nd->iparam[3] = H / nheads;
+    }
+    return s;
+}
+
+BqTensor *bq_op_attn_context_int(BqCtx *ctx, BqTensor *probs, BqTensor *v, float sp, float sv, int nheads) {
+    CONTIG(probs);
+    CONTIG(v);
+    BQ_CHECK(probs->ndim == 4 && v->ndim == 3 && nheads > 0 && sp > 0.0f && sv > 0.0f);
+    int64_t B = v->shape[0], T = v->shape[1], H = v->shape[2];
+    BQ_CHECK(H % nheads == 0);
+    BQ_CHECK(probs->shape[0] == B && probs->shape[1] == nheads && probs->shape[2] == T && probs->shape[3] == T);
+    BqTensor *c = bq_tensor_new(ctx, 3, v->shape);
+    const size_t mark = bq_arena_mark(ctx->act);
+    const int nthr = omp_get_max_threads();
+    void *scratch = bq_arena_alloc(ctx->act, (size_t)nthr * bq_kernel_attn_int_scratch(T, H / nheads));
+    bq_kernel_attn_context_int_forward(c->data, scratch, nthr, probs->data, v->data, sp, sv, B, T, nheads, H / nheads);
+    bq_arena_rewind(ctx->act, mark);
+    if (ctx->tape) {
+        BqNode *nd = tape_push(ctx, BQ_OP_ATTN_CONTEXT, c);
+        nd->in[0] = probs, nd->in[1] = v;
+        nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = nheads, nd->iparam[3] = H / nheads;
+    }
+    return c;
+}
+
 typedef struct CtxDropSaved {
     float *scratch;
     int nscratch;

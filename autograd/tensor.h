@@ -117,6 +117,13 @@ BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nhead
  * Not training or p == 0: bq_op_attn_context. Same values and gradients as
  * bq_op_attn_context(bq_op_dropout(probs, p), v). */
 BqTensor *bq_op_attn_context_dropout(BqCtx *ctx, BqTensor *probs, float p, BqTensor *v, int nheads);
+/* bq_op_attn_scores / bq_op_attn_context for inputs that are fake-quant outputs on per-tensor grids of
+ * scales sq, sk (sp, sv): the products summed exactly on the integer codes and scaled once,
+ * fl(Σ ca·cb · fl(sa·sb)) (what ONNX Runtime's integer MatMuls compute on the exported Q/DQ graph);
+ * gradients exactly those of the fp32 ops on the same values (straight-through). Values off the grids
+ * are a bug of the caller (they would be rounded to it). */
+BqTensor *bq_op_attn_scores_int(BqCtx *ctx, BqTensor *q, BqTensor *k, float sq, float sk, int nheads);
+BqTensor *bq_op_attn_context_int(BqCtx *ctx, BqTensor *probs, BqTensor *v, float sp, float sv, int nheads);
 /* Same shapes, or b of shape (last dim of a) broadcast over the leading dims. */
 BqTensor *bq_op_add(BqCtx *ctx, BqTensor *a, BqTensor *b);
 /* table (V,H), ids (B·T) in [0,V) (checked by the caller) → (B,T,H). */

@@ -267,6 +267,17 @@ static inline BqTensor *qweight(BqQuantState *qs, BqCtx *ctx, int layer, int poi
     return qs ? bq_quant_weight(qs, ctx, layer, point, w) : w;
 }
 
+/* The per-tensor 8-bit grid an activation of layer l lies on after the quantizer at `point`, or, where the
+ * scheme has none there, at `alt` (-1: none): the active quantizer, or NULL (no grid: fp32 products). The
+ * integer attention products use it; --fp32-linear (qs->fp32_linear) turns them off with the integer
+ * Linears. */
+static const BqQuantizer *grid_of(BqQuantState *qs, int l, int point, int alt) {
+    if (!qs || qs->fp32_linear) return NULL;
+    int pt = bq_quant_at(qs, l, point) || alt < 0 ? point : alt;
+    const BqQuantizer *q = bq_quant_active(qs, l, pt);
+    return q && !q->is_weight && q->nch == 1 && q->bits <= 8 && q->scale[0] > 0.0f ? q : NULL;
+}
+
 /* 1 when a quantizer sits at (layer l, point): a fused op must not skip over it. */
 static inline int has_q(BqQuantState *qs, int l, int point) { return qs && bq_quant_at(qs, l, point) != NULL; }
 
@@ -321,19 +332,31 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
             qkv[j] = qact(qs, ctx, l, out_pt[j], qkv[j]);
         }
     }
-    BqTensor *s = bq_op_attn_scores(ctx, qact(qs, ctx, l, BQ_QP_MM1_Q, qkv[0]), qact(qs, ctx, l, BQ_QP_MM1_K, qkv[1]), nh);
+    /* Q·Kᵀ and P·V on integer codes where both inputs are on 8-bit grids (ort, qdqbert; layers/quant.h) */
+    BqTensor *qm = qact(qs, ctx, l, BQ_QP_MM1_Q, qkv[0]), *km = qact(qs, ctx, l, BQ_QP_MM1_K, qkv[1]);
+    const BqQuantizer *gq = grid_of(qs, l, BQ_QP_MM1_Q, BQ_QP_Q_OUT), *gk = grid_of(qs, l, BQ_QP_MM1_K, BQ_QP_K_OUT);
+    BqTensor *s = gq && gk ? bq_op_attn_scores_int(ctx, qm, km, gq->scale[0], gk->scale[0], nh)
+                           : bq_op_attn_scores(ctx, qm, km, nh);
     s = qact(qs, ctx, l, BQ_QP_SCORES, s);                                      /* (B,NH,T,T) */
     /* The scores (or their fake-quant output) feed only the softmax, and neither producer's backward
      * reads them, so the softmax runs in place; each probability tensor then feeds only the next op. */
     BqTensor *p = bq_op_softmax_mask_sole(ctx, s, mask, scale, -FLT_MAX);
     p = qact(qs, ctx, l, BQ_QP_PROBS, p);
     BqTensor *cx;
+    const BqQuantizer *gv = grid_of(qs, l, BQ_QP_MM2_V, BQ_QP_V_OUT);
     if (!has_q(qs, l, BQ_QP_MM2_P)) { /* the dropout inside the context op's head loop: not stored */
-        cx = bq_op_attn_context_dropout(ctx, p, c->attention_probs_dropout_prob, qact(qs, ctx, l, BQ_QP_MM2_V, qkv[2]),
-                                        nh);
+        BqTensor *vm = qact(qs, ctx, l, BQ_QP_MM2_V, qkv[2]);
+        /* ort: the probabilities are on the softmax output's grid unless dropout scales them (training) */
+        const BqQuantizer *gp = ctx->training && c->attention_probs_dropout_prob > 0.0f ? NULL
+                                                                                       : grid_of(qs, l, BQ_QP_PROBS, -1);
+        cx = gp && gv ? bq_op_attn_context_int(ctx, p, vm, gp->scale[0], gv->scale[0], nh)
+                      : bq_op_attn_context_dropout(ctx, p, c->attention_probs_dropout_prob, vm, nh);
     } else {
         p = bq_op_dropout_sole(ctx, p, c->attention_probs_dropout_prob);
-        cx = bq_op_attn_context(ctx, qact(qs, ctx, l, BQ_QP_MM2_P, p), qact(qs, ctx, l, BQ_QP_MM2_V, qkv[2]), nh);
+        BqTensor *pm = qact(qs, ctx, l, BQ_QP_MM2_P, p), *vm = qact(qs, ctx, l, BQ_QP_MM2_V, qkv[2]);
+        const BqQuantizer *gp = grid_of(qs, l, BQ_QP_MM2_P, -1);
+        cx = gp && gv ? bq_op_attn_context_int(ctx, pm, vm, gp->scale[0], gv->scale[0], nh)
+                      : bq_op_attn_context(ctx, pm, vm, nh);
     }
     cx = qact(qs, ctx, l, BQ_QP_CONTEXT, cx);                                   /* (B,T,H) */
 
