@@ -343,9 +343,10 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
     BqTensor *p = bq_op_softmax_mask_sole(ctx, s, mask, scale, -FLT_MAX);
     p = qact(qs, ctx, l, BQ_QP_PROBS, p);
     BqTensor *cx;
-    const BqQuantizer *gv = grid_of(qs, l, BQ_QP_MM2_V, BQ_QP_V_OUT);
+    /* (each grid is looked up after its quantizer ran: the first forward initializes the ranges) */
     if (!has_q(qs, l, BQ_QP_MM2_P)) { /* the dropout inside the context op's head loop: not stored */
         BqTensor *vm = qact(qs, ctx, l, BQ_QP_MM2_V, qkv[2]);
+        const BqQuantizer *gv = grid_of(qs, l, BQ_QP_MM2_V, BQ_QP_V_OUT);
         /* ort: the probabilities are on the softmax output's grid unless dropout scales them (training) */
         const BqQuantizer *gp = ctx->training && c->attention_probs_dropout_prob > 0.0f ? NULL
                                                                                        : grid_of(qs, l, BQ_QP_PROBS, -1);
@@ -354,7 +355,7 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
     } else {
         p = bq_op_dropout_sole(ctx, p, c->attention_probs_dropout_prob);
         BqTensor *pm = qact(qs, ctx, l, BQ_QP_MM2_P, p), *vm = qact(qs, ctx, l, BQ_QP_MM2_V, qkv[2]);
-        const BqQuantizer *gp = grid_of(qs, l, BQ_QP_MM2_P, -1);
+        const BqQuantizer *gp = grid_of(qs, l, BQ_QP_MM2_P, -1), *gv = grid_of(qs, l, BQ_QP_MM2_V, BQ_QP_V_OUT);
         cx = gp && gv ? bq_op_attn_context_int(ctx, pm, vm, gp->scale[0], gv->scale[0], nh)
                       : bq_op_attn_context(ctx, pm, vm, nh);
     }
