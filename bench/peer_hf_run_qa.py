@@ -38,15 +38,15 @@ the reference answers, averaged over questions, x100.
       --eval-samples 1000 --threads 2        # the fp32 stage of `bertqat pipeline --task qa --budget small`
 """
 import argparse
-import collections
 import json
 import math
 import os
 import platform
-import re
-import string
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+from onnx_eval_qa import f1_score, normalize  # noqa: E402  (the official v1.1 scoring bertqat's tools use)
 
 
 def read_squad(path, samples):
@@ -138,21 +138,6 @@ def postprocess(np, examples, feats, start, end, n_best, max_len):
                 if best[e] is None or score > best[e][0]:
                     best[e] = (score, offs[i][0], offs[j][1])
     return ["empty" if b is None else examples[e][2][b[1]:b[2]] for e, b in enumerate(best)]
-
-
-def normalize(s):
-    s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
-
-
-def f1_score(pred, ref):
-    p, r = normalize(pred).split(), normalize(ref).split()
-    same = sum((collections.Counter(p) & collections.Counter(r)).values())
-    if same == 0:
-        return 0.0
-    prec, rec = same / len(p), same / len(r)
-    return 2 * prec * rec / (prec + rec)
 
 
 def score(examples, preds):

@@ -30,7 +30,6 @@ import sys
 import time
 
 import numpy as np
-import onnxruntime as ort
 from tokenizers import BertWordPieceTokenizer, Tokenizer
 
 
@@ -155,6 +154,8 @@ def main():
         sys.exit(f"onnx_eval_qa.py: {a.data}: no questions")
     tok = load_tokenizer(a.tokenizer)
     wins = windows(tok, examples, a.max_seq_len, a.doc_stride, a.max_query_length)
+    import onnxruntime as ort  # here, so that the reading and scoring above import without it
+
     so = ort.SessionOptions()
     if a.threads:
         so.intra_op_num_threads = a.threads
