@@ -46,21 +46,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-from onnx_eval_qa import f1_score, normalize  # noqa: E402  (the official v1.1 scoring bertqat's tools use)
-
-
-def read_squad(path, samples):
-    """The first `samples` questions (0: all) in file order: (id, question, context, answers)."""
-    with open(path, encoding="utf-8") as f:
-        doc = json.load(f)
-    out = []
-    for art in doc["data"]:
-        for par in art["paragraphs"]:
-            for qa in par["qas"]:
-                out.append((qa["id"], qa["question"], par["context"], qa["answers"]))
-                if samples and len(out) == samples:
-                    return out
-    return out
+from onnx_eval_qa import f1_score, normalize, read_squad  # noqa: E402  (bertqat's reading and official v1.1 scoring)
 
 
 def tokenize(tok, examples, max_len, stride):

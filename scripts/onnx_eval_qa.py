@@ -50,14 +50,15 @@ def load_tokenizer(ckpt):
 
 
 def read_squad(path, samples):
-    """Questions in file order: (id, question, context, [answer texts])."""
+    """The first `samples` questions (0: all) in file order: (id, question, context, answers), answers as in
+    the file ({"text", "answer_start"}; bench/peer_hf_run_qa.py trains on the starts)."""
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     out = []
     for art in doc["data"]:
         for par in art["paragraphs"]:
             for qa in par["qas"]:
-                out.append((qa["id"], qa["question"], par["context"], [a["text"] for a in qa["answers"]]))
+                out.append((qa["id"], qa["question"], par["context"], qa["answers"]))
                 if samples and len(out) == samples:
                     return out
     return out
@@ -192,8 +193,9 @@ def main():
     if a.dump_logits:
         np.savez(a.dump_logits, start=start, end=end)
     pred = answers(examples, wins, start, end, min(a.n_best, L), a.max_answer_len)
-    em = 100.0 * sum(max(float(normalize(p) == normalize(r)) for r in ex[3]) for p, ex in zip(pred, examples)) / len(examples)
-    f1 = 100.0 * sum(max(f1_score(p, r) for r in ex[3]) for p, ex in zip(pred, examples)) / len(examples)
+    em = 100.0 * sum(max(float(normalize(p) == normalize(r["text"])) for r in ex[3])
+                     for p, ex in zip(pred, examples)) / len(examples)
+    f1 = 100.0 * sum(max(f1_score(p, r["text"]) for r in ex[3]) for p, ex in zip(pred, examples)) / len(examples)
     if a.predictions:
         with open(a.predictions + ".tmp", "w", encoding="utf-8") as f:
             json.dump({ex[0]: p for ex, p in zip(examples, pred)}, f, ensure_ascii=False)
