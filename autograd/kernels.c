@@ -794,6 +794,14 @@ void bq_kernel_span_ce_backward(float *dlogits, float dloss, const float *probs,
 
 /* ---- fake quantization ---- */
 
+/* One fake-quantized value, clamp(rne(x/s), lo, hi)·s (see below); shared by both forward kernels. */
+BQ_INLINE float fq_value(float x, float s, float lo, float hi) {
+    float v = x / s;
+    v = v < lo ? lo : v;
+    v = v > hi ? hi : v;
+    return rne_small(v) * s;
+}
+
 /* q = clamp(rne(x/s), qmin, qmax) is computed as rne(clamp(x/s, qmin, qmax)): rounding is monotonic
  * and the bounds are integers, so the two agree, and the clamped value is small enough for rne_small.
  * A NaN x/s (only possible for s == 0, which the quantizers never produce) stays NaN. */
@@ -806,12 +814,7 @@ BQ_VEC void bq_kernel_fakequant_forward(float *out, const float *x, const float 
         float s = scale[r % nscale];
         const float *xr = x + r * inner;
         float *y = out + r * inner;
-        for (int64_t i = 0; i < inner; i++) {
-            float v = xr[i] / s;
-            v = v < lo ? lo : v;
-            v = v > hi ? hi : v;
-            y[i] = rne_small(v) * s;
-        }
+        for (int64_t i = 0; i < inner; i++) y[i] = fq_value(xr[i], s, lo, hi);
     }
 }
 
@@ -872,12 +875,7 @@ BQ_VEC void bq_kernel_fakequant_forward_bits(float *x, uint32_t *mask, float s, 
         uint32_t bits = 0;
         for (int k = 0; k < 32; k++) bits |= pass[k] << k;
         mask[w] = bits;
-        for (int k = 0; k < m; k++) {
-            float v = xw[k] / s;
-            v = v < lo ? lo : v;
-            v = v > hi ? hi : v;
-            xw[k] = rne_small(v) * s;
-        }
+        for (int k = 0; k < m; k++) xw[k] = fq_value(xw[k], s, lo, hi);
     }
 }
 
