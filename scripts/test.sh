@@ -21,9 +21,14 @@ echo "== C tests"
 
 echo "== Python integration tests"
 export BQ_BUILD_DIR=$BQ_ROOT/build
-"$BQ_PYTHON" -m pytest -q -ra tests/python | tee build/pytest.log
+# pytest's temporary files (checkpoints and ONNX models, several GB in all) go under build/, which
+# --basetemp empties at the start of each run, instead of accumulating under /tmp; removed after a pass.
+echo "disk free before the Python tests: $(df -h --output=avail build | tail -1 | tr -d ' ')"
+"$BQ_PYTHON" -m pytest -q -ra --basetemp "$BQ_ROOT/build/pytest-tmp" tests/python | tee build/pytest.log
 # under CI a skip is a failure (tests/python/conftest.py); this catches any that slipped through
 if [ -n "${CI:-}" ] && grep -qE '^SKIPPED|[0-9]+ skipped' build/pytest.log; then echo "== tests skipped under CI" >&2; exit 1; fi
+
+rm -rf "$BQ_ROOT/build/pytest-tmp"
 
 if [ "${BQ_SANITIZE_PASS:-${CI:+1}}" = 1 ]; then
     echo "== build with sanitizers (address;undefined) and run the C tests"

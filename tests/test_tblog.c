@@ -63,6 +63,7 @@ int main(void) {
     fclose(fp);
     EXPECT(nrec == 6);
     EXPECT(max_err < 1e-7);
+    bq_test_rmtree(dir);
     printf("test_tblog: %d records, max value error %.3g, %s\n", nrec, max_err, fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
 }
