@@ -209,13 +209,14 @@ def main():
             out = model(**batch, start_positions=torch.tensor([r[2] for r in rows]),
                         end_positions=torch.tensor([r[3] for r in rows]))
             out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
             if step % args.log_every == 0 or step == total:
-                print(f"step {step}/{total} loss {out.loss.item():.4f} {time.time() - t0:.0f} s",
+                print(f"step {step}/{total} loss {out.loss.item():.6f} grad_norm {gnorm.item():.6f} "
+                      f"{time.time() - t0:.0f} s",
                       file=sys.stderr, flush=True)
     t_train, c_train = time.time() - t0, time.process_time() - c0
 
