@@ -46,7 +46,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-from onnx_eval_qa import f1_score, normalize, read_squad  # noqa: E402  (bertqat's reading and official v1.1 scoring)
+from onnx_eval_qa import read_squad, score  # noqa: E402  (bertqat's reading and official v1.1 scoring)
 
 
 def tokenize(tok, examples, max_len, stride):
@@ -124,15 +124,6 @@ def postprocess(np, examples, feats, start, end, n_best, max_len):
                 if best[e] is None or score > best[e][0]:
                     best[e] = (score, offs[i][0], offs[j][1])
     return ["empty" if b is None else examples[e][2][b[1]:b[2]] for e, b in enumerate(best)]
-
-
-def score(examples, preds):
-    em = f1 = 0.0
-    for (_, _, _, answers), p in zip(examples, preds):
-        refs = [a["text"] for a in answers]
-        em += max(float(normalize(p) == normalize(r)) for r in refs)
-        f1 += max(f1_score(p, r) for r in refs)
-    return 100.0 * em / len(examples), 100.0 * f1 / len(examples)
 
 
 def cpu_model():

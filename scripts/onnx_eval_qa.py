@@ -127,6 +127,17 @@ def f1_score(pred, ref):
     return 2 * prec * rec / (prec + rec)
 
 
+def score(examples, preds):
+    """Official v1.1 exact match and F1 (x100): per question the maximum over its reference answers,
+    averaged over questions."""
+    em = f1 = 0.0
+    for ex, p in zip(examples, preds):
+        refs = [a["text"] for a in ex[3]]
+        em += max(float(normalize(p) == normalize(r)) for r in refs)
+        f1 += max(f1_score(p, r) for r in refs)
+    return 100.0 * em / len(examples), 100.0 * f1 / len(examples)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--onnx", "--model", dest="onnx", required=True, help="the .onnx file")
@@ -193,9 +204,7 @@ def main():
     if a.dump_logits:
         np.savez(a.dump_logits, start=start, end=end)
     pred = answers(examples, wins, start, end, min(a.n_best, L), a.max_answer_len)
-    em = 100.0 * sum(max(float(normalize(p) == normalize(r["text"])) for r in ex[3])
-                     for p, ex in zip(pred, examples)) / len(examples)
-    f1 = 100.0 * sum(max(f1_score(p, r["text"]) for r in ex[3]) for p, ex in zip(pred, examples)) / len(examples)
+    em, f1 = score(examples, pred)
     if a.predictions:
         with open(a.predictions + ".tmp", "w", encoding="utf-8") as f:
             json.dump({ex[0]: p for ex, p in zip(examples, pred)}, f, ensure_ascii=False)
