@@ -305,9 +305,10 @@ static int linear(BqCtx *ctx, const BqLinearHook *hk, BqQuantState *qs, int l, B
     return BQ_OK;
 }
 
-/* One BertLayer (attention, residual + LayerNorm, feed-forward, residual + LayerNorm) on x (B,T,H). */
+/* One BertLayer (attention, residual + LayerNorm, feed-forward, residual + LayerNorm) on x (B,T,H) →
+ * (B,T,H); cls_only: everything after the attention on token 0 only → (B,H) (bq_bert_forward). */
 static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, BqTensor *x, const float *mask,
-                         BqTensor **y) {
+                         int cls_only, BqTensor **y) {
     const BqBertConfig *c = &m->cfg;
     BqBertLayer *L = &m->layers[l];
     BqQuantState *qs = m->quant;
@@ -360,6 +361,10 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
                       : bq_op_attn_context(ctx, pm, vm, nh);
     }
     cx = qact(qs, ctx, l, BQ_QP_CONTEXT, cx);                                   /* (B,T,H) */
+    if (cls_only) { /* from here every op is row-wise: token 0 of the context and of the residual */
+        cx = bq_op_select_token(ctx, cx, 0);                                    /* (B,H) */
+        x = bq_op_select_token(ctx, x, 0);
+    }
 
     /* BertSelfOutput: LayerNorm(dropout(dense(ctx)) + x), one fused op where no quantizer sits between
      * the dropout, the residual add and the LayerNorm (fp32, the cpu scheme) */
@@ -464,6 +469,19 @@ static BqTensor *embed(BqBert *m, BqCtx *ctx, const BqBertInput *in) {
     return bq_op_dropout(ctx, x, c->hidden_dropout_prob);
 }
 
+/* 1 when the last layer may compute token 0 only (layers/bert.h, bq_bert_forward): a classification
+ * head, no tape, no dropout, no hidden states asked for, and no quantizer that would see the other
+ * rows (collecting calibration statistics, or taking its first range from this forward). */
+static int cls_rows_only(const BqBert *m, const BqCtx *ctx, const BqBertInput *in) {
+    if (m->cfg.head != BQ_HEAD_CLS || ctx->tape || ctx->training || in->hidden || in->all_rows) return 0;
+    const BqQuantState *qs = m->quant;
+    if (!qs) return 1;
+    if (qs->calib == BQ_CALIB_COLLECT) return 0;
+    for (int i = 0; i < qs->n; i++)
+        if (qs->q[i].enabled && !qs->q[i].initialized) return 0;
+    return 1;
+}
+
 int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits, BqTensor **loss) {
     return bq_bert_forward_hooked(m, ctx, in, NULL, logits, loss);
 }
@@ -480,10 +498,13 @@ int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const B
     if (st) return st;
     BQ_CHECK(in->start_layer >= 0 && in->start_layer < c->num_hidden_layers && (!in->start_layer || in->start_hidden));
     BqTensor *x = in->start_layer > 0 ? in->start_hidden : embed(m, ctx, in);
+    const int cls_last = cls_rows_only(m, ctx, in);
     for (int l = in->start_layer; l < c->num_hidden_layers; l++) {
         BqTensor *y = NULL;
-        if (hook && hook->layer && (st = hook->layer(hook->user, ctx, l, x, in->attention_mask, &y))) return st;
-        if (!y && (st = layer_forward(m, ctx, hook, l, x, in->attention_mask, &y))) return st;
+        const int cls_only = cls_last && l == c->num_hidden_layers - 1;
+        if (hook && hook->layer && (st = hook->layer(hook->user, ctx, l, x, in->attention_mask, cls_only, &y)))
+            return st;
+        if (!y && (st = layer_forward(m, ctx, hook, l, x, in->attention_mask, cls_only, &y))) return st;
         x = y;
         if (in->hidden) in->hidden[l] = x;
     }
@@ -504,7 +525,7 @@ int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const B
     }
 
     /* BertPooler: tanh(dense(x[:, 0])); then dropout and the classifier */
-    BqTensor *pooled, *cls = bq_op_select_token(ctx, x, 0);
+    BqTensor *pooled, *cls = x->ndim == 2 ? x : bq_op_select_token(ctx, x, 0); /* (B,H) already: cls_only */
     if ((st = linear(ctx, hook, NULL, -1, BQ_LIN_POOLER, cls, cls, -1, &m->pool_w, -1, &m->pool_b, &pooled))) return st;
     pooled = bq_op_tanh(ctx, pooled);
     float cls_p = c->classifier_dropout >= 0 ? c->classifier_dropout : c->hidden_dropout_prob;

@@ -130,6 +130,8 @@ typedef struct BqBertInput {
                                     * layer's output (B,T,H) there, tensors in ctx->act (distillation) */
     int start_layer;               /* > 0: the embeddings and layers before it are skipped, and start_hidden */
     BqTensor *start_hidden;        /* (B,T,H) is the input of layer start_layer (a cached prefix) */
+    int all_rows;                  /* 1: compute every token of the last layer even where only [CLS] is
+                                    * read (tests compare the two; see bq_bert_forward) */
 } BqBertInput;
 
 /* Forward pass of BertForSequenceClassification: logits (B, num_labels); when the input has labels
@@ -137,7 +139,15 @@ typedef struct BqBertInput {
  * (cfg.head BQ_HEAD_QA): logits (B,T,2), start logit at [b,t,0] and end logit at [b,t,1] (HF splits
  * the same tensor into start_logits and end_logits); with start and end positions, loss =
  * (CE(start) + CE(end)) / 2 (bq_op_span_cross_entropy). Records on ctx->tape when set. Fake quantization happens at the placement points of m->quant, if any. Bad ids, types,
- * labels or lengths are BQ_EINVAL/BQ_EFORMAT errors. */
+ * labels or lengths are BQ_EINVAL/BQ_EFORMAT errors.
+ * The classification head reads only the [CLS] token of the last layer, so without a tape, in
+ * evaluation, with no hidden states asked for, and when every enabled quantizer has a fixed range (no
+ * calibration statistics collected, none uninitialized), the last layer computes its keys, values
+ * and attention for every token but its attention output, feed-forward and LayerNorms for token 0
+ * only: about 70 % of that layer's products. Every op after the attention is row-wise and the
+ * activation quantizers are per tensor with fixed scales, so the logits are those of the whole layer
+ * up to the summation order inside its Linears (the same code, fewer rows; tests/test_bert_cls_rows.c
+ * bounds it). in->all_rows = 1 turns it off. */
 int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits, BqTensor **loss);
 
 /* The Linears of the model as an engine hook sees them: the six of each encoder layer, query, key and
@@ -159,8 +169,10 @@ typedef struct BqLinearHook {
                const BqTensor *b, BqTensor **out);
     /* Optional (NULL: never): asked first for each whole encoder layer on x (B,T,H) with the batch's
      * attention mask (B,T) or NULL; sets *y (B,T,H) when it computed the layer, leaves it NULL to let
-     * the forward run the layer (asking run() for its Linears), or returns an error status. */
-    int (*layer)(void *user, BqCtx *ctx, int layer, BqTensor *x, const float *mask, BqTensor **y);
+     * the forward run the layer (asking run() for its Linears), or returns an error status. cls_only
+     * (the last layer of a classification forward, bq_bert_forward): only token 0's output is read,
+     * and *y may be (B,H), that token's row per example. */
+    int (*layer)(void *user, BqCtx *ctx, int layer, BqTensor *x, const float *mask, int cls_only, BqTensor **y);
 } BqLinearHook;
 
 /* Replaces m's head by `head` as HF's from_pretrained does for a checkpoint of another architecture:

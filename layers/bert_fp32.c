@@ -34,8 +34,9 @@ static void gemm_nt(float *out, const float *x, const float *w, int64_t M, int64
     gemm_nt_ld(out, N, x, w, M, N, K);
 }
 
-/* The whole encoder layer l on x (B,T,H) → *y (B,T,H); leaves *y NULL when the layer cannot be fused. */
-static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask, BqTensor **y) {
+/* The whole encoder layer l on x (B,T,H) → *y (B,T,H); cls_only: after the attention token 0 only,
+ * *y (B,H). Leaves *y NULL when the layer cannot be fused. */
+static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask, int cls_only, BqTensor **y) {
     const BqBert *m = user;
     const BqBertConfig *c = &m->cfg;
     if (!layer_fusable(c) || x->ndim != 3 || !bq_tensor_is_contiguous(x) || x->shape[2] != c->hidden_size)
@@ -45,8 +46,10 @@ static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *ma
     const int64_t NH = c->num_attention_heads, d = H / NH, M = B * T;
     const float scale = 1.0f / sqrtf((float)d), eps = c->layer_norm_eps;
 
-    int64_t shape[3] = {B, T, H};
-    BqTensor *o = bq_tensor_new(ctx, 3, shape); /* the layer's output: kept */
+    /* rows after the attention: every token, or token 0 of each example (cls_only) */
+    const int64_t R = cls_only ? B : M;
+    int64_t shape[3] = {B, cls_only ? H : T, H};
+    BqTensor *o = bq_tensor_new(ctx, cls_only ? 2 : 3, shape); /* the layer's output: kept */
     size_t mark = bq_arena_mark(ctx->act);
 
     /* qkv (M, 3H): row m is query | key | value of token m, written by three GEMMs with row stride 3H
@@ -64,19 +67,29 @@ static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *ma
     float *cx = bq_arena_alloc(ctx->act, (size_t)(M * H) * sizeof(float));
     bq_infer_attention_f32(cx, qkv, bqkv, mask, scratch, nthr, scale, B, T, NH, d);
 
+    const float *xr = x->data;
+    if (cls_only) { /* token 0's row of the context and of x, per example, moved to the front */
+        float *x0 = bq_arena_alloc(ctx->act, (size_t)(B * H) * sizeof(float));
+        for (int64_t b = 0; b < B; b++) {
+            memmove(cx + b * H, cx + b * T * H, (size_t)H * sizeof(float));
+            memcpy(x0 + b * H, x->data + b * T * H, (size_t)H * sizeof(float));
+        }
+        xr = x0;
+    }
+
     /* BertSelfOutput: LayerNorm(dense(ctx) + x) */
-    float *a = bq_arena_alloc(ctx->act, (size_t)(M * H) * sizeof(float));
-    gemm_nt(a, cx, L->ao_w.data, M, H, H);
-    bq_infer_bias_residual_layernorm_f32(a, a, L->ao_b.data, x->data, L->ln1_w.data, L->ln1_b.data, eps, M, H);
+    float *a = bq_arena_alloc(ctx->act, (size_t)(R * H) * sizeof(float));
+    gemm_nt(a, cx, L->ao_w.data, R, H, H);
+    bq_infer_bias_residual_layernorm_f32(a, a, L->ao_b.data, xr, L->ln1_w.data, L->ln1_b.data, eps, R, H);
 
     /* BertIntermediate: gelu(dense(a)), the GELU in place on the GEMM output */
-    float *h = bq_arena_alloc(ctx->act, (size_t)(M * NI) * sizeof(float));
-    gemm_nt(h, a, L->i_w.data, M, NI, H);
-    bq_infer_bias_gelu_f32(h, L->i_b.data, M, NI);
+    float *h = bq_arena_alloc(ctx->act, (size_t)(R * NI) * sizeof(float));
+    gemm_nt(h, a, L->i_w.data, R, NI, H);
+    bq_infer_bias_gelu_f32(h, L->i_b.data, R, NI);
 
     /* BertOutput: LayerNorm(dense(h) + a) */
-    gemm_nt(o->data, h, L->o_w.data, M, H, NI);
-    bq_infer_bias_residual_layernorm_f32(o->data, o->data, L->o_b.data, a, L->ln2_w.data, L->ln2_b.data, eps, M, H);
+    gemm_nt(o->data, h, L->o_w.data, R, H, NI);
+    bq_infer_bias_residual_layernorm_f32(o->data, o->data, L->o_b.data, a, L->ln2_w.data, L->ln2_b.data, eps, R, H);
 
     bq_arena_rewind(ctx->act, mark);
     *y = o;

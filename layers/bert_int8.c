@@ -270,10 +270,12 @@ static BqTensor *row_linear(BqCtx *ctx, const BqTensor *x, const BqTensor *w, co
     return y;
 }
 
-/* The integer Linear on x (B,T,K): outputs (B,T,N/nout) each, in ctx->act. */
+/* The integer Linear on x (B,T,K), or (B,K) (the last layer's token-0 rows, layers/bert.h): outputs of
+ * x's shape with N/nout features each, in ctx->act. */
 static int int8_linear(BqCtx *ctx, const Int8Linear *il, const BqTensor *x, int nout, BqTensor **outs) {
-    BQ_CHECK(bq_tensor_is_contiguous(x) && x->ndim == 3);
-    const int64_t B = x->shape[0], T = x->shape[1], K = x->shape[2], M = B * T;
+    BQ_CHECK(bq_tensor_is_contiguous(x) && (x->ndim == 3 || x->ndim == 2));
+    const int nd = x->ndim;
+    const int64_t K = x->shape[nd - 1], M = bq_tensor_numel(x) / K;
     const int64_t N = bq_qgemm_weights_n(il->w);
     BQ_CHECK(bq_qgemm_weights_k(il->w) == K);
     uint8_t *codes = bq_arena_alloc(ctx->act, (size_t)(M * K));
@@ -281,8 +283,9 @@ static int int8_linear(BqCtx *ctx, const Int8Linear *il, const BqTensor *x, int 
     bq_qgemm_quantize_u8(codes, x->data, M * K, il->sx);
     float *dst[3];
     for (int j = 0; j < nout; j++) {
-        int64_t shape[3] = {B, T, N / nout};
-        outs[j] = bq_tensor_new(ctx, 3, shape);
+        int64_t shape[3] = {x->shape[0], x->shape[1], x->shape[nd - 1]};
+        shape[nd - 1] = N / nout;
+        outs[j] = bq_tensor_new(ctx, nd, shape);
         dst[j] = outs[j]->data;
     }
     return bq_qgemm_linear(il->w, codes, M, il->sx, il->bias, nout, dst, acc);
@@ -303,8 +306,9 @@ typedef struct Fwd {
  *   → AO GEMM → +bias +x → LayerNorm = a, codes(a) → I GEMM → +bias → GELU → codes
  *   → O GEMM → +bias +a → LayerNorm = y, codes(y) for layer l+1.
  * The ops and their order are layer_forward's of layers/bert.c for a model whose only quantizers are
- * the Linears' inputs and weights. */
-static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask, BqTensor **y) {
+ * the Linears' inputs and weights. cls_only: after the attention only token 0 of each example goes on
+ * (its context codes and its row of x), and *y is (B,H). */
+static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask, int cls_only, BqTensor **y) {
     Fwd *f = user;
     const BqInt8Engine *e = f->e;
     const Int8Layer *IL = &e->layers[l];
@@ -331,23 +335,35 @@ static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *ma
     bq_infer_attention(cc, acc, bq_qgemm_weights_comp(lq->w), lq->scale, lq->bias, mask, scratch, nthr, scale,
                        la->sx, B, T, NH, d);
 
-    if ((rc = bq_qgemm_raw(la->w, cc, M, acc))) return rc;
-    int64_t shape[3] = {B, T, H};
-    BqTensor *a = bq_tensor_new(ctx, 3, shape);
-    uint8_t *ca = bq_arena_alloc(ctx->act, (size_t)(M * H));
-    bq_infer_residual_layernorm(a->data, ca, acc, bq_qgemm_weights_comp(la->w), la->scale, la->bias, x->data,
-                                L->ln1_w.data, L->ln1_b.data, eps, li->sx, M, H);
+    const float *xr = x->data;
+    int64_t rows = M, shape[3] = {B, T, H};
+    if (cls_only) { /* token 0's row of the context codes and of x, per example */
+        uint8_t *c0 = bq_arena_alloc(ctx->act, (size_t)(B * H));
+        float *x0 = bq_arena_alloc(ctx->act, (size_t)(B * H) * sizeof(float));
+        for (int64_t b = 0; b < B; b++) {
+            memcpy(c0 + b * H, cc + b * T * H, (size_t)H);
+            memcpy(x0 + b * H, x->data + b * T * H, (size_t)H * sizeof(float));
+        }
+        cc = c0, xr = x0, rows = B, shape[1] = H;
+    }
+    const int nd = cls_only ? 2 : 3;
 
-    if ((rc = bq_qgemm_raw(li->w, ca, M, acc))) return rc;
-    uint8_t *ch = bq_arena_alloc(ctx->act, (size_t)(M * I));
-    bq_infer_gelu_quant(ch, acc, bq_qgemm_weights_comp(li->w), li->scale, li->bias, lo->sx, M, I);
+    if ((rc = bq_qgemm_raw(la->w, cc, rows, acc))) return rc;
+    BqTensor *a = bq_tensor_new(ctx, nd, shape);
+    uint8_t *ca = bq_arena_alloc(ctx->act, (size_t)(rows * H));
+    bq_infer_residual_layernorm(a->data, ca, acc, bq_qgemm_weights_comp(la->w), la->scale, la->bias, xr,
+                                L->ln1_w.data, L->ln1_b.data, eps, li->sx, rows, H);
 
-    if ((rc = bq_qgemm_raw(lo->w, ch, M, acc))) return rc;
-    BqTensor *o = bq_tensor_new(ctx, 3, shape);
-    const int next = l + 1 < e->num_layers && e->layers[l + 1].whole;
-    uint8_t *cn = next ? bq_arena_alloc(ctx->act, (size_t)(M * H)) : NULL;
+    if ((rc = bq_qgemm_raw(li->w, ca, rows, acc))) return rc;
+    uint8_t *ch = bq_arena_alloc(ctx->act, (size_t)(rows * I));
+    bq_infer_gelu_quant(ch, acc, bq_qgemm_weights_comp(li->w), li->scale, li->bias, lo->sx, rows, I);
+
+    if ((rc = bq_qgemm_raw(lo->w, ch, rows, acc))) return rc;
+    BqTensor *o = bq_tensor_new(ctx, nd, shape);
+    const int next = !cls_only && l + 1 < e->num_layers && e->layers[l + 1].whole;
+    uint8_t *cn = next ? bq_arena_alloc(ctx->act, (size_t)(rows * H)) : NULL;
     bq_infer_residual_layernorm(o->data, cn, acc, bq_qgemm_weights_comp(lo->w), lo->scale, lo->bias, a->data,
-                                L->ln2_w.data, L->ln2_b.data, eps, next ? e->layers[l + 1].qkv[0].sx : 1.0f, M, H);
+                                L->ln2_w.data, L->ln2_b.data, eps, next ? e->layers[l + 1].qkv[0].sx : 1.0f, rows, H);
     f->pend_src = o->data;
     f->pend_codes = cn;
     *y = o;
