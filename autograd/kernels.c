@@ -177,24 +177,38 @@ void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx
 }
 
 /* ---- attention on integer codes: both inputs of the product are fake-quant outputs (values c·s on
- * one per-tensor grid each), so their codes c = rne(x/s) are recovered exactly, multiplied and summed in
- * int32 (exact: |c| <= 255, sums of at most T·255·128 < 2^31 for T <= 65,536) and scaled once,
- * y = fl(Σ ca·cb · fl(sa·sb)), the convention of the integer Linears (autograd/qgemm.h). The per-thread
- * scratch holds one (batch, head) block of codes as int16, so the inner products are widening int16
- * multiply-adds; integers make the result the same on every CPU and thread count. ---- */
+ * one per-tensor grid each), so their codes c = rne(x/s) are recovered exactly, multiplied and summed
+ * exactly and scaled once, y = fl(Σ ca·cb · fl(sa·sb)), the convention of the integer Linears
+ * (autograd/qgemm.h). The per-thread scratch holds one (batch, head) block of codes as floats. When every
+ * partial sum is an integer below 2^24 in magnitude (n·max|ca|·max|cb| <= 2^24 for n products, true for
+ * 8-bit codes up to n = 1024: head size for Q·Kᵀ, sequence length for P·V), each product and each sum is
+ * exact in fp32 whatever the order, so the block is one single-threaded sgemm on the codes, at sgemm's
+ * speed (the integer loops below ran at a third of it); otherwise the codes are summed in int32 (exact
+ * for |c| <= 255 and sums of at most T·255·128 < 2^31). Either way the integer is exact, so the result
+ * is the same on every CPU and thread count. ---- */
 
-/* codes of the (T, d) block at x with row stride H, into dst (T, d) */
-BQ_INLINE void head_codes(int16_t *dst, const float *x, int64_t T, int64_t d, int64_t H, float s) {
+/* codes of the (T, d) block at x with row stride H, into dst (T, d); returns max |code| (an integer max,
+ * so that the loop vectorizes) */
+BQ_INLINE float head_codes(float *dst, const float *x, int64_t T, int64_t d, int64_t H, float s) {
+    int32_t mx = 0;
     for (int64_t t = 0; t < T; t++)
         for (int64_t c = 0; c < d; c++) {
             float v = x[t * H + c] / s;
             v = v < -32768.0f ? -32768.0f : v;
             v = v > 32767.0f ? 32767.0f : v;
-            dst[t * d + c] = (int16_t)(int32_t)rne_small(v);
+            v = rne_small(v);
+            dst[t * d + c] = v;
+            int32_t a = (int32_t)v;
+            a = a < 0 ? -a : a;
+            mx = a > mx ? a : mx;
         }
+    return (float)mx;
 }
 
-size_t bq_kernel_attn_int_scratch(int64_t T, int64_t d) { return (size_t)(2 * T * (T > d ? T : d)) * sizeof(int16_t); }
+/* 1 when n products of codes bounded by ma and mb sum exactly in fp32 (every partial sum < 2^24) */
+static int f32_exact(int64_t n, float ma, float mb) { return (double)n * ma * mb <= 16777216.0; }
+
+size_t bq_kernel_attn_int_scratch(int64_t T, int64_t d) { return (size_t)(2 * T * (T > d ? T : d)) * sizeof(float); }
 
 BQ_VEC void bq_kernel_attn_scores_int_forward(float *scores, void *scratch, int nscratch, const float *q,
                                               const float *k, float sq, float sk, int64_t B, int64_t T, int64_t NH,
@@ -205,10 +219,15 @@ BQ_VEC void bq_kernel_attn_scores_int_forward(float *scores, void *scratch, int 
 #pragma omp parallel for schedule(static) if (B * NH > 1) num_threads(nscratch)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         const int64_t b = bh / NH, h = bh % NH, off = b * T * H + h * d;
-        int16_t *qc = (int16_t *)((char *)scratch + (size_t)omp_get_thread_num() * per), *kc = qc + T * d;
-        head_codes(qc, q + off, T, d, H, sq);
-        head_codes(kc, k + off, T, d, H, sk);
+        float *qc = (float *)((char *)scratch + (size_t)omp_get_thread_num() * per), *kc = qc + T * d;
+        const float mq = head_codes(qc, q + off, T, d, H, sq), mk = head_codes(kc, k + off, T, d, H, sk);
         float *out = scores + bh * T * T;
+        if (f32_exact(d, mq, mk)) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)d, 1.0f, qc, (int)d, kc, (int)d,
+                        0.0f, out, (int)T);
+            for (int64_t i = 0; i < T * T; i++) out[i] *= f;
+            continue;
+        }
         for (int64_t i = 0; i < T; i++)
             for (int64_t j = 0; j < T; j++) {
                 int32_t acc = 0;
@@ -227,18 +246,24 @@ BQ_VEC void bq_kernel_attn_context_int_forward(float *ctx, void *scratch, int ns
 #pragma omp parallel for schedule(static) if (B * NH > 1) num_threads(nscratch)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         const int64_t b = bh / NH, h = bh % NH, off = b * T * H + h * d;
-        int16_t *pc = (int16_t *)((char *)scratch + (size_t)omp_get_thread_num() * per), *vc = pc + T * T;
-        head_codes(pc, probs + bh * T * T, T, T, T, sp);
-        head_codes(vc, v + off, T, d, H, sv);
+        float *pc = (float *)((char *)scratch + (size_t)omp_get_thread_num() * per), *vc = pc + T * T;
+        const float mp = head_codes(pc, probs + bh * T * T, T, T, T, sp), mv = head_codes(vc, v + off, T, d, H, sv);
+        if (f32_exact(T, mp, mv)) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, pc, (int)T, vc, (int)d,
+                        0.0f, ctx + off, (int)H);
+            for (int64_t i = 0; i < T; i++)
+                for (int64_t c = 0; c < d; c++) ctx[off + i * H + c] *= f;
+            continue;
+        }
         int32_t acc[512];
         for (int64_t c0 = 0; c0 < d; c0 += 512) {
             const int64_t dc = d - c0 < 512 ? d - c0 : 512;
             for (int64_t i = 0; i < T; i++) {
                 for (int64_t c = 0; c < dc; c++) acc[c] = 0;
                 for (int64_t j = 0; j < T; j++) {
-                    const int32_t pij = pc[i * T + j];
+                    const int32_t pij = (int32_t)pc[i * T + j];
                     if (!pij) continue;
-                    const int16_t *vr = vc + j * d + c0;
+                    const float *vr = vc + j * d + c0;
                     for (int64_t c = 0; c < dc; c++) acc[c] += pij * (int32_t)vr[c];
                 }
                 float *out = ctx + off + i * H + c0;

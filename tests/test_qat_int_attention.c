@@ -2,7 +2,8 @@
  * which the QAT forward, fake quant and the int8 engine use where both inputs of Q·Kᵀ or P·V are on
  * 8-bit grids (`ort`, `qdqbert`; layers/bert.c):
  *   - forward equal bit for bit to fl(Σ ca·cb · fl(sa·sb)) with the integer sum computed in 64 bits, on
- *     random codes with the saturation codes −128 and 127 (and 0..255 for probabilities) in every row;
+ *     random codes with the saturation codes −128 and 127 (and 0..255 for probabilities) in every row
+ *     (the kernels' sgemm on fp32 codes), and on codes up to ±3000 (their int32 path);
  *   - within fp32 rounding of the fp32 products on the same values (bq_op_attn_scores / _context);
  *   - gradients equal bit for bit to the fp32 ops' (straight-through: the same backward);
  *   - the same bits on 1 and 2 threads;
@@ -66,8 +67,11 @@ static void run(int which, int integer, const float *a, const float *b, float sa
     bq_arena_free(&act);
 }
 
-static void check_product(int which) {
-    const char *name = which == 0 ? "Q·Kᵀ" : "P·V";
+/* wide: codes up to ±3000, so that the sums may exceed 2^24 and the kernel takes its int32 path instead
+ * of the sgemm on fp32 codes (autograd/kernels.c); both must give the exact result. */
+static void check_product(int which, int wide) {
+    const char *name = which == 0 ? (wide ? "Q·Kᵀ (wide codes, int32 path)" : "Q·Kᵀ (sgemm path)")
+                                  : (wide ? "P·V (wide codes, int32 path)" : "P·V (sgemm path)");
     BqRng r;
     bq_rng_seed(&r, 11 + (uint64_t)which);
     const int64_t na = which == 0 ? B * T * H : B * NH * T * T, nb = B * T * H, ny = which == 0 ? B * NH * T * T : B * T * H;
@@ -82,8 +86,9 @@ static void check_product(int which) {
     }
     const float sa = which == 0 ? 0.0371f : 1.0f / 255.0f, sb = 0.0213f;
     /* scores: both signed; context: probabilities as unsigned codes 0..255, rows of T keys */
-    make_codes(ca, a, na, which == 0 ? D : T, which == 0 ? -128 : 0, which == 0 ? 127 : 255, sa, &r);
-    make_codes(cb, b, nb, D, -128, 127, sb, &r);
+    const int w = wide ? 3000 : 0;
+    make_codes(ca, a, na, which == 0 ? D : T, which == 0 ? -128 - w : 0, which == 0 ? 127 + w : 255 + w, sa, &r);
+    make_codes(cb, b, nb, D, -128 - w, 127 + w, sb, &r);
     for (int64_t i = 0; i < ny; i++) g[i] = (float)bq_rng_uniform(&r) - 0.5f;
 
     omp_set_num_threads(2);
@@ -187,8 +192,10 @@ static float qat_step(const char *scheme, int fp32_products, int training, float
 }
 
 int main(void) {
-    check_product(0);
-    check_product(1);
+    check_product(0, 0);
+    check_product(1, 0);
+    check_product(0, 1);
+    check_product(1, 1);
     /* the model with and without the integer products: the forward differs only by fp32 rounding of the
      * products (and of the integer Linears), so loss, logits and gradients agree closely; training mode
      * (dropout on: ort keeps P·V in fp32 there) and evaluation mode (no dropout: every product integer) */
