@@ -470,10 +470,10 @@ static BqTensor *embed(BqBert *m, BqCtx *ctx, const BqBertInput *in) {
 }
 
 /* 1 when the last layer may compute token 0 only (layers/bert.h, bq_bert_forward): a classification
- * head, no tape, no dropout, no hidden states asked for, and no quantizer that would see the other
- * rows (collecting calibration statistics, or taking its first range from this forward). */
+ * head, no tape, no dropout, all_rows not asked for, and no quantizer that would see the other rows
+ * (collecting calibration statistics, or taking its first range from this forward). */
 static int cls_rows_only(const BqBert *m, const BqCtx *ctx, const BqBertInput *in) {
-    if (m->cfg.head != BQ_HEAD_CLS || ctx->tape || ctx->training || in->hidden || in->all_rows) return 0;
+    if (m->cfg.head != BQ_HEAD_CLS || ctx->tape || ctx->training || in->all_rows) return 0;
     const BqQuantState *qs = m->quant;
     if (!qs) return 1;
     if (qs->calib == BQ_CALIB_COLLECT) return 0;

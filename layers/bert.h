@@ -127,7 +127,8 @@ typedef struct BqBertInput {
     const int32_t *start_positions;
     const int32_t *end_positions;
     BqTensor **hidden;             /* NULL, or (num_hidden_layers) outputs: the forward stores each encoder
-                                    * layer's output (B,T,H) there, tensors in ctx->act (distillation) */
+                                    * layer's output (B,T,H) there, tensors in ctx->act (distillation,
+                                    * sensitivity); the last is (B,H) when that layer ran on [CLS] only */
     int start_layer;               /* > 0: the embeddings and layers before it are skipped, and start_hidden */
     BqTensor *start_hidden;        /* (B,T,H) is the input of layer start_layer (a cached prefix) */
     int all_rows;                  /* 1: compute every token of the last layer even where only [CLS] is
@@ -141,7 +142,7 @@ typedef struct BqBertInput {
  * (CE(start) + CE(end)) / 2 (bq_op_span_cross_entropy). Records on ctx->tape when set. Fake quantization happens at the placement points of m->quant, if any. Bad ids, types,
  * labels or lengths are BQ_EINVAL/BQ_EFORMAT errors.
  * The classification head reads only the [CLS] token of the last layer, so without a tape, in
- * evaluation, with no hidden states asked for, and when every enabled quantizer has a fixed range (no
+ * evaluation, and when every enabled quantizer has a fixed range (no
  * calibration statistics collected, none uninitialized), the last layer computes its keys, values
  * and attention for every token but its attention output, feed-forward and LayerNorms for token 0
  * only: about 70 % of that layer's products. Every op after the attention is row-wise and the

@@ -164,6 +164,7 @@ int bq_train_step_distill(BqBert *m, BqCtx *ctx, const BqBatch *b, const BqTrain
             ht = hs + layers;
             in.hidden = hs;
             tin.hidden = ht;
+            tin.all_rows = 1; /* the hidden-state loss reads every token of the teacher's last layer */
         }
         if ((st = bq_bert_forward(dist->teacher, &tctx, &tin, &tl, NULL))) {
             bq_err_ctx(st, "--teacher");

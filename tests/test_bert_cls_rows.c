@@ -14,8 +14,9 @@
  * logit, and requires at least 90 % of the logits within ε: a wrong row, a skipped residual or a stale
  * scale fails that at once.
  *
- * It also checks that the shortcut is taken (the forward's activation arena holds less) and that it is
- * not taken while calibration statistics are collected (they need every token). */
+ * It also checks that the shortcut is taken (the forward's activation arena holds less), also when the
+ * layers' outputs are asked for (the last is then token 0's row), and that it is not taken while
+ * calibration statistics are collected (they need every token). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +116,19 @@ static void check(const char *name, BqBert *m, BqInt8Engine *e, Path p, BqArena 
         EXPECT(rc == BQ_OK, "%s: forward: %s", name, bq_errmsg());
         if (rc) return;
         EXPECT(ua < uf, "%s: the shortcut was not taken (%zu bytes of activations with it, %zu without)", name, ua, uf);
+        if (p == FAKE) { /* hidden states asked for (sensitivity's prefix cache): same logits, last one (B,H) */
+            BqTensor *hs[8] = {NULL};
+            BQ_CHECK(m->cfg.num_hidden_layers <= 8);
+            BqBertInput hin = in;
+            hin.hidden = hs;
+            float hl[B * 16];
+            size_t uh = 0;
+            EXPECT(forward(m, e, p, act, &hin, hl, &uh) == BQ_OK, "%s: forward with hidden states", name);
+            const BqTensor *last = hs[m->cfg.num_hidden_layers - 1];
+            EXPECT(last && last->ndim == 2 && last->shape[1] == m->cfg.hidden_size,
+                   "%s: the last hidden state is not token 0's (B,H)", name);
+            EXPECT(!memcmp(hl, a, (size_t)(B * C) * sizeof(float)), "%s: logits with hidden states differ", name);
+        }
         double ml = 0.0;
         for (int i = 0; i < B * C; i++) ml = fmax(ml, fabs((double)f[i]));
         const double eps = 1e-5 * ml, step = ml / 127.0;

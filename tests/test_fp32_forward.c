@@ -87,7 +87,9 @@ static void compare(BqBert *m, BqArena *act, int T, const char *what) {
     Batch bt;
     make_batch(&bt, T, &rng);
     BqTensor *hr[L], *hf[L];
-    BqBertInput in = {.B = B, .T = T, .input_ids = bt.ids, .token_type_ids = bt.types, .attention_mask = bt.mask};
+    /* every token of every layer (the [CLS]-only last layer is tests/test_bert_cls_rows.c's) */
+    BqBertInput in = {.B = B, .T = T, .input_ids = bt.ids, .token_type_ids = bt.types, .attention_mask = bt.mask,
+                      .all_rows = 1};
     BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
     BqTensor *lr = NULL, *lf = NULL;
     in.hidden = hr;

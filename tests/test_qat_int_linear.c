@@ -237,6 +237,7 @@ static void logits_of(BqBert *m, BqInt8Engine *e, int fp32_linear, Batch *bt, fl
     BqTensor *hs[16], *lg;
     BQ_CHECK(m->cfg.num_hidden_layers <= 16 && m->cfg.hidden_size <= HMAX);
     in.hidden = hs;
+    in.all_rows = 1; /* the whole last layer, not only its [CLS] rows */
     m->quant->fp32_linear = fp32_linear;
     if (e) BQ_CHECK(bq_int8_forward(e, m, &ctx, &in, &lg) == BQ_OK);
     else BQ_CHECK(bq_bert_forward(m, &ctx, &in, &lg, NULL) == BQ_OK);
