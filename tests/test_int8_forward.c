@@ -49,15 +49,7 @@ typedef struct Batch {
 } Batch;
 
 static void make_batch(Batch *bt, BqRng *rng, int vocab) {
-    for (int b = 0; b < B; b++) {
-        int len = T - 3 * b;
-        for (int t = 0; t < T; t++) {
-            int i = b * T + t;
-            bt->ids[i] = t < len ? 1 + (int32_t)bq_rng_below(rng, (uint64_t)vocab - 1) : 0;
-            bt->mask[i] = t < len ? 1.0f : 0.0f;
-            bt->types[i] = t >= len / 2 && t < len;
-        }
-    }
+    bq_test_padded_batch(bt->ids, bt->types, bt->mask, B, T, rng, vocab);
 }
 
 static BqBertInput input_of(const Batch *bt, int b0, int nb) {

@@ -182,15 +182,7 @@ typedef struct Batch {
 } Batch;
 
 static void make_batch(Batch *bt, BqRng *rng, int vocab) {
-    for (int b = 0; b < BB; b++) {
-        int len = TT - 3 * b;
-        for (int t = 0; t < TT; t++) {
-            int i = b * TT + t;
-            bt->ids[i] = t < len ? 1 + (int32_t)bq_rng_below(rng, (uint64_t)vocab - 1) : 0;
-            bt->mask[i] = t < len ? 1.0f : 0.0f;
-            bt->types[i] = t >= len / 2 && t < len;
-        }
-    }
+    bq_test_padded_batch(bt->ids, bt->types, bt->mask, BB, TT, rng, vocab);
 }
 
 static BqBertInput input_of(Batch *bt) {

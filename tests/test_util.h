@@ -45,6 +45,21 @@ static inline void bq_test_fail(const char *file, int line, const char *cond, co
         if (!(cond)) bq_test_fail(__FILE__, __LINE__, #cond, " " __VA_ARGS__);   \
     } while (0)
 
+/* A padded batch of random token ids for the tiny-model tests, (B,T) each: example b has T − 3b tokens
+ * (ids in [1, vocab), then [PAD] 0), mask 1 on its tokens, token type 1 on the second half of them. */
+static inline void bq_test_padded_batch(int32_t *ids, int32_t *types, float *mask, int B, int T, BqRng *rng,
+                                        int vocab) {
+    for (int b = 0; b < B; b++) {
+        int len = T - 3 * b;
+        for (int t = 0; t < T; t++) {
+            int i = b * T + t;
+            ids[i] = t < len ? 1 + (int32_t)bq_rng_below(rng, (uint64_t)vocab - 1) : 0;
+            mask[i] = t < len ? 1.0f : 0.0f;
+            types[i] = t >= len / 2 && t < len;
+        }
+    }
+}
+
 /* A small BERT configuration: type vocabulary 2, pad id 0, LayerNorm eps 1e-12, dropout p on the
  * hidden states and attention probabilities (the classifier follows the hidden dropout),
  * initializer range init, labels named LABEL_0, LABEL_1, ... (freed by bq_config_free or with the
