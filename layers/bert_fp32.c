@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "autograd/infer_kernels.h"
+#include "autograd/kernels.h"
 
 static int layer_fusable(const BqBertConfig *c) {
     return c->num_attention_heads > 0 && c->hidden_size % c->num_attention_heads == 0 &&
@@ -68,13 +69,11 @@ static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *ma
     bq_infer_attention_f32(cx, qkv, bqkv, mask, scratch, nthr, scale, B, T, NH, d);
 
     const float *xr = x->data;
-    if (cls_only) { /* token 0's row of the context and of x, per example, moved to the front */
-        float *x0 = bq_arena_alloc(ctx->act, (size_t)(B * H) * sizeof(float));
-        for (int64_t b = 0; b < B; b++) {
-            memmove(cx + b * H, cx + b * T * H, (size_t)H * sizeof(float));
-            memcpy(x0 + b * H, x->data + b * T * H, (size_t)H * sizeof(float));
-        }
-        xr = x0;
+    if (cls_only) { /* token 0's row of the context and of x, per example */
+        float *c0 = bq_arena_alloc(ctx->act, (size_t)(2 * B * H) * sizeof(float)), *x0 = c0 + B * H;
+        bq_kernel_select_token_forward(c0, cx, B, T, H, 0);
+        bq_kernel_select_token_forward(x0, x->data, B, T, H, 0);
+        cx = c0, xr = x0;
     }
 
     /* BertSelfOutput: LayerNorm(dense(ctx) + x) */

@@ -21,6 +21,7 @@
 #include <omp.h>
 
 #include "autograd/infer_kernels.h"
+#include "autograd/kernels.h"
 #include "autograd/qgemm.h"
 #include "layers/quant.h"
 
@@ -340,10 +341,8 @@ static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *ma
     if (cls_only) { /* token 0's row of the context codes and of x, per example */
         uint8_t *c0 = bq_arena_alloc(ctx->act, (size_t)(B * H));
         float *x0 = bq_arena_alloc(ctx->act, (size_t)(B * H) * sizeof(float));
-        for (int64_t b = 0; b < B; b++) {
-            memcpy(c0 + b * H, cc + b * T * H, (size_t)H);
-            memcpy(x0 + b * H, x->data + b * T * H, (size_t)H * sizeof(float));
-        }
+        for (int64_t b = 0; b < B; b++) memcpy(c0 + b * H, cc + b * T * H, (size_t)H);
+        bq_kernel_select_token_forward(x0, x->data, B, T, H, 0);
         cc = c0, xr = x0, rows = B, shape[1] = H;
     }
     const int nd = cls_only ? 2 : 3;
