@@ -95,6 +95,22 @@ def test_distill_logs_terms_and_records(env, tmp_path):
     assert abs(losses(out)[0] - (0.3 * ce + 0.7 * kl + 0.5 * hid)) < 2e-4, (losses(out)[0], ce, kl, hid)
 
 
+def test_teacher_equal_to_student_gives_zero_loss(env, tmp_path):
+    """A student with no quantizer (every module excluded) and no dropout computes the fp32 model itself, so
+    with that model as teacher (forward without a tape) the first step's KL and hidden-state MSE are zero up
+    to fp32 rounding; the untrained model as teacher shows that the check can fail."""
+    args = ["--max-steps", 1, "--dropout", 0, "--exclude", "bert,classifier", "--distill-alpha", 1,
+            "--distill-temperature", 1, "--distill-hidden", 1]
+    same, other = str(tmp_path / "same"), str(tmp_path / "other")
+    p = qat(env, same, "--teacher", env["ft"], *args)
+    assert "0 quantizers" in p.stderr, p.stderr
+    untrained = make_model_dir(os.path.join(str(tmp_path), "untrained"))
+    qat(env, other, "--teacher", untrained, *args)
+    l_same, l_other = losses(same)[0], losses(other)[0]
+    print(f"first-step KL + MSE: teacher = student {l_same:.3e}, untrained teacher {l_other:.3e}")
+    assert l_same < 1e-9 and l_other > 1e-4, (l_same, l_other)
+
+
 def test_alpha_zero_is_plain_qat(env, tmp_path):
     plain, a0 = str(tmp_path / "plain"), str(tmp_path / "a0")
     qat(env, plain)
@@ -161,3 +177,21 @@ def test_resume_reloads_teacher(env, tmp_path):
     assert "as recorded" in p.stderr and "distill step" in p.stderr
     pa, pb = params(ref), params(out)
     assert all(np.array_equal(pa[k], pb[k]) for k in pa)
+
+
+@pytest.mark.parametrize("args,flags", [
+    (["--distill", "--no-distill"], ["--distill", "--no-distill"]),
+    (["--no-distill", "--distill-alpha", 0.3], ["--distill-alpha", "--no-distill"]),
+    (["--distill-temperature", 0], ["--distill-temperature"]),
+    (["--task", "qa", "--distill"], ["--distill", "--task cls"]),
+    (["--task", "qa", "--distill-hidden", 1], ["--distill-hidden"]),
+])
+def test_pipeline_distill_flags(env, tmp_path, args, flags):
+    """pipeline distils by default for classification; contradictory or inapplicable distillation flags are
+    one-line errors naming them, before any stage runs."""
+    out = tmp_path / "run"
+    p = run_bq("pipeline", "--model", env["ft"], "--data", os.path.join(env["dir"], "data.jsonl"), "--out", out,
+               *args, check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and all(f in lines[0] for f in flags), p.stderr
+    assert not out.exists()

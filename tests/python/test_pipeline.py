@@ -1,7 +1,8 @@
 """`bertqat pipeline` end to end at a tiny budget (96 training and 64 test reviews at seq 32), started
 from the session's fine-tuned all-MiniLM-L6-v2 (conftest.finetuned: a trained head, so that the
 quantized models' probabilities are spread and a quantization error shows in them):
-- every stage runs (fp32 fine-tune, PTQ, QAT from the PTQ model with fixed ranges, the ONNX exports,
+- every stage runs (fp32 fine-tune, PTQ, QAT from the PTQ model with fixed ranges distilling from the
+  fp32 stage by default, the ONNX exports,
   the evaluations with ONNX Runtime through this Python), with the default scheme cpu; the report has
   a row per stage with the engine that scored it, names the runtime each export is for and lists the
   settings each stage ran with;
@@ -13,8 +14,9 @@ quantized models' probabilities are spread and a quantization error shows in the
   its graph optimizations); the int8 exports of PTQ and QAT (CPU layout, ORT CPU's integer kernels)
   agree with their checkpoints within the bounds of QUANT_BOUNDS, and an export with one activation
   quantizer scale doubled fails them;
-- the same command again skips every stage; with another --train-samples (and --scheme ort) every
-  stage runs again, the log names the changed setting, and the report shows the new settings and the
+- the same command again skips every stage; with another --train-samples (and --scheme ort and
+  --no-distill) every stage runs again, the log names the changed setting, QAT runs without a teacher,
+  and the report shows the new settings and the
   ort scheme's rows (the default layout, for ONNX Runtime QOrdered on CUDA; fake quant, which the
   integer engine refuses, with the bench's reason)."""
 import json
@@ -80,6 +82,8 @@ def test_pipeline_tiny(tmp_path, bin_path, finetuned):
     log = p.stderr
     assert f"qat --model {out}/ptq" in log and "--ranges fixed" in log and "ranges: fixed" in log, log[-3000:]
     assert "--scheme cpu" in log, log[-3000:]
+    # distillation is the classification pipeline's default: QAT's teacher is the fp32 stage
+    assert f"--teacher {out}/fp32" in log and "[qat] distill step" in log, log[-3000:]
     for stage in STAGES:
         marker = json.loads((out / f".done-{stage}").read_text())
         assert marker["seconds"] >= 0 and marker["argv"][0] in (os.path.realpath(bin_path), sys.executable), marker
@@ -104,7 +108,8 @@ def test_pipeline_tiny(tmp_path, bin_path, finetuned):
                 "| QAT (cpu scheme) | fake-quant |", "| ONNX fp32 (for ORT CPU) | onnxruntime",
                 "| ONNX int8 QAT, CPU layout (for ORT CPU) | onnxruntime", "## Stages as run",
                 "- qat (", "`qat --model ptq --out qat --data", "- eval-qat-fake-quant (", "--engine fake-quant",
-                "- bench (", "`bench --model qat --onnx qat-int8-cpu.onnx"):
+                "- bench (", "`bench --model qat --onnx qat-int8-cpu.onnx",
+                "- distillation (qat): teacher fp32, alpha 0.5, temperature 2"):
         assert row in report, (row, report)
     assert "default layout" not in report, report
 
@@ -198,9 +203,11 @@ def test_pipeline_tiny(tmp_path, bin_path, finetuned):
     # another --train-samples (and the ort scheme): the fp32 stage names the change, every stage runs
     # again, and the report shows what ran
     args2 = args[:args.index("--train-samples")] + ["--train-samples", 80] + \
-        args[args.index("--train-samples") + 2:] + ["--scheme", "ort"]
+        args[args.index("--train-samples") + 2:] + ["--scheme", "ort", "--no-distill"]
     p = run_bq(*args2, timeout=3600)
     log = p.stderr
+    assert "--teacher" not in log and "distill step" not in log, log[-3000:]
+    assert not (out / "qat" / "distill.json").exists()
     assert "fp32: running again (--train-samples 96 -> 80)" in log, log[-3000:]
     assert "done already" not in log, log[-3000:]
     for stage in ORT_STAGES:
@@ -212,6 +219,6 @@ def test_pipeline_tiny(tmp_path, bin_path, finetuned):
                 "| ONNX int8 QAT, default layout (for ONNX Runtime QOrdered (CUDA); ORT CPU here)",
                 "--train-samples 80", "- eval-onnx-int8 (", "| QAT (ort scheme) | fake-quant |",
                 "## Speed on this machine", "| int8 engine | refused | refused |",
-                "int8 cannot run on this machine for this checkpoint: "):
+                "int8 cannot run on this machine for this checkpoint: ", "- distillation (qat): none"):
         assert row in report, (row, report)
     assert "--train-samples 96" not in report and "eval-qat-fake-quant" not in report, report
