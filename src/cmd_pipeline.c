@@ -564,10 +564,9 @@ int bq_cmd_pipeline(int argc, char **argv) {
         {"distill-hidden", BQ_ARG_FLOAT, &p.distill_hidden, "distillation: weight of the hidden-state MSE", 0, 0, 1e6},
     };
     BqArgs args = {.cmd = "pipeline", .usage = "--model DIR --data PATH --out RUN_DIR [options]",
-                   .summary = "Fine-tune in fp32, calibrate (PTQ, percentile 99.99), QAT fine-tune (distilling from the fp32 model), "
-                              "export fp32 and "
-                              "Q/DQ ONNX, evaluate every stage on the same test reviews, time the QAT model (bench) and write "
-                              "RUN_DIR/report.md.",
+                   .summary = "Fine-tune in fp32, calibrate (PTQ, percentile 99.99), QAT fine-tune (classification: "
+                              "distilling from the fp32 model), export fp32 and Q/DQ ONNX, evaluate every stage on the "
+                              "same test reviews, time the QAT model (bench) and write RUN_DIR/report.md.",
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof specs[0])};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
