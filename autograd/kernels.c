@@ -83,9 +83,7 @@ int bq_kernel_linear_qgemm_forward(float *out, uint8_t *codes, int32_t *acc, con
                                    struct BqQGemmWeights *w, float sx, const float *bias, int64_t N, int64_t C,
                                    int64_t OC) {
     BQ_CHECK(bq_qgemm_weights_n(w) == OC && bq_qgemm_weights_k(w) == C);
-    bq_qgemm_quantize_u8(codes, inp, N * C, sx);
-    float *const dst[1] = {out};
-    return bq_qgemm_linear(w, codes, N, sx, bias, 1, dst, acc);
+    return bq_qgemm_linear_f32(w, inp, N, sx, bias, out, codes, acc);
 }
 
 void bq_kernel_colsum_acc(float *dst, const float *src, int64_t rows, int64_t C) {

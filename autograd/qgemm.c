@@ -9,9 +9,17 @@
  * reordered once into the layout the primitive asks for (format_tag any), one copy per distinct
  * layout (oneDNN may choose another layout for another M). The zero-point correction and the scaling
  * run in our own epilogue, not in oneDNN's post-ops, so the fp32 result of an element is one
- * expression of its exact integer sum whatever kernel oneDNN picks for a given M. */
+ * expression of its exact integer sum whatever kernel oneDNN picks for a given M.
+ *
+ * 8-bit weights on a CPU whose oneDNN ISA lacks VNNI and AMX (refilled weights only) do not go to
+ * oneDNN: their sums are single-precision GEMMs (OpenBLAS) on the codes held as floats, in blocks of at
+ * most 1024 inputs. Every product of two codes is an integer of magnitude at most 2^14, so every partial
+ * sum of a block, in whatever order the GEMM adds, is an integer of magnitude at most 2^24 and exact in
+ * fp32: the block sums are the exact integers, added in int32. That costs one sgemm, where the
+ * alternative on such CPUs (two exact 7-bit u8×s8 GEMMs per product) measured slower (docs/results.md §28). */
 #include "autograd/qgemm.h"
 
+#include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,23 +53,27 @@ typedef struct Pack {
 } Pack;
 
 /* The codes of one GEMM and their packed copies. */
-typedef struct Half {
+typedef struct Codes {
     int8_t *codes; /* (N,K) */
     Pack packs[PACK_MAX];
     int npacks;
-} Half;
+} Codes;
 
 struct BqQGemmWeights {
     int64_t N, K;
     int bits;
-    int nh;          /* 1, or 2 when 8-bit codes run as two 7-bit GEMMs (split) */
-    Half h[2];       /* h[0] the codes (split: the halves hi = floor(q/2), lo = q − hi) */
-    int8_t *codes;   /* (N,K) the codes themselves (h[0].codes unless split) */
+    int split;       /* 1: 8-bit codes without VNNI or AMX, summed by sgemm on fcodes (see above) */
+    Codes h;         /* the codes and their oneDNN layouts (unused when split) */
+    int8_t *codes;   /* (N,K) the codes themselves */
+    float *fcodes;   /* split: (N,K) the codes as floats */
     int32_t *comp;   /* (N) 128·Σ_k qw[n,k] */
     float *sw;       /* (N) */
-    int32_t *tmp;    /* split: (tmp_n) int32, the second GEMM's sums; grown on demand */
-    int64_t tmp_n;
 };
+
+/* Split GEMMs: the activation codes as floats (M,K) and one block's sums (M,N), shared by all weights
+ * (one caller at a time, qgemm.h) and grown on demand, so only the first call at a size allocates. */
+static float *g_fx, *g_fy;
+static int64_t g_fx_n, g_fy_n;
 
 static dnnl_engine_t g_engine;
 static dnnl_stream_t g_stream;
@@ -164,6 +176,10 @@ static void entry_destroy(CacheEntry *e) {
 void bq_qgemm_cache_clear(void) {
     for (int i = 0; i < g_cache_n; i++) entry_destroy(&g_cache[i]);
     g_cache_n = g_cache_next = 0;
+    free(g_fx);
+    free(g_fy);
+    g_fx = g_fy = NULL;
+    g_fx_n = g_fy_n = 0;
 }
 
 int64_t bq_qgemm_primitives_created(void) { return g_created; }
@@ -280,10 +296,9 @@ static BqQGemmWeights *weights_alloc(const int8_t *qw, const float *sw, int64_t 
     BqQGemmWeights *w = bq_calloc(1, sizeof *w);
     w->N = N, w->K = K;
     w->bits = 8;
-    w->nh = 1;
     w->codes = bq_malloc((size_t)(N * K));
     memcpy(w->codes, qw, (size_t)(N * K));
-    w->h[0].codes = w->codes;
+    w->h.codes = w->codes;
     w->comp = bq_malloc((size_t)N * sizeof(int32_t));
     w->sw = bq_malloc((size_t)N * sizeof(float));
     for (int64_t n = 0; n < N; n++) {
@@ -304,14 +319,11 @@ static void pack_destroy(Pack *p) {
 
 void bq_qgemm_weights_free(BqQGemmWeights *w) {
     if (!w) return;
-    for (int j = 0; j < w->nh; j++) {
-        for (int i = 0; i < w->h[j].npacks; i++) pack_destroy(&w->h[j].packs[i]);
-        if (w->h[j].codes != w->codes) free(w->h[j].codes);
-    }
+    for (int i = 0; i < w->h.npacks; i++) pack_destroy(&w->h.packs[i]);
     free(w->codes);
+    free(w->fcodes);
     free(w->comp);
     free(w->sw);
-    free(w->tmp);
     free(w);
 }
 
@@ -320,7 +332,7 @@ int64_t bq_qgemm_weights_k(const BqQGemmWeights *w) { return w->K; }
 
 /* Codes h in layout md, reordered from the plain codes on first use and again after they change. The
  * codes (N,K) row-major are the (K,N) matrix with strides (1, K): format tag ba. */
-static int weights_packed(BqQGemmWeights *w, Half *h, const dnnl_memory_desc_t *md, dnnl_memory_t *mem) {
+static int weights_packed(BqQGemmWeights *w, Codes *h, const dnnl_memory_desc_t *md, dnnl_memory_t *mem) {
     Pack *p = NULL;
     for (int i = 0; i < h->npacks && !p; i++)
         if (dnnl_memory_desc_equal(&h->packs[i].md, md)) p = &h->packs[i];
@@ -363,7 +375,7 @@ static int weights_packed(BqQGemmWeights *w, Half *h, const dnnl_memory_desc_t *
 }
 
 /* One GEMM: acc = Σ (qx+128)·codes of h. */
-static int run_half(BqQGemmWeights *w, Half *h, CacheEntry *e, const uint8_t *xu8, int32_t *acc) {
+static int run_onednn(BqQGemmWeights *w, Codes *h, CacheEntry *e, const uint8_t *xu8, int32_t *acc) {
     dnnl_memory_t wm;
     int rc = weights_packed(w, h, &e->wei_md, &wm);
     if (rc) return rc;
@@ -385,24 +397,46 @@ cleanup:
     return rc;
 }
 
-/* acc = Σ (qx+128)·qw, not yet corrected. Split codes: the sum of the two halves' GEMMs, each exact
- * in int32 (|hi|, |lo| <= 64), so the total is the same integer a single 8-bit GEMM gives. */
+static float *grow(float **buf, int64_t *cap, int64_t n) {
+    if (*cap < n) {
+        free(*buf);
+        *buf = bq_malloc((size_t)n * sizeof(float));
+        *cap = n;
+    }
+    return *buf;
+}
+
+#define SPLIT_KBLOCK 1024 /* 1024 · 2^14 = 2^24: the largest block whose sums stay exact in fp32 */
+
+/* Split weights: acc = Σ_k (qx+128)·qw = Σ_k qx·qw + comp, the first term by sgemm on float codes in
+ * blocks of SPLIT_KBLOCK inputs (exact, see the top of this file). */
+QG_VEC static void run_split(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc) {
+    const int64_t N = w->N, K = w->K;
+    float *fx = grow(&g_fx, &g_fx_n, M * K), *fy = grow(&g_fy, &g_fy_n, M * N);
+#pragma omp parallel for if (M * K > 65536) schedule(static)
+    for (int64_t i = 0; i < M * K; i++) fx[i] = (float)((int)xu8[i] - 128);
+    for (int64_t k0 = 0; k0 < K; k0 += SPLIT_KBLOCK) {
+        const int64_t kb = K - k0 < SPLIT_KBLOCK ? K - k0 : SPLIT_KBLOCK;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)kb, 1.0f, fx + k0, (int)K,
+                    w->fcodes + k0, (int)K, 0.0f, fy, (int)N);
+        const int first = k0 == 0;
+#pragma omp parallel for if (M * N > 65536) schedule(static)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++)
+                acc[m * N + n] = (first ? w->comp[n] : acc[m * N + n]) + (int32_t)fy[m * N + n];
+    }
+}
+
+/* acc = Σ (qx+128)·qw, not yet corrected: one oneDNN GEMM, or run_split. */
 static int run_raw(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc) {
     BQ_CHECK(w && xu8 && acc && M > 0);
+    if (w->split) {
+        run_split(w, xu8, M, acc);
+        return BQ_OK;
+    }
     CacheEntry *e;
     int rc = cache_get(M, w->N, w->K, &e);
-    if (rc || (rc = run_half(w, &w->h[0], e, xu8, acc)) || w->nh == 1) return rc;
-    const int64_t n = M * w->N;
-    if (w->tmp_n < n) { /* the first call at this size only */
-        free(w->tmp);
-        w->tmp = bq_malloc((size_t)n * sizeof(int32_t));
-        w->tmp_n = n;
-    }
-    if ((rc = run_half(w, &w->h[1], e, xu8, w->tmp))) return rc;
-    const int32_t *t = w->tmp;
-#pragma omp parallel for if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; i++) acc[i] += t[i];
-    return BQ_OK;
+    return rc ? rc : run_onednn(w, &w->h, e, xu8, acc);
 }
 
 int bq_qgemm_raw(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc) {
@@ -451,6 +485,56 @@ int bq_qgemm_linear(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, float sx, 
     return BQ_OK;
 }
 
+/* Split weights, fp32 in and out: codes of x as floats, sgemm per block of inputs straight into out, and
+ * the epilogue of bq_qgemm_linear in place. With one block out holds Σ qx·qw exactly, which is the float
+ * that (float)(acc − comp) gives; with several the block sums are added in int32 first. */
+QG_VEC static void linear_split(BqQGemmWeights *w, const float *x, int64_t M, float sx, const float *b, float *out) {
+    const int64_t N = w->N, K = w->K;
+    const float magic = 12582912.0f; /* as bq_qgemm_quantize_u8 */
+    float *fx = grow(&g_fx, &g_fx_n, M * K);
+#pragma omp parallel for if (M * K > 65536) schedule(static)
+    for (int64_t i = 0; i < M * K; i++) {
+        float v = x[i] / sx;
+        v = v < -128.0f ? -128.0f : v;
+        v = v > 127.0f ? 127.0f : v;
+        v = v == v ? v : 0.0f;
+        fx[i] = (v + magic) - magic;
+    }
+    for (int64_t k0 = 0; k0 < K; k0 += SPLIT_KBLOCK) {
+        const int64_t kb = K - k0 < SPLIT_KBLOCK ? K - k0 : SPLIT_KBLOCK;
+        float *dst = k0 == 0 ? out : grow(&g_fy, &g_fy_n, M * N);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)kb, 1.0f, fx + k0, (int)K,
+                    w->fcodes + k0, (int)K, 0.0f, dst, (int)N);
+        if (k0 > 0) {
+#pragma omp parallel for if (M * N > 65536) schedule(static)
+            for (int64_t i = 0; i < M * N; i++) out[i] = (float)((int32_t)out[i] + (int32_t)dst[i]);
+        }
+    }
+    const float *sw = w->sw;
+#pragma omp parallel for if (M * N > 16384) schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        float *y = out + m * N;
+        if (b) {
+            for (int64_t n = 0; n < N; n++) y[n] = y[n] * (sx * sw[n]) + b[n];
+        } else {
+            for (int64_t n = 0; n < N; n++) y[n] = y[n] * (sx * sw[n]);
+        }
+    }
+}
+
+int bq_qgemm_linear_f32(BqQGemmWeights *w, const float *x, int64_t M, float sx, const float *b, float *out,
+                        uint8_t *codes, int32_t *scratch) {
+    BQ_CHECK(w && x && out && M > 0);
+    if (w->split) {
+        linear_split(w, x, M, sx, b, out);
+        return BQ_OK;
+    }
+    BQ_CHECK(codes && scratch);
+    bq_qgemm_quantize_u8(codes, x, M * w->K, sx);
+    float *const dst[1] = {out};
+    return bq_qgemm_linear(w, codes, M, sx, b, 1, dst, scratch);
+}
+
 QG_VEC void bq_qgemm_quantize_u8(uint8_t *out, const float *x, int64_t n, float sx) {
     const float magic = 12582912.0f; /* 1.5·2^23: (v + magic) − magic rounds |v| < 2^22 to nearest even */
 #pragma omp parallel for if (n > 65536) schedule(static)
@@ -476,20 +560,17 @@ int bq_qgemm_weights_create_empty(BqQGemmWeights **out, int64_t N, int64_t K, in
     if (rc) return rc;
     BqQGemmWeights *w = bq_calloc(1, sizeof *w);
     w->N = N, w->K = K, w->bits = bits;
-    w->nh = bits > 7 && !bq_qgemm_exact_8bit() ? 2 : 1;
+    w->split = bits > 7 && !bq_qgemm_exact_8bit();
     w->codes = bq_calloc((size_t)(N * K), 1);
-    w->h[0].codes = w->codes;
-    if (w->nh == 2) {
-        w->h[0].codes = bq_calloc((size_t)(N * K), 1);
-        w->h[1].codes = bq_calloc((size_t)(N * K), 1);
-    }
+    w->h.codes = w->codes;
+    if (w->split) w->fcodes = bq_calloc((size_t)(N * K), sizeof(float));
     w->comp = bq_calloc((size_t)N, sizeof(int32_t));
     w->sw = bq_calloc((size_t)N, sizeof(float));
     *out = w;
     return BQ_OK;
 }
 
-int bq_qgemm_weights_split(const BqQGemmWeights *w) { return w->nh == 2; }
+int bq_qgemm_weights_split(const BqQGemmWeights *w) { return w->split; }
 
 QG_VEC int bq_qgemm_weights_set(BqQGemmWeights *w, const float *wf, const float *sw, int64_t nscale) {
     const int64_t N = w->N, K = w->K;
@@ -502,8 +583,9 @@ QG_VEC int bq_qgemm_weights_set(BqQGemmWeights *w, const float *wf, const float 
         changed |= s != w->sw[n];
         w->sw[n] = s;
     }
-    int8_t *c = w->codes, *c0 = w->h[0].codes, *c1 = w->h[1].codes;
-    const int split = w->nh == 2;
+    int8_t *c = w->codes;
+    float *fc = w->fcodes;
+    const int split = w->split;
 #pragma omp parallel for reduction(| : changed) if (N * K > 65536) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const float s = w->sw[n];
@@ -518,17 +600,12 @@ QG_VEC int bq_qgemm_weights_set(BqQGemmWeights *w, const float *wf, const float 
             ch |= c[n * K + k] != q;
             c[n * K + k] = (int8_t)q;
             sum += q;
-            if (split) { /* floor(q/2) and the rest, both in [-64, 64] for q in [-128, 127] */
-                const int a = (q - (q & 1)) / 2;
-                c0[n * K + k] = (int8_t)a;
-                c1[n * K + k] = (int8_t)(q - a);
-            }
+            if (split) fc[n * K + k] = (float)q;
         }
         w->comp[n] = 128 * sum;
         changed |= ch;
     }
     if (changed)
-        for (int j = 0; j < w->nh; j++)
-            for (int i = 0; i < w->h[j].npacks; i++) w->h[j].packs[i].stale = 1;
+        for (int i = 0; i < w->h.npacks; i++) w->h.packs[i].stale = 1;
     return changed;
 }

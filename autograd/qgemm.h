@@ -14,7 +14,8 @@
  * vpmaddubsw, which adds products in pairs into SATURATING int16; 2·255·|w| <= 32767 holds only for
  * |w| <= 64. Weights are therefore accepted only when the codes fit [-64, 64] (7-bit weights, the `cpu`
  * scheme) unless oneDNN dispatches to a VNNI or AMX ISA (32-bit accumulation of every product); weights
- * made by bq_qgemm_weights_create_empty run 8-bit codes as two exact 7-bit GEMMs there instead.
+ * made by bq_qgemm_weights_create_empty sum 8-bit codes there with exact single-precision GEMMs instead
+ * (autograd/qgemm.c says why they are exact).
  *
  * Every result is independent of M (rows are computed from their own data only: the integer part is
  * exact and the epilogue is elementwise) and of the thread count. Not safe for concurrent callers:
@@ -48,6 +49,12 @@ void bq_qgemm_weights_free(BqQGemmWeights *w);
 int64_t bq_qgemm_weights_n(const BqQGemmWeights *w);
 int64_t bq_qgemm_weights_k(const BqQGemmWeights *w);
 
+/* The whole Linear from fp32 input: bq_qgemm_quantize_u8 of x (M,K) with sx, then bq_qgemm_linear
+ * into out (M,N), nout 1; the same bits. Split weights skip the u8 codes (codes and scratch unused,
+ * may be NULL); otherwise codes holds M·K bytes and scratch M·N int32 of caller memory. */
+int bq_qgemm_linear_f32(BqQGemmWeights *w, const float *x, int64_t M, float sx, const float *b, float *out,
+                        uint8_t *codes, int32_t *scratch);
+
 /* Codes of x (n floats) as u8 = clamp(rne(x/sx), -128, 127) + 128, with a true division as
  * bq_kernel_fakequant_forward (so fl(code·sx) is exactly the fake-quantized value). A NaN gives code 0. */
 void bq_qgemm_quantize_u8(uint8_t *out, const float *x, int64_t n, float sx);
@@ -72,9 +79,10 @@ int bq_qgemm_linear(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, float sx, 
 
 /* ---- weights refilled in place: the QAT forward (layers/quant.c), codes that change every step ----
  * Such weights are exact on every CPU at up to 8 bits: where 8-bit codes are not
- * (bq_qgemm_exact_8bit() == 0), each code q is split into a = floor(q/2) and q − a, both in [-64, 64],
- * and the sums of the two exact GEMMs are added in int32: the same integers one 8-bit GEMM gives on a
- * VNNI CPU, at twice the GEMM cost. Every bq_qgemm_* function above accepts them. */
+ * (bq_qgemm_exact_8bit() == 0), the codes are also kept as floats and summed by sgemm in blocks of at
+ * most 1024 inputs, each block sum an integer below 2^24 and so exact (added in int32): the same
+ * integers one 8-bit GEMM gives on a VNNI CPU, at one sgemm's cost. Every bq_qgemm_* function above
+ * accepts them. */
 
 /* An (N,K) weights object with `bits`-bit codes (2..8), all codes 0 until bq_qgemm_weights_set.
  * Errors (BQ_EINVAL naming `name`): bits out of range, K overflowing the int32 accumulator. */
@@ -85,7 +93,7 @@ int bq_qgemm_weights_create_empty(BqQGemmWeights **out, int64_t N, int64_t K, in
  * copies are then made again on next use, into the same memory), 0 when they are the ones already
  * packed. Allocates nothing. */
 int bq_qgemm_weights_set(BqQGemmWeights *w, const float *wf, const float *sw, int64_t nscale);
-/* 1 when the codes run as two 7-bit GEMMs (8-bit codes on a CPU without VNNI). */
+/* 1 when the codes are summed by sgemm on floats (8-bit codes on a CPU without VNNI or AMX). */
 int bq_qgemm_weights_split(const BqQGemmWeights *w);
 
 /* Drops every cached oneDNN primitive (they are rebuilt on demand); for tests and shutdown. */

@@ -283,10 +283,13 @@ static inline int has_q(BqQuantState *qs, int l, int point) { return qs && bq_qu
 
 /* y = the Linear `id` of layer l on x: the hook's result when it computes it, else x through the input
  * quantizer at in_pt (xq: x already through a shared quantizer) times w through the weight quantizer
- * at w_pt, plus b, on integer codes where both are quantized (bq_quant_linear). qs NULL: no quantizers
- * (fp32 model, pooler, classifier). */
+ * at w_pt, plus b, on integer codes where both are quantized (bq_quant_linear). Where the scheme has no
+ * input quantizer, `grid` is the per-tensor grid x already lies on (the output quantizer of the op that
+ * made it, grid_of; NULL: none), and the product runs on those codes. qs NULL: no quantizers (fp32
+ * model, pooler, classifier). */
 static int linear(BqCtx *ctx, const BqLinearHook *hk, BqQuantState *qs, int l, BqLinearId id, BqTensor *x,
-                  BqTensor *xq, int in_pt, BqTensor *w, int w_pt, BqTensor *b, BqTensor **y) {
+                  BqTensor *xq, int in_pt, const BqQuantizer *grid, BqTensor *w, int w_pt, BqTensor *b,
+                  BqTensor **y) {
     *y = NULL;
     if (hk) {
         int st = hk->run(hk->user, ctx, l, id, x, w, b, y);
@@ -300,7 +303,7 @@ static int linear(BqCtx *ctx, const BqLinearHook *hk, BqQuantState *qs, int l, B
     /* the input's grid: its own quantizer, or the shared query/key/value one that made xq (cpu scheme) */
     const BqQuantizer *iq = bq_quant_at(qs, l, in_pt) ? bq_quant_active(qs, l, in_pt)
                             : xq != x                 ? bq_quant_active(qs, l, BQ_QP_QKV_IN)
-                                                      : NULL;
+                                                      : grid;
     *y = bq_quant_linear(qs, ctx, iq, xin, bq_quant_active(qs, l, w_pt), wq, b);
     return BQ_OK;
 }
@@ -326,8 +329,13 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
         for (int j = 0; j < 3; j++) qkv[j] = qact(qs, ctx, l, out_pt[j], qkv[j]);
     } else {
         BqTensor *xa = qact(qs, ctx, l, BQ_QP_QKV_IN, x);
+        /* ort: the layer input is the previous layer's output quantizer's output, or the embeddings'
+         * (whose dropout takes it off the grid in training) */
+        const BqQuantizer *gx = l > 0 ? grid_of(qs, l - 1, BQ_QP_OUT_LN, -1)
+                                : ctx->training && c->hidden_dropout_prob > 0.0f ? NULL
+                                                                                 : grid_of(qs, BQ_QP_LAYER_EMB, -1, -1);
         for (int j = 0; j < 3; j++) {
-            if ((st = linear(ctx, hk, qs, l, (BqLinearId)(BQ_LIN_Q + j), x, xa, in_pt[j], W[j], w_pt[j], Bias[j],
+            if ((st = linear(ctx, hk, qs, l, (BqLinearId)(BQ_LIN_Q + j), x, xa, in_pt[j], gx, W[j], w_pt[j], Bias[j],
                              &qkv[j])))
                 return st;
             qkv[j] = qact(qs, ctx, l, out_pt[j], qkv[j]);
@@ -369,7 +377,9 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
     /* BertSelfOutput: LayerNorm(dropout(dense(ctx)) + x), one fused op where no quantizer sits between
      * the dropout, the residual add and the LayerNorm (fp32, the cpu scheme) */
     BqTensor *a;
-    if ((st = linear(ctx, hk, qs, l, BQ_LIN_AO, cx, cx, BQ_QP_AO_IN, &L->ao_w, BQ_QP_W_AO, &L->ao_b, &a))) return st;
+    if ((st = linear(ctx, hk, qs, l, BQ_LIN_AO, cx, cx, BQ_QP_AO_IN, grid_of(qs, l, BQ_QP_CONTEXT, -1), &L->ao_w,
+                     BQ_QP_W_AO, &L->ao_b, &a)))
+        return st;
     if (!has_q(qs, l, BQ_QP_ADD1_LOCAL) && !has_q(qs, l, BQ_QP_ADD1_RESID) && !has_q(qs, l, BQ_QP_ATTN_RESID)) {
         a = bq_op_residual_layernorm_sole(ctx, a, c->hidden_dropout_prob, x, &L->ln1_w, &L->ln1_b, c->layer_norm_eps);
     } else {
@@ -384,7 +394,8 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
      * bias add and the GELU or an engine computes the Linear */
     BqTensor *h;
     int fuse_bias = !hk && !has_q(qs, l, BQ_QP_INTER_OUT);
-    if ((st = linear(ctx, hk, qs, l, BQ_LIN_I, a, a, BQ_QP_I_IN, &L->i_w, BQ_QP_W_I, fuse_bias ? NULL : &L->i_b, &h)))
+    if ((st = linear(ctx, hk, qs, l, BQ_LIN_I, a, a, BQ_QP_I_IN, grid_of(qs, l, BQ_QP_ATTN_LN, -1), &L->i_w,
+                     BQ_QP_W_I, fuse_bias ? NULL : &L->i_b, &h)))
         return st;
     h = qact(qs, ctx, l, BQ_QP_INTER_OUT, h);                                   /* (B,T,I) */
 
@@ -396,7 +407,9 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
     } else {
         h = bq_op_bias_gelu_sole(ctx, h, fuse_bias ? &L->i_b : NULL);
         h = qact(qs, ctx, l, BQ_QP_GELU_OUT, h);
-        if ((st = linear(ctx, hk, qs, l, BQ_LIN_O, h, h, BQ_QP_O_IN, &L->o_w, BQ_QP_W_O, &L->o_b, &o))) return st;
+        if ((st = linear(ctx, hk, qs, l, BQ_LIN_O, h, h, BQ_QP_O_IN, grid_of(qs, l, BQ_QP_GELU_OUT, -1), &L->o_w,
+                         BQ_QP_W_O, &L->o_b, &o)))
+            return st;
     }
     if (!has_q(qs, l, BQ_QP_ADD2_LOCAL) && !has_q(qs, l, BQ_QP_ADD2_RESID) && !has_q(qs, l, BQ_QP_OUT_RESID)) {
         o = bq_op_residual_layernorm_sole(ctx, o, c->hidden_dropout_prob, a, &L->ln2_w, &L->ln2_b, c->layer_norm_eps);
@@ -526,12 +539,13 @@ int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const B
 
     /* BertPooler: tanh(dense(x[:, 0])); then dropout and the classifier */
     BqTensor *pooled, *cls = x->ndim == 2 ? x : bq_op_select_token(ctx, x, 0); /* (B,H) already: cls_only */
-    if ((st = linear(ctx, hook, NULL, -1, BQ_LIN_POOLER, cls, cls, -1, &m->pool_w, -1, &m->pool_b, &pooled))) return st;
+    if ((st = linear(ctx, hook, NULL, -1, BQ_LIN_POOLER, cls, cls, -1, NULL, &m->pool_w, -1, &m->pool_b, &pooled)))
+        return st;
     pooled = bq_op_tanh(ctx, pooled);
     float cls_p = c->classifier_dropout >= 0 ? c->classifier_dropout : c->hidden_dropout_prob;
     pooled = bq_op_dropout(ctx, pooled, cls_p);
     /* (B, num_labels) */
-    if ((st = linear(ctx, hook, NULL, -1, BQ_LIN_CLASSIFIER, pooled, pooled, -1, &m->cls_w, -1, &m->cls_b, logits)))
+    if ((st = linear(ctx, hook, NULL, -1, BQ_LIN_CLASSIFIER, pooled, pooled, -1, NULL, &m->cls_w, -1, &m->cls_b, logits)))
         return st;
     if (loss && labelled) *loss = bq_op_cross_entropy(ctx, *logits, in->labels);
     return BQ_OK;

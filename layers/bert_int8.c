@@ -135,7 +135,7 @@ static int pack_linear(Int8Linear *il, const BqBert *m, int l, const int *js, in
         rc = bq_qgemm_weights_create(&il->w, codes, sw, N, N, K, bits, name);
     } else {
         /* 8-bit codes where oneDNN's int8 kernels sum u8·s8 pairs in saturating int16: the weights object
-         * of the QAT forward, which runs each code as two exact 7-bit halves (autograd/qgemm.h). It takes
+         * of the QAT forward, which sums the codes exactly with sgemm on floats (autograd/qgemm.h). It takes
          * the fake-quantized values fl(q·s), from which it recovers q exactly. */
         float *wf = bq_malloc((size_t)(N * K) * sizeof(float));
         for (int64_t n = 0; n < N; n++)

@@ -9,8 +9,8 @@
  * size or thread count.
  *
  * Schemes: `cpu` runs all 6 Linears of every layer on integers (query/key/value as one fused GEMM);
- * `qdqbert` runs them too (8-bit weights: one GEMM where oneDNN's ISA has VNNI/AMX, two exact 7-bit
- * GEMMs elsewhere); `ort` quantizes Linear outputs rather than inputs and is refused. */
+ * `qdqbert` runs them too (8-bit weights: one GEMM where oneDNN's ISA has VNNI/AMX, an exact sgemm on
+ * float codes elsewhere); `ort` quantizes Linear outputs rather than inputs and is refused. */
 #ifndef BQ_BERT_INT8_H
 #define BQ_BERT_INT8_H
 

@@ -5,7 +5,7 @@
  *  - batch 1 vs batch 4, each example unpadded (T = its length, as dynamic padding gives it when it is
  *    batched alone) vs padded to T = 12, and 1 vs 2 threads: bit-identical logits;
  *  - refusals: an fp32 model, the ort scheme, an uncalibrated model. qdqbert is compared as cpu is; its
- *    8-bit weights run as one GEMM with VNNI and as two exact 7-bit GEMMs without (autograd/qgemm.h).
+ *    8-bit weights run as one GEMM with VNNI and as an exact sgemm on float codes without (autograd/qgemm.h).
  *
  * Since fake quant sums the codes of its quantized Linears exactly too (layers/quant.h, bq_quant_linear),
  * the first effect below is gone op by op; the bound is kept for the fused kernels' own rounding.
@@ -104,7 +104,7 @@ static void check_scheme(const char *scheme, int fusion) {
     int rc = bq_int8_prepare(&e, &m);
     if (!strcmp(scheme, "qdqbert"))
         printf("qdqbert: 8-bit weights as %s\n", bq_qgemm_exact_8bit() ? "one GEMM (VNNI/AMX)"
-                                                                       : "two exact 7-bit GEMMs (no VNNI)");
+                                                                       : "exact sgemm on float codes (no VNNI)");
     EXPECT(rc == BQ_OK, "%s: prepare: %s", scheme, bq_errmsg());
     if (rc) {
         unload(&m);

@@ -1,7 +1,9 @@
 /* The integer forward of quantized Linears in fake quant and QAT (bq_op_linear_qgemm, bq_quant_linear of
  * layers/quant.h):
- *  - exactness: at 7 and 8 bits (8 bits runs as two 7-bit GEMMs on a CPU without VNNI), per channel and
- *    per tensor, the int32 sums equal a 64-bit reference Σ qx·qw and the output equals
+ *  - exactness: at 7 and 8 bits (8 bits runs as sgemm on float codes in blocks of 1024 inputs on a CPU
+ *    without VNNI or AMX), per channel and per tensor, and at 8 bits with K = 1100 inputs (two blocks,
+ *    where one block's sum of the saturated row, 1100·127·127 > 2^24, would not be exact in fp32), the
+ *    int32 sums equal a 64-bit reference Σ qx·qw and the output equals
  *    fl(fl((float)acc·fl(sx·sw[n])) + b[n]) bit for bit, with rows of codes at saturation (activation
  *    codes 127 and -128 against weight codes qmin and qmax, where int16 pair sums would overflow) and
  *    weights with exact ties (the codes equal bq_kernel_fakequant_forward's rounding);
@@ -17,7 +19,10 @@
  *    boundary: bound max|logit|/127 as tests/test_int8_forward.c derives. The fp32-Linear fake quant
  *    (qs->fp32_linear) is printed beside it for comparison;
  *  - the qdqbert scheme (8-bit weights, split here without VNNI) against its fp32-Linear fake quant, to
- *    the bound of tests/test_int8_forward.c. */
+ *    the bound of tests/test_int8_forward.c;
+ *  - the ort scheme, whose Linears have no input quantizer of their own: every encoder Linear runs on the
+ *    codes of the grid its input already lies on (the output quantizer before it), against the same
+ *    bound. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,13 +39,15 @@
 
 /* ---- one Linear ---- */
 
-enum { M = 37, K = 200, N = 24 };
+enum { M = 37, KMAX = 1100, N = 24 };
+static int K = 200; /* inputs of the Linear under test, at most KMAX */
 
-static float xh[M * K], wraw[N * K], wh[N * K], bias[N], sw[N];
-static int qx[M * K], qw[N * K];
+static float xh[M * KMAX], wraw[N * KMAX], wh[N * KMAX], bias[N], sw[N];
+static int qx[M * KMAX], qw[N * KMAX];
 
-/* Codes at saturation in rows 0..3 of x and rows 0..3 of w, random elsewhere; x̂ = fl(qx·sx); w raw with
- * exact ties on half of its elements of rows >= 4, ŵ its fake quantization. */
+/* Codes at saturation in rows 0..3 of x and rows 0..3 of w (row 0 of w one below qmax at k = 1, so that
+ * x row 0 · w row 0 = 127·(127·K − 1) is odd: above 2^24 not a float), random elsewhere; x̂ = fl(qx·sx);
+ * w raw with exact ties on half of its elements of rows >= 4, ŵ its fake quantization. */
 static void make_linear(BqRng *r, int bits, int per_channel, float sx) {
     const int qmin = -(1 << (bits - 1)), qmax = (1 << (bits - 1)) - 1;
     for (int m = 0; m < M; m++)
@@ -53,7 +60,8 @@ static void make_linear(BqRng *r, int bits, int per_channel, float sx) {
     for (int n = 0; n < N; n++)
         for (int k = 0; k < K; k++) {
             float v;
-            if (n < 4) v = (float)(n == 0 ? qmax : n == 1 ? qmin : n == 2 ? (k % 2 ? qmin : qmax) : qmax + 9);
+            if (n < 4)
+                v = (float)(n == 0 ? qmax - (k == 1) : n == 1 ? qmin : n == 2 ? (k % 2 ? qmin : qmax) : qmax + 9);
             else if (k % 2) v = (float)((int)bq_rng_below(r, (uint64_t)(qmax - qmin)) + qmin) + 0.5f; /* a tie */
             else v = (float)(qmax - qmin + 6) * ((float)bq_rng_uniform(r) - 0.5f);
             wraw[n * K + k] = v * sw[n];
@@ -63,7 +71,8 @@ static void make_linear(BqRng *r, int bits, int per_channel, float sx) {
     for (int n = 0; n < N; n++) bias[n] = (float)bq_rng_uniform(r) - 0.5f;
 }
 
-static void check_linear(int bits, int per_channel) {
+static void check_linear(int bits, int per_channel, int k) {
+    K = k;
     BqRng r;
     bq_rng_seed(&r, (uint64_t)(17 * bits + per_channel));
     const float sx = 0.0123f;
@@ -107,9 +116,9 @@ static void check_linear(int bits, int per_channel) {
             bad_y += memcmp(&want, &y->data[m * N + n], sizeof(float)) != 0;
             maxd_fp32 = fmax(maxd_fp32, fabs((double)yf->data[m * N + n] - want));
         }
-    printf("linear %d bits, %s%s: %lld of %d int32 sums and %lld outputs differ from the reference (max error 0); "
-           "fp32 sgemm on the same values: max error %.3g\n",
-           bits, per_channel ? "per channel" : "per tensor", bq_qgemm_weights_split(pw) ? ", split" : "",
+    printf("linear %d bits, K %d, %s%s: %lld of %d int32 sums and %lld outputs differ from the reference "
+           "(max error 0); fp32 sgemm on the same values: max error %.3g\n",
+           bits, K, per_channel ? "per channel" : "per tensor", bq_qgemm_weights_split(pw) ? ", split" : "",
            (long long)bad_acc, M * N, (long long)bad_y, maxd_fp32);
     EXPECT(bad_acc == 0 && bad_y == 0, "%d bits: integer Linear not exact", bits);
     EXPECT(bq_qgemm_weights_split(pw) == (bits == 8 && !bq_qgemm_exact_8bit()), "split where it must not be");
@@ -134,7 +143,7 @@ static void check_linear(int bits, int per_channel) {
 
 /* ---- gradients ---- */
 
-static float gx[M * K], gw[N * K], gb[N], R[M * N];
+static float gx[M * KMAX], gw[N * KMAX], gb[N], R[M * N];
 
 static void run_pass(int integer, BqQGemmWeights *pw, float sx, float *dx, float *dw, float *db, float *y) {
     memset(dx, 0, sizeof gx), memset(dw, 0, sizeof gw), memset(db, 0, sizeof gb);
@@ -151,6 +160,7 @@ static void run_pass(int integer, BqQGemmWeights *pw, float sx, float *dx, float
 }
 
 static void check_gradients(void) {
+    K = 200;
     BqRng r;
     bq_rng_seed(&r, 5);
     const float sx = 0.02f;
@@ -159,7 +169,7 @@ static void check_gradients(void) {
     BqQGemmWeights *pw = NULL;
     BQ_CHECK(bq_qgemm_weights_create_empty(&pw, N, K, 7, "test") == BQ_OK);
     bq_qgemm_weights_set(pw, wh, sw, N);
-    static float dx1[M * K], dw1[N * K], db1[N], y1[M * N], dx2[M * K], dw2[N * K], db2[N], y2[M * N];
+    static float dx1[M * KMAX], dw1[N * KMAX], db1[N], y1[M * N], dx2[M * KMAX], dw2[N * KMAX], db2[N], y2[M * N];
     run_pass(1, pw, sx, dx1, dw1, db1, y1);
     run_pass(0, pw, sx, dx2, dw2, db2, y2);
     int64_t nd = bq_gc_ndiff(dx1, dx2, M * K) + bq_gc_ndiff(dw1, dw2, N * K) + bq_gc_ndiff(db1, db2, N);
@@ -302,9 +312,11 @@ static void check_model_cpu(void) {
     bq_bert_free(&m);
 }
 
-static void check_model_qdqbert(void) {
+/* A scheme with 8-bit weights (qdqbert: each Linear's own input quantizer; ort: the grid of the output
+ * quantizer before it) against its fp32-Linear fake quant. */
+static void check_model_8bit(const char *scheme) {
     BqBert m;
-    load_model(&m, "qdqbert");
+    load_model(&m, scheme);
     const int C = m.cfg.num_labels, n = BB * C;
     BqRng rng;
     bq_rng_seed(&rng, 98);
@@ -321,10 +333,18 @@ static void check_model_qdqbert(void) {
     }
     const BqQuantizer *wq = bq_quant_at(m.quant, 0, BQ_QP_W_Q);
     const double bound = 1e-4 * maxl + maxl / 127.0;
-    printf("qdqbert (8-bit weights%s): max |integer - fp32 Linears| logit %.3g (bound %.3g, max |logit| %.3g)\n",
-           wq->qgemm && bq_qgemm_weights_split(wq->qgemm) ? ", two 7-bit GEMMs" : "", d, bound, maxl);
-    EXPECT(wq->qgemm != NULL, "qdqbert's query Linear is not on integers");
-    EXPECT(d <= bound, "qdqbert: integer and fp32 Linears differ by %.3g > %.3g", d, bound);
+    int nint = 0;
+    static const int wpts[6] = {BQ_QP_W_Q, BQ_QP_W_K, BQ_QP_W_V, BQ_QP_W_AO, BQ_QP_W_I, BQ_QP_W_O};
+    for (int l = 0; l < m.cfg.num_hidden_layers; l++)
+        for (int j = 0; j < 6; j++) nint += bq_quant_at(m.quant, l, wpts[j])->qgemm != NULL;
+    printf("%s (8-bit weights%s): %d of %d encoder Linears on integers; max |integer - fp32 Linears| logit %.3g "
+           "(bound %.3g, max |logit| %.3g)\n",
+           scheme, wq->qgemm && bq_qgemm_weights_split(wq->qgemm) ? ", sgemm on float codes" : "", nint,
+           6 * m.cfg.num_hidden_layers, d, bound, maxl);
+    EXPECT(nint == 6 * m.cfg.num_hidden_layers, "%s: %d of %d Linears on integers", scheme, nint,
+           6 * m.cfg.num_hidden_layers);
+    EXPECT(d <= bound, "%s: integer and fp32 Linears differ by %.3g > %.3g", scheme, d, bound);
+    EXPECT(maxl > 0, "%s: logits all zero", scheme);
     bq_quant_free(m.quant);
     m.quant = NULL;
     bq_bert_free(&m);
@@ -333,13 +353,15 @@ static void check_model_qdqbert(void) {
 int main(void) {
     bq_runtime_set_threads(2);
     printf("%s\n", bq_dnnl_describe());
-    check_linear(7, 1);
-    check_linear(7, 0);
-    check_linear(8, 1);
-    check_linear(8, 0);
+    check_linear(7, 1, 200);
+    check_linear(7, 0, 200);
+    check_linear(8, 1, 200);
+    check_linear(8, 0, 200);
+    check_linear(8, 1, KMAX);
     check_gradients();
     check_model_cpu();
-    check_model_qdqbert();
+    check_model_8bit("qdqbert");
+    check_model_8bit("ort");
     bq_qgemm_cache_clear();
     if (fails) printf("%d check(s) FAILED\n", fails);
     else printf("all integer QAT Linear checks passed\n");
