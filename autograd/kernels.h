@@ -25,7 +25,7 @@ void bq_kernel_linear_forward(float *out, const float *inp, const float *weight,
 /* The same Linear on integers (autograd/qgemm.h) for inp on the per-tensor 8-bit grid sx (zero point 0)
  * and a weight whose codes and scales sw are in w (N = bq_qgemm_weights_n(w) rows of C): codes (N·C
  * bytes) = clamp(rne(inp/sx), -128, 127) + 128, acc (N·OC int32) = Σ_c code·qw exactly, out =
- * fl(fl(acc·fl(sx·sw[o])) + bias[o]). codes and acc are caller scratch (unused by split weights). Returns
+ * fl(fl(acc·fl(sx·sw[o])) + bias[o]). codes (unused by split weights) and acc are caller scratch. Returns
  * bq_qgemm_linear's status. */
 int bq_kernel_linear_qgemm_forward(float *out, uint8_t *codes, int32_t *acc, const float *inp,
                                    struct BqQGemmWeights *w, float sx, const float *bias, int64_t N, int64_t C,

@@ -406,15 +406,25 @@ static float *grow(float **buf, int64_t *cap, int64_t n) {
     return *buf;
 }
 
+/* The activation code clamp(rne(x/sx), -128, 127) as a float, with a true division (bq_qgemm_quantize_u8);
+ * a NaN gives 0. (v + 1.5·2^23) − 1.5·2^23 rounds |v| < 2^22 to nearest even. */
+static inline float code_of(float x, float sx) {
+    const float magic = 12582912.0f;
+    float v = x / sx;
+    v = v < -128.0f ? -128.0f : v;
+    v = v > 127.0f ? 127.0f : v;
+    v = v == v ? v : 0.0f;
+    return (v + magic) - magic;
+}
+
 #define SPLIT_KBLOCK 1024 /* 1024 · 2^14 = 2^24: the largest block whose sums stay exact in fp32 */
 
-/* Split weights: acc = Σ_k (qx+128)·qw = Σ_k qx·qw + comp, the first term by sgemm on float codes in
- * blocks of SPLIT_KBLOCK inputs (exact, see the top of this file). */
-QG_VEC static void run_split(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc) {
+/* Split weights: acc = Σ_k qx·qw + comp (comp = 128·Σ_k qw, so acc = Σ_k (qx+128)·qw as oneDNN's sums)
+ * from the activation codes as floats fx (M,K), by sgemm in blocks of SPLIT_KBLOCK inputs whose sums are
+ * exact (see the top of this file), added in int32. */
+QG_VEC static void split_sums(BqQGemmWeights *w, const float *fx, int64_t M, int32_t *acc) {
     const int64_t N = w->N, K = w->K;
-    float *fx = grow(&g_fx, &g_fx_n, M * K), *fy = grow(&g_fy, &g_fy_n, M * N);
-#pragma omp parallel for if (M * K > 65536) schedule(static)
-    for (int64_t i = 0; i < M * K; i++) fx[i] = (float)((int)xu8[i] - 128);
+    float *fy = grow(&g_fy, &g_fy_n, M * N);
     for (int64_t k0 = 0; k0 < K; k0 += SPLIT_KBLOCK) {
         const int64_t kb = K - k0 < SPLIT_KBLOCK ? K - k0 : SPLIT_KBLOCK;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)kb, 1.0f, fx + k0, (int)K,
@@ -427,11 +437,14 @@ QG_VEC static void run_split(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, i
     }
 }
 
-/* acc = Σ (qx+128)·qw, not yet corrected: one oneDNN GEMM, or run_split. */
+/* acc = Σ (qx+128)·qw, not yet corrected: one oneDNN GEMM, or split_sums. */
 static int run_raw(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc) {
     BQ_CHECK(w && xu8 && acc && M > 0);
     if (w->split) {
-        run_split(w, xu8, M, acc);
+        float *fx = grow(&g_fx, &g_fx_n, M * w->K);
+#pragma omp parallel for if (M * w->K > 65536) schedule(static)
+        for (int64_t i = 0; i < M * w->K; i++) fx[i] = (float)((int)xu8[i] - 128);
+        split_sums(w, fx, M, acc);
         return BQ_OK;
     }
     CacheEntry *e;
@@ -485,31 +498,23 @@ int bq_qgemm_linear(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, float sx, 
     return BQ_OK;
 }
 
-/* Split weights, fp32 in and out: codes of x as floats, sgemm per block of inputs straight into out, and
- * the epilogue of bq_qgemm_linear in place. With one block out holds Σ qx·qw exactly, which is the float
- * that (float)(acc − comp) gives; with several the block sums are added in int32 first. */
-QG_VEC static void linear_split(BqQGemmWeights *w, const float *x, int64_t M, float sx, const float *b, float *out) {
+/* Split weights, fp32 in and out: the codes of x as floats; with one block of inputs its sgemm writes
+ * Σ qx·qw straight into out (exactly the float (float)(acc − comp) is) and the epilogue runs in place,
+ * otherwise the block sums go through split_sums and the epilogue of bq_qgemm_linear. scratch: M·N int32. */
+QG_VEC static void linear_split(BqQGemmWeights *w, const float *x, int64_t M, float sx, const float *b, float *out,
+                                int32_t *scratch) {
     const int64_t N = w->N, K = w->K;
-    const float magic = 12582912.0f; /* as bq_qgemm_quantize_u8 */
     float *fx = grow(&g_fx, &g_fx_n, M * K);
 #pragma omp parallel for if (M * K > 65536) schedule(static)
-    for (int64_t i = 0; i < M * K; i++) {
-        float v = x[i] / sx;
-        v = v < -128.0f ? -128.0f : v;
-        v = v > 127.0f ? 127.0f : v;
-        v = v == v ? v : 0.0f;
-        fx[i] = (v + magic) - magic;
+    for (int64_t i = 0; i < M * K; i++) fx[i] = code_of(x[i], sx);
+    if (K > SPLIT_KBLOCK) {
+        split_sums(w, fx, M, scratch);
+        float *const dst[1] = {out};
+        epilogue(dst, 1, scratch, w->comp, w->sw, b, sx, M, N);
+        return;
     }
-    for (int64_t k0 = 0; k0 < K; k0 += SPLIT_KBLOCK) {
-        const int64_t kb = K - k0 < SPLIT_KBLOCK ? K - k0 : SPLIT_KBLOCK;
-        float *dst = k0 == 0 ? out : grow(&g_fy, &g_fy_n, M * N);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)kb, 1.0f, fx + k0, (int)K,
-                    w->fcodes + k0, (int)K, 0.0f, dst, (int)N);
-        if (k0 > 0) {
-#pragma omp parallel for if (M * N > 65536) schedule(static)
-            for (int64_t i = 0; i < M * N; i++) out[i] = (float)((int32_t)out[i] + (int32_t)dst[i]);
-        }
-    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, fx, (int)K, w->fcodes,
+                (int)K, 0.0f, out, (int)N);
     const float *sw = w->sw;
 #pragma omp parallel for if (M * N > 16384) schedule(static)
     for (int64_t m = 0; m < M; m++) {
@@ -524,28 +529,20 @@ QG_VEC static void linear_split(BqQGemmWeights *w, const float *x, int64_t M, fl
 
 int bq_qgemm_linear_f32(BqQGemmWeights *w, const float *x, int64_t M, float sx, const float *b, float *out,
                         uint8_t *codes, int32_t *scratch) {
-    BQ_CHECK(w && x && out && M > 0);
+    BQ_CHECK(w && x && out && M > 0 && scratch);
     if (w->split) {
-        linear_split(w, x, M, sx, b, out);
+        linear_split(w, x, M, sx, b, out, scratch);
         return BQ_OK;
     }
-    BQ_CHECK(codes && scratch);
+    BQ_CHECK(codes);
     bq_qgemm_quantize_u8(codes, x, M * w->K, sx);
     float *const dst[1] = {out};
     return bq_qgemm_linear(w, codes, M, sx, b, 1, dst, scratch);
 }
 
 QG_VEC void bq_qgemm_quantize_u8(uint8_t *out, const float *x, int64_t n, float sx) {
-    const float magic = 12582912.0f; /* 1.5·2^23: (v + magic) − magic rounds |v| < 2^22 to nearest even */
 #pragma omp parallel for if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        float v = x[i] / sx;
-        v = v < -128.0f ? -128.0f : v;
-        v = v > 127.0f ? 127.0f : v;
-        v = v == v ? v : 0.0f;
-        v = (v + magic) - magic;
-        out[i] = (uint8_t)((int)v + 128);
-    }
+    for (int64_t i = 0; i < n; i++) out[i] = (uint8_t)((int)code_of(x[i], sx) + 128);
 }
 
 /* ---- weights refilled every step (the QAT forward) ---- */

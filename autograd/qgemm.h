@@ -50,8 +50,8 @@ int64_t bq_qgemm_weights_n(const BqQGemmWeights *w);
 int64_t bq_qgemm_weights_k(const BqQGemmWeights *w);
 
 /* The whole Linear from fp32 input: bq_qgemm_quantize_u8 of x (M,K) with sx, then bq_qgemm_linear
- * into out (M,N), nout 1; the same bits. Split weights skip the u8 codes (codes and scratch unused,
- * may be NULL); otherwise codes holds M·K bytes and scratch M·N int32 of caller memory. */
+ * into out (M,N), nout 1; the same bits. scratch: M·N int32 of caller memory; codes: M·K bytes (unused,
+ * may be NULL, for split weights, which skip the u8 codes). */
 int bq_qgemm_linear_f32(BqQGemmWeights *w, const float *x, int64_t M, float sx, const float *b, float *out,
                         uint8_t *codes, int32_t *scratch);
 

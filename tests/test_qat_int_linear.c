@@ -1,8 +1,9 @@
 /* The integer forward of quantized Linears in fake quant and QAT (bq_op_linear_qgemm, bq_quant_linear of
  * layers/quant.h):
  *  - exactness: at 7 and 8 bits (8 bits runs as sgemm on float codes in blocks of 1024 inputs on a CPU
- *    without VNNI or AMX), per channel and per tensor, and at 8 bits with K = 1100 inputs (two blocks,
- *    where one block's sum of the saturated row, 1100·127·127 > 2^24, would not be exact in fp32), the
+ *    without VNNI or AMX), per channel and per tensor, and at 8 bits with K = 2100 inputs (three blocks;
+ *    the saturated row's sum is odd and above 2^24 after one block and after two, so a single block, or
+ *    blocks added in fp32, give other outputs: both tried), the
  *    int32 sums equal a 64-bit reference Σ qx·qw and the output equals
  *    fl(fl((float)acc·fl(sx·sw[n])) + b[n]) bit for bit, with rows of codes at saturation (activation
  *    codes 127 and -128 against weight codes qmin and qmax, where int16 pair sums would overflow) and
@@ -39,14 +40,16 @@
 
 /* ---- one Linear ---- */
 
-enum { M = 37, KMAX = 1100, N = 24 };
+enum { M = 37, KMAX = 2100, N = 24 };
 static int K = 200; /* inputs of the Linear under test, at most KMAX */
 
 static float xh[M * KMAX], wraw[N * KMAX], wh[N * KMAX], bias[N], sw[N];
 static int qx[M * KMAX], qw[N * KMAX];
 
-/* Codes at saturation in rows 0..3 of x and rows 0..3 of w (row 0 of w one below qmax at k = 1, so that
- * x row 0 · w row 0 = 127·(127·K − 1) is odd: above 2^24 not a float), random elsewhere; x̂ = fl(qx·sx);
+/* Codes at saturation in rows 0..3 of x and rows 0..3 of w (row 0 of w one below qmax at k = 1 and
+ * k = 2050, so that x row 0 · w row 0 is odd after one block of 1024 inputs and after two, above 2^24 not a
+ * float, and at K = 2100 adding the blocks in fp32 ends on another float than the exact sum's), random
+ * elsewhere; x̂ = fl(qx·sx);
  * w raw with exact ties on half of its elements of rows >= 4, ŵ its fake quantization. */
 static void make_linear(BqRng *r, int bits, int per_channel, float sx) {
     const int qmin = -(1 << (bits - 1)), qmax = (1 << (bits - 1)) - 1;
@@ -61,7 +64,7 @@ static void make_linear(BqRng *r, int bits, int per_channel, float sx) {
         for (int k = 0; k < K; k++) {
             float v;
             if (n < 4)
-                v = (float)(n == 0 ? qmax - (k == 1) : n == 1 ? qmin : n == 2 ? (k % 2 ? qmin : qmax) : qmax + 9);
+                v = (float)(n == 0 ? qmax - (k == 1 || k == 2050) : n == 1 ? qmin : n == 2 ? (k % 2 ? qmin : qmax) : qmax + 9);
             else if (k % 2) v = (float)((int)bq_rng_below(r, (uint64_t)(qmax - qmin)) + qmin) + 0.5f; /* a tie */
             else v = (float)(qmax - qmin + 6) * ((float)bq_rng_uniform(r) - 0.5f);
             wraw[n * K + k] = v * sw[n];
