@@ -93,12 +93,13 @@ int bq_svg_chart(const char *path, const char *title, const char *xlabel, const 
 #define PX(x) (L + ((x) - x0) / (x1 - x0) * (W - L - R))
 #define PY(y) (H - B - ((y) - y0) / (y1 - y0) * (H - T - B))
     double sx = nice_step(x1 - x0), sy = nice_step(y1 - y0);
+    /* tick labels: "+ 0.0" turns the -0 that ceil() gives just below zero into 0 */
     for (double t = ceil(x0 / sx) * sx; t <= x1 + 1e-9; t += sx)
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#ddd\"/><text x=\"%.1f\" y=\"%.0f\" "
-                   "text-anchor=\"middle\">%g</text>\n", PX(t), T, PX(t), H - B, PX(t), H - B + 16, t);
+                   "text-anchor=\"middle\">%g</text>\n", PX(t), T, PX(t), H - B, PX(t), H - B + 16, t + 0.0);
     for (double t = ceil(y0 / sy) * sy; t <= y1 + 1e-12; t += sy)
         fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%.0f\" y=\"%.1f\" "
-                   "text-anchor=\"end\">%.4g</text>\n", L, PY(t), W - R, PY(t), L - 6, PY(t) + 4, t);
+                   "text-anchor=\"end\">%.4g</text>\n", L, PY(t), W - R, PY(t), L - 6, PY(t) + 4, t + 0.0);
     fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#333\"/>\n", L, T,
             W - L - R, H - T - B);
     fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">%s</text>\n", (L + W - R) / 2, H - 10, xlabel);
@@ -370,7 +371,7 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
     Series loss[5] = {{0}}, acc[5] = {{0}};
     const char *names[5] = {0};
     const double *lx[5] = {0}, *ly[5] = {0}, *ax[5] = {0}, *ay[5] = {0};
-    int ln[5] = {0}, an[5] = {0}, ns = 0;
+    int ln[5] = {0}, an[5] = {0}, ns = 0, nacc = 0;
     for (int i = 0; i < nrows && ns < 5; i++) {
         if (!rows[i].train_log) continue;
         char path[4096];
@@ -379,15 +380,18 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
         names[ns] = rows[i].label;
         lx[ns] = loss[ns].x, ly[ns] = loss[ns].y, ln[ns] = loss[ns].n;
         ax[ns] = acc[ns].x, ay[ns] = acc[ns].y, an[ns] = acc[ns].n;
+        nacc += an[ns];
         ns++;
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/curves-loss.svg", run_dir);
     int st = bq_svg_chart(path, "Training loss", "step", "loss", ns, names, lx, ly, ln);
-    if (!st) {
-        snprintf(path, sizeof path, "%s/curves-eval.svg", run_dir);
-        st = bq_svg_chart(path, "Validation accuracy", "step", "accuracy", ns, names, ax, ay, an);
-    }
+    /* The validation chart only when a stage validated (question answering trains without a validation
+     * pass); a chart left by an earlier run of this directory would otherwise outlive its data. */
+    snprintf(path, sizeof path, "%s/curves-eval.svg", run_dir);
+    if (!st && nacc > 0) st = bq_svg_chart(path, "Validation accuracy", "step", "accuracy", ns, names, ax, ay, an);
+    else if (!st && unlink(path) != 0 && errno != ENOENT)
+        st = bq_err(BQ_EIO, "%s: cannot remove: %s", path, strerror(errno));
     for (int i = 0; i < ns; i++) free(loss[i].x), free(loss[i].y), free(acc[i].x), free(acc[i].y);
     if (st) return st;
 
@@ -502,8 +506,8 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
     for (int i = 0; i < nrows; i++)
         if (rows[i].note) fprintf(f, "\n%s: %s\n", rows[i].label, rows[i].note);
     fprintf(f, "\nengine: what scored the row (`bertqat eval`: int8 is the integer engine, fake-quant the fp32 "
-               "simulation QAT trains, fp32 a float checkpoint; ONNX Runtime CPU for the .onnx files). examples/s: "
-               "inference only, tokenization excluded.\n");
+               "simulation QAT trains, fp32 a float checkpoint; ONNX Runtime CPU for the .onnx files). %s: "
+               "inference only, tokenization excluded.\n", qa ? "questions/s" : "examples/s");
     if (info->bench_json) speed_write(f, run_dir, info->bench_json);
     /* Each stage's settings, thread count and wall time from its marker (src/cmd_pipeline.c, stage_run:
      * {"settings", "argv", "finished", "seconds"}), so the report shows what actually ran. Paths inside
@@ -535,7 +539,9 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
     }
     if (info->onnx_skipped)
         fprintf(f, "\nONNX Runtime evaluation was skipped: no Python with onnxruntime was given (--python).\n");
-    fprintf(f, "\n## Training curves\n\n![training loss](curves-loss.svg)\n\n![validation accuracy](curves-eval.svg)\n");
+    fprintf(f, "\n## Training curves\n\n![training loss](curves-loss.svg)\n\n");
+    if (nacc > 0) fprintf(f, "![validation accuracy](curves-eval.svg)\n");
+    else fprintf(f, "No stage ran a validation pass, so there is no validation curve.\n");
     if (fclose(f) != 0) return bq_err(BQ_EIO, "%s: write failed", tmp);
     printf("\nreport: %s\n", path);
     return bq_rename_durable(tmp, path);

@@ -258,3 +258,61 @@ def test_export_hf(runs, tmp_path):
     assert w["qa_outputs.weight"].shape == (2, H) and w["qa_outputs.bias"].shape == (2,)
     assert not [k for k in w if "pooler" in k or "classifier" in k]
     assert len(w) == 5 + 16 * L + 2
+
+
+def test_pipeline_qa(runs, tmp_path):
+    """`pipeline --task qa` on the tiny model: every stage runs with the QA flags, each stage's EM/F1 in
+    the report equals its eval JSON, the answer-by-answer rows equal a count over the prediction files,
+    the fp32 export answers every question as the checkpoint does, there is no validation chart (QA trains
+    without validation passes), and a second run only rewrites the report."""
+    out, n = tmp_path / "run", 60
+    args = ["pipeline", "--task", "qa", "--model", runs / "tiny", "--data", os.path.join(DATA, "squad"), "--out",
+            out, "--budget", "small", "--train-samples", 120, "--eval-samples", n, "--max-seq-len", 128,
+            "--batch-size", 16, "--calib-samples", 32, "--lr", 1e-3, "--qat-lr", 1e-4, "--threads", THREADS,
+            "--python", sys.executable]
+    env = dict(os.environ, BERTQAT_CACHE=str(tmp_path / "cache"))
+    p = run_bq(*args, env=env, timeout=1800)
+    log = p.stderr
+    for stage in ("fp32", "qat"):  # doc stride: half of the (128 - 67)-token context room
+        line = [ln for ln in log.splitlines() if ln.startswith(f"[pipeline] {stage}: ")]
+        assert line and "--task qa" in line[0] and "--doc-stride 30" in line[0], (stage, log[-3000:])
+    assert "--teacher" not in log, log[-3000:]  # distillation is the classification pipeline's default only
+    rows = {"fp32": "| fp32 | fp32 |", "ptq": "| PTQ (cpu scheme, percentile 99.99) | int8 |",
+            "ptq-fake-quant": "| PTQ (cpu scheme, percentile 99.99) | fake-quant |",
+            "qat": "| QAT (cpu scheme) | int8 |", "qat-fake-quant": "| QAT (cpu scheme) | fake-quant |",
+            "onnx-fp32": "| ONNX fp32 (for ORT CPU) | onnxruntime", "onnx-int8-cpu": "| ONNX int8 QAT, CPU layout (for ORT CPU) | onnxruntime"}
+    report = (out / "report.md").read_text()
+    assert "| stage | engine | exact match | F1 | F1 vs fp32 | questions | model size | questions/s |" in report
+    res, pred = {}, {}
+    for name, row in rows.items():
+        r = json.loads((out / f"eval-{name}.json").read_text())
+        assert r["task"] == "qa" and r["examples"] == n and r["max_seq_len"] == 128 and r["doc_stride"] == 30, r
+        res[name], pred[name] = r, json.loads((out / f"pred-{name}.json").read_text())
+        assert len(pred[name]) == n, name
+        line = [ln for ln in report.splitlines() if ln.startswith(row)]
+        assert len(line) == 1, (row, report)
+        cells = [x.strip() for x in line[0].strip("|").split("|")]
+        assert cells[2] == f"{r['exact_match']:.2f}" and cells[3] == f"{r['f1']:.2f}" and cells[5] == str(n), cells
+    print("\n" + "\n".join(f"{k}: EM {v['exact_match']:.2f} F1 {v['f1']:.2f}" for k, v in res.items()))
+    # the fp32 export in ONNX Runtime answers exactly as the checkpoint (independent windows and post-processing)
+    assert pred["onnx-fp32"] == pred["fp32"]
+    assert abs(res["onnx-fp32"]["f1"] - res["fp32"]["f1"]) < 1e-9
+    for label, a, b in (("PTQ (cpu scheme, percentile 99.99): int8 vs fake-quant", "ptq", "ptq-fake-quant"),
+                        ("QAT (cpu scheme): int8 vs fake-quant", "qat", "qat-fake-quant"),
+                        ("ONNX fp32 (for ORT CPU) vs fp32 (fp32)", "onnx-fp32", "fp32"),
+                        ("ONNX int8 QAT, CPU layout (for ORT CPU) vs QAT (cpu scheme) (int8)", "onnx-int8-cpu", "qat")):
+        differ = sum(pred[a][k] != pred[b][k] for k in pred[b])
+        line = [ln for ln in report.splitlines() if ln.startswith(f"| {label} |")]
+        assert len(line) == 1, (label, report)
+        cells = [x.strip() for x in line[0].strip("|").split("|")]
+        assert cells[1] == str(n) and cells[2] == f"{100 * (n - differ) / n:.2f}% ({differ} differ)", (cells, differ)
+        assert cells[3] == f"{res[a]['f1'] - res[b]['f1']:+.2f}", cells
+    assert not (out / "curves-eval.svg").exists() and (out / "curves-loss.svg").stat().st_size > 0
+    assert "![validation accuracy]" not in report and "no validation curve" in report, report[-600:]
+    assert "questions/s: inference only" in report and "## Speed on this machine" not in report
+    # a second run: every stage done already, the same table
+    p = run_bq(*args, env=env, timeout=600)
+    assert "[pipeline] qat: done already" in p.stderr and "finetune --model" not in p.stderr, p.stderr[-2000:]
+    again = (out / "report.md").read_text()
+    table = lambda t: [ln for ln in t.splitlines() if ln.startswith("| ")]
+    assert table(again) == table(report)
