@@ -498,33 +498,17 @@ int bq_qgemm_linear(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, float sx, 
     return BQ_OK;
 }
 
-/* Split weights, fp32 in and out: the codes of x as floats; with one block of inputs its sgemm writes
- * Σ qx·qw straight into out (exactly the float (float)(acc − comp) is) and the epilogue runs in place,
- * otherwise the block sums go through split_sums and the epilogue of bq_qgemm_linear. scratch: M·N int32. */
+/* Split weights, fp32 in and out: the codes of x as floats, split_sums into scratch (M·N int32), then
+ * the epilogue of bq_qgemm_linear: the same bits as the u8 path. */
 QG_VEC static void linear_split(BqQGemmWeights *w, const float *x, int64_t M, float sx, const float *b, float *out,
                                 int32_t *scratch) {
-    const int64_t N = w->N, K = w->K;
+    const int64_t K = w->K;
     float *fx = grow(&g_fx, &g_fx_n, M * K);
 #pragma omp parallel for if (M * K > 65536) schedule(static)
     for (int64_t i = 0; i < M * K; i++) fx[i] = code_of(x[i], sx);
-    if (K > SPLIT_KBLOCK) {
-        split_sums(w, fx, M, scratch);
-        float *const dst[1] = {out};
-        epilogue(dst, 1, scratch, w->comp, w->sw, b, sx, M, N);
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, fx, (int)K, w->fcodes,
-                (int)K, 0.0f, out, (int)N);
-    const float *sw = w->sw;
-#pragma omp parallel for if (M * N > 16384) schedule(static)
-    for (int64_t m = 0; m < M; m++) {
-        float *y = out + m * N;
-        if (b) {
-            for (int64_t n = 0; n < N; n++) y[n] = y[n] * (sx * sw[n]) + b[n];
-        } else {
-            for (int64_t n = 0; n < N; n++) y[n] = y[n] * (sx * sw[n]);
-        }
-    }
+    split_sums(w, fx, M, scratch);
+    float *const dst[1] = {out};
+    epilogue(dst, 1, scratch, w->comp, w->sw, b, sx, M, w->N);
 }
 
 int bq_qgemm_linear_f32(BqQGemmWeights *w, const float *x, int64_t M, float sx, const float *b, float *out,
