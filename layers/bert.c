@@ -308,10 +308,52 @@ static int linear(BqCtx *ctx, const BqLinearHook *hk, BqQuantState *qs, int l, B
     return BQ_OK;
 }
 
+unsigned bq_bert_linear_reach(int point) {
+    const unsigned q = 1u << BQ_LIN_Q, k = 1u << BQ_LIN_K, v = 1u << BQ_LIN_V, ao = 1u << BQ_LIN_AO,
+                   i = 1u << BQ_LIN_I, o = 1u << BQ_LIN_O;
+    switch (point) {
+    case BQ_QP_W_Q: case BQ_QP_Q_IN: return q | ao | i | o;
+    case BQ_QP_W_K: case BQ_QP_K_IN: return k | ao | i | o;
+    case BQ_QP_W_V: case BQ_QP_V_IN: return v | ao | i | o;
+    case BQ_QP_Q_OUT: case BQ_QP_K_OUT: case BQ_QP_V_OUT: case BQ_QP_MM1_Q: case BQ_QP_MM1_K: case BQ_QP_SCORES:
+    case BQ_QP_PROBS: case BQ_QP_MM2_P: case BQ_QP_MM2_V: case BQ_QP_CONTEXT: case BQ_QP_AO_IN: case BQ_QP_W_AO:
+        return ao | i | o;
+    /* INTER_OUT also decides whether the GELU pass adds the intermediate bias (layer_forward) */
+    case BQ_QP_ADD1_LOCAL: case BQ_QP_ADD1_RESID: case BQ_QP_ATTN_RESID: case BQ_QP_ATTN_LN: case BQ_QP_I_IN:
+    case BQ_QP_W_I: case BQ_QP_INTER_OUT:
+        return i | o;
+    case BQ_QP_GELU_OUT: case BQ_QP_O_IN: case BQ_QP_W_O: return o;
+    case BQ_QP_ADD2_LOCAL: case BQ_QP_ADD2_RESID: case BQ_QP_OUT_RESID: case BQ_QP_OUT_LN: return 0;
+    default: return q | k | v | ao | i | o;
+    }
+}
+
+/* The output of the Linear (l, id) handed in through in->lin_reuse, copied into ctx->act with x's shape
+ * and out_features as its last dimension; NULL when the caller gives none. */
+static BqTensor *lin_reused(BqCtx *ctx, const BqBertInput *in, int l, BqLinearId id, const BqTensor *x,
+                            int64_t out_features) {
+    const float *src = in && in->lin_reuse ? in->lin_reuse[l * BQ_LIN_ENCODER + id] : NULL;
+    if (!src) return NULL;
+    int64_t shape[4];
+    BQ_CHECK(x->ndim >= 1 && x->ndim <= 4);
+    for (int d = 0; d < x->ndim; d++) shape[d] = x->shape[d];
+    shape[x->ndim - 1] = out_features;
+    BqTensor *y = bq_tensor_new(ctx, x->ndim, shape);
+    memcpy(y->data, src, (size_t)bq_tensor_numel(y) * sizeof(float));
+    return y;
+}
+
+/* Copies the output y of the Linear (l, id) to in->lin_keep when the caller asks for it. */
+static void lin_kept(const BqBertInput *in, int l, BqLinearId id, const BqTensor *y) {
+    float *dst = in && in->lin_keep ? in->lin_keep[l * BQ_LIN_ENCODER + id] : NULL;
+    if (dst) memcpy(dst, y->data, (size_t)bq_tensor_numel(y) * sizeof(float));
+}
+
 /* One BertLayer (attention, residual + LayerNorm, feed-forward, residual + LayerNorm) on x (B,T,H) →
- * (B,T,H); cls_only: everything after the attention on token 0 only → (B,H) (bq_bert_forward). */
-static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, BqTensor *x, const float *mask,
-                         int cls_only, BqTensor **y) {
+ * (B,T,H); cls_only: everything after the attention on token 0 only → (B,H) (bq_bert_forward). io (may
+ * be NULL): the Linear outputs to keep or reuse (BqBertInput.lin_keep, lin_reuse). */
+static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertInput *io, int l, BqTensor *x,
+                         const float *mask, int cls_only, BqTensor **y) {
     const BqBertConfig *c = &m->cfg;
     BqBertLayer *L = &m->layers[l];
     BqQuantState *qs = m->quant;
@@ -335,9 +377,11 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
                                 : ctx->training && c->hidden_dropout_prob > 0.0f ? NULL
                                                                                  : grid_of(qs, BQ_QP_LAYER_EMB, -1, -1);
         for (int j = 0; j < 3; j++) {
-            if ((st = linear(ctx, hk, qs, l, (BqLinearId)(BQ_LIN_Q + j), x, xa, in_pt[j], gx, W[j], w_pt[j], Bias[j],
-                             &qkv[j])))
+            const BqLinearId id = (BqLinearId)(BQ_LIN_Q + j);
+            if (!(qkv[j] = lin_reused(ctx, io, l, id, x, W[j]->shape[0])) &&
+                (st = linear(ctx, hk, qs, l, id, x, xa, in_pt[j], gx, W[j], w_pt[j], Bias[j], &qkv[j])))
                 return st;
+            lin_kept(io, l, id, qkv[j]);
             qkv[j] = qact(qs, ctx, l, out_pt[j], qkv[j]);
         }
     }
@@ -377,9 +421,11 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
     /* BertSelfOutput: LayerNorm(dropout(dense(ctx)) + x), one fused op where no quantizer sits between
      * the dropout, the residual add and the LayerNorm (fp32, the cpu scheme) */
     BqTensor *a;
-    if ((st = linear(ctx, hk, qs, l, BQ_LIN_AO, cx, cx, BQ_QP_AO_IN, grid_of(qs, l, BQ_QP_CONTEXT, -1), &L->ao_w,
+    if (!(a = lin_reused(ctx, io, l, BQ_LIN_AO, cx, L->ao_w.shape[0])) &&
+        (st = linear(ctx, hk, qs, l, BQ_LIN_AO, cx, cx, BQ_QP_AO_IN, grid_of(qs, l, BQ_QP_CONTEXT, -1), &L->ao_w,
                      BQ_QP_W_AO, &L->ao_b, &a)))
         return st;
+    lin_kept(io, l, BQ_LIN_AO, a);
     if (!has_q(qs, l, BQ_QP_ADD1_LOCAL) && !has_q(qs, l, BQ_QP_ADD1_RESID) && !has_q(qs, l, BQ_QP_ATTN_RESID)) {
         a = bq_op_residual_layernorm_sole(ctx, a, c->hidden_dropout_prob, x, &L->ln1_w, &L->ln1_b, c->layer_norm_eps);
     } else {
@@ -394,15 +440,18 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
      * bias add and the GELU or an engine computes the Linear */
     BqTensor *h;
     int fuse_bias = !hk && !has_q(qs, l, BQ_QP_INTER_OUT);
-    if ((st = linear(ctx, hk, qs, l, BQ_LIN_I, a, a, BQ_QP_I_IN, grid_of(qs, l, BQ_QP_ATTN_LN, -1), &L->i_w,
+    if (!(h = lin_reused(ctx, io, l, BQ_LIN_I, a, L->i_w.shape[0])) &&
+        (st = linear(ctx, hk, qs, l, BQ_LIN_I, a, a, BQ_QP_I_IN, grid_of(qs, l, BQ_QP_ATTN_LN, -1), &L->i_w,
                      BQ_QP_W_I, fuse_bias ? NULL : &L->i_b, &h)))
         return st;
+    lin_kept(io, l, BQ_LIN_I, h);
     h = qact(qs, ctx, l, BQ_QP_INTER_OUT, h);                                   /* (B,T,I) */
 
     /* BertOutput: LayerNorm(dropout(dense(h)) + a), fused as above. Where nothing sits between the GELU
      * and the dense (no quantizer, no engine), the two are one op that never keeps the GELU output. */
     BqTensor *o;
-    if (fuse_bias && !has_q(qs, l, BQ_QP_GELU_OUT) && !has_q(qs, l, BQ_QP_O_IN)) {
+    if ((o = lin_reused(ctx, io, l, BQ_LIN_O, h, L->o_w.shape[0]))) {
+    } else if (fuse_bias && !has_q(qs, l, BQ_QP_GELU_OUT) && !has_q(qs, l, BQ_QP_O_IN)) {
         o = bq_op_gelu_linear(ctx, h, &L->i_b, qweight(qs, ctx, l, BQ_QP_W_O, &L->o_w), &L->o_b);
     } else {
         h = bq_op_bias_gelu_sole(ctx, h, fuse_bias ? &L->i_b : NULL);
@@ -411,6 +460,7 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, int l, B
                          BQ_QP_W_O, &L->o_b, &o)))
             return st;
     }
+    lin_kept(io, l, BQ_LIN_O, o);
     if (!has_q(qs, l, BQ_QP_ADD2_LOCAL) && !has_q(qs, l, BQ_QP_ADD2_RESID) && !has_q(qs, l, BQ_QP_OUT_RESID)) {
         o = bq_op_residual_layernorm_sole(ctx, o, c->hidden_dropout_prob, a, &L->ln2_w, &L->ln2_b, c->layer_norm_eps);
     } else {
@@ -503,6 +553,7 @@ int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const B
                            BqTensor **logits, BqTensor **loss) {
     BQ_CHECK(m && ctx && ctx->act && in && logits);
     BQ_CHECK(!hook || !ctx->tape); /* engines compute forward values only */
+    BQ_CHECK(!hook || (!in->lin_keep && !in->lin_reuse)); /* an engine's Linears are its own */
     const BqBertConfig *c = &m->cfg;
     *logits = NULL;
     if (loss) *loss = NULL;
@@ -517,7 +568,7 @@ int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const B
         const int cls_only = cls_last && l == c->num_hidden_layers - 1;
         if (hook && hook->layer && (st = hook->layer(hook->user, ctx, l, x, in->attention_mask, cls_only, &y)))
             return st;
-        if (!y && (st = layer_forward(m, ctx, hook, l, x, in->attention_mask, cls_only, &y))) return st;
+        if (!y && (st = layer_forward(m, ctx, hook, in, l, x, in->attention_mask, cls_only, &y))) return st;
         x = y;
         if (in->hidden) in->hidden[l] = x;
     }

@@ -133,6 +133,18 @@ typedef struct BqBertInput {
     BqTensor *start_hidden;        /* (B,T,H) is the input of layer start_layer (a cached prefix) */
     int all_rows;                  /* 1: compute every token of the last layer even where only [CLS] is
                                     * read (tests compare the two; see bq_bert_forward) */
+    /* Linear outputs kept and handed back (sensitivity): NULL, or (num_hidden_layers·BQ_LIN_ENCODER)
+     * entries indexed l·BQ_LIN_ENCODER + id for the six encoder Linears (BQ_LIN_Q … BQ_LIN_O). The
+     * output of a Linear is the tensor the forward goes on from: the product plus bias before any output
+     * quantizer, the intermediate dense without its bias where the GELU pass adds it, and the output
+     * dense as the fused GELU + dense where the forward fuses them. Its shape is the Linear's input's
+     * with the last dimension the weight's rows (hidden_size or intermediate_size).
+     * lin_keep[i] non-NULL: the forward copies that output there (room for B·T·features floats).
+     * lin_reuse[i] non-NULL: the forward copies that output from there instead of computing the
+     * Linear; the caller guarantees that it is what this forward would compute (the same Linear input
+     * and the same enabled quantizers up to the Linear: bq_bert_linear_reach). */
+    float *const *lin_keep;
+    const float *const *lin_reuse;
 } BqBertInput;
 
 /* Forward pass of BertForSequenceClassification: logits (B, num_labels); when the input has labels
@@ -158,6 +170,18 @@ int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **log
 typedef enum BqLinearId {
     BQ_LIN_Q, BQ_LIN_K, BQ_LIN_V, BQ_LIN_AO, BQ_LIN_I, BQ_LIN_O, BQ_LIN_QKV, BQ_LIN_POOLER, BQ_LIN_CLASSIFIER
 } BqLinearId;
+
+/* The six Linears of an encoder layer (BqBertInput.lin_keep, lin_reuse). */
+#define BQ_LIN_ENCODER 6
+
+/* The encoder Linears of its own layer whose output a quantizer at `point` (a BqQPoint) can change, as a
+ * mask of bits 1 << BqLinearId (BQ_LIN_Q … BQ_LIN_O): the Linears it quantizes and every Linear after it
+ * in the layer's data flow (query, key and value are side by side; the attention output dense, the
+ * intermediate and the output dense follow in that order). A point after the last Linear (the residual
+ * adds and LayerNorm of the output) reaches none; the embeddings' point (-1) and any point not named
+ * reach all six. The quantizers of other layers reach this layer's Linears only through its input (the
+ * values and the grid they lie on). */
+unsigned bq_bert_linear_reach(int point);
 
 /* An inference engine that computes some Linears its own way (layers/bert_int8.h). run() receives the
  * Linear's input x before any input quantizer, and its fp32 weight and bias (NULL for BQ_LIN_QKV). It

@@ -41,6 +41,7 @@ static int write_json(const BqSensitivity *s, const int *order, const char *path
     json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
     json_object_set_new(j, "seconds", json_real(secs));
     json_object_set_new(j, "batch_forwards", json_integer(s->forwards));
+    json_object_set_new(j, "linears_reused", json_integer(s->reused));
     json_object_set_new(j, "accuracy_fp32", json_real(s->acc_fp32));
     json_object_set_new(j, "accuracy_quantized", json_real(s->acc_quant));
     json_object_set_new(j, "kl_quantized", json_real(s->kl_quant));
@@ -150,8 +151,8 @@ int bq_cmd_sensitivity(int argc, char **argv) {
         {"batch-size", BQ_ARG_INT, &batch_size, "examples per forward", 0, 1, 65536},
         {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
         {"out", BQ_ARG_STR, &out, "folder for sensitivity.json and sensitivity.svg (created)", 0, 0, 0},
-        {"no-prefix-cache", BQ_ARG_FLAG, &no_cache, "run every pass from the embeddings (same results, slower; "
-         "for timing)", 0, 0, 0},
+        {"no-prefix-cache", BQ_ARG_FLAG, &no_cache, "run every pass from the embeddings and compute every Linear "
+         "(same results, slower; for timing)", 0, 0, 0},
         BQ_CLI_DATA_SPECS(d),
     };
     BqArgs args = {.cmd = "sensitivity", .usage = "--model CKPT --data PATH [options]",
@@ -198,17 +199,23 @@ int bq_cmd_sensitivity(int argc, char **argv) {
     double t0 = bq_now();
     if ((st = bq_sens_init(&s, &m, &bt, samples))) goto cleanup;
     if (no_cache) s.prefix_cache = 0;
-    fprintf(stderr, "[sensitivity] prefix cache: %s\n", s.prefix_cache ? "on (each group's passes start at its "
-            "first layer)" : no_cache ? "off (--no-prefix-cache)" : "off (it would exceed 3 GiB)");
+    fprintf(stderr, "[sensitivity] per-batch cache: %s\n",
+            !s.prefix_cache ? (no_cache ? "off (--no-prefix-cache)" : "off (it would exceed 3 GiB)")
+            : s.reuse_linears ? "on (each group's passes start at its first layer and reuse the Linears there "
+                                "that its quantizers cannot reach)"
+                              : "layer outputs only (each group's passes start at its first layer; the Linear "
+                                "outputs would exceed 3 GiB)");
     fprintf(stderr, "[sensitivity] %d groups of %d quantizers (scheme %s) on %lld %s examples: fp32 %.4f, "
             "all quantized %.4f (KL %.3g)\n", s.ng, m.quant->n, bq_scheme_name(m.quant->cfg.scheme),
             (long long)s.n, split, s.acc_fp32, s.acc_quant, s.kl_quant);
     if ((st = bq_sens_run_groups(&s, 0))) goto cleanup;
     double secs = bq_now() - t0;
     bq_dist_sum_i64(&s.forwards, 1); /* under mpirun each rank counted its own batches */
+    bq_dist_sum_i64(&s.reused, 1);
     order = bq_sens_order(&s);
-    printf("sensitivity: %lld %s examples, scheme %s, %d groups, %.1fs (%d threads)\n", (long long)s.n, split,
-           bq_scheme_name(m.quant->cfg.scheme), s.ng, secs, bq_runtime_threads());
+    printf("sensitivity: %lld %s examples, scheme %s, %d groups, %.1fs (%d threads; %lld batch forwards, %lld "
+           "Linear products reused)\n", (long long)s.n, split, bq_scheme_name(m.quant->cfg.scheme), s.ng, secs,
+           bq_runtime_threads(), (long long)s.forwards, (long long)s.reused);
     printf("accuracy: fp32 %.4f, all quantized %.4f (mean KL %.4g)\n", s.acc_fp32, s.acc_quant, s.kl_quant);
     printf("%4s  %-44s %12s %10s %12s %10s\n", "rank", "group (most harmful first)", "only int8", "KL", "only fp32",
            "KL");

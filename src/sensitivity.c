@@ -84,85 +84,91 @@ cleanup:
     return st;
 }
 
-/* Runs the forward over the measured examples with the current enabled flags. store: stores the logits
- * into s->teacher (the fp32 pass); else compares against them. start > 0: each batch starts at layer
- * `start` from the cached outputs `from` of layer start − 1. capture (may be NULL): receives each batch's
- * outputs of every layer but the last (allocated here).
- * Under mpirun rank r runs the batches bi with bi mod N = r (its teacher rows, labels and cache entries
- * are those of its batches) and writes each example's KL term into its slot of a zeroed array; one sum
- * over the ranks fills every slot (each is one rank's value plus zeros, exact), and the terms are then
- * added in example order as one process adds them: accuracy and KL equal the single-process ones bit for
- * bit. */
-static int run_pass(BqSensitivity *s, int store, int start, float **from, float **capture, double *acc, double *kl) {
-    int st = BQ_OK;
+/* Stores the first `rows` logits of a batch whose first example is example `seen` as the teacher (store), or
+ * compares them with it: adds the correct predictions to *correct and writes each example's
+ * KL(teacher ‖ logits) to kl[seen + r]. */
+static void score(BqSensitivity *s, const BqBatch *b, const BqTensor *logits, int64_t seen, int64_t rows, int store,
+                  int64_t *correct, double *kl) {
+    const int C = s->num_labels;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *z = logits->data + r * C;
+        float *t = s->teacher + (seen + r) * C;
+        if (store) {
+            memcpy(t, z, (size_t)C * sizeof *t);
+            s->labels[seen + r] = b->labels[r];
+        }
+        int arg = 0;
+        for (int c = 1; c < C; c++)
+            if (z[c] > z[arg]) arg = c;
+        *correct += arg == s->labels[seen + r];
+        /* KL(p ‖ q) with p = softmax(t), q = softmax(z), via log-sum-exp */
+        double mt = t[0], mz = z[0], st_ = 0.0, sz = 0.0;
+        for (int c = 1; c < C; c++) mt = fmax(mt, t[c]), mz = fmax(mz, z[c]);
+        for (int c = 0; c < C; c++) st_ += exp(t[c] - mt), sz += exp(z[c] - mz);
+        double lt = mt + log(st_), lz = mz + log(sz), d = 0.0;
+        for (int c = 0; c < C; c++) {
+            double lp = t[c] - lt, lq = z[c] - lz;
+            d += exp(lp) * (lp - lq);
+        }
+        kl[seen + r] = d > 0.0 ? d : 0.0;
+    }
+}
+
+/* One forward of batch b with the current enabled flags, logits into *out (in s->act: the caller rewinds).
+ * start > 0: from layer `start` on `from`, the output of layer start − 1 (B·T·H floats). keep_hidden (may
+ * be NULL): receives the output of every layer but the last, (layers − 1)·B·T·H floats. keep, reuse (may
+ * be NULL): BqBertInput.lin_keep and lin_reuse. */
+static int forward_batch(BqSensitivity *s, const BqBatch *b, int start, const float *from, float *keep_hidden,
+                         float *const *keep, const float *const *reuse, BqTensor **out) {
     BqCtx ctx = {.act = &s->act, .tape = NULL, .training = 0};
-    const int C = s->num_labels, L = s->m->cfg.num_hidden_layers;
-    const int64_t H = s->m->cfg.hidden_size;
+    const int L = s->m->cfg.num_hidden_layers;
+    const int64_t bth = b->B * b->T * s->m->cfg.hidden_size;
+    BqBertInput in = bq_batch_input(b);
+    if (start > 0) {
+        int64_t shape[3] = {b->B, b->T, s->m->cfg.hidden_size};
+        BqTensor *x = bq_tensor_new(&ctx, 3, shape);
+        memcpy(x->data, from, (size_t)bth * sizeof(float));
+        in.start_layer = start;
+        in.start_hidden = x;
+    }
+    if (keep_hidden) in.hidden = bq_arena_alloc_zero(&s->act, (size_t)L * sizeof(BqTensor *));
+    in.lin_keep = keep;
+    in.lin_reuse = reuse;
+    int st = bq_bert_forward(s->m, &ctx, &in, out, NULL);
+    if (st) return st;
+    s->forwards++;
+    if (keep_hidden)
+        for (int l = 0; l + 1 < L; l++) memcpy(keep_hidden + l * bth, in.hidden[l]->data, (size_t)bth * sizeof(float));
+    return BQ_OK;
+}
+
+/* Accuracy and mean KL of every measured example with the current enabled flags, from the embeddings;
+ * store: the fp32 pass, whose logits become the teacher.
+ * Under mpirun rank r runs the batches bi with bi mod N = r (its teacher rows and labels are those of its
+ * batches) and writes each example's KL term into its slot of a zeroed array; one sum over the ranks fills
+ * every slot (each is one rank's value plus zeros, exact), and the terms are then added in example order
+ * as one process adds them: accuracy and KL equal the single-process ones bit for bit. */
+static int run_pass(BqSensitivity *s, int store, double *acc, double *kl) {
+    int st = BQ_OK;
     const int nr = bq_dist_size(), rank = bq_dist_rank();
     int64_t seen = 0, correct = 0, bi = 0;
-    double klsum = 0.0, *klrow = nr > 1 ? bq_calloc((size_t)(s->n > 0 ? s->n : 1), sizeof(double)) : NULL;
+    double klsum = 0.0, *klrow = bq_calloc((size_t)(s->n > 0 ? s->n : 1), sizeof(double));
     BqBatch b;
     bq_batcher_seek(s->b, 0, 0);
     while (seen < s->n && bq_batcher_next(s->b, &b)) {
         int64_t rows = b.B < s->n - seen ? b.B : s->n - seen;
-        if (bi % nr != rank) {
-            bi++;
-            seen += rows;
-            continue;
-        }
-        size_t mark = bq_arena_mark(&s->act);
-        BqTensor *logits = NULL;
-        BqBertInput in = bq_batch_input(&b);
-        const int64_t bth = b.B * b.T * H;
-        if (start > 0) {
-            BQ_CHECK(bi < s->ncached && s->cache_bt[bi] == b.B * b.T);
-            int64_t shape[3] = {b.B, b.T, H};
-            BqTensor *x = bq_tensor_new(&ctx, 3, shape);
-            memcpy(x->data, from[bi] + (int64_t)(start - 1) * bth, (size_t)bth * sizeof(float));
-            in.start_layer = start;
-            in.start_hidden = x;
-        }
-        if (capture) in.hidden = bq_arena_alloc_zero(&s->act, (size_t)L * sizeof(BqTensor *));
-        if ((st = bq_bert_forward(s->m, &ctx, &in, &logits, NULL))) goto cleanup;
-        s->forwards++;
-        if (capture) {
-            capture[bi] = bq_malloc((size_t)((L > 1 ? L - 1 : 1) * bth) * sizeof(float));
-            s->cache_bt[bi] = b.B * b.T;
-            for (int l = 0; l + 1 < L; l++)
-                memcpy(capture[bi] + l * bth, in.hidden[l]->data, (size_t)bth * sizeof(float));
-        }
-        bi++;
-        for (int64_t r = 0; r < rows; r++) {
-            const float *z = logits->data + r * C;
-            float *t = s->teacher + (seen + r) * C;
-            if (store) {
-                memcpy(t, z, (size_t)C * sizeof *t);
-                s->labels[seen + r] = b.labels[r];
-            }
-            int arg = 0;
-            for (int c = 1; c < C; c++)
-                if (z[c] > z[arg]) arg = c;
-            correct += arg == s->labels[seen + r];
-            /* KL(p ‖ q) with p = softmax(t), q = softmax(z), via log-sum-exp */
-            double mt = t[0], mz = z[0], st_ = 0.0, sz = 0.0;
-            for (int c = 1; c < C; c++) mt = fmax(mt, t[c]), mz = fmax(mz, z[c]);
-            for (int c = 0; c < C; c++) st_ += exp(t[c] - mt), sz += exp(z[c] - mz);
-            double lt = mt + log(st_), lz = mz + log(sz), d = 0.0;
-            for (int c = 0; c < C; c++) {
-                double lp = t[c] - lt, lq = z[c] - lz;
-                d += exp(lp) * (lp - lq);
-            }
-            if (klrow) klrow[seen + r] = d > 0.0 ? d : 0.0;
-            else klsum += d > 0.0 ? d : 0.0;
+        if (bi++ % nr == rank) {
+            size_t mark = bq_arena_mark(&s->act);
+            BqTensor *logits = NULL;
+            if ((st = forward_batch(s, &b, 0, NULL, NULL, NULL, NULL, &logits))) goto cleanup;
+            score(s, &b, logits, seen, rows, store, &correct, klrow);
+            bq_arena_rewind(&s->act, mark);
         }
         seen += rows;
-        bq_arena_rewind(&s->act, mark);
     }
-    if (klrow) {
-        bq_dist_sum_i64(&correct, 1);
-        bq_dist_sum_f64(klrow, seen);
-        for (int64_t i = 0; i < seen; i++) klsum += klrow[i];
-    }
+    bq_dist_sum_i64(&correct, 1);
+    bq_dist_sum_f64(klrow, seen);
+    for (int64_t i = 0; i < seen; i++) klsum += klrow[i];
     if (store) s->n = seen;
     if (seen == 0) {
         st = bq_err(BQ_EINVAL, "sensitivity: no labelled examples to measure");
@@ -179,17 +185,26 @@ static void set_enabled(BqQuantState *qs, const unsigned char *enabled) {
     for (int i = 0; i < qs->n; i++) qs->q[i].enabled = enabled ? enabled[i] : 1;
 }
 
-/* bq_sens_measure starting at layer `start` from the cache `from` (start 0: from the embeddings). */
-static int measure_from(BqSensitivity *s, const unsigned char *enabled, int start, float **from, double *acc,
-                        double *kl) {
+int bq_sens_measure(BqSensitivity *s, const unsigned char *enabled, double *acc, double *kl) {
     set_enabled(s->m->quant, enabled);
-    int st = run_pass(s, 0, start, from, NULL, acc, kl);
+    int st = run_pass(s, 0, acc, kl);
     set_enabled(s->m->quant, NULL);
     return st;
 }
 
-int bq_sens_measure(BqSensitivity *s, const unsigned char *enabled, double *acc, double *kl) {
-    return measure_from(s, enabled, 0, NULL, acc, kl);
+/* Floats of one Linear's kept output per batch: batch tokens × its output features. */
+static int64_t lin_floats(const BqSensitivity *s, int id) {
+    return s->bt_max * (id == BQ_LIN_I ? s->m->cfg.intermediate_size : s->m->cfg.hidden_size);
+}
+
+/* Points the (L·BQ_LIN_ENCODER) entries of ptr at the Linear outputs of `cache` (layer-major, the six
+ * Linears in BqLinearId order, lin_floats each). */
+static void lin_slots(const BqSensitivity *s, float *cache, float **ptr) {
+    for (int l = 0; l < s->m->cfg.num_hidden_layers; l++)
+        for (int id = 0; id < BQ_LIN_ENCODER; id++) {
+            ptr[l * BQ_LIN_ENCODER + id] = cache;
+            cache += lin_floats(s, id);
+        }
 }
 
 int bq_sens_init(BqSensitivity *s, BqBert *m, BqBatcher *b, int64_t max_examples) {
@@ -211,36 +226,38 @@ int bq_sens_init(BqSensitivity *s, BqBert *m, BqBatcher *b, int64_t max_examples
     if ((st = bq_arena_init(&s->act, (size_t)16 << 30, "sensitivity activations"))) goto cleanup;
     if ((st = bq_sens_groups(qs, &s->g, &s->ng))) goto cleanup;
     off = bq_calloc((size_t)qs->n + 1, 1);
-    double kl0;
-    /* the prefix cache, when it fits: batches of at most b->batch_size examples of max_len tokens */
+    /* the per-batch caches, when they fit: batches of at most b->batch_size examples of max_len tokens */
     const int L = m->cfg.num_hidden_layers;
-    int64_t nb = (s->n + b->batch_size - 1) / b->batch_size;
-    int64_t bytes = 2 * nb * (int64_t)b->batch_size * b->ds->max_len * m->cfg.hidden_size * (L - 1) * 4;
-    if (L > 1 && s->n > 0 && bytes <= BQ_SENS_CACHE_MAX) {
+    const int64_t H = m->cfg.hidden_size;
+    s->bt_max = (int64_t)b->batch_size * b->ds->max_len;
+    int64_t hid = (L - 1) * s->bt_max * H, lin = 0;
+    for (int id = 0; id < BQ_LIN_ENCODER; id++) lin += L * lin_floats(s, id);
+    if (L > 1 && s->n > 0 && 2 * hid * 4 <= BQ_SENS_CACHE_MAX) {
         s->prefix_cache = 1;
-        s->ncached = nb;
-        s->cache_fp32 = bq_calloc((size_t)nb, sizeof(float *));
-        s->cache_quant = bq_calloc((size_t)nb, sizeof(float *));
-        s->cache_bt = bq_calloc((size_t)nb, sizeof(int64_t));
+        s->hid_fp32 = bq_malloc((size_t)hid * sizeof(float));
+        s->hid_quant = bq_malloc((size_t)hid * sizeof(float));
     }
+    if (s->n > 0 && 2 * (hid + lin) * 4 <= BQ_SENS_CACHE_MAX) {
+        s->reuse_linears = 1;
+        s->lin_fp32 = bq_malloc((size_t)lin * sizeof(float));
+        s->lin_quant = bq_malloc((size_t)lin * sizeof(float));
+    }
+    double kl0;
     set_enabled(qs, off);
-    st = run_pass(s, 1, 0, NULL, s->cache_fp32, &s->acc_fp32, &kl0);
+    st = run_pass(s, 1, &s->acc_fp32, &kl0);
     set_enabled(qs, NULL);
     if (st) goto cleanup;
-    if ((st = run_pass(s, 0, 0, NULL, s->cache_quant, &s->acc_quant, &s->kl_quant))) goto cleanup;
+    if ((st = run_pass(s, 0, &s->acc_quant, &s->kl_quant))) goto cleanup;
 cleanup:
     free(off);
     return st;
 }
 
 void bq_sens_free(BqSensitivity *s) {
-    for (int64_t i = 0; i < s->ncached; i++) {
-        free(s->cache_fp32[i]);
-        free(s->cache_quant[i]);
-    }
-    free(s->cache_fp32);
-    free(s->cache_quant);
-    free(s->cache_bt);
+    free(s->hid_fp32);
+    free(s->hid_quant);
+    free(s->lin_fp32);
+    free(s->lin_quant);
     free(s->teacher);
     free(s->labels);
     free(s->g);
@@ -249,31 +266,119 @@ void bq_sens_free(BqSensitivity *s) {
 }
 
 int bq_sens_run_groups(BqSensitivity *s, int quiet) {
-    const int nq = s->m->quant->n;
-    unsigned char *en = bq_malloc((size_t)nq + 1);
+    BqQuantState *qs = s->m->quant;
+    const int nq = qs->n, ng = s->ng, L = s->m->cfg.num_hidden_layers, NL = L * BQ_LIN_ENCODER;
+    const int64_t H = s->m->cfg.hidden_size;
+    const int nr = bq_dist_size(), rank = bq_dist_rank();
+    const int prefix = s->prefix_cache && s->hid_fp32, reuse = prefix && s->reuse_linears && s->lin_fp32;
     int st = BQ_OK;
+    int64_t seen = 0, bi = 0, nb = (s->n + s->b->batch_size - 1) / s->b->batch_size;
+    unsigned char *en = bq_malloc((size_t)(2 * ng) * ((size_t)nq + 1)), *off = bq_calloc((size_t)nq + 1, 1);
+    int *start = bq_malloc((size_t)(ng > 0 ? ng : 1) * sizeof *start);
+    unsigned *reach = bq_malloc((size_t)(ng > 0 ? ng : 1) * sizeof *reach);
+    int64_t *correct = bq_calloc((size_t)(2 * ng + 1), sizeof *correct);
+    double *kl = bq_calloc((size_t)(2 * ng) * (size_t)(s->n > 0 ? s->n : 1) + 1, sizeof *kl);
+    float **keep_f = bq_calloc((size_t)NL, sizeof(float *)), **keep_q = bq_calloc((size_t)NL, sizeof(float *));
+    const float **use = bq_calloc((size_t)NL, sizeof(float *));
     double t0 = bq_now();
-    for (int k = 0; k < s->ng; k++) {
-        BqSensGroup *g = &s->g[k];
-        /* the first layer the group touches (the embeddings' quantizer: none can be skipped) */
-        int start = s->prefix_cache ? s->m->cfg.num_hidden_layers - 1 : 0;
+    if (reuse) {
+        lin_slots(s, s->lin_fp32, keep_f);
+        lin_slots(s, s->lin_quant, keep_q);
+    }
+    for (int k = 0; k < ng; k++) {
+        const BqSensGroup *g = &s->g[k];
+        /* the first layer the group touches (the embeddings' quantizer: none can be skipped), and the
+         * Linears of that layer its quantizers reach (all where one sits in another layer) */
+        start[k] = prefix ? L - 1 : 0;
         for (int j = 0; j < g->n; j++) {
-            int l = s->m->quant->q[g->q[j]].layer;
-            if (l < start) start = l < 0 ? 0 : l;
+            int l = qs->q[g->q[j]].layer;
+            if (l < start[k]) start[k] = l < 0 ? 0 : l;
         }
-        memset(en, 0, (size_t)nq);
-        for (int j = 0; j < g->n; j++) en[g->q[j]] = 1;
-        if ((st = measure_from(s, en, start, s->cache_fp32, &g->acc_only, &g->kl_only))) goto cleanup;
-        memset(en, 1, (size_t)nq);
-        for (int j = 0; j < g->n; j++) en[g->q[j]] = 0;
-        if ((st = measure_from(s, en, start, s->cache_quant, &g->acc_without, &g->kl_without))) goto cleanup;
-        if (!quiet)
-            fprintf(stderr, "[sensitivity] %d/%d %s: only quantized acc %.4f KL %.3g, only fp32 acc %.4f KL %.3g "
-                    "(%.0fs)\n", k + 1, s->ng, g->name, g->acc_only, g->kl_only, g->acc_without, g->kl_without,
-                    bq_now() - t0);
+        reach[k] = 0;
+        for (int j = 0; j < g->n; j++) {
+            const BqQuantizer *q = &qs->q[g->q[j]];
+            reach[k] |= q->layer == start[k] ? bq_bert_linear_reach(q->point) : ~0u;
+        }
+        /* en rows 2k: only this group quantized; 2k + 1: every quantizer but this group's */
+        unsigned char *only = en + (size_t)(2 * k) * (size_t)(nq + 1), *without = only + nq + 1;
+        memset(only, 0, (size_t)nq);
+        memset(without, 1, (size_t)nq);
+        for (int j = 0; j < g->n; j++) only[g->q[j]] = 1, without[g->q[j]] = 0;
+    }
+    /* batch by batch: the fp32 and the all-quantized passes keep their layer and Linear outputs, then each
+     * group's two passes start from them (the layers before the group's compute exactly those values) */
+    BqBatch b;
+    bq_batcher_seek(s->b, 0, 0);
+    while (seen < s->n && bq_batcher_next(s->b, &b)) {
+        int64_t rows = b.B < s->n - seen ? b.B : s->n - seen;
+        if (bi++ % nr != rank) {
+            seen += rows;
+            continue;
+        }
+        const int64_t bth = b.B * b.T * H, nn = s->n;
+        BQ_CHECK(b.B * b.T <= s->bt_max);
+        size_t mark = bq_arena_mark(&s->act);
+        BqTensor *z = NULL;
+        if (prefix) { /* the references: fp32 (every quantizer off), then every quantizer on */
+            set_enabled(qs, off);
+            st = forward_batch(s, &b, 0, NULL, s->hid_fp32, reuse ? keep_f : NULL, NULL, &z);
+            set_enabled(qs, NULL);
+            bq_arena_rewind(&s->act, mark);
+            if (st) goto cleanup;
+            if ((st = forward_batch(s, &b, 0, NULL, s->hid_quant, reuse ? keep_q : NULL, NULL, &z))) goto cleanup;
+            bq_arena_rewind(&s->act, mark);
+        }
+        for (int k = 0; k < ng; k++)
+            for (int w = 0; w < 2; w++) {
+                /* w 0: only the group quantized, from the fp32 reference; w 1: all but the group, from the
+                 * all-quantized one */
+                float *const *lin = w ? keep_q : keep_f;
+                const int base = start[k] * BQ_LIN_ENCODER;
+                int nuse = 0;
+                memset(use, 0, (size_t)NL * sizeof *use);
+                for (int id = 0; reuse && id < BQ_LIN_ENCODER; id++)
+                    if (!(reach[k] >> id & 1u)) use[base + id] = lin[base + id], nuse++;
+                const float *from = start[k] > 0 ? (w ? s->hid_quant : s->hid_fp32) + (start[k] - 1) * bth : NULL;
+                set_enabled(qs, en + (size_t)(2 * k + w) * (size_t)(nq + 1));
+                st = forward_batch(s, &b, start[k], from, NULL, NULL, nuse ? use : NULL, &z);
+                set_enabled(qs, NULL);
+                if (st) goto cleanup;
+                score(s, &b, z, seen, rows, 0, &correct[2 * k + w], kl + (2 * k + w) * nn);
+                s->reused += nuse;
+                bq_arena_rewind(&s->act, mark);
+            }
+        seen += rows;
+        if (!quiet && rank == 0)
+            fprintf(stderr, "[sensitivity] batch %lld/%lld done: %lld of %lld examples (%.0fs)\n", (long long)bi,
+                    (long long)nb, (long long)seen, (long long)s->n, bq_now() - t0);
+    }
+    /* every slot is one rank's value plus zeros (run_pass); then the same sums as one process */
+    bq_dist_sum_i64(correct, 2 * ng);
+    bq_dist_sum_f64(kl, 2 * ng * s->n);
+    for (int k = 0; k < ng; k++) {
+        BqSensGroup *g = &s->g[k];
+        double sum[2] = {0.0, 0.0};
+        for (int w = 0; w < 2; w++)
+            for (int64_t i = 0; i < s->n; i++) sum[w] += kl[(2 * k + w) * s->n + i];
+        g->acc_only = (double)correct[2 * k] / (double)s->n;
+        g->kl_only = sum[0] / (double)s->n;
+        g->acc_without = (double)correct[2 * k + 1] / (double)s->n;
+        g->kl_without = sum[1] / (double)s->n;
+        if (!quiet && rank == 0)
+            fprintf(stderr, "[sensitivity] %d/%d %s: only quantized acc %.4f KL %.3g, only fp32 acc %.4f KL %.3g\n",
+                    k + 1, ng, g->name, g->acc_only, g->kl_only, g->acc_without, g->kl_without);
     }
 cleanup:
+    set_enabled(qs, NULL);
     free(en);
+    free(off);
+    free(start);
+    free(reach);
+    free(correct);
+    free(kl);
+    free(keep_f);
+    free(keep_q);
+    free(use);
     return st;
 }
 

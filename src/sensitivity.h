@@ -41,15 +41,21 @@ typedef struct BqSensitivity {
     int ng;
     double acc_fp32, acc_quant, kl_quant;
     int64_t forwards;                   /* batch forwards run, teacher included */
-    /* Prefix cache: the output of every encoder layer but the last, per measured batch, of the fp32 pass and
-     * of the all-quantized pass (bq_sens_init keeps them when they take at most BQ_SENS_CACHE_MAX bytes).
-     * A group's "only quantized" pass then starts at the group's first layer from the fp32 outputs, its
-     * "all but this group" pass from the all-quantized ones: the layers before compute exactly those values
-     * in that pass, so the results are the same bit for bit. prefix_cache = 0 turns its use off. */
-    int prefix_cache;
-    int64_t ncached;                    /* batches cached */
-    float **cache_fp32, **cache_quant;  /* (ncached) blocks of (layers − 1)·B·T·H floats */
-    int64_t *cache_bt;                  /* (ncached) B·T of each cached batch */
+    /* Per-batch caches (bq_sens_run_groups). For each batch the fp32 pass and the all-quantized pass keep
+     * the output of every encoder layer but the last and the output of every encoder Linear; a group's
+     * "only quantized" pass then starts at the group's first layer from the fp32 layer outputs and takes
+     * from the fp32 Linear outputs those of that layer's Linears its quantizers cannot reach
+     * (bq_bert_linear_reach), and its "all but this group" pass does the same from the all-quantized
+     * ones. The layers before compute exactly those values in that pass, and an unreached Linear sees the
+     * same input and the same quantizers, so the results are the same bit for bit.
+     * prefix_cache = 0 runs every pass from the embeddings (and reuses nothing); reuse_linears = 0 keeps
+     * the layer outputs but computes every Linear. bq_sens_init sets each to 1 when its caches take at
+     * most BQ_SENS_CACHE_MAX bytes. */
+    int prefix_cache, reuse_linears;
+    int64_t bt_max;                     /* tokens of the largest batch: batch_size · max_len */
+    float *hid_fp32, *hid_quant;        /* (layers − 1)·bt_max·H floats each */
+    float *lin_fp32, *lin_quant;        /* layers·bt_max·(5·H + intermediate_size) floats each */
+    int64_t reused;                     /* Linear products taken from the caches */
 } BqSensitivity;
 
 #define BQ_SENS_CACHE_MAX ((int64_t)3 << 30)
@@ -67,7 +73,8 @@ void bq_sens_free(BqSensitivity *s);
  * enabled[i] (m->quant->n entries). */
 int bq_sens_measure(BqSensitivity *s, const unsigned char *enabled, double *acc, double *kl);
 
-/* Fills every group's two measurements; progress lines go to stderr unless quiet. */
+/* Fills every group's two measurements, batch by batch through the per-batch caches above; progress
+ * lines (one per batch, then one per group) go to stderr unless quiet. */
 int bq_sens_run_groups(BqSensitivity *s, int quiet);
 
 /* Group indices ordered by harm: largest acc_fp32 − acc_only first, ties by larger kl_only. The caller

@@ -3,6 +3,7 @@
  * the fp32 model's own predictions (so fp32 accuracy is 1):
  *  - grouping of every scheme: the expected group count, and each group's exclude entries, given to
  *    bq_quant_create, remove exactly that group's quantizers;
+ *  - the per-batch caches (layer outputs, unreached Linears) change no group's numbers in any scheme;
  *  - a disabled quantizer passes its tensor through (all disabled = the fp32 forward, bit for bit) and
  *    the int8 engine refuses a model with one;
  *  - a group whose input scale is multiplied by 50 (cpu scheme, layer 1 intermediate.dense) ranks
@@ -118,6 +119,52 @@ static void check_groups(BqBert *m, BqBatcher *bt, const char *scheme, int want_
     free(g);
 }
 
+/* The per-batch caches change no result: every group's four numbers with the layer outputs and the
+ * unreached Linears reused (the default), with the layer outputs only, and with every pass from the
+ * embeddings, compared bit for bit. */
+static void check_caches(BqSensitivity *s, const char *scheme) {
+    BqSensGroup *ref = NULL;
+    int64_t reused[3], forwards[3];
+    const int modes[3][2] = {{1, 1}, {1, 0}, {0, 0}};
+    for (int c = 0; c < 3; c++) {
+        s->prefix_cache = modes[c][0];
+        s->reuse_linears = modes[c][1];
+        int64_t f0 = s->forwards, r0 = s->reused;
+        EXPECT(bq_sens_run_groups(s, 1) == BQ_OK, "%s", bq_errmsg());
+        forwards[c] = s->forwards - f0;
+        reused[c] = s->reused - r0;
+        if (c == 0) {
+            ref = bq_malloc((size_t)s->ng * sizeof *ref);
+            memcpy(ref, s->g, (size_t)s->ng * sizeof *ref);
+            continue;
+        }
+        int same = 0;
+        for (int k = 0; k < s->ng; k++)
+            same += ref[k].acc_only == s->g[k].acc_only && ref[k].kl_only == s->g[k].kl_only &&
+                    ref[k].acc_without == s->g[k].acc_without && ref[k].kl_without == s->g[k].kl_without;
+        printf("scheme %s, %s: %d of %d groups identical to the default caches\n", scheme,
+               c == 1 ? "layer outputs only" : "no caches", same, s->ng);
+        EXPECT(same == s->ng, "scheme %s: %d of %d groups differ (mode %d)", scheme, s->ng - same, s->ng, c);
+    }
+    free(ref);
+    printf("scheme %s: batch forwards %lld / %lld / %lld, Linear products reused %lld / %lld / %lld\n", scheme,
+           (long long)forwards[0], (long long)forwards[1], (long long)forwards[2], (long long)reused[0],
+           (long long)reused[1], (long long)reused[2]);
+    EXPECT(reused[0] > 0 && reused[1] == 0 && reused[2] == 0, "reused %lld %lld %lld", (long long)reused[0],
+           (long long)reused[1], (long long)reused[2]);
+    s->prefix_cache = s->reuse_linears = 1;
+}
+
+/* check_caches on a fresh calibration of `scheme`. */
+static void check_scheme_caches(BqBert *m, BqBatcher *bt, const char *scheme) {
+    EXPECT(calibrate(m, scheme, "classifier,pooler", bt) == BQ_OK, "%s", bq_errmsg());
+    BqSensitivity s;
+    int st = bq_sens_init(&s, m, bt, 0);
+    EXPECT(st == BQ_OK, "scheme %s: %s", scheme, bq_errmsg());
+    if (!st) check_caches(&s, scheme);
+    bq_sens_free(&s);
+}
+
 int main(void) {
     BqBert m;
     memset(&m, 0, sizeof m);
@@ -142,6 +189,8 @@ int main(void) {
     check_groups(&m, &bt, "ort", 2 * 14 + 1);
     check_groups(&m, &bt, "qdqbert", 2 * 10);
     check_groups(&m, &bt, "cpu", 2 * 4);
+    check_scheme_caches(&m, &bt, "ort");
+    check_scheme_caches(&m, &bt, "qdqbert");
 
     /* disabled quantizers: all off = fp32 bit for bit; the int8 engine refuses one off */
     EXPECT(calibrate(&m, "cpu", "classifier,pooler", &bt) == BQ_OK);
@@ -182,24 +231,9 @@ int main(void) {
     EXPECT((st = bq_sens_init(&s, &m, &bt, 0)) == BQ_OK, "%s", bq_errmsg());
     if (!st) {
         EXPECT(s.n == N && s.acc_fp32 == 1.0, "n %lld, fp32 accuracy %g", (long long)s.n, s.acc_fp32);
-        EXPECT(s.prefix_cache == 1 && s.ncached == N / BATCH, "prefix cache %d, %lld batches", s.prefix_cache,
-               (long long)s.ncached);
-        EXPECT(bq_sens_run_groups(&s, 1) == BQ_OK);
-        /* the prefix cache changes no result: every group again from the embeddings, compared bit for bit */
-        BqSensGroup *cached = bq_malloc((size_t)s.ng * sizeof *cached);
-        memcpy(cached, s.g, (size_t)s.ng * sizeof *cached);
-        int64_t fw = s.forwards;
-        s.prefix_cache = 0;
-        EXPECT(bq_sens_run_groups(&s, 1) == BQ_OK);
-        s.prefix_cache = 1;
-        int same = 0;
-        for (int k = 0; k < s.ng; k++)
-            same += cached[k].acc_only == s.g[k].acc_only && cached[k].kl_only == s.g[k].kl_only &&
-                    cached[k].acc_without == s.g[k].acc_without && cached[k].kl_without == s.g[k].kl_without;
-        printf("prefix cache: %d of %d groups identical to the uncached passes (%lld batch forwards each)\n", same,
-               s.ng, (long long)(s.forwards - fw));
-        EXPECT(same == s.ng, "%d of %d groups differ with the prefix cache", s.ng - same, s.ng);
-        free(cached);
+        EXPECT(s.prefix_cache == 1 && s.reuse_linears == 1 && s.bt_max == BATCH * ds->max_len,
+               "caches %d %d, %lld tokens", s.prefix_cache, s.reuse_linears, (long long)s.bt_max);
+        check_caches(&s, "cpu");
         int *order = bq_sens_order(&s);
         for (int r = 0; r < s.ng; r++)
             printf("  %d %-48s only int8 %.4f KL %.4g | only fp32 %.4f KL %.4g\n", r + 1, s.g[order[r]].name,
