@@ -554,6 +554,7 @@ int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const B
     BQ_CHECK(m && ctx && ctx->act && in && logits);
     BQ_CHECK(!hook || !ctx->tape); /* engines compute forward values only */
     BQ_CHECK(!hook || (!in->lin_keep && !in->lin_reuse)); /* an engine's Linears are its own */
+    BQ_CHECK(!ctx->tape || !in->lin_reuse);                /* a reused output has no tape node */
     const BqBertConfig *c = &m->cfg;
     *logits = NULL;
     if (loss) *loss = NULL;

@@ -140,9 +140,9 @@ typedef struct BqBertInput {
      * dense as the fused GELU + dense where the forward fuses them. Its shape is the Linear's input's
      * with the last dimension the weight's rows (hidden_size or intermediate_size).
      * lin_keep[i] non-NULL: the forward copies that output there (room for B·T·features floats).
-     * lin_reuse[i] non-NULL: the forward copies that output from there instead of computing the
-     * Linear; the caller guarantees that it is what this forward would compute (the same Linear input
-     * and the same enabled quantizers up to the Linear: bq_bert_linear_reach). */
+     * lin_reuse[i] non-NULL (no tape): the forward copies that output from there instead of computing
+     * the Linear; the caller guarantees that it is what this forward would compute (the same Linear
+     * input and the same enabled quantizers up to the Linear: bq_bert_linear_reach). */
     float *const *lin_keep;
     const float *const *lin_reuse;
 } BqBertInput;
