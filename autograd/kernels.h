@@ -5,8 +5,10 @@
  * any gradient pointer may be NULL (frozen parameter or input without gradient): that term is then
  * skipped. Kernels never allocate; saved state is passed in by the caller (tensor.c puts it in the
  * activation arena). Large loops run under OpenMP `parallel for`; matrix products go through
- * cblas_sgemm (OpenBLAS threads itself, so no sgemm is ever called inside an OpenMP region).
- * Every kernel's result is independent of the thread count (no atomics, fixed reduction orders).
+ * cblas_sgemm: the Linears' from the serial region (OpenBLAS threads them itself), the attention's one
+ * call per head from inside an OpenMP loop over the heads (OpenBLAS computes each on the calling thread).
+ * Every kernel's result is independent of the thread count (no atomics, fixed reduction orders), except
+ * the Linear kernels' last bits: OpenBLAS splits their sgemm by its thread count (docs/design.md §5).
  *
  * References: llm.c (train_gpt2.c) for the kernel layout; HF transformers BertSelfAttention,
  * BertLayerNorm (nn.LayerNorm), GELUActivation (exact erf) for the semantics; pytorch-quantization

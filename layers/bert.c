@@ -449,8 +449,9 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const Bq
 
     /* BertOutput: LayerNorm(dropout(dense(h)) + a), fused as above. Where nothing sits between the GELU
      * and the dense (no quantizer, no engine), the two are one op that never keeps the GELU output. */
-    BqTensor *o;
-    if ((o = lin_reused(ctx, io, l, BQ_LIN_O, h, L->o_w.shape[0]))) {
+    BqTensor *o = lin_reused(ctx, io, l, BQ_LIN_O, h, L->o_w.shape[0]);
+    if (o) {
+        /* reused: neither the GELU nor the dense runs */
     } else if (fuse_bias && !has_q(qs, l, BQ_QP_GELU_OUT) && !has_q(qs, l, BQ_QP_O_IN)) {
         o = bq_op_gelu_linear(ctx, h, &L->i_b, qweight(qs, ctx, l, BQ_QP_W_O, &L->o_w), &L->o_b);
     } else {

@@ -42,15 +42,16 @@ int bq_cli_model_load(BqBert *m, BqTokenizer **tok, const char *dir, int num_lab
 
 /* ---- inference engine ---- */
 
-int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine, const char *tag, const char **name) {
+int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine, const char *flag, const char *tag,
+                         const char **name) {
     *out = NULL;
     int want_int8 = !strcmp(engine, "int8");
     if (!want_int8 && strcmp(engine, "auto") && strcmp(engine, "fake-quant"))
-        return bq_err(BQ_EINVAL, "--engine: '%s' is not auto, int8 or fake-quant", engine);
+        return bq_err(BQ_EINVAL, "%s: '%s' is not auto, int8 or fake-quant", flag, engine);
     if (!m->quant) {
         if (want_int8)
-            return bq_err(BQ_EINVAL, "--engine int8: the model has no quantizers (a fp32 checkpoint); the integer "
-                          "engine runs PTQ/QAT checkpoints");
+            return bq_err(BQ_EINVAL, "%s int8: the model has no quantizers (a fp32 checkpoint); the integer "
+                          "engine runs PTQ/QAT checkpoints", flag);
         *name = "fp32";
         fprintf(stderr, "[%s] engine: fp32 (the model has no quantizers)\n", tag);
         return BQ_OK;
@@ -73,7 +74,7 @@ int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine
     }
     if (st) {
         *out = NULL;
-        return want_int8 ? bq_err_ctx(st, "--engine int8") : st;
+        return want_int8 ? bq_err_ctx(st, "%s int8", flag) : st;
     }
     *name = "int8";
     fprintf(stderr, "[%s] engine: int8 (%d integer Linears in %d GEMMs, packed in %.0f ms)\n", tag,

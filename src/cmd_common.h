@@ -31,8 +31,9 @@ int bq_cli_model_load(BqBert *m, BqTokenizer **tok, const char *dir, int num_lab
  *         the engine's reason;
  *   fake-quant: *out NULL (bq_bert_forward with m->quant).
  * *name receives "int8", "fake-quant" or "fp32", and "[tag] engine: NAME ..." goes to stderr. The
- * caller frees *out with bq_int8_free. Errors: BQ_EINVAL naming --engine; the engine's other failures. */
-int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine, const char *tag, const char **name);
+ * caller frees *out with bq_int8_free. Errors: BQ_EINVAL naming flag ("--engine"); the engine's other failures. */
+int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine, const char *flag, const char *tag,
+                         const char **name);
 
 #define BQ_CLI_ENGINE_HELP "auto, int8 or fake-quant: the forward of a quantized checkpoint (auto: the integer " \
     "engine where it accepts the model, else fake quant; fp32 checkpoints run fp32)"

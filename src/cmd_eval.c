@@ -120,7 +120,7 @@ static int eval_qa(const char *model, BqCliData *d, BqCliQa *q, int samples, int
     double secs = 0;
     int st;
     if ((st = bq_qa_model_load(&m, &tok, model, 0, "eval")) ||
-        (st = bq_cli_engine_select(&eng, &m, engine, "eval", &engine_name)) ||
+        (st = bq_cli_engine_select(&eng, &m, engine, "--engine", "eval", &engine_name)) ||
         (st = bq_qa_data_load(&s, d, &m, tok, q, samples, threads, "eval")) ||
         (st = bq_qa_answer(&m, eng, s, q, batch_size, &sc, &answers, &secs)))
         goto cleanup;
@@ -259,7 +259,7 @@ static int predict_qa(const char *model, BqCliData *d, BqCliQa *q, const char *q
         if (!data) d->path = "--question/--context";
     }
     if ((st = bq_qa_model_load(&m, &tok, model, 0, "predict")) ||
-        (st = bq_cli_engine_select(&eng, &m, engine, "predict", &engine_name)) ||
+        (st = bq_cli_engine_select(&eng, &m, engine, "--engine", "predict", &engine_name)) ||
         (st = bq_qa_data_load(&s, d, &m, tok, q, 0, threads, "predict")) ||
         (st = bq_qa_answer(&m, eng, s, q, 32, &sc, &answers, NULL)))
         goto cleanup;
@@ -345,7 +345,7 @@ int bq_cmd_eval(int argc, char **argv) {
     BqDataSpec spec;
     BqInt8Engine *eng = NULL;
     if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "eval")) || (st = bq_cli_data_resolve(&d, &m, "eval")) ||
-        (st = bq_cli_engine_select(&eng, &m, engine, "eval", &engine_name)))
+        (st = bq_cli_engine_select(&eng, &m, engine, "--engine", "eval", &engine_name)))
         goto cleanup;
     bq_cli_data_spec(&spec, &d, split, seed, threads);
     spec.eval_samples = !strcmp(split, "test") ? samples : 0;
@@ -614,7 +614,7 @@ int bq_cmd_predict(int argc, char **argv) {
     PredictOut o = {.m = &m, .json = json, .index = -1};
     BqInt8Engine *eng = NULL;
     if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "predict")) || (st = bq_cli_data_resolve(&d, &m, "predict")) ||
-        (st = bq_cli_engine_select(&eng, &m, engine, "predict", &engine_name)) ||
+        (st = bq_cli_engine_select(&eng, &m, engine, "--engine", "predict", &engine_name)) ||
         (st = bq_arena_init(&act, ACT_RESERVE, "activations")))
         goto cleanup;
     if (d.path) {

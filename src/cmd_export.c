@@ -2,7 +2,8 @@
  * checkpoint, Q/DQ at the quantizer points for a quantized one. --dump-logits writes a random padded
  * batch and bertqat's own logits for it as JSON ("logits" (B, num_labels), or for a question-answering
  * model "start_logits" and "end_logits" (B,T)), so tests compare ONNX Runtime against the C forward on
- * exactly the exported weights. */
+ * exactly the exported weights. The forward is fake quant by default (the op-by-op forward whose quantizer
+ * points the graph mirrors); --dump-engine int8 runs the integer engine that `eval` uses by default. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,9 +12,11 @@
 #include "autograd/bq.h"
 #include "export/ckpt.h"
 #include "export/onnx_bert.h"
+#include "layers/bert_int8.h"
 #include "layers/quant.h"
 #include "src/args.h"
 #include "src/cli.h"
+#include "src/cmd_common.h"
 
 #define ACT_RESERVE ((size_t)16 << 30)
 
@@ -43,7 +46,8 @@ static int read_matrix(json_t *j, const char *key, const char *path, int *B, int
     return BQ_OK;
 }
 
-static int dump_logits(BqBert *m, const char *path, int B, int T, int seed, int with_types, const char *inputs) {
+static int dump_logits(BqBert *m, BqInt8Engine *e, const char *engine, const char *path, int B, int T, int seed,
+                       int with_types, const char *inputs) {
     int st = BQ_OK;
     BqArena act = {0};
     json_t *j = NULL, *jin = NULL;
@@ -89,7 +93,8 @@ run:
     BqBertInput batch = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types};
     BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
     BqTensor *logits = NULL;
-    if ((st = bq_bert_forward(m, &ctx, &batch, &logits, NULL))) goto cleanup;
+    if ((st = e ? bq_int8_forward(e, m, &ctx, &batch, &logits) : bq_bert_forward(m, &ctx, &batch, &logits, NULL)))
+        goto cleanup;
     j = json_object();
     json_t *ji = json_array(), *jm = json_array(), *jt = json_array(), *jl = json_array(), *je = json_array();
     for (int b = 0; b < B; b++) {
@@ -127,6 +132,7 @@ run:
         json_decref(je);
     }
     json_object_set_new(j, "quantized", json_boolean(m->quant != NULL));
+    json_object_set_new(j, "engine", json_string(engine));
     size_t n = strlen(path);
     tmp = bq_malloc(n + 5);
     memcpy(tmp, path, n);
@@ -152,6 +158,8 @@ cleanup:
 
 int bq_cmd_export(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *qdq = "auto", *dump = NULL, *dump_in = NULL, *task = NULL;
+    const char *dump_engine = "fake-quant", *engine_name = NULL;
+    BqInt8Engine *eng = NULL;
     int opset = 13, no_types = 0, int32 = 0, cpu = 0, num_labels = 0, dump_b = 4, dump_t = 0, dump_seed = 1;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "native checkpoint (or HF directory: fresh classifier)", 1, 0, 0},
@@ -168,6 +176,8 @@ int bq_cmd_export(int argc, char **argv) {
          "length, else 32)", 0, 0, 8192},
         {"dump-seed", BQ_ARG_INT, &dump_seed, "seed of the --dump-logits batch", 0, 0, 1 << 30},
         {"dump-inputs", BQ_ARG_STR, &dump_in, "--dump-logits on this JSON batch {input_ids, attention_mask, token_type_ids}", 0, 0, 0},
+        {"dump-engine", BQ_ARG_STR, &dump_engine, "forward of a quantized checkpoint for --dump-logits: fake-quant, int8 "
+         "or auto, as eval's --engine (default: fake-quant)", 0, 0, 0},
         {"task", BQ_ARG_STR, &task, "qa or cls (default: from the model's head; qa on a classification model keeps "
          "the encoder and creates qa_outputs, seed 0)", 0, 0, 0},
     };
@@ -183,6 +193,9 @@ int bq_cmd_export(int argc, char **argv) {
     else return bq_err(BQ_EINVAL, "--qdq: '%s' is not on, off or auto", qdq);
     if ((st = bq_check_writable_parent(out))) return st;
     if (dump && (st = bq_check_writable_parent(dump))) return st;
+    if (strcmp(dump_engine, "fake-quant") && strcmp(dump_engine, "int8") && strcmp(dump_engine, "auto"))
+        return bq_err(BQ_EINVAL, "--dump-engine: '%s' is not fake-quant, int8 or auto", dump_engine);
+    if (!dump && strcmp(dump_engine, "fake-quant")) return bq_err(BQ_EINVAL, "--dump-engine: only with --dump-logits");
 
     BqBert m;
     memset(&m, 0, sizeof m);
@@ -191,7 +204,7 @@ int bq_cmd_export(int argc, char **argv) {
     bq_rng_seed(&rng, 0);
     if (task && strcmp(task, "qa") && strcmp(task, "cls")) return bq_err(BQ_EINVAL, "--task: '%s' is not qa or cls", task);
     if ((st = bq_model_load_any(&m, model, num_labels, &rng, &report))) goto cleanup;
-    if (report) fprintf(stderr, "export: %s\n", report);
+    if (report) fprintf(stderr, "[export] %s\n", report);
     if (task && !strcmp(task, "cls") && m.cfg.head == BQ_HEAD_QA) {
         st = bq_err(BQ_EINVAL, "--task cls: %s is a question-answering model (BertForQuestionAnswering)", model);
         goto cleanup;
@@ -201,39 +214,49 @@ int bq_cmd_export(int argc, char **argv) {
             st = bq_err(BQ_EINVAL, "--num-labels: a question-answering model has start and end outputs only");
             goto cleanup;
         }
-        fprintf(stderr, "export: %s: encoder kept, qa_outputs newly initialized (seed 0)\n", model);
+        fprintf(stderr, "[export] %s: encoder kept, qa_outputs newly initialized (seed 0)\n", model);
         if ((st = bq_bert_set_head(&m, BQ_HEAD_QA, &rng))) goto cleanup;
+    }
+    if (dump && !strcmp(dump_engine, "int8") && (!m.quant || want == 0)) {
+        st = bq_err(BQ_EINVAL, "--dump-engine int8: %s", !m.quant ? "the checkpoint has no quantizers (fp32)"
+                                                                     : "--qdq off dumps the fp32 forward");
+        goto cleanup;
     }
     if (want == 1 && !m.quant) {
         st = bq_err(BQ_EINVAL, "--qdq on: %s is an fp32 checkpoint (no quantizers)", model);
         goto cleanup;
     }
+    /* the integer engine is prepared before anything is written: a model it refuses leaves no file */
+    if (dump && m.quant && want != 0 && (st = bq_cli_engine_select(&eng, &m, dump_engine, "--dump-engine", "export",
+                                                                &engine_name)))
+        goto cleanup;
     BqOnnxOptions o = {.opset = opset, .qdq = want < 0 ? m.quant != NULL : want, .token_type_ids = !no_types,
                        .input_int32 = int32, .cpu_layout = cpu};
     BqOnnxStats s;
     if ((st = bq_onnx_export_bert(&m, m.quant, &o, out, &s))) goto cleanup;
-    fprintf(stderr, "export: %s: opset %d, %s, %d nodes, %d QuantizeLinear, %d DequantizeLinear, %d quantized weights\n",
+    fprintf(stderr, "[export] %s: opset %d, %s, %d nodes, %d QuantizeLinear, %d DequantizeLinear, %d quantized weights\n",
             out, opset, !o.qdq ? "fp32" : s.cpu_layout ? "Q/DQ (CPU layout)" : "Q/DQ", s.nodes, s.quantize_linear,
             s.dequantize_linear, s.int8_weights);
     if (dump) {
         if (!dump_in) {
             const char *from = dump_t > 0 ? "flag" : m.data.max_seq_len > 0 ? "the checkpoint's training length" : "default";
             if (dump_t == 0) dump_t = m.data.max_seq_len > 0 ? m.data.max_seq_len : 32;
-            fprintf(stderr, "export: --dump-logits batch %d x %d tokens (sequence length: %s)\n", dump_b, dump_t, from);
+            fprintf(stderr, "[export] --dump-logits batch %d x %d tokens (sequence length: %s)\n", dump_b, dump_t, from);
         }
         if (!o.qdq && m.quant) { /* fp32 export of a quantized checkpoint: compare with the fp32 forward */
             BqQuantState *qs = m.quant;
             m.quant = NULL;
-            st = dump_logits(&m, dump, dump_b, dump_t, dump_seed, !no_types, dump_in);
+            st = dump_logits(&m, NULL, "fp32", dump, dump_b, dump_t, dump_seed, !no_types, dump_in);
             m.quant = qs;
         } else {
-            st = dump_logits(&m, dump, dump_b, dump_t, dump_seed, !no_types, dump_in);
+            st = dump_logits(&m, eng, engine_name ? engine_name : "fp32", dump, dump_b, dump_t, dump_seed, !no_types, dump_in);
         }
         if (st) goto cleanup;
     }
 
 cleanup:
     free(report);
+    if (eng) bq_int8_free(eng);
     if (m.quant) bq_quant_free(m.quant);
     m.quant = NULL;
     bq_bert_free(&m);

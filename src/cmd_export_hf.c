@@ -54,7 +54,7 @@ static int write_export(const BqBert *m, const char *model_dir, const char *tmp)
     for (size_t i = 0; i < sizeof tok_files / sizeof *tok_files && !rc; i++) {
         snprintf(s, sizeof s, "%s/%s", model_dir, tok_files[i]);
         if (!bq_is_file(s)) {
-            if (i == 0) fprintf(stderr, "export-hf: note: %s has no vocab.txt; the export has no tokenizer\n", model_dir);
+            if (i == 0) fprintf(stderr, "[export-hf] note: %s has no vocab.txt; the export has no tokenizer\n", model_dir);
             continue;
         }
         snprintf(p, sizeof p, "%s/%s", tmp, tok_files[i]);
@@ -98,9 +98,9 @@ int bq_cmd_export_hf(int argc, char **argv) {
     bq_rng_seed(&rng, 0);
     rc = bq_model_load_any(&m, model, 0, &rng, &report);
     if (rc) goto cleanup;
-    if (report) fprintf(stderr, "export-hf: %s\n", report);
+    if (report) fprintf(stderr, "[export-hf] %s\n", report);
     if (m.quant)
-        fprintf(stderr, "export-hf: note: %s is quantized; the HF export holds its fp32 weights without the "
+        fprintf(stderr, "[export-hf] note: %s is quantized; the HF export holds its fp32 weights without the "
                         "quantizer ranges (use `bertqat export` for ONNX with Q/DQ)\n", model);
 
     if (bq_is_dir(out) || bq_is_file(out)) {

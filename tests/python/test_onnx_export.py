@@ -291,9 +291,22 @@ def check_integer_linears(g, layers):
 @pytest.mark.parametrize("kind", ["ort", "qdqbert", "cpu"])
 def test_tiny_cpu_layout(tiny, tmp_path, kind):
     """The CPU layout (uint8 activations, 8-bit weights as uint8): ORT CPU runs every encoder Linear as an
-    integer kernel and its logits equal bertqat's; the cpu scheme gets this layout without the flag."""
+    integer kernel and its logits equal bertqat's, those of fake quant and those of the integer engine
+    (--dump-engine int8, which `eval` runs by default); the cpu scheme gets this layout without the flag."""
     out = str(tmp_path / f"{kind}_cpu.onnx")
-    d = export(str(tiny / kind), out, *([] if kind == "cpu" else ["--cpu-layout"]))
+    flags = [] if kind == "cpu" else ["--cpu-layout"]
+    d = export(str(tiny / kind), out, *flags)
+    assert d["engine"] == "fake-quant"
+    out8 = str(tmp_path / f"{kind}_cpu_int8.onnx")
+    if kind == "ort":  # the integer engine refuses the ort scheme (no Linear input quantizers), before writing
+        p = run_bq("export", "--model", tiny / kind, "--out", out8, *flags, "--dump-logits", out8 + ".json",
+                   "--dump-engine", "int8", check=False)
+        assert p.returncode != 0 and "--dump-engine int8" in p.stderr, p.stderr
+        assert not os.path.exists(out8) and not os.path.exists(out8 + ".json")
+        d8 = None
+    else:
+        d8 = export(str(tiny / kind), out8, *flags, "--dump-engine", "int8")
+        assert d8["engine"] == "int8" and d8["input_ids"] == d["input_ids"]
     m = onnx.load(out)
     onnx.checker.check_model(m, full_check=True)
     assert {p.key: p.value for p in m.metadata_props}["qdq_layout"] == "cpu"
@@ -305,6 +318,8 @@ def test_tiny_cpu_layout(tiny, tmp_path, kind):
     kinds, ops = check_integer_linears(g, L_TINY)
     print(f"{kind} CPU layout, ORT CPU graph: {dict(kinds)}; {dict(ops)}")
     check_qdq_vs_c(out, d, cpu_layout=True)
+    if d8:
+        check_qdq_vs_c(out8, d8, cpu_layout=True)
 
 
 def test_minilm_cpu_scheme(tmp_path, finetuned):

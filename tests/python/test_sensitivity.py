@@ -3,6 +3,7 @@ a few steps on a tiny CSV made here (sentiment words, 32 tokens), cpu scheme:
 - a PTQ checkpoint whose layer-3 intermediate.dense input scale is multiplied by 50 (edited with h5py; the
   Fletcher-32 checksums are rewritten by HDF5): that group ranks first in the printed table and in
   sensitivity.json (with a KL at least ten times the next group's), whose groups each carry both measurements, and sensitivity.svg is well-formed XML;
+  bench/sensitivity_floor.py counts that run's GEMM work as written out in check_floor;
 - an fp32 checkpoint is refused with an error naming --model;
 - --keep-fp32 auto runs the measurement, prints the kept groups and a final accuracy within --max-drop,
   and records the groups in the exclude list;
@@ -17,11 +18,13 @@ import os
 import random
 import re
 import shutil
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import MODEL, THREADS, run_bq
+from conftest import MODEL, ROOT, THREADS, run_bq
 
 h5py = pytest.importorskip("h5py")
 np = pytest.importorskip("numpy")
@@ -84,6 +87,36 @@ def test_broken_group_ranks_first(env, tmp_path):
     root = ET.parse(out / "sensitivity.svg").getroot()
     assert root.tag.endswith("svg") and len(list(root)) > 24
     assert not any(n.endswith(".tmp") for n in os.listdir(out))
+    check_floor(out / "sensitivity.json", broken / "config.json")
+
+
+def check_floor(sens_json, config_json):
+    """bench/sensitivity_floor.py on this run (cpu scheme, 24 groups, 32 tokens) against the count written out
+    for it: per example, the fp32 and the all-quantized reference pass twice, and two passes per group from its
+    layer on; in that layer the QKV group computes all six Linears, attention.output.dense three, intermediate
+    two and output.dense one; the last layer runs its feed-forward and attention output on [CLS] only."""
+    H, I, L, T = 384, 1536, 6, 32
+    qkv, ao, ffn, att = 3 * H * H * T, H * H * T, 2 * H * I * T, 2 * T * T * H
+    cls = H * H + 2 * H * I  # attention output and feed-forward of the last layer on [CLS]
+
+    def layer(first_linears, l):  # MACs of layer l computing the Linears after the group's point
+        last = l == L - 1
+        full = {6: qkv + (cls if last else ao + ffn), 3: cls if last else ao + ffn,
+                2: (cls - H * H) if last else ffn, 1: (H * I) if last else ffn // 2}[first_linears]
+        return full + att
+
+    forward = sum(layer(6, l) for l in range(L))
+    group = sum(layer(k, l) + sum(layer(6, m) for m in range(l + 1, L)) for l in range(L) for k in (6, 3, 2, 1))
+    want = 2 * (4 * forward + 2 * group) / 1e9  # GFLOP per example
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sensitivity_floor.py"), str(sens_json),
+                        str(config_json), "--seq", str(T), "--ceiling", "a=100,100", "--ceiling", "b=200,200"],
+                       capture_output=True, text=True, timeout=60)
+    print(p.stdout, p.stderr)
+    assert p.returncode == 0, p.stderr
+    got = float(re.search(r"([\d.]+) GFLOP per example", p.stdout).group(1))
+    assert abs(got - want) <= 0.05 + 1e-3 * want, (got, want)
+    ta, tb = (float(x) for x in re.findall(r"-> ([\d.]+) s", p.stdout))
+    assert abs(ta - 2 * tb) <= 0.15 and abs(ta - got * 32 / 100) <= 0.1, (ta, tb, got)
 
 
 def test_fp32_refused(env, tmp_path):
