@@ -2,8 +2,9 @@
  * checkpoint, Q/DQ at the quantizer points for a quantized one. --dump-logits writes a random padded
  * batch and bertqat's own logits for it as JSON ("logits" (B, num_labels), or for a question-answering
  * model "start_logits" and "end_logits" (B,T)), so tests compare ONNX Runtime against the C forward on
- * exactly the exported weights. The forward is fake quant by default (the op-by-op forward whose quantizer
- * points the graph mirrors); --dump-engine int8 runs the integer engine that `eval` uses by default. */
+ * exactly the exported weights. The logits are those `eval` computes (bq_infer_forward) with the engine
+ * --dump-engine picks: fake quant by default (the forward whose quantizer points the graph mirrors), int8
+ * for the integer engine that `eval` uses by default. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include "src/args.h"
 #include "src/cli.h"
 #include "src/cmd_common.h"
+#include "src/train.h"
 
 #define ACT_RESERVE ((size_t)16 << 30)
 
@@ -93,8 +95,7 @@ run:
     BqBertInput batch = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types};
     BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
     BqTensor *logits = NULL;
-    if ((st = e ? bq_int8_forward(e, m, &ctx, &batch, &logits) : bq_bert_forward(m, &ctx, &batch, &logits, NULL)))
-        goto cleanup;
+    if ((st = bq_infer_forward(m, e, &ctx, &batch, &logits))) goto cleanup;
     j = json_object();
     json_t *ji = json_array(), *jm = json_array(), *jt = json_array(), *jl = json_array(), *je = json_array();
     for (int b = 0; b < B; b++) {
@@ -193,8 +194,6 @@ int bq_cmd_export(int argc, char **argv) {
     else return bq_err(BQ_EINVAL, "--qdq: '%s' is not on, off or auto", qdq);
     if ((st = bq_check_writable_parent(out))) return st;
     if (dump && (st = bq_check_writable_parent(dump))) return st;
-    if (strcmp(dump_engine, "fake-quant") && strcmp(dump_engine, "int8") && strcmp(dump_engine, "auto"))
-        return bq_err(BQ_EINVAL, "--dump-engine: '%s' is not fake-quant, int8 or auto", dump_engine);
     if (!dump && strcmp(dump_engine, "fake-quant")) return bq_err(BQ_EINVAL, "--dump-engine: only with --dump-logits");
 
     BqBert m;
@@ -217,19 +216,21 @@ int bq_cmd_export(int argc, char **argv) {
         fprintf(stderr, "[export] %s: encoder kept, qa_outputs newly initialized (seed 0)\n", model);
         if ((st = bq_bert_set_head(&m, BQ_HEAD_QA, &rng))) goto cleanup;
     }
-    if (dump && !strcmp(dump_engine, "int8") && (!m.quant || want == 0)) {
-        st = bq_err(BQ_EINVAL, "--dump-engine int8: %s", !m.quant ? "the checkpoint has no quantizers (fp32)"
-                                                                     : "--qdq off dumps the fp32 forward");
-        goto cleanup;
-    }
     if (want == 1 && !m.quant) {
         st = bq_err(BQ_EINVAL, "--qdq on: %s is an fp32 checkpoint (no quantizers)", model);
         goto cleanup;
     }
-    /* the integer engine is prepared before anything is written: a model it refuses leaves no file */
-    if (dump && m.quant && want != 0 && (st = bq_cli_engine_select(&eng, &m, dump_engine, "--dump-engine", "export",
-                                                                &engine_name)))
+    /* the engine is chosen (and the integer engine prepared) before anything is written: a model it
+     * refuses leaves no file. --qdq off of a quantized checkpoint dumps the fp32 forward. */
+    if (dump && m.quant && want == 0) {
+        if (!strcmp(dump_engine, "int8")) {
+            st = bq_err(BQ_EINVAL, "--dump-engine int8: --qdq off dumps the fp32 forward");
+            goto cleanup;
+        }
+        engine_name = "fp32";
+    } else if (dump && (st = bq_cli_engine_select(&eng, &m, dump_engine, "--dump-engine", "export", &engine_name))) {
         goto cleanup;
+    }
     BqOnnxOptions o = {.opset = opset, .qdq = want < 0 ? m.quant != NULL : want, .token_type_ids = !no_types,
                        .input_int32 = int32, .cpu_layout = cpu};
     BqOnnxStats s;
@@ -243,14 +244,10 @@ int bq_cmd_export(int argc, char **argv) {
             if (dump_t == 0) dump_t = m.data.max_seq_len > 0 ? m.data.max_seq_len : 32;
             fprintf(stderr, "[export] --dump-logits batch %d x %d tokens (sequence length: %s)\n", dump_b, dump_t, from);
         }
-        if (!o.qdq && m.quant) { /* fp32 export of a quantized checkpoint: compare with the fp32 forward */
-            BqQuantState *qs = m.quant;
-            m.quant = NULL;
-            st = dump_logits(&m, NULL, "fp32", dump, dump_b, dump_t, dump_seed, !no_types, dump_in);
-            m.quant = qs;
-        } else {
-            st = dump_logits(&m, eng, engine_name ? engine_name : "fp32", dump, dump_b, dump_t, dump_seed, !no_types, dump_in);
-        }
+        BqQuantState *qs = m.quant;
+        if (!o.qdq) m.quant = NULL; /* fp32 export of a quantized checkpoint: compare with the fp32 forward */
+        st = dump_logits(&m, eng, engine_name, dump, dump_b, dump_t, dump_seed, !no_types, dump_in);
+        m.quant = qs;
         if (st) goto cleanup;
     }
 
