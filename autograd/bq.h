@@ -99,7 +99,8 @@ static inline __attribute__((always_inline)) float bq_hash_uniform(uint64_t key,
 /* Runtime set-up, called first thing in main() with argv.
  * If the CPU has AVX-512 and the user has not set OPENBLAS_CORETYPE, sets OPENBLAS_CORETYPE=SkylakeX
  * and re-executes the program (OpenBLAS reads the variable only when it initialises) so the fast
- * sgemm kernel is used. Returns BQ_OK, or an error if re-exec failed. */
+ * sgemm kernel is used (argv NULL: re-executed with no arguments). Returns BQ_OK, or an error if re-exec
+ * failed. */
 int bq_runtime_boot(int argc, char **argv);
 /* Sets the thread count for OpenMP loops and OpenBLAS (threads <= 0: number of online CPUs). */
 void bq_runtime_set_threads(int threads);

@@ -321,7 +321,9 @@ int bq_runtime_boot(int argc, char **argv) {
     if (!getenv("OPENBLAS_CORETYPE") && !getenv("BQ_NO_REEXEC") && cpu_has_avx512()) {
         setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
         setenv("BQ_NO_REEXEC", "1", 1); /* guards against a loop if exec keeps the old image */
-        execv("/proc/self/exe", argv);
+        /* a caller without argv (a test's main(void)) is re-executed with its path as the only argument */
+        char self[] = "/proc/self/exe", *self_argv[] = {self, NULL};
+        execv("/proc/self/exe", argv ? argv : self_argv);
         return bq_err(BQ_EIO, "cannot re-execute with OPENBLAS_CORETYPE=SkylakeX: %s", strerror(errno));
     }
     bq_runtime_set_threads(0);

@@ -118,14 +118,14 @@ void bq_kernel_linear_backward(float *dinp, float *dweight, float *dbias, const 
  * threading each; every pair writes its own output block, so the result is the same for any thread
  * count. ---- */
 
-void bq_kernel_attn_scores_forward(float *scores, const float *q, const float *k, int64_t B, int64_t T,
-                                   int64_t NH, int64_t d) {
+void bq_kernel_attn_scores_forward(float *scores, const float *q, const float *k, int64_t B, int64_t Tq,
+                                   int64_t T, int64_t NH, int64_t d) {
     int64_t H = NH * d;
 #pragma omp parallel for schedule(static) if (B * NH > 1)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         int64_t b = bh / NH, h = bh % NH;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)d, 1.0f, q + b * T * H + h * d,
-                    (int)H, k + b * T * H + h * d, (int)H, 0.0f, scores + bh * T * T, (int)T);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Tq, (int)T, (int)d, 1.0f, q + b * Tq * H + h * d,
+                    (int)H, k + b * T * H + h * d, (int)H, 0.0f, scores + bh * Tq * T, (int)T);
     }
 }
 
@@ -146,15 +146,14 @@ void bq_kernel_attn_scores_backward(float *dq, float *dk, const float *dscores, 
     }
 }
 
-void bq_kernel_attn_context_forward(float *ctx, const float *probs, const float *v, int64_t B, int64_t T,
-                                    int64_t NH, int64_t d) {
+void bq_kernel_attn_context_forward(float *ctx, const float *probs, const float *v, int64_t B, int64_t Tq,
+                                    int64_t T, int64_t NH, int64_t d) {
     int64_t H = NH * d;
 #pragma omp parallel for schedule(static) if (B * NH > 1)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         int64_t b = bh / NH, h = bh % NH;
-        int64_t off = b * T * H + h * d;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, probs + bh * T * T,
-                    (int)T, v + off, (int)H, 0.0f, ctx + off, (int)H);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Tq, (int)d, (int)T, 1.0f, probs + bh * Tq * T,
+                    (int)T, v + b * T * H + h * d, (int)H, 0.0f, ctx + b * Tq * H + h * d, (int)H);
     }
 }
 
@@ -209,24 +208,25 @@ static int f32_exact(int64_t n, float ma, float mb) { return (double)n * ma * mb
 size_t bq_kernel_attn_int_scratch(int64_t T, int64_t d) { return (size_t)(2 * T * (T > d ? T : d)) * sizeof(float); }
 
 BQ_VEC void bq_kernel_attn_scores_int_forward(float *scores, void *scratch, int nscratch, const float *q,
-                                              const float *k, float sq, float sk, int64_t B, int64_t T, int64_t NH,
-                                              int64_t d) {
+                                              const float *k, float sq, float sk, int64_t B, int64_t Tq, int64_t T,
+                                              int64_t NH, int64_t d) {
     const int64_t H = NH * d;
     const float f = sq * sk;
     const size_t per = bq_kernel_attn_int_scratch(T, d);
 #pragma omp parallel for schedule(static) if (B * NH > 1) num_threads(nscratch)
     for (int64_t bh = 0; bh < B * NH; bh++) {
-        const int64_t b = bh / NH, h = bh % NH, off = b * T * H + h * d;
+        const int64_t b = bh / NH, h = bh % NH;
         float *qc = (float *)((char *)scratch + (size_t)omp_get_thread_num() * per), *kc = qc + T * d;
-        const float mq = head_codes(qc, q + off, T, d, H, sq), mk = head_codes(kc, k + off, T, d, H, sk);
-        float *out = scores + bh * T * T;
+        const float mq = head_codes(qc, q + b * Tq * H + h * d, Tq, d, H, sq),
+                    mk = head_codes(kc, k + b * T * H + h * d, T, d, H, sk);
+        float *out = scores + bh * Tq * T;
         if (f32_exact(d, mq, mk)) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)d, 1.0f, qc, (int)d, kc, (int)d,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Tq, (int)T, (int)d, 1.0f, qc, (int)d, kc, (int)d,
                         0.0f, out, (int)T);
-            for (int64_t i = 0; i < T * T; i++) out[i] *= f;
+            for (int64_t i = 0; i < Tq * T; i++) out[i] *= f;
             continue;
         }
-        for (int64_t i = 0; i < T; i++)
+        for (int64_t i = 0; i < Tq; i++)
             for (int64_t j = 0; j < T; j++) {
                 int32_t acc = 0;
                 for (int64_t c = 0; c < d; c++) acc += (int32_t)qc[i * d + c] * (int32_t)kc[j * d + c];
@@ -236,27 +236,28 @@ BQ_VEC void bq_kernel_attn_scores_int_forward(float *scores, void *scratch, int 
 }
 
 BQ_VEC void bq_kernel_attn_context_int_forward(float *ctx, void *scratch, int nscratch, const float *probs,
-                                               const float *v, float sp, float sv, int64_t B, int64_t T, int64_t NH,
-                                               int64_t d) {
+                                               const float *v, float sp, float sv, int64_t B, int64_t Tq, int64_t T,
+                                               int64_t NH, int64_t d) {
     const int64_t H = NH * d;
     const float f = sp * sv;
     const size_t per = bq_kernel_attn_int_scratch(T, d);
 #pragma omp parallel for schedule(static) if (B * NH > 1) num_threads(nscratch)
     for (int64_t bh = 0; bh < B * NH; bh++) {
-        const int64_t b = bh / NH, h = bh % NH, off = b * T * H + h * d;
+        const int64_t b = bh / NH, h = bh % NH, off = b * Tq * H + h * d;
         float *pc = (float *)((char *)scratch + (size_t)omp_get_thread_num() * per), *vc = pc + T * T;
-        const float mp = head_codes(pc, probs + bh * T * T, T, T, T, sp), mv = head_codes(vc, v + off, T, d, H, sv);
+        const float mp = head_codes(pc, probs + bh * Tq * T, Tq, T, T, sp),
+                    mv = head_codes(vc, v + b * T * H + h * d, T, d, H, sv);
         if (f32_exact(T, mp, mv)) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, pc, (int)T, vc, (int)d,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Tq, (int)d, (int)T, 1.0f, pc, (int)T, vc, (int)d,
                         0.0f, ctx + off, (int)H);
-            for (int64_t i = 0; i < T; i++)
+            for (int64_t i = 0; i < Tq; i++)
                 for (int64_t c = 0; c < d; c++) ctx[off + i * H + c] *= f;
             continue;
         }
         int32_t acc[512];
         for (int64_t c0 = 0; c0 < d; c0 += 512) {
             const int64_t dc = d - c0 < 512 ? d - c0 : 512;
-            for (int64_t i = 0; i < T; i++) {
+            for (int64_t i = 0; i < Tq; i++) {
                 for (int64_t c = 0; c < dc; c++) acc[c] = 0;
                 for (int64_t j = 0; j < T; j++) {
                     const int32_t pij = (int32_t)pc[i * T + j];
@@ -668,12 +669,12 @@ void bq_kernel_tanh_backward(float *dx, const float *dout, const float *out, int
 /* ---- softmax with additive key mask ---- */
 
 BQ_VEC void bq_kernel_softmax_mask_forward(float *out, const float *x, const float *mask, float scale,
-                                           float mask_value, int64_t B, int64_t NH, int64_t T) {
-    int64_t rows = B * NH * T;
+                                           float mask_value, int64_t B, int64_t NH, int64_t Tq, int64_t T) {
+    int64_t rows = B * NH * Tq;
 #pragma omp parallel for if (rows * T > PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * T;
-        const float *mr = mask ? mask + (r / (NH * T)) * T : NULL;
+        const float *mr = mask ? mask + (r / (NH * Tq)) * T : NULL;
         float *y = out + r * T;
         /* (1−m)·mask_value is 0 or mask_value for 0/1 masks; scale·x + (−FLT_MAX) stays finite */
         if (mr)

@@ -36,15 +36,17 @@ int bq_kernel_linear_qgemm_forward(float *out, uint8_t *codes, int32_t *acc, con
 void bq_kernel_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                const float *weight, int64_t N, int64_t C, int64_t OC);
 
-/* q, k (B,T,H), H = NH·d; head h is the column block [h·d, (h+1)·d) (strided view, leading dim H).
- * scores (B,NH,T,T): scores[b,h,i,j] = Σ_e q[b,i,h·d+e]·k[b,j,h·d+e]. */
-void bq_kernel_attn_scores_forward(float *scores, const float *q, const float *k, int64_t B, int64_t T,
-                                   int64_t NH, int64_t d);
+/* q (B,Tq,H), k (B,T,H), H = NH·d; head h is the column block [h·d, (h+1)·d) (strided view, leading dim
+ * H). scores (B,NH,Tq,T): scores[b,h,i,j] = Σ_e q[b,i,h·d+e]·k[b,j,h·d+e]. The forwards take Tq query rows
+ * against T keys and values (Tq = T, or Tq = 1: the last layer's [CLS] query in a tape-less classification
+ * forward, layers/bert.c); the backwards take Tq = T. */
+void bq_kernel_attn_scores_forward(float *scores, const float *q, const float *k, int64_t B, int64_t Tq,
+                                   int64_t T, int64_t NH, int64_t d);
 void bq_kernel_attn_scores_backward(float *dq, float *dk, const float *dscores, const float *q, const float *k,
                                     int64_t B, int64_t T, int64_t NH, int64_t d);
-/* probs (B,NH,T,T), v (B,T,H) → ctx (B,T,H): ctx[b,i,h·d+e] = Σ_j probs[b,h,i,j]·v[b,j,h·d+e]. */
-void bq_kernel_attn_context_forward(float *ctx, const float *probs, const float *v, int64_t B, int64_t T,
-                                    int64_t NH, int64_t d);
+/* probs (B,NH,Tq,T), v (B,T,H) → ctx (B,Tq,H): ctx[b,i,h·d+e] = Σ_j probs[b,h,i,j]·v[b,j,h·d+e]. */
+void bq_kernel_attn_context_forward(float *ctx, const float *probs, const float *v, int64_t B, int64_t Tq,
+                                    int64_t T, int64_t NH, int64_t d);
 void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx, const float *probs,
                                      const float *v, int64_t B, int64_t T, int64_t NH, int64_t d);
 /* The two attention products on integer codes, for inputs that are fake-quant outputs of per-tensor
@@ -55,9 +57,9 @@ void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx
  * not depend on the CPU or the thread count. */
 size_t bq_kernel_attn_int_scratch(int64_t T, int64_t d);
 void bq_kernel_attn_scores_int_forward(float *scores, void *scratch, int nscratch, const float *q, const float *k,
-                                       float sq, float sk, int64_t B, int64_t T, int64_t NH, int64_t d);
+                                       float sq, float sk, int64_t B, int64_t Tq, int64_t T, int64_t NH, int64_t d);
 void bq_kernel_attn_context_int_forward(float *ctx, void *scratch, int nscratch, const float *probs, const float *v,
-                                        float sp, float sv, int64_t B, int64_t T, int64_t NH, int64_t d);
+                                        float sp, float sv, int64_t B, int64_t Tq, int64_t T, int64_t NH, int64_t d);
 
 /* ctx = dropout(probs)·v with the mask of bq_kernel_dropout_forward(key) over the (B,NH,T,T) elements
  * (0 < p < 1), the dropped probabilities formed per (batch, head) in a thread's scratch block and never
@@ -115,11 +117,12 @@ void bq_kernel_gelu_backward(float *dx, const float *dout, const float *x, int64
 void bq_kernel_tanh_forward(float *out, const float *x, int64_t n);
 void bq_kernel_tanh_backward(float *dx, const float *dout, const float *out, int64_t n);
 
-/* x (B,NH,T,T) as B·NH·T rows of T; mask (B,T) or NULL. out = softmax(scale·x + (1−mask)·mask_value);
- * out may be x (in place).
+/* x (B,NH,Tq,T) as B·NH·Tq rows of T (Tq query rows against T keys; Tq < T: the last layer's [CLS]
+ * query, layers/bert.c); mask (B,T) or NULL. out = softmax(scale·x + (1−mask)·mask_value); out may be x
+ * (in place).
  * Backward: dx += scale·y⊙(dy − Σ dy⊙y). */
 void bq_kernel_softmax_mask_forward(float *out, const float *x, const float *mask, float scale, float mask_value,
-                                    int64_t B, int64_t NH, int64_t T);
+                                    int64_t B, int64_t NH, int64_t Tq, int64_t T);
 void bq_kernel_softmax_mask_backward(float *dx, const float *dout, const float *out, float scale, int64_t rows,
                                      int64_t T);
 /* The same backward for a softmax computed in place whose input and output share one gradient buffer:

@@ -200,16 +200,28 @@ static void back_linear(BqNode *nd) {
                               nd->iparam[1], nd->iparam[2]);
 }
 
+/* Checks q (B,Tq,H) against k (B,T,H): Tq = T, or Tq < T without a tape (the backwards take Tq = T). */
+static void check_query_rows(const BqCtx *ctx, const BqTensor *q, const BqTensor *k, int nheads) {
+    BQ_CHECK(q->ndim == 3 && k->ndim == 3 && nheads > 0);
+    BQ_CHECK(q->shape[0] == k->shape[0] && q->shape[2] == k->shape[2] && q->shape[2] % nheads == 0);
+    BQ_CHECK(q->shape[1] == k->shape[1] || (!ctx->tape && q->shape[1] < k->shape[1]));
+}
+
+/* Checks probs (B,NH,Tq,T) against v (B,T,H), as check_query_rows. */
+static void check_prob_rows(const BqCtx *ctx, const BqTensor *probs, const BqTensor *v, int nheads) {
+    BQ_CHECK(probs->ndim == 4 && v->ndim == 3 && nheads > 0 && v->shape[2] % nheads == 0);
+    BQ_CHECK(probs->shape[0] == v->shape[0] && probs->shape[1] == nheads && probs->shape[3] == v->shape[1]);
+    BQ_CHECK(probs->shape[2] == v->shape[1] || (!ctx->tape && probs->shape[2] < v->shape[1]));
+}
+
 BqTensor *bq_op_attn_scores(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads) {
     CONTIG(q);
     CONTIG(k);
-    BQ_CHECK(q->ndim == 3 && k->ndim == 3 && nheads > 0);
-    for (int i = 0; i < 3; i++) BQ_CHECK(q->shape[i] == k->shape[i]);
-    int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2];
-    BQ_CHECK(H % nheads == 0);
-    int64_t shape[4] = {B, nheads, T, T};
+    check_query_rows(ctx, q, k, nheads);
+    int64_t B = q->shape[0], Tq = q->shape[1], T = k->shape[1], H = q->shape[2];
+    int64_t shape[4] = {B, nheads, Tq, T};
     BqTensor *s = bq_tensor_new(ctx, 4, shape);
-    bq_kernel_attn_scores_forward(s->data, q->data, k->data, B, T, nheads, H / nheads);
+    bq_kernel_attn_scores_forward(s->data, q->data, k->data, B, Tq, T, nheads, H / nheads);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_ATTN_SCORES, s);
         nd->in[0] = q, nd->in[1] = k;
@@ -227,12 +239,11 @@ static void back_attn_scores(BqNode *nd) {
 BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nheads) {
     CONTIG(probs);
     CONTIG(v);
-    BQ_CHECK(probs->ndim == 4 && v->ndim == 3 && nheads > 0);
-    int64_t B = v->shape[0], T = v->shape[1], H = v->shape[2];
-    BQ_CHECK(H % nheads == 0);
-    BQ_CHECK(probs->shape[0] == B && probs->shape[1] == nheads && probs->shape[2] == T && probs->shape[3] == T);
-    BqTensor *c = bq_tensor_new(ctx, 3, v->shape);
-    bq_kernel_attn_context_forward(c->data, probs->data, v->data, B, T, nheads, H / nheads);
+    check_prob_rows(ctx, probs, v, nheads);
+    int64_t B = v->shape[0], Tq = probs->shape[2], T = v->shape[1], H = v->shape[2];
+    int64_t shape[3] = {B, Tq, H};
+    BqTensor *c = bq_tensor_new(ctx, 3, shape);
+    bq_kernel_attn_context_forward(c->data, probs->data, v->data, B, Tq, T, nheads, H / nheads);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_ATTN_CONTEXT, c);
         nd->in[0] = probs, nd->in[1] = v;
@@ -246,16 +257,15 @@ BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nhead
 BqTensor *bq_op_attn_scores_int(BqCtx *ctx, BqTensor *q, BqTensor *k, float sq, float sk, int nheads) {
     CONTIG(q);
     CONTIG(k);
-    BQ_CHECK(q->ndim == 3 && k->ndim == 3 && nheads > 0 && sq > 0.0f && sk > 0.0f);
-    for (int i = 0; i < 3; i++) BQ_CHECK(q->shape[i] == k->shape[i]);
-    int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2];
-    BQ_CHECK(H % nheads == 0);
-    int64_t shape[4] = {B, nheads, T, T};
+    BQ_CHECK(sq > 0.0f && sk > 0.0f);
+    check_query_rows(ctx, q, k, nheads);
+    int64_t B = q->shape[0], Tq = q->shape[1], T = k->shape[1], H = q->shape[2];
+    int64_t shape[4] = {B, nheads, Tq, T};
     BqTensor *s = bq_tensor_new(ctx, 4, shape);
     const size_t mark = bq_arena_mark(ctx->act);
     const int nthr = omp_get_max_threads();
     void *scratch = bq_arena_alloc(ctx->act, (size_t)nthr * bq_kernel_attn_int_scratch(T, H / nheads));
-    bq_kernel_attn_scores_int_forward(s->data, scratch, nthr, q->data, k->data, sq, sk, B, T, nheads, H / nheads);
+    bq_kernel_attn_scores_int_forward(s->data, scratch, nthr, q->data, k->data, sq, sk, B, Tq, T, nheads, H / nheads);
     bq_arena_rewind(ctx->act, mark);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_ATTN_SCORES, s);
@@ -268,15 +278,16 @@ BqTensor *bq_op_attn_scores_int(BqCtx *ctx, BqTensor *q, BqTensor *k, float sq, 
 BqTensor *bq_op_attn_context_int(BqCtx *ctx, BqTensor *probs, BqTensor *v, float sp, float sv, int nheads) {
     CONTIG(probs);
     CONTIG(v);
-    BQ_CHECK(probs->ndim == 4 && v->ndim == 3 && nheads > 0 && sp > 0.0f && sv > 0.0f);
-    int64_t B = v->shape[0], T = v->shape[1], H = v->shape[2];
-    BQ_CHECK(H % nheads == 0);
-    BQ_CHECK(probs->shape[0] == B && probs->shape[1] == nheads && probs->shape[2] == T && probs->shape[3] == T);
-    BqTensor *c = bq_tensor_new(ctx, 3, v->shape);
+    BQ_CHECK(sp > 0.0f && sv > 0.0f);
+    check_prob_rows(ctx, probs, v, nheads);
+    int64_t B = v->shape[0], Tq = probs->shape[2], T = v->shape[1], H = v->shape[2];
+    int64_t shape[3] = {B, Tq, H};
+    BqTensor *c = bq_tensor_new(ctx, 3, shape);
     const size_t mark = bq_arena_mark(ctx->act);
     const int nthr = omp_get_max_threads();
     void *scratch = bq_arena_alloc(ctx->act, (size_t)nthr * bq_kernel_attn_int_scratch(T, H / nheads));
-    bq_kernel_attn_context_int_forward(c->data, scratch, nthr, probs->data, v->data, sp, sv, B, T, nheads, H / nheads);
+    bq_kernel_attn_context_int_forward(c->data, scratch, nthr, probs->data, v->data, sp, sv, B, Tq, T, nheads,
+                                       H / nheads);
     bq_arena_rewind(ctx->act, mark);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_ATTN_CONTEXT, c);
@@ -449,15 +460,16 @@ static void back_tanh(BqNode *nd) {
 static BqTensor *softmax_mask(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value,
                               int sole) {
     CONTIG(x);
-    BQ_CHECK(x->ndim == 4 && x->shape[2] == x->shape[3]);
-    int64_t B = x->shape[0], NH = x->shape[1], T = x->shape[3];
+    /* (B,NH,Tq,T); Tq < T (a query subset) only without a tape, as the attention products */
+    BQ_CHECK(x->ndim == 4 && (x->shape[2] == x->shape[3] || (!ctx->tape && x->shape[2] < x->shape[3])));
+    int64_t B = x->shape[0], NH = x->shape[1], Tq = x->shape[2], T = x->shape[3];
     BqTensor *y = sole ? x : new_like(ctx, x);
-    bq_kernel_softmax_mask_forward(y->data, x->data, mask, scale, mask_value, B, NH, T);
+    bq_kernel_softmax_mask_forward(y->data, x->data, mask, scale, mask_value, B, NH, Tq, T);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_SOFTMAX_MASK, y); /* backward needs only y, the output itself */
         nd->in[0] = x;
         nd->fparam = mask;
-        nd->iparam[0] = B * NH * T, nd->iparam[1] = T, nd->iparam[2] = sole;
+        nd->iparam[0] = B * NH * Tq, nd->iparam[1] = T, nd->iparam[2] = sole;
         nd->fval[0] = scale, nd->fval[1] = mask_value;
     }
     return y;

@@ -108,9 +108,11 @@ BqTensor *bq_op_linear(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b);
 struct BqQGemmWeights;
 BqTensor *bq_op_linear_qgemm(BqCtx *ctx, BqTensor *x, float sx, BqTensor *w, struct BqQGemmWeights *pw,
                              BqTensor *b);
-/* q, k (B,T,H) with H = nheads·d → scores (B,nheads,T,T), unscaled. Heads are strided views, no copy. */
+/* q (B,Tq,H), k (B,T,H) with H = nheads·d → scores (B,nheads,Tq,T), unscaled. Heads are strided views, no
+ * copy. Tq = T; Tq < T only without a tape (a query subset: the last layer's [CLS] row, layers/bert.c). The
+ * other attention ops below take Tq query rows the same way. */
 BqTensor *bq_op_attn_scores(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads);
-/* probs (B,nheads,T,T), v (B,T,H) → context (B,T,H), heads already merged. */
+/* probs (B,nheads,Tq,T), v (B,T,H) → context (B,Tq,H), heads already merged. */
 BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nheads);
 /* context = dropout_p(probs)·v, the dropout of bq_op_dropout (its key, counter use and mask) applied
  * inside the head loop: the dropped probabilities are never stored (the backward forms them again).
@@ -144,7 +146,7 @@ BqTensor *bq_op_embed_layernorm(BqCtx *ctx, BqTensor *word, BqTensor *type, BqTe
 BqTensor *bq_op_layernorm(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b, float eps);
 BqTensor *bq_op_gelu(BqCtx *ctx, BqTensor *x);
 BqTensor *bq_op_tanh(BqCtx *ctx, BqTensor *x);
-/* x (B,NH,T,T); mask (B,T) of 0/1 floats over the key axis, or NULL; mask_value e.g. -FLT_MAX.
+/* x (B,NH,Tq,T); mask (B,T) of 0/1 floats over the key axis, or NULL; mask_value e.g. -FLT_MAX.
  * Masked positions get scale·x + mask_value (HF semantics, computed so it stays finite). */
 BqTensor *bq_op_softmax_mask(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value);
 /* The same op computed in place, for an x whose ONLY consumer is this op and whose producer's backward

@@ -6,13 +6,13 @@ multiply-adds of every pass the way src/sensitivity.c runs them, and prints the 
 the ceilings given (GFLOP/s for fp32 GEMMs, GOP/s for 8-bit GEMMs), with no other work. This is a floor:
 what any exact implementation of the measurement needs on that CPU.
 
-The passes (docs/quantization.md, "sensitivity"): per batch the fp32 and the all-quantized reference pass,
-twice (once for the teacher and baselines in bq_sens_init, once for the per-batch caches), then each group's
-two passes ("only this group quantized", "only this group in fp32") from the group's layer on. In the group's
-own layer the Linears its quantizers cannot reach are reused (bq_bert_linear_reach in layers/bert.c; the
-table REACH below follows it by module name); the attention products of that layer always run. The last
-layer of a classification model computes query, key, value and the attention for every token and the rest
-for [CLS] only (a question-answering model: every token). Linears of a quantized pass count as 8-bit GEMMs (integer kernels with VNNI or AMX;
+The passes (docs/quantization.md, "sensitivity"): per batch the fp32 and the all-quantized reference pass
+(teacher, baselines and the per-batch caches at once), then each group's two passes ("only this group
+quantized", "only this group in fp32") from the group's layer on. In the group's own layer the Linears its
+quantizers cannot reach are reused (bq_bert_linear_reach in layers/bert.c; the table REACH below follows it
+by module name); the attention products of that layer always run. The last layer of a classification model
+computes key and value for every token and the query, its attention row and the rest for [CLS] only (a
+question-answering model: every token). Linears of a quantized pass count as 8-bit GEMMs (integer kernels with VNNI or AMX;
 on other CPUs they are exact sgemm on the codes, so give the fp32 ceiling twice); the attention products
 count as fp32 (sgemm on codes, §25 of docs/results.md).
 
@@ -67,12 +67,13 @@ def main():
     # a question-answering model runs its last layer on every token; a classifier on [CLS] (design.md §5)
     cls_last = "BertForQuestionAnswering" not in cfg.get("architectures", [])
     macs = {"q": H * H, "k": H * H, "v": H * H, "ao": H * H, "i": H * I, "o": I * H}  # per token
-    att = 2 * T * H  # Q·Kᵀ and P·V per token
+    att = 2 * T * H  # Q·Kᵀ and P·V per query token
 
     def layer(reach, last):
         """(Linear MACs, attention MACs) of one layer for one example."""
-        lin = sum(macs[n] * (1 if last and cls_last and n in ("ao", "i", "o") else T) for n in reach)
-        return lin, att * T
+        cls = last and cls_last
+        lin = sum(macs[n] * (1 if cls and n in ("q", "ao", "i", "o") else T) for n in reach)
+        return lin, att * (1 if cls else T)
 
     def from_layer(l0, reach0):
         lin, at = layer(reach0, l0 == NL - 1)
@@ -83,8 +84,8 @@ def main():
         return lin, at
 
     full_lin, full_att = from_layer(0, ALL)
-    f32 = 2 * (full_lin + full_att) + 2 * full_att  # fp32 reference pass twice; the quantized one's attention
-    i8 = 2 * full_lin                               # the quantized reference pass's Linears, twice
+    f32 = full_lin + full_att + full_att  # the fp32 reference pass; the quantized one's attention
+    i8 = full_lin                         # the quantized reference pass's Linears
     for g in groups:
         name = g["group"]
         m = re.search(r"encoder\.layer\.(\d+)\.", name)

@@ -349,9 +349,20 @@ static void lin_kept(const BqBertInput *in, int l, BqLinearId id, const BqTensor
     if (dst) memcpy(dst, y->data, (size_t)bq_tensor_numel(y) * sizeof(float));
 }
 
+/* The (B,H) rows y as a (B,1,H) query block for the attention ops, a second header on the same data (no
+ * tape: cls_only forwards only). */
+static BqTensor *query_rows(BqCtx *ctx, BqTensor *y) {
+    BQ_CHECK(!ctx->tape && y->ndim == 2);
+    int64_t shape[3] = {y->shape[0], 1, y->shape[1]};
+    BqTensor *t = bq_arena_alloc(ctx->act, sizeof *t);
+    *t = bq_tensor_wrap(y->data, NULL, 3, shape);
+    return t;
+}
+
 /* One BertLayer (attention, residual + LayerNorm, feed-forward, residual + LayerNorm) on x (B,T,H) →
- * (B,T,H); cls_only: everything after the attention on token 0 only → (B,H) (bq_bert_forward). io (may
- * be NULL): the Linear outputs to keep or reuse (BqBertInput.lin_keep, lin_reuse). */
+ * (B,T,H); cls_only: the query, its attention row and everything after on token 0 only → (B,H)
+ * (bq_bert_forward); key and value still on every token. io (may be NULL): the Linear outputs to keep or
+ * reuse (BqBertInput.lin_keep, lin_reuse). */
 static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertInput *io, int l, BqTensor *x,
                          const float *mask, int cls_only, BqTensor **y) {
     const BqBertConfig *c = &m->cfg;
@@ -369,6 +380,7 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const Bq
     if (hk && (st = hk->run(hk->user, ctx, l, BQ_LIN_QKV, x, NULL, NULL, qkv))) return st;
     if (qkv[0]) {
         for (int j = 0; j < 3; j++) qkv[j] = qact(qs, ctx, l, out_pt[j], qkv[j]);
+        if (cls_only) qkv[0] = query_rows(ctx, bq_op_select_token(ctx, qkv[0], 0));
     } else {
         BqTensor *xa = qact(qs, ctx, l, BQ_QP_QKV_IN, x);
         /* ort: the layer input is the previous layer's output quantizer's output, or the embeddings'
@@ -376,21 +388,26 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const Bq
         const BqQuantizer *gx = l > 0 ? grid_of(qs, l - 1, BQ_QP_OUT_LN, -1)
                                 : ctx->training && c->hidden_dropout_prob > 0.0f ? NULL
                                                                                  : grid_of(qs, BQ_QP_LAYER_EMB, -1, -1);
+        /* cls_only: the query Linear on token 0's rows (B,H) */
+        BqTensor *x0 = cls_only ? bq_op_select_token(ctx, x, 0) : x;
+        BqTensor *xa0 = !cls_only ? xa : xa == x ? x0 : bq_op_select_token(ctx, xa, 0);
         for (int j = 0; j < 3; j++) {
             const BqLinearId id = (BqLinearId)(BQ_LIN_Q + j);
-            if (!(qkv[j] = lin_reused(ctx, io, l, id, x, W[j]->shape[0])) &&
-                (st = linear(ctx, hk, qs, l, id, x, xa, in_pt[j], gx, W[j], w_pt[j], Bias[j], &qkv[j])))
+            BqTensor *xj = j ? x : x0, *xaj = j ? xa : xa0;
+            if (!(qkv[j] = lin_reused(ctx, io, l, id, xj, W[j]->shape[0])) &&
+                (st = linear(ctx, hk, qs, l, id, xj, xaj, in_pt[j], gx, W[j], w_pt[j], Bias[j], &qkv[j])))
                 return st;
             lin_kept(io, l, id, qkv[j]);
             qkv[j] = qact(qs, ctx, l, out_pt[j], qkv[j]);
         }
+        if (cls_only) qkv[0] = query_rows(ctx, qkv[0]);
     }
     /* Q·Kᵀ and P·V on integer codes where both inputs are on 8-bit grids (ort, qdqbert; layers/quant.h) */
     BqTensor *qm = qact(qs, ctx, l, BQ_QP_MM1_Q, qkv[0]), *km = qact(qs, ctx, l, BQ_QP_MM1_K, qkv[1]);
     const BqQuantizer *gq = grid_of(qs, l, BQ_QP_MM1_Q, BQ_QP_Q_OUT), *gk = grid_of(qs, l, BQ_QP_MM1_K, BQ_QP_K_OUT);
     BqTensor *s = gq && gk ? bq_op_attn_scores_int(ctx, qm, km, gq->scale[0], gk->scale[0], nh)
                            : bq_op_attn_scores(ctx, qm, km, nh);
-    s = qact(qs, ctx, l, BQ_QP_SCORES, s);                                      /* (B,NH,T,T) */
+    s = qact(qs, ctx, l, BQ_QP_SCORES, s);                                      /* (B,NH,T,T); cls_only (B,NH,1,T) */
     /* The scores (or their fake-quant output) feed only the softmax, and neither producer's backward
      * reads them, so the softmax runs in place; each probability tensor then feeds only the next op. */
     BqTensor *p = bq_op_softmax_mask_sole(ctx, s, mask, scale, -FLT_MAX);
@@ -412,7 +429,7 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const Bq
         cx = gp && gv ? bq_op_attn_context_int(ctx, pm, vm, gp->scale[0], gv->scale[0], nh)
                       : bq_op_attn_context(ctx, pm, vm, nh);
     }
-    cx = qact(qs, ctx, l, BQ_QP_CONTEXT, cx);                                   /* (B,T,H) */
+    cx = qact(qs, ctx, l, BQ_QP_CONTEXT, cx);                                   /* (B,T,H); cls_only (B,1,H) */
     if (cls_only) { /* from here every op is row-wise: token 0 of the context and of the residual */
         cx = bq_op_select_token(ctx, cx, 0);                                    /* (B,H) */
         x = bq_op_select_token(ctx, x, 0);

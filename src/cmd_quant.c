@@ -153,8 +153,7 @@ static int keep_fp32_auto(BqBert *m, BqCliData *d, const BqTokenizer *tok, int s
     if (st) goto cleanup;
     if ((st = bq_batcher_init(&bt, ds, batch_size, 0, (uint64_t)seed, 0))) goto cleanup;
     if ((st = bq_sens_init(&s, m, &bt, samples))) goto cleanup;
-    fprintf(stderr, "[%s] --keep-fp32 auto: %d groups on %lld validation examples: fp32 %.4f, all "
-            "quantized %.4f\n", tag, s.ng, (long long)s.n, s.acc_fp32, s.acc_quant);
+    fprintf(stderr, "[%s] --keep-fp32 auto: %d groups on %lld validation examples\n", tag, s.ng, (long long)s.n);
     if ((st = bq_sens_run_groups(&s, 0))) goto cleanup;
     keep = bq_calloc((size_t)s.ng + 1, 1);
     int kept = 0;

@@ -205,9 +205,8 @@ int bq_cmd_sensitivity(int argc, char **argv) {
                                 "that its quantizers cannot reach)"
                               : "layer outputs only (each group's passes start at its first layer; the Linear "
                                 "outputs would exceed 3 GiB)");
-    fprintf(stderr, "[sensitivity] %d groups of %d quantizers (scheme %s) on %lld %s examples: fp32 %.4f, "
-            "all quantized %.4f (KL %.3g)\n", s.ng, m.quant->n, bq_scheme_name(m.quant->cfg.scheme),
-            (long long)s.n, split, s.acc_fp32, s.acc_quant, s.kl_quant);
+    fprintf(stderr, "[sensitivity] %d groups of %d quantizers (scheme %s) on %lld %s examples\n", s.ng, m.quant->n,
+            bq_scheme_name(m.quant->cfg.scheme), (long long)s.n, split);
     if ((st = bq_sens_run_groups(&s, 0))) goto cleanup;
     double secs = bq_now() - t0;
     bq_dist_sum_i64(&s.forwards, 1); /* under mpirun each rank counted its own batches */

@@ -142,13 +142,12 @@ static int forward_batch(BqSensitivity *s, const BqBatch *b, int start, const fl
     return BQ_OK;
 }
 
-/* Accuracy and mean KL of every measured example with the current enabled flags, from the embeddings;
- * store: the fp32 pass, whose logits become the teacher.
+/* Accuracy and mean KL of every measured example with the current enabled flags, from the embeddings.
  * Under mpirun rank r runs the batches bi with bi mod N = r (its teacher rows and labels are those of its
  * batches) and writes each example's KL term into its slot of a zeroed array; one sum over the ranks fills
  * every slot (each is one rank's value plus zeros, exact), and the terms are then added in example order
  * as one process adds them: accuracy and KL equal the single-process ones bit for bit. */
-static int run_pass(BqSensitivity *s, int store, double *acc, double *kl) {
+static int run_pass(BqSensitivity *s, double *acc, double *kl) {
     int st = BQ_OK;
     const int nr = bq_dist_size(), rank = bq_dist_rank();
     int64_t seen = 0, correct = 0, bi = 0;
@@ -161,7 +160,7 @@ static int run_pass(BqSensitivity *s, int store, double *acc, double *kl) {
             size_t mark = bq_arena_mark(&s->act);
             BqTensor *logits = NULL;
             if ((st = forward_batch(s, &b, 0, NULL, NULL, NULL, NULL, &logits))) goto cleanup;
-            score(s, &b, logits, seen, rows, store, &correct, klrow);
+            score(s, &b, logits, seen, rows, 0, &correct, klrow);
             bq_arena_rewind(&s->act, mark);
         }
         seen += rows;
@@ -169,7 +168,6 @@ static int run_pass(BqSensitivity *s, int store, double *acc, double *kl) {
     bq_dist_sum_i64(&correct, 1);
     bq_dist_sum_f64(klrow, seen);
     for (int64_t i = 0; i < seen; i++) klsum += klrow[i];
-    if (store) s->n = seen;
     if (seen == 0) {
         st = bq_err(BQ_EINVAL, "sensitivity: no labelled examples to measure");
         goto cleanup;
@@ -186,8 +184,9 @@ static void set_enabled(BqQuantState *qs, const unsigned char *enabled) {
 }
 
 int bq_sens_measure(BqSensitivity *s, const unsigned char *enabled, double *acc, double *kl) {
+    BQ_CHECK(s->measured); /* the teacher logits come from bq_sens_run_groups */
     set_enabled(s->m->quant, enabled);
-    int st = run_pass(s, 0, acc, kl);
+    int st = run_pass(s, acc, kl);
     set_enabled(s->m->quant, NULL);
     return st;
 }
@@ -209,7 +208,6 @@ static void lin_slots(const BqSensitivity *s, float *cache, float **ptr) {
 
 int bq_sens_init(BqSensitivity *s, BqBert *m, BqBatcher *b, int64_t max_examples) {
     int st = BQ_OK;
-    unsigned char *off = NULL;
     memset(s, 0, sizeof *s);
     BqQuantState *qs = m->quant;
     if (!qs) return bq_err(BQ_EINVAL, "sensitivity: the model has no quantizers (an fp32 checkpoint)");
@@ -221,35 +219,28 @@ int bq_sens_init(BqSensitivity *s, BqBert *m, BqBatcher *b, int64_t max_examples
     s->num_labels = m->cfg.num_labels;
     s->n = b->ds->n;
     if (max_examples > 0 && max_examples < s->n) s->n = max_examples;
+    if (s->n <= 0) return bq_err(BQ_EINVAL, "sensitivity: no labelled examples to measure");
     s->teacher = bq_calloc((size_t)(s->n > 0 ? s->n : 1) * (size_t)s->num_labels, sizeof(float));
     s->labels = bq_calloc((size_t)(s->n > 0 ? s->n : 1), sizeof(int32_t));
     if ((st = bq_arena_init(&s->act, (size_t)16 << 30, "sensitivity activations"))) goto cleanup;
     if ((st = bq_sens_groups(qs, &s->g, &s->ng))) goto cleanup;
-    off = bq_calloc((size_t)qs->n + 1, 1);
     /* the per-batch caches, when they fit: batches of at most b->batch_size examples of max_len tokens */
     const int L = m->cfg.num_hidden_layers;
     const int64_t H = m->cfg.hidden_size;
     s->bt_max = (int64_t)b->batch_size * b->ds->max_len;
     int64_t hid = (L - 1) * s->bt_max * H, lin = 0;
     for (int id = 0; id < BQ_LIN_ENCODER; id++) lin += L * lin_floats(s, id);
-    if (L > 1 && s->n > 0 && 2 * hid * 4 <= BQ_SENS_CACHE_MAX) {
+    if (L > 1 && 2 * hid * 4 <= BQ_SENS_CACHE_MAX) {
         s->prefix_cache = 1;
         s->hid_fp32 = bq_malloc((size_t)hid * sizeof(float));
         s->hid_quant = bq_malloc((size_t)hid * sizeof(float));
     }
-    if (s->n > 0 && 2 * (hid + lin) * 4 <= BQ_SENS_CACHE_MAX) {
+    if (2 * (hid + lin) * 4 <= BQ_SENS_CACHE_MAX) {
         s->reuse_linears = 1;
         s->lin_fp32 = bq_malloc((size_t)lin * sizeof(float));
         s->lin_quant = bq_malloc((size_t)lin * sizeof(float));
     }
-    double kl0;
-    set_enabled(qs, off);
-    st = run_pass(s, 1, &s->acc_fp32, &kl0);
-    set_enabled(qs, NULL);
-    if (st) goto cleanup;
-    if ((st = run_pass(s, 0, &s->acc_quant, &s->kl_quant))) goto cleanup;
 cleanup:
-    free(off);
     return st;
 }
 
@@ -276,8 +267,9 @@ int bq_sens_run_groups(BqSensitivity *s, int quiet) {
     unsigned char *en = bq_malloc((size_t)(2 * ng) * ((size_t)nq + 1)), *off = bq_calloc((size_t)nq + 1, 1);
     int *start = bq_malloc((size_t)(ng > 0 ? ng : 1) * sizeof *start);
     unsigned *reach = bq_malloc((size_t)(ng > 0 ? ng : 1) * sizeof *reach);
-    int64_t *correct = bq_calloc((size_t)(2 * ng + 1), sizeof *correct);
-    double *kl = bq_calloc((size_t)(2 * ng) * (size_t)(s->n > 0 ? s->n : 1) + 1, sizeof *kl);
+    /* rows 2k, 2k + 1: group k's two passes; rows 2·ng, 2·ng + 1: the fp32 and all-quantized references */
+    int64_t *correct = bq_calloc((size_t)(2 * ng + 2), sizeof *correct);
+    double *kl = bq_calloc((size_t)(2 * ng + 2) * (size_t)s->n, sizeof *kl);
     float **keep_f = bq_calloc((size_t)NL, sizeof(float *)), **keep_q = bq_calloc((size_t)NL, sizeof(float *));
     const float **use = bq_calloc((size_t)NL, sizeof(float *));
     double t0 = bq_now();
@@ -319,15 +311,18 @@ int bq_sens_run_groups(BqSensitivity *s, int quiet) {
         BQ_CHECK(b.B * b.T <= s->bt_max);
         size_t mark = bq_arena_mark(&s->act);
         BqTensor *z = NULL;
-        if (prefix) { /* the references: fp32 (every quantizer off), then every quantizer on */
-            set_enabled(qs, off);
-            st = forward_batch(s, &b, 0, NULL, s->hid_fp32, reuse ? keep_f : NULL, NULL, &z);
-            set_enabled(qs, NULL);
-            bq_arena_rewind(&s->act, mark);
-            if (st) goto cleanup;
-            if ((st = forward_batch(s, &b, 0, NULL, s->hid_quant, reuse ? keep_q : NULL, NULL, &z))) goto cleanup;
-            bq_arena_rewind(&s->act, mark);
-        }
+        /* the references: fp32 (every quantizer off; its logits become the teacher of this batch's rows),
+         * then every quantizer on; with the caches they keep their layer and Linear outputs */
+        set_enabled(qs, off);
+        st = forward_batch(s, &b, 0, NULL, prefix ? s->hid_fp32 : NULL, reuse ? keep_f : NULL, NULL, &z);
+        set_enabled(qs, NULL);
+        if (!st) score(s, &b, z, seen, rows, 1, &correct[2 * ng], kl + 2 * ng * nn);
+        bq_arena_rewind(&s->act, mark);
+        if (st) goto cleanup;
+        st = forward_batch(s, &b, 0, NULL, prefix ? s->hid_quant : NULL, reuse ? keep_q : NULL, NULL, &z);
+        if (!st) score(s, &b, z, seen, rows, 0, &correct[2 * ng + 1], kl + (2 * ng + 1) * nn);
+        bq_arena_rewind(&s->act, mark);
+        if (st) goto cleanup;
         for (int k = 0; k < ng; k++)
             for (int w = 0; w < 2; w++) {
                 /* w 0: only the group quantized, from the fp32 reference; w 1: all but the group, from the
@@ -353,8 +348,14 @@ int bq_sens_run_groups(BqSensitivity *s, int quiet) {
                     (long long)nb, (long long)seen, (long long)s->n, bq_now() - t0);
     }
     /* every slot is one rank's value plus zeros (run_pass); then the same sums as one process */
-    bq_dist_sum_i64(correct, 2 * ng);
-    bq_dist_sum_f64(kl, 2 * ng * s->n);
+    bq_dist_sum_i64(correct, 2 * ng + 2);
+    bq_dist_sum_f64(kl, (2 * ng + 2) * s->n);
+    double klq = 0.0;
+    for (int64_t i = 0; i < s->n; i++) klq += kl[(2 * ng + 1) * s->n + i];
+    s->acc_fp32 = (double)correct[2 * ng] / (double)s->n;
+    s->acc_quant = (double)correct[2 * ng + 1] / (double)s->n;
+    s->kl_quant = klq / (double)s->n;
+    s->measured = 1;
     for (int k = 0; k < ng; k++) {
         BqSensGroup *g = &s->g[k];
         double sum[2] = {0.0, 0.0};

@@ -39,7 +39,8 @@ typedef struct BqSensitivity {
     BqArena act;
     BqSensGroup *g;
     int ng;
-    double acc_fp32, acc_quant, kl_quant;
+    double acc_fp32, acc_quant, kl_quant; /* the baselines, from bq_sens_run_groups's reference passes */
+    int measured;                       /* 1 once bq_sens_run_groups has filled the teacher and baselines */
     int64_t forwards;                   /* batch forwards run, teacher included */
     /* Per-batch caches (bq_sens_run_groups). For each batch the fp32 pass and the all-quantized pass keep
      * the output of every encoder layer but the last and the output of every encoder Linear; a group's
@@ -64,17 +65,20 @@ typedef struct BqSensitivity {
 int bq_sens_groups(const BqQuantState *qs, BqSensGroup **out, int *ng);
 
 /* Prepares a measurement over the first max_examples (0: all) examples of b: groups m->quant (every
- * quantizer must have a range: BQ_EINVAL otherwise), runs the fp32 teacher forward, and measures the
- * fp32 and all-quantized baselines. m->quant is left with every quantizer enabled. */
+ * quantizer must have a range: BQ_EINVAL otherwise) and sets up the per-batch caches. No forward runs
+ * here: bq_sens_run_groups computes the teacher and the baselines with the reference passes it needs
+ * anyway. m->quant is left with every quantizer enabled. */
 int bq_sens_init(BqSensitivity *s, BqBert *m, BqBatcher *b, int64_t max_examples);
 void bq_sens_free(BqSensitivity *s);
 
 /* Accuracy and mean KL(fp32 ‖ quantized) of the class softmax with quantizer i enabled iff
- * enabled[i] (m->quant->n entries). */
+ * enabled[i] (m->quant->n entries). Needs the teacher: after bq_sens_run_groups. */
 int bq_sens_measure(BqSensitivity *s, const unsigned char *enabled, double *acc, double *kl);
 
-/* Fills every group's two measurements, batch by batch through the per-batch caches above; progress
- * lines (one per batch, then one per group) go to stderr unless quiet. */
+/* Fills every group's two measurements, batch by batch through the per-batch caches above, and the
+ * teacher logits, labels and baselines (acc_fp32, acc_quant, kl_quant) from each batch's fp32 and
+ * all-quantized reference passes; progress lines (one per batch, then one per group) go to stderr
+ * unless quiet. */
 int bq_sens_run_groups(BqSensitivity *s, int quiet);
 
 /* Group indices ordered by harm: largest acc_fp32 − acc_only first, ties by larger kl_only. The caller

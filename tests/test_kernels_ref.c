@@ -98,9 +98,9 @@ static void test_attention(void) {
                         rdv[kj] += (double)p[si] * dc[qi];
                     }
                 }
-    bq_kernel_attn_scores_forward(s, q, k, B, T, NH, d);
+    bq_kernel_attn_scores_forward(s, q, k, B, T, T, NH, d);
     bq_kernel_attn_scores_backward(dq, dk, ds, q, k, B, T, NH, d);
-    bq_kernel_attn_context_forward(c, p, v, B, T, NH, d);
+    bq_kernel_attn_context_forward(c, p, v, B, T, T, NH, d);
     bq_kernel_attn_context_backward(dp, dv, dc, p, v, B, T, NH, d);
     cmp("attn scores forward", s, rs, ns, 4);
     cmp("attn scores dq, dk (+=)", dq, rdq, nq, 8);
@@ -108,6 +108,27 @@ static void test_attention(void) {
     cmp("attn context forward", c, rc, nq, 8);
     cmp("attn context dprobs, dv (+=)", dp, rdp, ns, 4);
     cmp("", dv, rdv, nq, 8);
+    /* one query row (Tq = 1, the last layer's [CLS] query): token 0 of q and row 0 of each (b, h) block of
+     * probs against the same rows of the references */
+    {
+        const int64_t n1 = B * H, ns1 = B * NH * T;
+        float *q0 = bq_malloc((size_t)n1 * sizeof(float)), *p0 = bq_malloc((size_t)ns1 * sizeof(float));
+        float *s0 = bq_malloc((size_t)ns1 * sizeof(float)), *c0 = bq_malloc((size_t)n1 * sizeof(float));
+        double *rs0 = bq_malloc((size_t)ns1 * sizeof(double)), *rc0 = bq_malloc((size_t)n1 * sizeof(double));
+        for (int64_t b = 0; b < B; b++) {
+            memcpy(q0 + b * H, q + b * T * H, (size_t)H * sizeof(float));
+            for (int64_t e = 0; e < H; e++) rc0[b * H + e] = rc[b * T * H + e];
+            for (int64_t h = 0; h < NH; h++) {
+                memcpy(p0 + (b * NH + h) * T, p + (b * NH + h) * T * T, (size_t)T * sizeof(float));
+                for (int64_t j = 0; j < T; j++) rs0[(b * NH + h) * T + j] = rs[(b * NH + h) * T * T + j];
+            }
+        }
+        bq_kernel_attn_scores_forward(s0, q0, k, B, 1, T, NH, d);
+        bq_kernel_attn_context_forward(c0, p0, v, B, 1, T, NH, d);
+        cmp("attn scores forward, 1 query row", s0, rs0, ns1, 4);
+        cmp("attn context forward, 1 query row", c0, rc0, n1, 8);
+        free(q0), free(p0), free(s0), free(c0), free(rs0), free(rc0);
+    }
     free(q), free(k), free(v), free(p), free(ds), free(dc), free(s), free(c), free(dq), free(dk), free(dv), free(dp);
     free(rs), free(rc), free(rdq), free(rdk), free(rdv), free(rdp);
 }
@@ -210,13 +231,23 @@ static void test_omp_kernels(void) {
         for (int64_t j = 0; j < T; j++) rsd[r * T + j] = sc * rsy[r * T + j] * (sdy[r * T + j] - dot);
     }
     omp_set_num_threads(1);
-    bq_kernel_softmax_mask_forward(sy1, sx, mask, sc, -3.4028235e38f, B, NH, T);
+    bq_kernel_softmax_mask_forward(sy1, sx, mask, sc, -3.4028235e38f, B, NH, T, T);
     bq_kernel_softmax_mask_backward(sd1, sdy, sy1, sc, rows, T);
     omp_set_num_threads(2);
-    bq_kernel_softmax_mask_forward(sy2, sx, mask, sc, -3.4028235e38f, B, NH, T);
+    bq_kernel_softmax_mask_forward(sy2, sx, mask, sc, -3.4028235e38f, B, NH, T, T);
     bq_kernel_softmax_mask_backward(sd2, sdy, sy2, sc, rows, T);
     cmp("softmax_mask forward", sy2, rsy, ns, 0.01);
     cmp("softmax_mask backward", sd2, rsd, ns, 0.01);
+    /* one query row per (b, h) block (Tq = 1): row 0 of each block, masked by its batch's mask */
+    {
+        float *x0 = bq_malloc((size_t)(B * NH * T) * sizeof(float)), *y0 = bq_malloc((size_t)(B * NH * T) * sizeof(float));
+        double *r0 = bq_malloc((size_t)(B * NH * T) * sizeof(double));
+        for (int64_t bh = 0; bh < B * NH; bh++)
+            for (int64_t j = 0; j < T; j++) x0[bh * T + j] = sx[bh * T * T + j], r0[bh * T + j] = rsy[bh * T * T + j];
+        bq_kernel_softmax_mask_forward(y0, x0, mask, sc, -3.4028235e38f, B, NH, 1, T);
+        cmp("softmax_mask forward, 1 query row", y0, r0, B * NH * T, 0.01);
+        free(x0), free(y0), free(r0);
+    }
     same_bits("softmax_mask forward", sy1, sy2, (size_t)ns * 4);
     same_bits("softmax_mask backward", sd1, sd2, (size_t)ns * 4);
 

@@ -119,12 +119,13 @@ static void check_groups(BqBert *m, BqBatcher *bt, const char *scheme, int want_
     free(g);
 }
 
-/* The per-batch caches change no result: every group's four numbers with the layer outputs and the
- * unreached Linears reused (the default), with the layer outputs only, and with every pass from the
- * embeddings, compared bit for bit. */
+/* The per-batch caches change no result: every group's four numbers and the baselines with the layer
+ * outputs and the unreached Linears reused (the default), with the layer outputs only, and with every
+ * pass from the embeddings, compared bit for bit; and the baselines equal bq_sens_measure's passes. */
 static void check_caches(BqSensitivity *s, const char *scheme) {
     BqSensGroup *ref = NULL;
     int64_t reused[3], forwards[3];
+    double base[3] = {0, 0, 0};
     const int modes[3][2] = {{1, 1}, {1, 0}, {0, 0}};
     for (int c = 0; c < 3; c++) {
         s->prefix_cache = modes[c][0];
@@ -134,6 +135,7 @@ static void check_caches(BqSensitivity *s, const char *scheme) {
         forwards[c] = s->forwards - f0;
         reused[c] = s->reused - r0;
         if (c == 0) {
+            base[0] = s->acc_fp32, base[1] = s->acc_quant, base[2] = s->kl_quant;
             ref = bq_malloc((size_t)s->ng * sizeof *ref);
             memcpy(ref, s->g, (size_t)s->ng * sizeof *ref);
             continue;
@@ -145,7 +147,14 @@ static void check_caches(BqSensitivity *s, const char *scheme) {
         printf("scheme %s, %s: %d of %d groups identical to the default caches\n", scheme,
                c == 1 ? "layer outputs only" : "no caches", same, s->ng);
         EXPECT(same == s->ng, "scheme %s: %d of %d groups differ (mode %d)", scheme, s->ng - same, s->ng, c);
+        EXPECT(base[0] == s->acc_fp32 && base[1] == s->acc_quant && base[2] == s->kl_quant,
+               "scheme %s: baselines differ in mode %d", scheme, c);
     }
+    /* the all-quantized baseline as a whole pass from the embeddings (every quantizer enabled) */
+    double acc = -1.0, kl = -1.0;
+    EXPECT(bq_sens_measure(s, NULL, &acc, &kl) == BQ_OK, "%s", bq_errmsg());
+    EXPECT(acc == base[1] && kl == base[2], "scheme %s: measured all-quantized %.17g / %.17g, baseline %.17g / %.17g",
+           scheme, acc, kl, base[1], base[2]);
     free(ref);
     printf("scheme %s: batch forwards %lld / %lld / %lld, Linear products reused %lld / %lld / %lld\n", scheme,
            (long long)forwards[0], (long long)forwards[1], (long long)forwards[2], (long long)reused[0],
@@ -230,10 +239,10 @@ int main(void) {
     BqSensitivity s;
     EXPECT((st = bq_sens_init(&s, &m, &bt, 0)) == BQ_OK, "%s", bq_errmsg());
     if (!st) {
-        EXPECT(s.n == N && s.acc_fp32 == 1.0, "n %lld, fp32 accuracy %g", (long long)s.n, s.acc_fp32);
         EXPECT(s.prefix_cache == 1 && s.reuse_linears == 1 && s.bt_max == BATCH * ds->max_len,
                "caches %d %d, %lld tokens", s.prefix_cache, s.reuse_linears, (long long)s.bt_max);
         check_caches(&s, "cpu");
+        EXPECT(s.measured && s.n == N && s.acc_fp32 == 1.0, "n %lld, fp32 accuracy %g", (long long)s.n, s.acc_fp32);
         int *order = bq_sens_order(&s);
         for (int r = 0; r < s.ng; r++)
             printf("  %d %-48s only int8 %.4f KL %.4g | only fp32 %.4f KL %.4g\n", r + 1, s.g[order[r]].name,

@@ -92,22 +92,24 @@ def test_broken_group_ranks_first(env, tmp_path):
 
 def check_floor(sens_json, config_json):
     """bench/sensitivity_floor.py on this run (cpu scheme, 24 groups, 32 tokens) against the count written out
-    for it: per example, the fp32 and the all-quantized reference pass twice, and two passes per group from its
+    for it: per example, the fp32 and the all-quantized reference pass once, and two passes per group from its
     layer on; in that layer the QKV group computes all six Linears, attention.output.dense three, intermediate
-    two and output.dense one; the last layer runs its feed-forward and attention output on [CLS] only."""
+    two and output.dense one; the last layer runs its query, its attention row, its attention output and its
+    feed-forward on [CLS] only (keys and values on every token)."""
     H, I, L, T = 384, 1536, 6, 32
-    qkv, ao, ffn, att = 3 * H * H * T, H * H * T, 2 * H * I * T, 2 * T * T * H
+    ao, ffn, att = H * H * T, 2 * H * I * T, 2 * T * T * H
     cls = H * H + 2 * H * I  # attention output and feed-forward of the last layer on [CLS]
 
     def layer(first_linears, l):  # MACs of layer l computing the Linears after the group's point
         last = l == L - 1
+        qkv = 2 * H * H * T + H * H * (1 if last else T)
         full = {6: qkv + (cls if last else ao + ffn), 3: cls if last else ao + ffn,
                 2: (cls - H * H) if last else ffn, 1: (H * I) if last else ffn // 2}[first_linears]
-        return full + att
+        return full + (2 * T * H if last else att)
 
     forward = sum(layer(6, l) for l in range(L))
     group = sum(layer(k, l) + sum(layer(6, m) for m in range(l + 1, L)) for l in range(L) for k in (6, 3, 2, 1))
-    want = 2 * (4 * forward + 2 * group) / 1e9  # GFLOP per example
+    want = 2 * (2 * forward + 2 * group) / 1e9  # GFLOP per example
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sensitivity_floor.py"), str(sens_json),
                         str(config_json), "--seq", str(T), "--ceiling", "a=100,100", "--ceiling", "b=200,200"],
                        capture_output=True, text=True, timeout=60)
