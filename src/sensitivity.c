@@ -142,6 +142,13 @@ static int forward_batch(BqSensitivity *s, const BqBatch *b, int start, const fl
     return BQ_OK;
 }
 
+/* The mean of n per-example terms, added in example order (so one process and N ranks give the same bits). */
+static double row_mean(const double *row, int64_t n) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += row[i];
+    return sum / (double)n;
+}
+
 /* Accuracy and mean KL of every measured example with the current enabled flags, from the embeddings.
  * Under mpirun rank r runs the batches bi with bi mod N = r (its teacher rows and labels are those of its
  * batches) and writes each example's KL term into its slot of a zeroed array; one sum over the ranks fills
@@ -151,7 +158,7 @@ static int run_pass(BqSensitivity *s, double *acc, double *kl) {
     int st = BQ_OK;
     const int nr = bq_dist_size(), rank = bq_dist_rank();
     int64_t seen = 0, correct = 0, bi = 0;
-    double klsum = 0.0, *klrow = bq_calloc((size_t)(s->n > 0 ? s->n : 1), sizeof(double));
+    double *klrow = bq_calloc((size_t)s->n, sizeof(double));
     BqBatch b;
     bq_batcher_seek(s->b, 0, 0);
     while (seen < s->n && bq_batcher_next(s->b, &b)) {
@@ -167,13 +174,12 @@ static int run_pass(BqSensitivity *s, double *acc, double *kl) {
     }
     bq_dist_sum_i64(&correct, 1);
     bq_dist_sum_f64(klrow, seen);
-    for (int64_t i = 0; i < seen; i++) klsum += klrow[i];
     if (seen == 0) {
         st = bq_err(BQ_EINVAL, "sensitivity: no labelled examples to measure");
         goto cleanup;
     }
     *acc = (double)correct / (double)seen;
-    *kl = klsum / (double)seen;
+    *kl = row_mean(klrow, seen);
 cleanup:
     free(klrow);
     return st;
@@ -220,8 +226,8 @@ int bq_sens_init(BqSensitivity *s, BqBert *m, BqBatcher *b, int64_t max_examples
     s->n = b->ds->n;
     if (max_examples > 0 && max_examples < s->n) s->n = max_examples;
     if (s->n <= 0) return bq_err(BQ_EINVAL, "sensitivity: no labelled examples to measure");
-    s->teacher = bq_calloc((size_t)(s->n > 0 ? s->n : 1) * (size_t)s->num_labels, sizeof(float));
-    s->labels = bq_calloc((size_t)(s->n > 0 ? s->n : 1), sizeof(int32_t));
+    s->teacher = bq_calloc((size_t)s->n * (size_t)s->num_labels, sizeof(float));
+    s->labels = bq_calloc((size_t)s->n, sizeof(int32_t));
     if ((st = bq_arena_init(&s->act, (size_t)16 << 30, "sensitivity activations"))) goto cleanup;
     if ((st = bq_sens_groups(qs, &s->g, &s->ng))) goto cleanup;
     /* the per-batch caches, when they fit: batches of at most b->batch_size examples of max_len tokens */
@@ -350,21 +356,16 @@ int bq_sens_run_groups(BqSensitivity *s, int quiet) {
     /* every slot is one rank's value plus zeros (run_pass); then the same sums as one process */
     bq_dist_sum_i64(correct, 2 * ng + 2);
     bq_dist_sum_f64(kl, (2 * ng + 2) * s->n);
-    double klq = 0.0;
-    for (int64_t i = 0; i < s->n; i++) klq += kl[(2 * ng + 1) * s->n + i];
     s->acc_fp32 = (double)correct[2 * ng] / (double)s->n;
     s->acc_quant = (double)correct[2 * ng + 1] / (double)s->n;
-    s->kl_quant = klq / (double)s->n;
+    s->kl_quant = row_mean(kl + (2 * ng + 1) * s->n, s->n);
     s->measured = 1;
     for (int k = 0; k < ng; k++) {
         BqSensGroup *g = &s->g[k];
-        double sum[2] = {0.0, 0.0};
-        for (int w = 0; w < 2; w++)
-            for (int64_t i = 0; i < s->n; i++) sum[w] += kl[(2 * k + w) * s->n + i];
         g->acc_only = (double)correct[2 * k] / (double)s->n;
-        g->kl_only = sum[0] / (double)s->n;
+        g->kl_only = row_mean(kl + 2 * k * s->n, s->n);
         g->acc_without = (double)correct[2 * k + 1] / (double)s->n;
-        g->kl_without = sum[1] / (double)s->n;
+        g->kl_without = row_mean(kl + (2 * k + 1) * s->n, s->n);
         if (!quiet && rank == 0)
             fprintf(stderr, "[sensitivity] %d/%d %s: only quantized acc %.4f KL %.3g, only fp32 acc %.4f KL %.3g\n",
                     k + 1, ng, g->name, g->acc_only, g->kl_only, g->acc_without, g->kl_without);
