@@ -2,10 +2,11 @@
  * model.h5 is corrupted 150 times (one byte, or a run of 2 to 16 bytes, changed in the stored data of
  * a random tensor; every third trial anywhere in the file) and loaded again. A corruption inside a
  * tensor's data must be a BQ_EFORMAT error naming model.h5, the tensor and the checksum; anywhere else
- * the load must fail with a one-line error naming model.h5 or give parameters and quantizer ranges
- * bit-identical to the saved ones. Never different values without an error. Also checked: every
- * tensor carries the Fletcher-32 filter, and a checkpoint written without it (contiguous datasets, as
- * before the filter) still loads bit for bit. Prints the max difference of the loads that succeeded. */
+ * the load must fail with a one-line error naming model.h5 or give parameters, quantizer ranges and
+ * observer states (the moving-average min/max QAT resumes from) bit-identical to the saved ones. Never
+ * different values without an error. Also checked: every tensor carries the Fletcher-32 filter, and a
+ * checkpoint written without it (contiguous datasets, as before the filter) still loads bit for bit.
+ * Prints the max difference of the loads that succeeded. */
 #include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
@@ -118,8 +119,8 @@ static void compare(float x, float y, int64_t *ndiff, double *maxdiff) {
 }
 
 /* Loads DIR into a fresh model. Returns the status; on success *maxdiff is the largest |difference|
- * from the reference and *ndiff the number of values whose bits differ,
- * over every parameter and every quantizer's amax and scale. */
+ * from the reference and *ndiff the number of values whose bits differ, over every parameter and every
+ * quantizer's amax, scale and observer min/max (per channel for weights). */
 static int load_compare(const char *dir, const BqBert *ref, int64_t *ndiff, double *maxdiff) {
     BqBert m;
     memset(&m, 0, sizeof m);
@@ -138,6 +139,14 @@ static int load_compare(const char *dir, const BqBert *ref, int64_t *ndiff, doub
             for (int64_t c = 0; c < qa->nch; c++) {
                 compare(qa->amax[c], qb->amax[c], ndiff, maxdiff);
                 compare(qa->scale[c], qb->scale[c], ndiff, maxdiff);
+                if (qa->is_weight) {
+                    compare(qa->ch_min[c], qb->ch_min[c], ndiff, maxdiff);
+                    compare(qa->ch_max[c], qb->ch_max[c], ndiff, maxdiff);
+                }
+            }
+            if (!qa->is_weight) {
+                compare(qa->run_min, qb->run_min, ndiff, maxdiff);
+                compare(qa->run_max, qb->run_max, ndiff, maxdiff);
             }
         }
     }
@@ -194,9 +203,23 @@ int main(void) {
     BqQuantConfig qc;
     bq_quant_config_default(&qc);
     BQ_CHECK(bq_quant_create(&m.quant, &m, &qc) == BQ_OK);
+    /* observer states inside ±amax, so that they differ from a fresh table's zeros and from the ±amax a
+     * load without observer datasets restarts from (their own generator: the trials below draw from rng) */
+    BqRng orng;
+    bq_rng_seed(&orng, 12);
     for (int i = 0; i < m.quant->n; i++) {
         BqQuantizer *q = &m.quant->q[i];
-        for (int64_t c = 0; c < q->nch; c++) q->amax[c] = 0.3f + 0.7f * (float)bq_rng_uniform(&rng);
+        for (int64_t c = 0; c < q->nch; c++) {
+            q->amax[c] = 0.3f + 0.7f * (float)bq_rng_uniform(&rng);
+            if (q->is_weight) {
+                q->ch_min[c] = -q->amax[c] * (0.25f + 0.5f * (float)bq_rng_uniform(&orng));
+                q->ch_max[c] = q->amax[c] * (0.25f + 0.5f * (float)bq_rng_uniform(&orng));
+            }
+        }
+        if (!q->is_weight) {
+            q->run_min = -q->amax[0] * (0.25f + 0.5f * (float)bq_rng_uniform(&orng));
+            q->run_max = q->amax[0] * (0.25f + 0.5f * (float)bq_rng_uniform(&orng));
+        }
         q->initialized = 1;
         bq_quant_update_scale(m.quant, q);
     }

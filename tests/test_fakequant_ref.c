@@ -5,7 +5,9 @@
  * rounding edge (127, 127.5]·s, [-128.5, -128)·s; and the moving-average observers of layers/quant.c
  * (through bq_quant_act / bq_quant_weight) vs MovingAverageMinMaxObserver and
  * MovingAveragePerChannelMinMaxObserver, then the fake-quantized last batch with scale amax/127.
- * Everything must match bit for bit; the max absolute error is printed. */
+ * Everything must match bit for bit (memcmp: the sign of a zero counts). The op's input gradient starts
+ * at a nonzero constant, so the straight-through gradient must be that constant plus the mask: a backward
+ * that overwrites the buffer instead of adding to it fails. The max absolute error is printed. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +20,9 @@
 
 static int failures = 0;
 static double max_err = 0.0;
+
+/* The input gradient before the backward (exact in binary, so prefill + mask is exact too). */
+#define GRAD_PREFILL 0.375f
 
 static float *floats(json_t *a, int64_t *n) {
     *n = (int64_t)json_array_size(a);
@@ -32,7 +37,7 @@ static void compare(const char *cse, const char *what, const float *got, const f
     for (int64_t i = 0; i < n; i++) {
         double e = fabs((double)got[i] - (double)want[i]);
         if (e > max_err) max_err = e;
-        if (memcmp(&got[i], &want[i], sizeof(float)) != 0 && !(got[i] == 0.0f && want[i] == 0.0f)) {
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0) {
             if (shown++ < 8) {
                 float s = scale ? scale[per_row > 0 ? i / per_row : 0] : 1.0f;
                 printf("FAIL %s %s[%lld]: got %.9g want %.9g (x/s = %.6g)\n", cse, what, (long long)i, got[i],
@@ -43,7 +48,7 @@ static void compare(const char *cse, const char *what, const float *got, const f
     }
 }
 
-/* The op directly: forward, then dx with dy = 1 (the mask). */
+/* The op directly: forward, then dx with dy = 1 added to GRAD_PREFILL (prefill + the mask). */
 static void case_op(BqCtx *ctx, const char *name, json_t *c) {
     int64_t n, ns, nw, nm;
     float *x = floats(json_object_get(c, "x"), &n);
@@ -55,14 +60,16 @@ static void case_op(BqCtx *ctx, const char *name, json_t *c) {
     int64_t shape[BQ_MAX_DIMS];
     for (int d = 0; d < ndim; d++) shape[d] = json_integer_value(json_array_get(shp, (size_t)d));
     int axis = (int)json_integer_value(json_object_get(c, "axis"));
-    float *grad = bq_calloc((size_t)n, sizeof(float));
+    float *grad = bq_malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) grad[i] = GRAD_PREFILL;
     BqTensor xt = bq_tensor_wrap(x, grad, ndim, shape);
     size_t mark = bq_arena_mark(ctx->act);
     BqTensor *y = bq_op_fakequant(ctx, &xt, scale, ns, axis, -128, 127);
     compare(name, "y", y->data, want, n, x, scale, axis == 0 ? (int)(n / ns) : 0);
     for (int64_t i = 0; i < n; i++) y->grad[i] = 1.0f;
     bq_backward(ctx, y); /* sets y->grad[0] = 1 (already 1) and runs the fake-quant backward */
-    compare(name, "mask", grad, mask, n, x, scale, axis == 0 ? (int)(n / ns) : 0);
+    for (int64_t i = 0; i < n; i++) mask[i] += GRAD_PREFILL;
+    compare(name, "prefill + mask", grad, mask, n, x, scale, axis == 0 ? (int)(n / ns) : 0);
     bq_tape_rewind(ctx->tape);
     bq_arena_rewind(ctx->act, mark);
     free(x), free(scale), free(want), free(mask), free(grad);

@@ -1,13 +1,19 @@
 /* bq_op_fakequant, exactly: forward values against the scalar formula q = clamp(rne(x/s), qmin, qmax),
  * y = q·s (true division, nearbyintf under the default rounding mode), including ties x/s = k + 0.5
- * (→ even) and saturation at -128/127; and the straight-through gradient, which must be exactly dy
- * where qmin <= rne(x/s) <= qmax (the rounded value, as torch.fake_quantize_per_tensor_affine) and
- * exactly 0 elsewhere (checked on points away from rounding and saturation edges, plus the edges:
- * x/s = 127.4 and 127.5 (tie → 128), −128.4 and −128.5 (tie → −128) and −128.6). Per tensor, per channel along axis 0
- * of a (OC,C) weight and along axis 1 of a (B,T,H) tensor; each also as the sole consumer (shared
- * gradient buffer) and as the sole consumer of a recorded op's output (quantized in place with the mask
- * kept as bits, per tensor; a length not a multiple of 32 and the threaded path included). Central differences do not apply (the
- * true derivative is 0 almost everywhere), so this test is exact instead. Prints the max error. */
+ * (→ even) and saturation at -128/127; a value that rounds to the code 0 dequantizes to +0 (the integer
+ * code has no sign, as in ONNX QuantizeLinear/DequantizeLinear and PyTorch's integer round trip). The
+ * straight-through gradient adds exactly dy to the input's gradient where qmin <= rne(x/s) <= qmax (the
+ * rounded value, as torch.fake_quantize_per_tensor_affine) and adds nothing elsewhere (checked on points
+ * away from rounding and saturation edges, plus the edges: x/s = 127.4 and 127.5 (tie → 128), −128.4 and
+ * −128.5 (tie → −128) and −128.6). The input's gradient buffer starts at a nonzero constant, so a backward
+ * that overwrites instead of accumulating fails (gradient accumulation over micro-batches relies on +=);
+ * where the op is the input's sole consumer the buffer is the output's gradient, which the mask edits in
+ * place. Per tensor, per channel along axis 0 of a (OC,C) weight and along axis 1 of a (B,T,H) tensor;
+ * each also as the sole consumer (shared gradient buffer) and as the sole consumer of a recorded op's
+ * output (quantized in place with the mask kept as bits, per tensor; a length not a multiple of 32 and
+ * the threaded path included). Central differences do not apply (the true derivative is 0 almost
+ * everywhere), so this test is exact instead: every value is compared bit for bit (memcmp, so the sign
+ * of a zero counts). Prints the max error. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -17,10 +23,15 @@
 static int fails = 0;
 static double max_err = 0.0;
 
+/* What every input gradient buffer holds before the backward: a backward must add to it. Any nonzero
+ * value does; this one is exact in binary and not a possible dy. */
+#define GRAD_PREFILL 0.375f
+
+/* got and want must have the same bits. */
 static void expect(const char *what, int64_t i, float got, float want) {
     double e = fabs((double)got - (double)want);
     if (e > max_err || isnan(e)) max_err = isnan(e) ? INFINITY : e;
-    if (got != want) {
+    if (memcmp(&got, &want, sizeof got) != 0) {
         if (fails < 10) printf("  FAIL %s[%lld]: got %.9g want %.9g\n", what, (long long)i, got, want);
         fails++;
     }
@@ -37,7 +48,8 @@ static void check_case(const char *name, float *x, int ndim, const int64_t *shap
     BqCtx ctx = {.act = &act, .tape = &tape};
     BqTensor X = bq_tensor_wrap(x, NULL, ndim, shape);
     int64_t n = bq_tensor_numel(&X);
-    X.grad = bq_arena_alloc_zero(&act, (size_t)n * sizeof(float));
+    X.grad = bq_arena_alloc(&act, (size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) X.grad[i] = GRAD_PREFILL;
     /* sole == 2: the input is a recorded op's output (x + 0), which the sole-consumer op may quantize in
      * place with its mask as bits (per tensor); X's gradient is then the add's pass-through of dx */
     BqTensor *in = &X;
@@ -72,12 +84,13 @@ static void check_case(const char *name, float *x, int ndim, const int64_t *shap
     for (int64_t i = 0; i < n; i++) {
         float s = nscale > 1 ? scale[(i / inner) % nscale] : scale[0];
         float v = x[i] / s;
-        float q = nearbyintf(v);
+        float q = nearbyintf(v) + 0.0f; /* the code: −0 becomes +0 */
         if (q < (float)qmin) q = (float)qmin;
         if (q > (float)qmax) q = (float)qmax;
         expect(name, i, y->data[i], q * s);
-        float want_dx = (nearbyintf(v) >= (float)qmin && nearbyintf(v) <= (float)qmax) ? dy[i] : 0.0f;
-        expect(name, i, X.grad[i], want_dx);
+        float pass = (nearbyintf(v) >= (float)qmin && nearbyintf(v) <= (float)qmax) ? dy[i] : 0.0f;
+        /* sole == 1: X's buffer is y's (seeded with dy above), masked in place; otherwise dx accumulates */
+        expect(name, i, X.grad[i], sole == 1 ? pass : GRAD_PREFILL + pass);
     }
     printf("fakequant %s%s: %lld elements %s\n", name,
            sole == 2 ? " (sole consumer of an op's output: in place, mask as bits, where per tensor)"
@@ -96,15 +109,15 @@ int main(void) {
         float q;
         int grad;
     } pts[] = {
-        {0.5f, 0, 1},      {1.5f, 2, 1},      {2.5f, 2, 1},      {-0.5f, -0.0f, 1}, {-1.5f, -2, 1},
+        {0.5f, 0, 1},      {1.5f, 2, 1},      {2.5f, 2, 1},      {-0.5f, 0.0f, 1},  {-1.5f, -2, 1},
         {-2.5f, -2, 1},    {3.2f, 3, 1},      {-3.7f, -4, 1},    {126.5f, 126, 1},  {-127.5f, -128, 1},
         {127.0f, 127, 1},  {-128.0f, -128, 1}, {127.4f, 127, 1}, {126.6f, 127, 1},  {-128.4f, -128, 1},
         {-127.6f, -128, 1}, {200.0f, 127, 0},  {-300.0f, -128, 0}, {0.0f, 0, 1},    {127.5f, 127, 0},
         {-128.5f, -128, 1}, {-128.6f, -128, 0}, {127.6f, 127, 0},
     };
     int np = (int)(sizeof pts / sizeof pts[0]);
-    float xp[32], gx[32] = {0};
-    for (int i = 0; i < np; i++) xp[i] = pts[i].xs * s;
+    float xp[32], gx[32];
+    for (int i = 0; i < np; i++) xp[i] = pts[i].xs * s, gx[i] = GRAD_PREFILL;
     {
         BqArena act;
         bq_arena_init(&act, 1 << 20, "t");
@@ -121,7 +134,7 @@ int main(void) {
         bq_backward(&ctx, &seed);
         for (int i = 0; i < np; i++) {
             expect("named y", i, y->data[i], pts[i].q * s);
-            expect("named dx", i, gx[i], pts[i].grad ? 1.0f : 0.0f);
+            expect("named dx", i, gx[i], GRAD_PREFILL + (pts[i].grad ? 1.0f : 0.0f));
         }
         printf("fakequant named points (ties to even, saturation -128/127, STE edges): %d points\n", np);
         bq_tape_free(&tape);

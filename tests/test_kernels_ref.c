@@ -1,7 +1,10 @@
 /* The fast kernels of autograd/kernels.c (sgemm with leading dimensions, OpenMP loops, column-block
  * reductions) against plain reference loops in double, at shapes large enough that the parallel paths
  * run; and bit-identical results of the OpenMP kernels (dropout mask included) for 1 and 2 threads.
- * Prints the max relative error. */
+ * Every backward accumulates into its gradient arrays (autograd/kernels.h), so each gradient array starts
+ * from random values and its reference from the same values: a backward that overwrites fails. The
+ * LayerNorm forward (output, saved mean and rstd) is held to a per-element bound derived from fp32
+ * rounding (check_layernorm_forward). Prints the max relative error. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -22,18 +25,42 @@ static float *rnd(int64_t n, uint64_t seed, float lo, float hi) {
     return v;
 }
 
-/* |got − want| <= 1e-4·(scale + |want|); scale is the typical magnitude of the terms summed. */
-static void cmp(const char *what, const float *got, const double *want, int64_t n, double scale) {
+/* |got − want| <= 1e-4·(scale + |before| + |want − before|); scale is the typical magnitude of the terms
+ * summed. before: what a gradient array held ahead of the backward that accumulated want − before into it
+ * (NULL: zeros); both terms of that sum join the magnitude the error is measured against, so that an
+ * accumulation that cancels to near 0 is held to the rounding of its terms. */
+static void cmp_acc(const char *what, const float *got, const double *want, const float *before, int64_t n,
+                    double scale) {
     double worst = 0;
     int bad = 0;
     for (int64_t i = 0; i < n; i++) {
-        double e = fabs(got[i] - want[i]) / (scale + fabs(want[i]));
+        double b = before ? before[i] : 0.0;
+        double e = fabs(got[i] - want[i]) / (scale + fabs(b) + fabs(want[i] - b));
         if (e > worst) worst = e;
         if (!(e <= 1e-4)) bad++;
     }
     printf("%-34s %8lld values, max rel err %.3e%s\n", what, (long long)n, worst, bad ? "  FAILED" : "");
     if (worst > max_err) max_err = worst;
     fails += bad;
+}
+
+/* cmp_acc for an output written from zeros. */
+static void cmp(const char *what, const float *got, const double *want, int64_t n, double scale) {
+    cmp_acc(what, got, want, NULL, n, scale);
+}
+
+/* A copy of n floats. */
+static float *dup(const float *v, int64_t n) {
+    float *c = bq_malloc((size_t)n * sizeof(float));
+    memcpy(c, v, (size_t)n * sizeof(float));
+    return c;
+}
+
+/* n doubles equal to v (a reference that starts from what a gradient array held before the backward). */
+static double *widen(const float *v, int64_t n) {
+    double *c = bq_malloc((size_t)n * sizeof(double));
+    for (int64_t i = 0; i < n; i++) c[i] = v[i];
+    return c;
 }
 
 static void same_bits(const char *what, const void *a, const void *b, size_t bytes) {
@@ -133,6 +160,52 @@ static void test_attention(void) {
     free(rs), free(rc), free(rdq), free(rdk), free(rdv), free(rdp);
 }
 
+/* bq_kernel_layernorm_forward's output y, saved mean and rstd against the row statistics in double, per
+ * element. The bound, first order in u = 2^-24 (the kernel's arithmetic, autograd/fastmath.h
+ * ln_row_forward): the mean is a sum of H terms (each partial sum rounded once: within (H−1)·u·Σ|x|)
+ * divided by H, so |m − μ| <= H·u·max|x| =: δm. The variance sums H squares of rounded differences, every
+ * term nonnegative: relative error (H + 2)·u, then the division, + eps and the square root (which halves a
+ * relative error) and the reciprocal add 4·u, so |r − ρ| <= (H/2 + 5)·u·ρ. (A wrong mean changes the
+ * variance only in second order.) y = ((x − m)·r)·w + b rounds three more times and once on the sum, so
+ * |y − ŷ| <= |w|·ρ·δm + (H/2 + 8)·u·|x̂·w| + u·|ŷ|, x̂ = (x − μ)·ρ. A dropped bias, weight or mean, or
+ * a wrong row, misses that by orders of magnitude. */
+static void check_layernorm_forward(const float *y, const float *mean, const float *rstd, const float *x,
+                                    const float *w, const float *b, int64_t N, int64_t H) {
+    const double u = 0x1p-24;
+    double worst = 0.0, max_abs = 0.0;
+    int bad = 0;
+    for (int64_t r = 0; r < N; r++) {
+        const float *xr = x + r * H;
+        double mu = 0.0, var = 0.0, xmax = 0.0;
+        for (int64_t i = 0; i < H; i++) mu += xr[i], xmax = fmax(xmax, fabs((double)xr[i]));
+        mu /= (double)H;
+        for (int64_t i = 0; i < H; i++) var += ((double)xr[i] - mu) * ((double)xr[i] - mu);
+        const double rho = 1.0 / sqrt(var / (double)H + 1e-12), dm = (double)H * u * xmax;
+        const double bounds[2] = {dm, ((double)H / 2 + 5) * u * rho};
+        const double got[2] = {mean[r], rstd[r]}, want[2] = {mu, rho};
+        for (int k = 0; k < 2; k++) {
+            double e = fabs(got[k] - want[k]);
+            worst = fmax(worst, e / bounds[k]);
+            bad += !(e <= bounds[k]);
+        }
+        for (int64_t i = 0; i < H; i++) {
+            const double xw = ((double)xr[i] - mu) * rho * w[i], want_y = xw + b[i];
+            const double bound = fabs((double)w[i]) * rho * dm + ((double)H / 2 + 8) * u * fabs(xw) + u * fabs(want_y);
+            const double e = fabs((double)y[r * H + i] - want_y);
+            max_abs = fmax(max_abs, e);
+            worst = fmax(worst, e / bound);
+            if (!(e <= bound)) {
+                if (bad < 5) printf("  layernorm y[%lld, %lld]: got %.9g want %.9g (bound %.3g)\n", (long long)r,
+                                    (long long)i, y[r * H + i], want_y, bound);
+                bad++;
+            }
+        }
+    }
+    printf("%-34s %8lld values, max abs err %.3e, max err/bound %.3f%s\n", "layernorm forward (y, mean, rstd)",
+           (long long)(N * (H + 2)), max_abs, worst, bad ? "  FAILED" : "");
+    fails += bad;
+}
+
 /* OpenMP kernels: reference loops, then the same call under 1 and 2 threads must agree bit for bit. */
 static void test_omp_kernels(void) {
     const int64_t N = 611, H = 97, n = N * H, V = 40, B = 4, NH = 3, T = 29;
@@ -140,8 +213,9 @@ static void test_omp_kernels(void) {
     float *y1 = bq_malloc((size_t)n * sizeof(float)), *y2 = bq_malloc((size_t)n * sizeof(float));
     float *m1 = bq_malloc((size_t)N * sizeof(float)), *r1 = bq_malloc((size_t)N * sizeof(float));
     float *m2 = bq_malloc((size_t)N * sizeof(float)), *r2 = bq_malloc((size_t)N * sizeof(float));
-    double *ref = bq_malloc((size_t)n * sizeof(double)), *refw = bq_calloc((size_t)H, sizeof(double)),
-           *refb = bq_calloc((size_t)H, sizeof(double));
+    /* what the LayerNorm gradient arrays hold before its backward */
+    float *pdx = rnd(n, 35, -1, 1), *pdw = rnd(H, 36, -1, 1), *pdb = rnd(H, 37, -1, 1);
+    double *ref = bq_malloc((size_t)n * sizeof(double)), *refw = widen(pdw, H), *refb = widen(pdb, H);
 
     /* layernorm forward + backward */
     for (int64_t r = 0; r < N; r++) {
@@ -159,37 +233,36 @@ static void test_omp_kernels(void) {
         }
         for (int64_t i = 0; i < H; i++) {
             double xh = (x[r * H + i] - m) * rs;
-            ref[r * H + i] = rs * ((double)dy[r * H + i] * w[i] - sg / H - xh * sgx / H);
+            ref[r * H + i] = pdx[r * H + i] + rs * ((double)dy[r * H + i] * w[i] - sg / H - xh * sgx / H);
         }
     }
     omp_set_num_threads(1);
     bq_kernel_layernorm_forward(y1, m1, r1, x, w, bb, N, H, 1e-12f);
-    float *dx1 = bq_calloc((size_t)n, sizeof(float)), *dw1 = bq_calloc((size_t)H, sizeof(float)),
-          *db1 = bq_calloc((size_t)H, sizeof(float));
+    float *dx1 = dup(pdx, n), *dw1 = dup(pdw, H), *db1 = dup(pdb, H);
     bq_kernel_layernorm_backward(dx1, dw1, db1, dy, x, w, m1, r1, N, H);
     omp_set_num_threads(2);
     bq_kernel_layernorm_forward(y2, m2, r2, x, w, bb, N, H, 1e-12f);
-    float *dx2 = bq_calloc((size_t)n, sizeof(float)), *dw2 = bq_calloc((size_t)H, sizeof(float)),
-          *db2 = bq_calloc((size_t)H, sizeof(float));
+    float *dx2 = dup(pdx, n), *dw2 = dup(pdw, H), *db2 = dup(pdb, H);
     bq_kernel_layernorm_backward(dx2, dw2, db2, dy, x, w, m2, r2, N, H);
-    cmp("layernorm dx", dx2, ref, n, 1);
-    cmp("layernorm dw", dw2, refw, H, 30);
-    cmp("layernorm db", db2, refb, H, 30);
+    check_layernorm_forward(y2, m2, r2, x, w, bb, N, H);
+    cmp_acc("layernorm dx (+=)", dx2, ref, pdx, n, 1);
+    cmp_acc("layernorm dw (+=)", dw2, refw, pdw, H, 30);
+    cmp_acc("layernorm db (+=)", db2, refb, pdb, H, 30);
     same_bits("layernorm forward", y1, y2, (size_t)n * 4);
     same_bits("layernorm dx", dx1, dx2, (size_t)n * 4);
     same_bits("layernorm dw, db", dw1, dw2, (size_t)H * 4);
     same_bits("", db1, db2, (size_t)H * 4);
 
     /* column sums (bias gradients) */
-    double *rcs = bq_calloc((size_t)H, sizeof(double));
+    double *rcs = widen(pdb, H);
     for (int64_t r = 0; r < N; r++)
         for (int64_t i = 0; i < H; i++) rcs[i] += dy[r * H + i];
-    memset(db1, 0, (size_t)H * 4), memset(db2, 0, (size_t)H * 4);
+    memcpy(db1, pdb, (size_t)H * 4), memcpy(db2, pdb, (size_t)H * 4);
     omp_set_num_threads(1);
     bq_kernel_colsum_acc(db1, dy, N, H);
     omp_set_num_threads(2);
     bq_kernel_colsum_acc(db2, dy, N, H);
-    cmp("colsum", db2, rcs, H, 30);
+    cmp_acc("colsum (+=)", db2, rcs, pdb, H, 30);
     same_bits("colsum", db1, db2, (size_t)H * 4);
 
     /* embedding backward with many repeated ids */
@@ -197,15 +270,15 @@ static void test_omp_kernels(void) {
     BqRng rg;
     bq_rng_seed(&rg, 9);
     for (int64_t i = 0; i < N; i++) ids[i] = (int32_t)bq_rng_below(&rg, (uint64_t)V);
-    double *remb = bq_calloc((size_t)(V * H), sizeof(double));
+    float *pemb = rnd(V * H, 38, -1, 1), *e1 = dup(pemb, V * H), *e2 = dup(pemb, V * H);
+    double *remb = widen(pemb, V * H);
     for (int64_t i = 0; i < N; i++)
         for (int64_t c = 0; c < H; c++) remb[ids[i] * H + c] += dy[i * H + c];
-    float *e1 = bq_calloc((size_t)(V * H), sizeof(float)), *e2 = bq_calloc((size_t)(V * H), sizeof(float));
     omp_set_num_threads(1);
     bq_kernel_embedding_backward(e1, dy, ids, N, H);
     omp_set_num_threads(2);
     bq_kernel_embedding_backward(e2, dy, ids, N, H);
-    cmp("embedding backward (scatter-add)", e2, remb, V * H, 10);
+    cmp_acc("embedding backward (scatter-add, +=)", e2, remb, pemb, V * H, 10);
     same_bits("embedding backward", e1, e2, (size_t)(V * H) * 4);
 
     /* softmax with mask, forward + backward */
@@ -214,7 +287,7 @@ static void test_omp_kernels(void) {
     for (int64_t i = 0; i < B * T; i++) mask[i] = mask[i] < 0.3f ? 0.0f : 1.0f;
     for (int64_t j = 0; j < T; j++) mask[2 * T + j] = 0.0f; /* sequence 2 fully masked */
     float *sy1 = bq_malloc((size_t)ns * 4), *sy2 = bq_malloc((size_t)ns * 4);
-    float *sd1 = bq_calloc((size_t)ns, 4), *sd2 = bq_calloc((size_t)ns, 4);
+    float *psd = rnd(ns, 44, -1, 1), *sd1 = dup(psd, ns), *sd2 = dup(psd, ns);
     double *rsy = bq_malloc((size_t)ns * 8), *rsd = bq_malloc((size_t)ns * 8);
     const float sc = 0.125f;
     for (int64_t r = 0; r < rows; r++) {
@@ -228,7 +301,7 @@ static void test_omp_kernels(void) {
         for (int64_t j = 0; j < T; j++)
             s += rsy[r * T + j] = !any ? 1.0 : m[j] != 0 ? exp(sc * (double)sx[r * T + j] - mx) : 0;
         for (int64_t j = 0; j < T; j++) rsy[r * T + j] /= s, dot += rsy[r * T + j] * sdy[r * T + j];
-        for (int64_t j = 0; j < T; j++) rsd[r * T + j] = sc * rsy[r * T + j] * (sdy[r * T + j] - dot);
+        for (int64_t j = 0; j < T; j++) rsd[r * T + j] = psd[r * T + j] + sc * rsy[r * T + j] * (sdy[r * T + j] - dot);
     }
     omp_set_num_threads(1);
     bq_kernel_softmax_mask_forward(sy1, sx, mask, sc, -3.4028235e38f, B, NH, T, T);
@@ -237,7 +310,7 @@ static void test_omp_kernels(void) {
     bq_kernel_softmax_mask_forward(sy2, sx, mask, sc, -3.4028235e38f, B, NH, T, T);
     bq_kernel_softmax_mask_backward(sd2, sdy, sy2, sc, rows, T);
     cmp("softmax_mask forward", sy2, rsy, ns, 0.01);
-    cmp("softmax_mask backward", sd2, rsd, ns, 0.01);
+    cmp_acc("softmax_mask backward (+=)", sd2, rsd, psd, ns, 0.01);
     /* one query row per (b, h) block (Tq = 1): row 0 of each block, masked by its batch's mask */
     {
         float *x0 = bq_malloc((size_t)(B * NH * T) * sizeof(float)), *y0 = bq_malloc((size_t)(B * NH * T) * sizeof(float));
@@ -272,16 +345,16 @@ static void test_omp_kernels(void) {
     printf("dropout p=0.1 kept fraction %.4f, %lld outputs off the hash mask\n", (double)kept / n, (long long)dbad);
     if (fabs((double)kept / n - 0.9) > 0.01 || dbad) fails++;
     /* gelu backward: Φ(x) + x·φ(x) against erf/exp in double, and thread-count independence */
-    memset(dx1, 0, (size_t)n * 4), memset(dx2, 0, (size_t)n * 4);
+    memcpy(dx1, pdx, (size_t)n * 4), memcpy(dx2, pdx, (size_t)n * 4);
     omp_set_num_threads(1);
     bq_kernel_gelu_backward(dx1, dy, x, n);
     omp_set_num_threads(2);
     bq_kernel_gelu_backward(dx2, dy, x, n);
     for (int64_t i = 0; i < n; i++) {
         double xi = x[i];
-        ref[i] = dy[i] * (0.5 * (1 + erf(xi / sqrt(2.0))) + xi * exp(-0.5 * xi * xi) / sqrt(2 * M_PI));
+        ref[i] = pdx[i] + dy[i] * (0.5 * (1 + erf(xi / sqrt(2.0))) + xi * exp(-0.5 * xi * xi) / sqrt(2 * M_PI));
     }
-    cmp("gelu backward", dx2, ref, n, 1e-3);
+    cmp_acc("gelu backward (+=)", dx2, ref, pdx, n, 1e-3);
     same_bits("gelu backward", dx1, dx2, (size_t)n * 4);
     /* gelu over the whole float range that matters, including the tails (x in [-12, 12]) */
     for (int64_t i = 0; i < n; i++) {
@@ -308,6 +381,7 @@ static void test_omp_kernels(void) {
     free(x), free(w), free(bb), free(dy), free(y1), free(y2), free(m1), free(r1), free(m2), free(r2), free(ref), free(refw);
     free(refb), free(dx1), free(dw1), free(db1), free(dx2), free(dw2), free(db2), free(rcs), free(ids), free(remb);
     free(e1), free(e2), free(sx), free(sdy), free(mask), free(sy1), free(sy2), free(sd1), free(sd2), free(rsy), free(rsd);
+    free(pdx), free(pdw), free(pdb), free(pemb), free(psd);
 }
 
 int main(void) {

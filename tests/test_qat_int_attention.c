@@ -7,8 +7,11 @@
  *   - within fp32 rounding of the fp32 products on the same values (bq_op_attn_scores / _context);
  *   - gradients equal bit for bit to the fp32 ops' (straight-through: the same backward);
  *   - the same bits on 1 and 2 threads;
- *   - a whole QAT step of a small model in the `ort` and `qdqbert` schemes with and without the integer
- *     products (qs->fp32_linear): gradients equal to within fp32 rounding of the forward difference.
+ *   - a whole QAT step of a small model in the `ort` and `qdqbert` schemes, in training and evaluation
+ *     mode, with and without the integer products (qs->fp32_linear): loss, logits and every parameter
+ *     tensor's gradient within the fp32 rounding the two forwards differ by (the bound is derived in
+ *     main), and, in every scheme and mode, a check that the integer products ran: each Q·Kᵀ and P·V of a
+ *     recorded forward equals the integer result bit for bit, and none of the fp32 run's does.
  * Prints the largest differences. */
 #include <math.h>
 #include <omp.h>
@@ -16,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/kernels.h"
 #include "autograd/tensor.h"
 #include "layers/bert.h"
 #include "layers/quant.h"
@@ -23,6 +27,9 @@
 #include "tests/test_util.h"
 
 enum { B = 2, T = 13, NH = 3, D = 8, H = NH * D };
+/* The model of the QAT steps: layers, hidden size, heads, intermediate size; its batch: SB examples of ST
+ * tokens. */
+enum { ML = 2, MH = 24, MHEADS = 3, MI = 40, SB = 3, ST = 9 };
 
 /* Codes in [lo, hi] with the ends present in every row of `cols` values; values = code·s. */
 static void make_codes(int32_t *c, float *x, int64_t n, int64_t cols, int lo, int hi, float s, BqRng *r) {
@@ -149,11 +156,92 @@ static void check_product(int which, int wide) {
     free(ca), free(cb), free(a), free(b), free(g);
 }
 
+/* The scale of the per-tensor grid at (layer l, point), or at alt where the scheme has no quantizer at
+ * point: the grid an integer attention product reads its input's codes on (layers/bert.c grid_of). */
+static float grid_scale(BqQuantState *qs, int l, int point, int alt) {
+    const BqQuantizer *q = bq_quant_at(qs, l, point);
+    if (!q) q = bq_quant_at(qs, l, alt);
+    BQ_CHECK(q && q->nch == 1);
+    return q->scale[0];
+}
+
+/* Codes c = x/s of n values on the grid s; 0 when a value is not c·s exactly (then no integer product
+ * could have read it). */
+static int grid_codes(const float *x, int64_t n, float s, int32_t *c) {
+    for (int64_t i = 0; i < n; i++) {
+        float q = rintf(x[i] / s), back = q * s;
+        if (memcmp(&back, &x[i], sizeof back) != 0) return 0;
+        c[i] = (int32_t)q;
+    }
+    return 1;
+}
+
+/* Of the attention products recorded on tape (a forward of the model with quantizers qs, every
+ * activation quantizer writing a new tensor: qs->plain_fakequant), counts in *products those that must
+ * run on integer codes (Q·Kᵀ, and P·V unless dropout sits inside it: ort in training) and in *exact those
+ * whose output is fl(Σ ca·cb · fl(sa·sb)) bit for bit, the integer kernels' result. The l-th product of
+ * each kind is layer l's. The softmax overwrites a Q·Kᵀ output that nothing else reads (qdqbert): that
+ * one is compared through the softmax, recomputed by the same kernel from the integer result. */
+static void integer_products(const BqTape *tape, BqQuantState *qs, int *products, int *exact) {
+    int ls = 0, lc = 0;
+    *products = *exact = 0;
+    for (int64_t k = 0; k < tape->n; k++) {
+        const BqNode *nd = &tape->nodes[k];
+        const int scores = nd->op == BQ_OP_ATTN_SCORES;
+        if (!scores && (nd->op != BQ_OP_ATTN_CONTEXT || nd->saved)) continue;
+        const int64_t Bn = nd->iparam[0], Tn = nd->iparam[1], NHn = nd->iparam[2], d = nd->iparam[3], Hn = NHn * d;
+        const int l = scores ? ls++ : lc++;
+        const float sa = scores ? grid_scale(qs, l, BQ_QP_MM1_Q, BQ_QP_Q_OUT)
+                                : grid_scale(qs, l, BQ_QP_MM2_P, BQ_QP_PROBS);
+        const float sb = scores ? grid_scale(qs, l, BQ_QP_MM1_K, BQ_QP_K_OUT)
+                                : grid_scale(qs, l, BQ_QP_MM2_V, BQ_QP_V_OUT);
+        const float f = sa * sb;
+        const int64_t na = bq_tensor_numel(nd->in[0]), nb = bq_tensor_numel(nd->in[1]);
+        const int64_t ny = bq_tensor_numel(nd->out);
+        int32_t *ca = malloc(sizeof(int32_t) * (size_t)na), *cb = malloc(sizeof(int32_t) * (size_t)nb);
+        float *want = malloc(sizeof(float) * (size_t)ny);
+        (*products)++;
+        int ok = grid_codes(nd->in[0]->data, na, sa, ca) && grid_codes(nd->in[1]->data, nb, sb, cb);
+        for (int64_t b = 0; ok && b < Bn; b++)
+            for (int64_t h = 0; h < NHn; h++)
+                for (int64_t i = 0; i < Tn; i++)
+                    for (int64_t j = 0; j < (scores ? Tn : d); j++) {
+                        int64_t sum = 0;
+                        if (scores)
+                            for (int64_t e = 0; e < d; e++)
+                                sum += (int64_t)ca[(b * Tn + i) * Hn + h * d + e] * cb[(b * Tn + j) * Hn + h * d + e];
+                        else
+                            for (int64_t t = 0; t < Tn; t++)
+                                sum += (int64_t)ca[((b * NHn + h) * Tn + i) * Tn + t] *
+                                       cb[(b * Tn + t) * Hn + h * d + j];
+                        const int64_t at = scores ? ((b * NHn + h) * Tn + i) * Tn + j : (b * Tn + i) * Hn + h * d + j;
+                        want[at] = (float)sum * f;
+                    }
+        for (int64_t k2 = k + 1; ok && scores && k2 < tape->n; k2++) {
+            const BqNode *sm = &tape->nodes[k2];
+            if (sm->op == BQ_OP_SOFTMAX_MASK && sm->in[0] == nd->out && sm->iparam[2]) {
+                bq_kernel_softmax_mask_forward(want, want, sm->fparam, sm->fval[0], sm->fval[1], Bn, NHn, Tn, Tn);
+                break;
+            }
+        }
+        *exact += ok && memcmp(want, nd->out->data, sizeof(float) * (size_t)ny) == 0;
+        free(ca), free(cb), free(want);
+    }
+}
+
+typedef struct Step {
+    float loss, logits[6];
+    int64_t np;
+    int products, exact; /* integer_products of a recorded forward after the step */
+} Step;
+
 /* One QAT step (bq_train_step) of a small model; fp32_products = 1 runs the attention products (and the
- * Linears) in fp32 on the fake-quantized values. Returns the loss; copies the gradients. */
-static float qat_step(const char *scheme, int fp32_products, int training, float *grad, int64_t *np,
-                      float *logits) {
-    BqBertConfig cfg = bq_test_config(50, 24, 2, 3, 40, 16, 2, 0.1f, 0.2f);
+ * Linears) in fp32 on the fake-quantized values. Copies the gradients to grad and the parameter table's
+ * entries to params (when not NULL); then one recorded forward of the same batch counts the integer
+ * attention products. */
+static void qat_step(const char *scheme, int fp32_products, int training, float *grad, BqParam *params,
+                     int *nparams, Step *out) {
+    BqBertConfig cfg = bq_test_config(50, MH, ML, MHEADS, MI, 16, 2, 0.1f, 0.2f);
     BqRng rng;
     bq_rng_seed(&rng, 3);
     BqBert m;
@@ -164,7 +252,6 @@ static float qat_step(const char *scheme, int fp32_products, int training, float
     BQ_CHECK(bq_quant_create(&m.quant, &m, &qc) == BQ_OK);
     m.quant->observe = 1;
     m.quant->fp32_linear = fp32_products;
-    enum { SB = 3, ST = 9 };
     int32_t ids[SB * ST], types[SB * ST] = {0}, labels[SB] = {0, 1, 1};
     float mask[SB * ST];
     for (int i = 0; i < SB * ST; i++) {
@@ -177,18 +264,35 @@ static float qat_step(const char *scheme, int fp32_products, int training, float
     BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "act") == BQ_OK);
     BQ_CHECK(bq_tape_init(&tape, 64) == BQ_OK);
     BqTrainState ts = {0};
-    float loss = 0;
     memset(m.params.grad, 0, sizeof(float) * (size_t)m.params.total);
     BqCtx ctx = {.act = &act, .tape = &tape, .training = training, .rng_key = 99};
-    BQ_CHECK(bq_train_step(&m, &ctx, &bt, &ts, &loss, logits) == BQ_OK);
-    *np = m.params.total;
+    BQ_CHECK(bq_train_step(&m, &ctx, &bt, &ts, &out->loss, out->logits) == BQ_OK);
+    out->np = m.params.total;
     memcpy(grad, m.params.grad, sizeof(float) * (size_t)m.params.total);
+    if (params) {
+        memcpy(params, m.params.p, sizeof(BqParam) * (size_t)m.params.n);
+        *nparams = m.params.n;
+    }
+    /* the recorded forward keeps every product's output: no quantizer overwrites one in place */
+    m.quant->plain_fakequant = 1;
+    bq_tape_rewind(&tape);
+    BqCtx fctx = {.act = &act, .tape = &tape, .training = training, .rng_key = 99};
+    BqBertInput in = bq_batch_input(&bt);
+    BqTensor *lg = NULL;
+    BQ_CHECK(bq_bert_forward(&m, &fctx, &in, &lg, NULL) == BQ_OK);
+    integer_products(&tape, m.quant, &out->products, &out->exact);
     bq_arena_free(&act);
     bq_tape_free(&tape);
     bq_quant_free(m.quant);
     m.quant = NULL;
     bq_bert_free(&m);
-    return loss;
+}
+
+/* Largest |x| of n values. */
+static double max_abs(const float *x, int64_t n) {
+    double r = 0.0;
+    for (int64_t i = 0; i < n; i++) r = fmax(r, fabs((double)x[i]));
+    return r;
 }
 
 int main(void) {
@@ -196,33 +300,82 @@ int main(void) {
     check_product(1, 0);
     check_product(0, 1);
     check_product(1, 1);
-    /* the model with and without the integer products: the forward differs only by fp32 rounding of the
-     * products (and of the integer Linears), so loss, logits and gradients agree closely; training mode
-     * (dropout on: ort keeps P·V in fp32 there) and evaluation mode (no dropout: every product integer) */
+    /* The model with and without the integer products. The two forwards differ only in the rounding of
+     * the products that qs->fp32_linear switches: per layer the Linears query, key, value,
+     * attention.output.dense, intermediate.dense (K = H terms per sum) and output.dense (K = I), Q·Kᵀ
+     * (K = d) and P·V (K = T). An integer product is the exact sum rounded once; an fp32 one is within
+     * (K − 1)·u of the exact sum, relative to the sum of its terms' magnitudes (u = 2^-24), so the two
+     * differ by at most K·u of it. These sums do not cancel (their terms' magnitudes add up to a small
+     * multiple of the result) and the ops in between (LayerNorm, softmax, GELU, tanh, the quantizers'
+     * straight-through masks) pass a relative change on at a gain of about 1, so, to first order, every
+     * value of the forward moves by at most R = u·L·(5H + I + d + T) relative to its tensor's scale
+     * (2.1e-5 here). On this fixed batch no fake-quant input lies within that of a rounding boundary, so
+     * both runs read the same codes (a flipped code would move a value by a whole step, far beyond R).
+     * The backward is the same code in the same order, so each parameter's gradient moves by at most R
+     * times the magnitude of the per-token terms it sums: R·max|g| over the tensor; a bias also sums
+     * the terms its weight's gradient sums, times inputs of about unit size (LayerNorm outputs), which
+     * covers a bias whose terms cancel (the key bias: the softmax ignores a shift common to a row of
+     * scores, so only the quantizers make that gradient nonzero) — R·(max|g| + max|g of the weight|).
+     * Logits move by at most R·max|logit|, and the mean cross entropy, whose gradient in the logits
+     * has an L1 norm of at most 2 per example, by 2·R·max|logit| plus R·|loss| for its own rounding.
+     * Training mode (dropout on: ort keeps P·V in fp32 there) and evaluation mode (every product
+     * integer). */
     const char *schemes[2] = {"ort", "qdqbert"};
+    const double R = 0x1p-24 * ML * (5 * MH + MI + MH / MHEADS + ST);
     static float g0[20000], g1[20000];
+    BqParam params[64];
+    int nparams = 0;
     for (int s = 0; s < 2; s++)
         for (int training = 0; training <= 1; training++) {
-            int64_t n0 = 0, n1 = 0;
-            float lg0[6], lg1[6];
-            float l0 = qat_step(schemes[s], 0, training, g0, &n0, lg0);
-            float l1 = qat_step(schemes[s], 1, training, g1, &n1, lg1);
-            BQ_CHECK(n0 == n1 && n0 <= 20000);
-            double dl = fabs((double)l0 - l1), dg = 0, gmax = 0, dlog = 0;
-            for (int64_t i = 0; i < n0; i++) {
-                dg = fmax(dg, fabs((double)g0[i] - g1[i]));
-                gmax = fmax(gmax, fabs((double)g1[i]));
+            Step st0, st1;
+            qat_step(schemes[s], 0, training, g0, params, &nparams, &st0);
+            qat_step(schemes[s], 1, training, g1, NULL, NULL, &st1);
+            BQ_CHECK(st0.np == st1.np && st0.np <= 20000 && nparams <= 64);
+            const double ml = max_abs(st1.logits, 6);
+            double dlog = 0;
+            for (int i = 0; i < 6; i++) dlog = fmax(dlog, fabs((double)st0.logits[i] - st1.logits[i]));
+            const double dl = fabs((double)st0.loss - st1.loss), loss_bound = 2 * R * ml + R * fabs((double)st1.loss);
+            /* every parameter tensor against its own bound */
+            double worst = 0, worst_dg = 0;
+            const char *worst_name = "";
+            int bad = 0;
+            for (int p = 0; p < nparams; p++) {
+                const BqParam *pp = &params[p];
+                double dg = 0;
+                for (int64_t i = pp->offset; i < pp->offset + pp->numel; i++)
+                    dg = fmax(dg, fabs((double)g0[i] - g1[i]));
+                double scale = max_abs(g1 + pp->offset, pp->numel);
+                size_t len = strlen(pp->name);
+                if (len > 5 && !strcmp(pp->name + len - 5, ".bias")) {
+                    char wname[BQ_NAME_MAX + 8];
+                    snprintf(wname, sizeof wname, "%.*sweight", (int)(len - 4), pp->name);
+                    for (int q = 0; q < nparams; q++)
+                        if (!strcmp(params[q].name, wname)) scale += max_abs(g1 + params[q].offset, params[q].numel);
+                }
+                const double bound = R * scale;
+                const double ratio = dg == 0 ? 0 : bound > 0 ? dg / bound : INFINITY;
+                if (ratio > worst) worst = ratio, worst_dg = dg, worst_name = pp->name;
+                if (!(dg <= bound)) {
+                    if (bad++ < 4)
+                        printf("  %s %s: %s max |Δgrad| %.3g > bound %.3g\n", schemes[s],
+                               training ? "training" : "evaluation", pp->name, dg, bound);
+                }
             }
-            for (int i = 0; i < 6; i++) dlog = fmax(dlog, fabs((double)lg0[i] - lg1[i]));
-            printf("%-8s %s step, integer vs fp32 products: loss %.7f vs %.7f, max |Δlogit| %.3g, max |Δgrad| %.3g "
-                   "(largest gradient %.3g)\n",
-                   schemes[s], training ? "training" : "evaluation-mode", l0, l1, dlog, dg, gmax);
-            EXPECT(dl < 1e-3, " %s", schemes[s]);
-            /* ort's Linears have no input quantizer, so in evaluation mode only the integer products can make
-             * the two runs differ: a difference shows that they ran */
-            if (s == 0 && !training) EXPECT(dl > 0 || dlog > 0 || dg > 0, " ort: the integer attention products did not run");
-            EXPECT(dlog < 1e-2, " %s", schemes[s]);
-            EXPECT(dg <= 0.05 * gmax, " %s", schemes[s]);
+            printf("%-8s %-10s step, integer vs fp32 products: loss %.7f vs %.7f, max |Δlogit| %.3g (bound %.3g); "
+                   "max |Δgrad|/bound %.3f (%s, %.3g); integer products %d of %d (fp32 run: %d)\n",
+                   schemes[s], training ? "training" : "evaluation", st0.loss, st1.loss, dlog, R * ml, worst,
+                   worst_name, worst_dg, st0.exact, st0.products, st1.exact);
+            EXPECT(dl <= loss_bound, " %s: |Δloss| %.3g > %.3g", schemes[s], dl, loss_bound);
+            EXPECT(dlog <= R * ml, " %s: max |Δlogit| %.3g > %.3g", schemes[s], dlog, R * ml);
+            EXPECT(bad == 0, " %s: %d gradient tensors beyond their bound", schemes[s], bad);
+            /* Q·Kᵀ of every layer, and P·V except where dropout sits inside it (ort in training) */
+            const int want_products = ML * (s == 0 && training ? 1 : 2);
+            EXPECT(st0.products == want_products && st0.exact == want_products,
+                   " %s: %d of %d attention products ran on integer codes (%d expected)", schemes[s], st0.exact,
+                   st0.products, want_products);
+            EXPECT(st1.products == want_products && st1.exact == 0,
+                   " %s: %d of the fp32 run's %d products equal the integer result: the check cannot tell them "
+                   "apart", schemes[s], st1.exact, st1.products);
         }
     printf("test_qat_int_attention: %s\n", fails ? "FAIL" : "ok");
     return fails ? 1 : 0;

@@ -128,7 +128,14 @@ def test_int8_matches_onnxruntime_on_the_export(ckpts):
                         "--data", IMDB, "--samples", str(SAMPLES), "--max-seq-len", str(SEQ), "--threads", "2",
                         "--predictions", str(d / "ort.tsv")], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]
-    p = compare(d / "int8_o.tsv", d / "ort.tsv", "--min-agree", "99")
+    # ONNX Runtime runs the export's integer products as the engine does; the two differ where their fp32
+    # softmax, GELU and LayerNorm round a value onto the neighbouring code of the next quantizer, which
+    # moves some reviews and leaves the others' p(positive) the same to the 6 printed decimals. Measured on
+    # this fixture (Zen 3, 200 reviews): 129 reviews identical, median |dp| 0, 75th percentile 0.00045, max
+    # 0.0086. A wrong scale moves every review instead: with the GELU output requantized at a scale 1% (or
+    # 0.25%) off, every label stayed the same and the median rose to 0.003. Bound 5e-4 (as against fake
+    # quant): it holds while at least half of the reviews are untouched or moved by less than it.
+    p = compare(d / "int8_o.tsv", d / "ort.tsv", "--min-agree", "99", "--max-median-dp", "5e-4")
     assert p.returncode == 0, p.stdout + p.stderr
 
 

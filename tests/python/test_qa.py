@@ -205,16 +205,47 @@ def test_eval_equals_onnx_runtime(runs, tmp_path):
     assert "exact match" in t and "f1" in t and "engine       int8" in t
 
 
+def on_word_boundaries(answer, context):
+    """Whether answer occurs in context starting and ending at word boundaries (a letter or digit at
+    either edge of the answer has no letter or digit next to it outside)."""
+    i = context.find(answer)
+    while answer and i >= 0:
+        j = i + len(answer)
+        if (i == 0 or not (context[i - 1].isalnum() and answer[0].isalnum())) and \
+                (j == len(context) or not (context[j].isalnum() and answer[-1].isalnum())):
+            return True
+        i = context.find(answer, i + 1)
+    return False
+
+
 def test_predict(runs, tmp_path):
-    p = run_bq("predict", "--model", runs / "fp32", "--question", "Who won the game?", "--context",
-               "The Denver Broncos won the game against the Carolina Panthers.")
+    """predict answers as eval does on the same questions written as SQuAD (one window each: the contexts
+    are shorter than --max-seq-len): the same span, not merely some substring of the context. Every word of
+    these contexts is a single entry of the vocabulary, so every token starts and ends at a word or
+    punctuation boundary and so must the answer."""
+    questions = [("1", "Who won the game?", "The Denver Broncos won the game against the Carolina Panthers."),
+                 ("a", "Where?", "It opened in Paris, near the café."), ("2", "When?", "In 1999 it closed.")]
+    p = run_bq("predict", "--model", runs / "fp32", "--question", questions[0][1], "--context", questions[0][2])
     idx, ans = p.stdout.rstrip("\n").split("\t")
-    assert idx == "1" and ans and ans in "The Denver Broncos won the game against the Carolina Panthers."
+    got = {idx: ans}
     f = tmp_path / "q.jsonl"
-    f.write_text(json.dumps({"id": "a", "question": "Where?", "context": "It opened in Paris, near the café."}) + "\n" +
-                 json.dumps({"question": "When?", "context": "In 1999 it closed."}) + "\n")
+    # (the second line has no id: predict names it by its line number)
+    f.write_text(json.dumps({"id": "a", "question": questions[1][1], "context": questions[1][2]}) + "\n" +
+                 json.dumps({"question": questions[2][1], "context": questions[2][2]}) + "\n")
     lines = [json.loads(l) for l in run_bq("predict", "--model", runs / "fp32", "--data", f, "--json").stdout.splitlines()]
-    assert [x["id"] for x in lines] == ["a", "2"] and all(x["answer"] for x in lines)
+    assert [x["id"] for x in lines] == ["a", "2"]
+    got.update((x["id"], x["answer"]) for x in lines)
+    # The same questions through eval: a SQuAD file whose reference answers only have to exist.
+    paras = [{"context": c, "qas": [{"id": i, "question": q, "answers": [{"text": c[:2], "answer_start": 0}]}]}
+             for i, q, c in questions]
+    (tmp_path / "q.json").write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paras}]}))
+    run_bq("eval", "--model", runs / "fp32", "--data", tmp_path / "q.json", "--predictions", tmp_path / "eval.json",
+           "--threads", THREADS, "--no-cache")
+    want = json.load(open(tmp_path / "eval.json"))
+    print(f"predict {got}, eval {want}")
+    assert got == want, f"predict answered {got}, eval {want}"
+    for i, _, c in questions:
+        assert on_word_boundaries(got[i], c), f"{got[i]!r} is not a span of whole words of {c!r}"
 
 
 def test_errors(runs, tmp_path):
