@@ -91,11 +91,17 @@ static int label_names_from(const BqRawSet *r, char ***names, int *nlabels) {
     }
     int all_int = 1;
     long long mx = -1, v;
+    int64_t at = 0;
     for (int64_t i = 0; i < r->n && all_int; i++) {
         if (!is_uint_label(r->ex[i].label, &v)) all_int = 0;
-        else if (v > mx) mx = v;
+        else if (v > mx) mx = v, at = i;
     }
-    if (all_int && mx < 100000) {
+    /* Integer labels are class indices 0..max, so one stray large value would make a head of that many
+     * classes (and, near 10^5, seconds of label bookkeeping): refused above 1000 classes. */
+    if (all_int && mx >= 1000)
+        return bq_err(BQ_EFORMAT, "%s:%lld: label %lld: integer labels are class indices 0..N-1 and N may be at most "
+                      "1000 (is the label column right?)", r->file, (long long)r->ex[at].line, mx);
+    if (all_int) {
         *nlabels = (int)mx + 1;
         *names = bq_malloc((size_t)*nlabels * sizeof(char *));
         for (int k = 0; k < *nlabels; k++) {
@@ -196,10 +202,11 @@ static void encode_one(const BqTokenizer *tok, const BqRawExample *x, int64_t ma
         o->ids = bq_malloc((size_t)len * sizeof(int32_t));
         o->types = bq_calloc((size_t)len, 1);
         o->ids[0] = cls;
-        memcpy(o->ids + 1, wa + from, (size_t)keep * sizeof(int32_t));
+        /* a text whose characters all normalise away has no pieces (wa or wb NULL): nothing to copy */
+        if (keep) memcpy(o->ids + 1, wa + from, (size_t)keep * sizeof(int32_t));
         o->ids[keep + 1] = sep;
         if (x->pair) {
-            memcpy(o->ids + keep + 2, wb, (size_t)nb * sizeof(int32_t));
+            if (nb) memcpy(o->ids + keep + 2, wb, (size_t)nb * sizeof(int32_t));
             o->ids[len - 1] = sep;
             memset(o->types + keep + 2, 1, (size_t)nb + 1);
         }

@@ -9,10 +9,15 @@
  * kernel/gamma/embeddings -> weight, beta -> bias, join with "."; kernels are transposed. */
 #include "export/tf_h5.h"
 
+#include <errno.h>
 #include <hdf5.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "autograd/bq.h"
 
@@ -138,6 +143,20 @@ static int read_weight(hid_t g, const char *path, const char *layer, const char 
         goto cleanup;
     }
     H5Sget_simple_extent_dims(sp, d, NULL);
+    /* The shape is the file's claim: an unfiltered dataset stores every element, a compressed one at
+     * most deflate's 1032:1 ratio, so a small file cannot make us allocate gigabytes. */
+    {
+        hid_t dcpl = H5Dget_create_plist(ds);
+        int filtered = dcpl >= 0 && H5Pget_nfilters(dcpl) > 0;
+        if (dcpl >= 0) H5Pclose(dcpl);
+        double need = (double)d[0] * (nd == 2 ? (double)d[1] : 1.0) * (double)H5Tget_size(ty);
+        double have = (double)H5Dget_storage_size(ds);
+        if (need > (filtered ? 1032.0 * have + 65536.0 : have)) {
+            rc = bq_err(BQ_EFORMAT, "%s: weight %s: its shape needs %.0f bytes but the file stores %.0f (truncated or corrupt)",
+                        path, full, need, have);
+            goto cleanup;
+        }
+    }
     int transpose = 0;
     t->tf_name = bq_strdup(wname);
     t->pt_name = bq_tf_name_to_pt(wname, &transpose);
@@ -169,7 +188,7 @@ cleanup:
     return rc;
 }
 
-int bq_tf_h5_read(BqTfModel *out, const char *path) {
+int bq_tf_h5_read_direct(BqTfModel *out, const char *path) {
     memset(out, 0, sizeof *out);
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     FILE *fp = fopen(path, "rb");
@@ -208,4 +227,135 @@ int bq_tf_h5_read(BqTfModel *out, const char *path) {
     H5Fclose(f);
     if (rc) bq_tf_h5_free(out);
     return rc;
+}
+
+/* ---- the read in a child process ----
+ * libhdf5 1.10 reads out of bounds on some corrupt attribute messages (found by tests/fuzz/fuzz_tf_h5.c:
+ * a heap overflow in H5Aexists). tf_model.h5 comes from strangers, so the read runs in a forked child
+ * that sends the weights back through a pipe: a crash inside the library becomes an error naming the
+ * file. Stream: status, message length and text, then per weight the two names, rank, shape and the
+ * floats; a weight count of -1 ends it. */
+
+static int put(int fd, const void *p, size_t n) {
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w <= 0) return -1;
+        c += w, n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int get(int fd, void *p, size_t n) {
+    char *c = p;
+    while (n) {
+        ssize_t r = read(fd, c, n);
+        if (r <= 0) return -1;
+        c += r, n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int put_str(int fd, const char *s) {
+    uint32_t l = (uint32_t)strlen(s);
+    return put(fd, &l, sizeof l) || put(fd, s, l);
+}
+
+static char *get_str(int fd) {
+    uint32_t l;
+    if (get(fd, &l, sizeof l) || l > (1u << 20)) return NULL;
+    char *s = bq_malloc((size_t)l + 1);
+    if (get(fd, s, l)) {
+        free(s);
+        return NULL;
+    }
+    s[l] = 0;
+    return s;
+}
+
+static void child_send(int fd, const char *path) {
+    BqTfModel m;
+    signal(SIGPIPE, SIG_IGN); /* a parent that stopped reading ends the child through write errors */
+    int32_t rc = bq_tf_h5_read_direct(&m, path);
+    if (put(fd, &rc, sizeof rc) || put_str(fd, rc ? bq_errmsg() : "") || rc) return;
+    for (int i = 0; i < m.n; i++) {
+        const BqTfTensor *t = &m.t[i];
+        int32_t more = 1, nd = t->ndim;
+        uint64_t numel = (uint64_t)t->shape[0] * (uint64_t)(nd == 2 ? t->shape[1] : 1);
+        if (put(fd, &more, sizeof more) || put_str(fd, t->tf_name) || put_str(fd, t->pt_name) ||
+            put(fd, &nd, sizeof nd) || put(fd, t->shape, sizeof t->shape) ||
+            put(fd, t->data, (size_t)numel * sizeof(float)))
+            return;
+    }
+    int32_t end = -1;
+    put(fd, &end, sizeof end);
+    bq_tf_h5_free(&m);
+}
+
+/* Receives the child's weights into out; BQ_OK, the child's own error, or -1 when the stream broke. */
+static int parent_receive(int fd, BqTfModel *out) {
+    int32_t rc;
+    if (get(fd, &rc, sizeof rc)) return -1;
+    char *msg = get_str(fd);
+    if (!msg) return -1;
+    if (rc) {
+        rc = bq_err(rc, "%s", msg);
+        free(msg);
+        return rc;
+    }
+    free(msg);
+    int cap = 0;
+    for (;;) {
+        int32_t more;
+        if (get(fd, &more, sizeof more)) return -1;
+        if (more == -1) return BQ_OK;
+        if (out->n == cap) {
+            cap = cap ? 2 * cap : 64;
+            out->t = bq_realloc(out->t, sizeof *out->t * (size_t)cap);
+        }
+        BqTfTensor *t = &out->t[out->n];
+        memset(t, 0, sizeof *t);
+        out->n++;
+        int32_t nd;
+        if (!(t->tf_name = get_str(fd)) || !(t->pt_name = get_str(fd)) || get(fd, &nd, sizeof nd) ||
+            get(fd, t->shape, sizeof t->shape) || (nd != 1 && nd != 2))
+            return -1;
+        t->ndim = nd;
+        size_t numel = (size_t)t->shape[0] * (size_t)(nd == 2 ? t->shape[1] : 1);
+        t->data = bq_malloc(sizeof(float) * (numel ? numel : 1));
+        if (get(fd, t->data, numel * sizeof(float))) return -1;
+    }
+}
+
+int bq_tf_h5_read(BqTfModel *out, const char *path) {
+    memset(out, 0, sizeof *out);
+    int fds[2];
+    if (pipe(fds) != 0) return bq_tf_h5_read_direct(out, path);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]), close(fds[1]);
+        return bq_tf_h5_read_direct(out, path);
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        child_send(fds[1], path);
+        _exit(0);
+    }
+    close(fds[1]);
+    int rc = parent_receive(fds[0], out);
+    close(fds[0]);
+    int ws = 0;
+    while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+    }
+    if (rc != BQ_OK && rc != -1) return rc; /* the child's own error, complete */
+    if (rc == -1 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
+        bq_tf_h5_free(out);
+        if (WIFSIGNALED(ws))
+            return bq_err(BQ_EFORMAT, "%s: the HDF5 library crashed reading this file (signal %d): corrupt or not a tf_model.h5",
+                          path, WTERMSIG(ws));
+        return bq_err(BQ_EFORMAT, "%s: the HDF5 library failed reading this file (exit %d): corrupt or not a tf_model.h5",
+                      path, WIFEXITED(ws) ? WEXITSTATUS(ws) : -1);
+    }
+    return BQ_OK;
 }

@@ -30,8 +30,13 @@ typedef struct BqTfModel {
     int n;
 } BqTfModel;
 
-/* Reads every weight of PATH into memory (float32; ndim 1 or 2). Errors name the file and weight. */
+/* Reads every weight of PATH into memory (float32; ndim 1 or 2). Errors name the file and weight. The
+ * file is read in a forked child process, so that a crash inside libhdf5 on a corrupt file is an
+ * error here. */
 int bq_tf_h5_read(BqTfModel *out, const char *path);
+/* The same read in the calling process, unprotected: for the fuzz target, whose coverage feedback
+ * must come from this process (tests/fuzz/fuzz_tf_h5.c). */
+int bq_tf_h5_read_direct(BqTfModel *out, const char *path);
 void bq_tf_h5_free(BqTfModel *m);
 /* Maps one TF weight name to its PyTorch name (caller frees) and whether it is a transposed kernel. */
 char *bq_tf_name_to_pt(const char *tf_name, int *transpose);

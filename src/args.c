@@ -49,9 +49,12 @@ static int set_value(const BqArgs *a, const BqArgSpec *s, const char *v) {
     return BQ_EINVAL;
 }
 
+/* Positional arguments are gathered in place at argv[1..]: the k-th positional is written to
+ * argv[1 + k] only after argv[1 + k] has been read (1 + k <= i), so no storage is allocated and the
+ * caller has nothing to free. */
 int bq_args_parse(BqArgs *a, int argc, char **argv) {
     a->npositional = 0;
-    a->positional = NULL;
+    a->positional = argv + 1;
     a->help = 0;
     unsigned char *seen = a->given;
     memset(seen, 0, sizeof a->given);
@@ -67,8 +70,7 @@ int bq_args_parse(BqArgs *a, int argc, char **argv) {
             for (i++; i < argc; i++) {
                 if (a->npositional >= a->max_positional)
                     return bq_err(BQ_EINVAL, "%s: unexpected argument '%s'", a->cmd, argv[i]);
-                if (!a->positional) a->positional = bq_malloc(sizeof(char *) * (size_t)(argc + 1));
-                a->positional[a->npositional++] = argv[i];
+                argv[1 + a->npositional++] = argv[i];
             }
             break;
         }
@@ -77,8 +79,7 @@ int bq_args_parse(BqArgs *a, int argc, char **argv) {
                 if (arg[0] == '-') return bq_err(BQ_EINVAL, "%s: unknown flag '%s' (see --help)", a->cmd, arg);
                 return bq_err(BQ_EINVAL, "%s: unexpected argument '%s' (see --help)", a->cmd, arg);
             }
-            if (!a->positional) a->positional = bq_malloc(sizeof(char *) * (size_t)(argc + 1));
-            a->positional[a->npositional++] = (char *)arg;
+            argv[1 + a->npositional++] = (char *)arg;
             continue;
         }
         const char *name = arg + 2, *eq = strchr(name, '=');

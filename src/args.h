@@ -27,13 +27,14 @@ typedef struct BqArgs {
     int nspecs;
     int max_positional;     /* 0: positional arguments are an error */
     const char *positional_name;
-    char **positional;      /* filled by bq_args_parse (points into argv) */
+    char **positional;      /* filled by bq_args_parse: argv + 1, whose first npositional entries it
+                             * rewrites to the positional arguments in order (nothing to free) */
     int npositional;
     int help;               /* set when --help/-h was given; usage already printed to stdout */
     unsigned char given[BQ_ARGS_MAX]; /* filled by bq_args_parse: given[i] when specs[i] was on the line */
 } BqArgs;
 
-/* argv[0] is the subcommand name. */
+/* argv[0] is the subcommand name. Reorders argv[1..] when there are positional arguments. */
 int bq_args_parse(BqArgs *a, int argc, char **argv);
 void bq_args_usage(const BqArgs *a, FILE *out);
 /* 1 when the flag `name` (without "--") was given on the line bq_args_parse read. */

@@ -77,6 +77,7 @@ def main():
     write(os.path.join(bad, "unknown_label", "test.csv"), "text,label\nok,positive\nso-so,neutral\n")
     write(os.path.join(bad, "missing_column.csv"), "body,label\nhello,1\n")
     write(os.path.join(bad, "unterminated.csv"), 'text,label\nfine,1\n"this quote\nnever ends,0\n')
+    write(os.path.join(bad, "sparse_labels.csv"), "text,label\nfine,0\nstray,5000\nok,1\n")
     write(os.path.join(bad, "fields.csv"), "text,label\nfine,1\ntoo,many,fields\n")
     write(os.path.join(bad, "broken.jsonl"), '{"text": "a", "label": 1}\n{"text": "b", "label": 0}\n{"text": "c", \n')
     write(os.path.join(bad, "empty.csv"), "")

@@ -223,6 +223,7 @@ int main(void) {
         {"bad/unknown_label", "test", "test.csv:3: unknown label 'neutral'"},
         {"bad/truncated.tar.gz", "train", "truncated.tar.gz"},
         {"bad/unterminated.csv", "train", "unterminated.csv:3"},
+        {"bad/sparse_labels.csv", "train", "sparse_labels.csv:3: label 5000"},
         {"imdb", "valid", "--split"},
         {"imdb", "val", "val-fraction"},
     };
