@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifndef BQ_VERSION_STRING
 #define BQ_VERSION_STRING "0.0.0"
@@ -144,6 +145,15 @@ size_t bq_peak_rss(void);
  * over path (and fsyncs the directory). Used for every checkpoint and export. */
 int bq_fsync_path(const char *path);
 int bq_rename_durable(const char *tmp_path, const char *final_path);
+/* Puts the complete folder `tmp` (its files already fsynced) in the place of the folder `dir`, both in
+ * the same parent folder, and fsyncs the parent. Where dir exists, the two are swapped in one atomic
+ * step (renameat2 RENAME_EXCHANGE), so that dir is whole, old or new, at every instant (a process
+ * killed at any point leaves one of the two), and the old contents are left at tmp. On a filesystem
+ * that cannot swap, dir is moved to `old` first (and moved back if tmp cannot take its place), which
+ * leaves an instant without dir. *leftover receives the folder now holding the old contents (tmp or
+ * old) for the caller to remove, or NULL when dir did not exist. Errors (BQ_EIO) name the folder and the
+ * reason; dir is then as it was. A parent that cannot be fsynced after the swap is not an error. */
+int bq_replace_dir(const char *tmp, const char *dir, const char *old, const char **leftover);
 /* Checks, before any work is done, that the folder that will hold path exists, is a folder and is
  * writable, so a command fails in its first second rather than after loading or training. The error
  * names path and the reason (e.g. "out/x.onnx: cannot create: Not a directory"). */
@@ -155,5 +165,31 @@ int bq_is_dir(const char *path);
 int bq_is_file(const char *path);
 /* Copies the bytes of `from` into a new file `to` and fsyncs it; errors name the file. */
 int bq_copy_file(const char *from, const char *to);
+/* Closes f, a stream opened for writing path: BQ_OK only when every write reached the file (no error
+ * recorded on the stream, and the final flush and the close succeed), else BQ_EIO "<path>: write
+ * failed: <reason>". A stream that failed a flush earlier has dropped that data, so fclose alone can
+ * succeed on a file with a hole in it. f is closed in both cases. */
+int bq_fclose_written(FILE *f, const char *path);
+
+/* Output locks. A command that writes an output (a checkpoint folder, an ONNX file, a pipeline run
+ * folder, a predictions file) holds an exclusive flock(2) on the file "<output>.lock" next to it from
+ * the moment its flags are parsed until it returns, so a second process naming the same output
+ * refuses at once instead of interleaving its writes with the first's. The lock file holds
+ * "<pid> <command>" of the holder for the refusal message. The kernel drops a flock when its holder
+ * dies, so the lock file a killed process leaves behind blocks nobody; a normal release removes it.
+ * The descriptors are close-on-exec: a child process never holds its parent's locks. The held locks
+ * form a stack per process.
+ * bq_out_lock takes the lock of `out` (trailing slashes ignored) for the command `cmd`; `flag`
+ * ("--out") names the output in messages. mkdir_parents: the command creates the output's missing
+ * parent folders (finetune, pipeline), so they are created here; otherwise a missing parent folder is
+ * the error, as it would be for the output. Errors (BQ_EIO): another process holds the lock ("--out ft:
+ * in use by another bertqat process (pid 4242, finetune), which holds ft.lock; wait for it to finish or
+ * choose another output"), or the lock file cannot be created or locked (the message names it and the
+ * reason). */
+int bq_out_lock(const char *out, const char *flag, const char *cmd, int mkdir_parents);
+/* The number of locks held now; bq_out_unlock_to releases, newest first, every lock taken after that
+ * mark was read (0: all of them). */
+int bq_out_lock_mark(void);
+void bq_out_unlock_to(int mark);
 
 #endif

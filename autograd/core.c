@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -421,6 +422,29 @@ int bq_rename_durable(const char *tmp_path, const char *final_path) {
     return st;
 }
 
+int bq_replace_dir(const char *tmp, const char *dir, const char *old, const char **leftover) {
+    *leftover = NULL;
+    struct stat sb;
+    int had = stat(dir, &sb) == 0, st = BQ_OK;
+    if (had && renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
+        *leftover = tmp;
+    } else {
+        if (had && rename(dir, old) != 0)
+            return bq_err(BQ_EIO, "%s: cannot move aside to %s: %s", dir, old, strerror(errno));
+        if (rename(tmp, dir) != 0) {
+            st = bq_err(BQ_EIO, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+            if (had) rename(old, dir);
+            return st;
+        }
+        if (had) *leftover = old;
+    }
+    /* The swap is done: a parent that cannot be fsynced leaves it less durable, not undone. */
+    char *copy = bq_strdup(dir);
+    bq_fsync_path(dirname(copy));
+    free(copy);
+    return BQ_OK;
+}
+
 int bq_is_dir(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
@@ -450,9 +474,108 @@ int bq_copy_file(const char *from, const char *to) {
     if (ferror(in)) st = bq_err(BQ_EIO, "%s: read failed", from);
 cleanup:
     if (in) fclose(in);
-    if (out && fclose(out) != 0 && !st) st = bq_err(BQ_EIO, "%s: write failed: %s", to, strerror(errno));
+    if (out && st) fclose(out);
+    else if (out) st = bq_fclose_written(out, to);
     if (!st) st = bq_fsync_path(to);
     return st;
+}
+
+int bq_fclose_written(FILE *f, const char *path) {
+    int bad = ferror(f), err = bad ? errno : 0;
+    if (fclose(f) != 0 && !bad) bad = 1, err = errno;
+    if (!bad) return BQ_OK;
+    return bq_err(BQ_EIO, "%s: write failed: %s", path, err ? strerror(err) : "I/O error");
+}
+
+/* ---- output locks ---- */
+
+#define OUT_LOCKS_MAX 8
+
+static struct {
+    int fd;
+    char *path;
+} g_locks[OUT_LOCKS_MAX];
+static int g_nlocks;
+
+/* The "<pid> <command>" a holder wrote into its lock file, "" when it has not written it yet. */
+static void lock_holder(int fd, char *buf, size_t n) {
+    ssize_t k = pread(fd, buf, n - 1, 0);
+    buf[k > 0 ? k : 0] = 0;
+    buf[strcspn(buf, "\n")] = 0;
+}
+
+int bq_out_lock(const char *out, const char *flag, const char *cmd, int mkdir_parents) {
+    BQ_CHECK(g_nlocks < OUT_LOCKS_MAX);
+    size_t n = strlen(out);
+    while (n > 1 && out[n - 1] == '/') n--;
+    char *path = bq_malloc(n + 6), *parent = NULL;
+    snprintf(path, n + 6, "%.*s.lock", (int)n, out);
+    parent = bq_strdup(path);
+    int st = mkdir_parents ? bq_mkdir_p(dirname(parent)) : BQ_OK, fd = -1;
+    if (st) {
+        bq_err_ctx(st, "%s %s", flag, out);
+        goto cleanup;
+    }
+    /* A holder removes its lock file before it unlocks it: whoever wins the lock on a file that is no
+     * longer at `path` holds nothing and tries again with the file there now. */
+    for (int tries = 0; tries < 100 && fd < 0 && !st; tries++) {
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            st = bq_err(BQ_EIO, "%s %s: cannot create the lock file %s: %s", flag, out, path, strerror(errno));
+            break;
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            char who[128];
+            int err = errno;
+            lock_holder(fd, who, sizeof who);
+            char *sp = strchr(who, ' ');
+            if (err != EWOULDBLOCK)
+                st = bq_err(BQ_EIO, "%s %s: cannot lock %s: %s", flag, out, path, strerror(err));
+            else if (sp && sp[1])
+                st = bq_err(BQ_EIO, "%s %s: in use by another bertqat process (pid %.*s, %s), which holds %s; wait for "
+                            "it to finish or choose another output", flag, out, (int)(sp - who), who, sp + 1, path);
+            else
+                st = bq_err(BQ_EIO, "%s %s: in use by another process, which holds %s; wait for it to finish or "
+                            "choose another output", flag, out, path);
+            break;
+        }
+        struct stat held, now;
+        if (fstat(fd, &held) != 0 || stat(path, &now) != 0 || held.st_dev != now.st_dev || held.st_ino != now.st_ino) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    if (!st && fd < 0) st = bq_err(BQ_EIO, "%s %s: cannot lock %s: it keeps being replaced", flag, out, path);
+    if (st) goto cleanup;
+    /* The record is for the message of a refused process only: a write that fails (a full disk) is no
+     * reason to refuse the command itself. */
+    char rec[160];
+    int len = snprintf(rec, sizeof rec, "%ld %s\n", (long)getpid(), cmd);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, rec, (size_t)len, 0) != (ssize_t)len) {
+        /* no record: a refused process names the lock file only */
+    }
+    g_locks[g_nlocks].fd = fd;
+    g_locks[g_nlocks].path = path;
+    g_nlocks++;
+    fd = -1;
+    path = NULL;
+cleanup:
+    if (fd >= 0) close(fd);
+    free(path);
+    free(parent);
+    return st;
+}
+
+int bq_out_lock_mark(void) { return g_nlocks; }
+
+void bq_out_unlock_to(int mark) {
+    while (g_nlocks > mark) {
+        g_nlocks--;
+        /* removed while still locked (see bq_out_lock) */
+        unlink(g_locks[g_nlocks].path);
+        close(g_locks[g_nlocks].fd);
+        free(g_locks[g_nlocks].path);
+    }
 }
 
 void bq_cpu_model(char *buf, size_t n) {

@@ -11,6 +11,7 @@
  * max_seq_len or doc_stride); windows, labels and the padded (n,T) arrays are rebuilt from them. */
 #include "datasets/squad.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -765,8 +766,9 @@ int bq_squad_write_predictions(const char *path, const BqSquadSet *s, char *cons
         }
         json_object_set_new(o, s->examples[i].id, v);
     }
+    errno = 0;
     if (json_dump_file(o, tmp, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0) {
-        st = bq_err(BQ_EIO, "%s: cannot write", tmp);
+        st = bq_err(BQ_EIO, "%s: cannot write: %s", tmp, errno ? strerror(errno) : "I/O error");
         remove(tmp);
         goto cleanup;
     }

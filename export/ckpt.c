@@ -67,15 +67,8 @@ static int h5_write_f32(hid_t f, const char *file, const char *name, const float
     for (int i = 0; i < ndim; i++) dims[i] = (hsize_t)shape[i];
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
     H5Pset_create_intermediate_group(lcpl, 1);
-    hid_t sp = H5Screate_simple(ndim, dims, NULL);
-    hid_t dcpl = bq_h5sum_dcpl(ndim, dims); /* chunked, Fletcher-32: corrupt data fails the read */
-    hid_t ds = H5Dcreate2(f, name, H5T_IEEE_F32LE, sp, lcpl, dcpl, H5P_DEFAULT);
-    int st = BQ_OK;
-    if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-        st = bq_err(BQ_EIO, "%s: cannot write dataset %s", file, name);
-    if (ds >= 0) H5Dclose(ds);
-    H5Pclose(dcpl);
-    H5Sclose(sp);
+    /* chunked, Fletcher-32: corrupt data fails the read */
+    int st = bq_h5sum_write_f32(f, file, name, name, lcpl, ndim, dims, data);
     H5Pclose(lcpl);
     return st;
 }
@@ -128,8 +121,10 @@ static int h5_attr_write(hid_t f, const char *file, const char *name, hid_t type
     hid_t sp = H5Screate_simple(1, &n, NULL);
     hid_t a = H5Acreate2(f, name, type, sp, H5P_DEFAULT, H5P_DEFAULT);
     int st = BQ_OK;
-    if (a < 0 || H5Awrite(a, type, v) < 0) st = bq_err(BQ_EIO, "%s: cannot write attribute %s", file, name);
-    if (a >= 0) H5Aclose(a);
+    if (a < 0 || H5Awrite(a, type, v) < 0)
+        st = bq_err(BQ_EIO, "%s: cannot write attribute %s%s", file, name, bq_h5_io_reason());
+    if (a >= 0 && H5Aclose(a) < 0 && !st)
+        st = bq_err(BQ_EIO, "%s: cannot write attribute %s%s", file, name, bq_h5_io_reason());
     H5Sclose(sp);
     return st;
 }
@@ -228,7 +223,9 @@ static int config_write(const BqBert *m, const char *path) {
     if (m->data.max_seq_len > 0) json_object_set_new(bq, "data", data_meta_to_json(&m->data));
     json_object_set_new(j, "bertqat", bq);
     int st = BQ_OK;
-    if (json_dump_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) st = bq_err(BQ_EIO, "%s: cannot write", path);
+    errno = 0;
+    if (json_dump_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
+        st = bq_err(BQ_EIO, "%s: cannot write: %s", path, errno ? strerror(errno) : "I/O error");
     json_decref(j);
     if (!st) st = bq_fsync_path(path);
     return st;
@@ -238,7 +235,7 @@ static int config_write(const BqBert *m, const char *path) {
 
 static int write_model_h5(const BqBert *m, const char *path) {
     hid_t f = h5_create(path);
-    if (f < 0) return bq_err(BQ_EIO, "%s: cannot create", path);
+    if (f < 0) return bq_err(BQ_EIO, "%s: cannot create%s", path, bq_h5_io_reason());
     int st = ATTR_I64(f, path, "format_version", BQ_CKPT_FORMAT_VERSION);
     const BqParamTable *t = &m->params;
     char name[BQ_NAME_MAX + 16];
@@ -247,7 +244,8 @@ static int write_model_h5(const BqBert *m, const char *path) {
         st = h5_write_f32(f, path, name, t->data + t->p[i].offset, t->p[i].ndim, t->p[i].shape);
     }
     if (!st && m->quant) st = bq_quant_save_hdf5(m->quant, (int64_t)f, path);
-    if (H5Fclose(f) < 0 && !st) st = bq_err(BQ_EIO, "%s: close failed", path);
+    /* the metadata (and any chunk still cached) is written here: a full disk may only show now */
+    if (H5Fclose(f) < 0 && !st) st = bq_err(BQ_EIO, "%s: cannot write%s", path, bq_h5_io_reason());
     if (!st) st = bq_fsync_path(path);
     return st;
 }
@@ -285,9 +283,12 @@ int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const 
         return bq_err(BQ_EINVAL, "%s: exists and is not a bertqat checkpoint; refusing to replace it", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
     snprintf(old, sizeof old, "%s.old", dir);
+    int st, had_ckpt = bq_ckpt_is_native(dir);
     remove_tree(tmp);
-    if (mkdir(tmp, 0755) != 0) return bq_err(BQ_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-    int st;
+    if (mkdir(tmp, 0755) != 0) {
+        st = bq_err(BQ_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto cleanup;
+    }
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* failures are reported through bq_err, not HDF5's stack dump */
     snprintf(p, sizeof p, "%s/config.json", tmp);
     if ((st = config_write(m, p))) goto cleanup;
@@ -314,44 +315,15 @@ int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const 
         if ((st = bq_copy_file(q, p))) goto cleanup;
     }
     if ((st = bq_fsync_path(tmp))) goto cleanup;
-    /* DIR → DIR.old, DIR.tmp → DIR, then drop DIR.old: DIR is the old or the new checkpoint at every
-     * instant a reader could look (and DIR.old holds the old one during the swap). */
-    struct stat sb;
-    int had_old = stat(dir, &sb) == 0;
-    /* Preferred: swap DIR.tmp and DIR in one atomic step (Linux renameat2 RENAME_EXCHANGE), so DIR
-     * is always a complete checkpoint; then remove the old one (now at DIR.tmp). */
-    if (had_old && renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
-        snprintf(p, sizeof p, "%s", dir);
-        char *sl = strrchr(p, '/');
-        if (sl && sl != p) *sl = 0;
-        else snprintf(p, sizeof p, "%s", sl == p ? "/" : ".");
-        bq_fsync_path(p);
-        remove_tree(tmp);
-        return BQ_OK;
-    }
-    if (had_old) {
-        remove_tree(old);
-        if (rename(dir, old) != 0) {
-            st = bq_err(BQ_EIO, "%s: cannot move aside: %s", dir, strerror(errno));
-            goto cleanup;
-        }
-    }
-    if (rename(tmp, dir) != 0) {
-        st = bq_err(BQ_EIO, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
-        if (had_old) rename(old, dir);
-        goto cleanup;
-    }
-    /* fsync the parent so the renames are durable */
-    snprintf(p, sizeof p, "%s", dir);
-    char *slash = strrchr(p, '/');
-    if (slash && slash != p) *slash = 0;
-    else snprintf(p, sizeof p, "%s", slash == p ? "/" : ".");
-    bq_fsync_path(p);
-    if (had_old) remove_tree(old);
+    remove_tree(old); /* leftover of an interrupted save on a filesystem that cannot swap folders */
+    const char *leftover;
+    if ((st = bq_replace_dir(tmp, dir, old, &leftover))) goto cleanup;
+    if (leftover) remove_tree(leftover);
     return BQ_OK;
 cleanup:
     remove_tree(tmp);
-    return st;
+    return bq_err_ctx(st, "%s: not saved (%s)", dir,
+                      had_ckpt ? "the checkpoint there is unchanged" : "nothing written");
 }
 
 /* ---- load ---- */

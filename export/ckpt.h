@@ -7,9 +7,11 @@
  *                            /quant/... written by the QAT module when m->quant is set
  *   DIR/training_state.h5    optimizer moments, counters and RNG of an interrupted run, written by
  *                            the trainer through BqCkptExtra (layout in src/train_state.h)
- * Saved into DIR.tmp, every file fsynced, then DIR.tmp renamed over DIR (the old DIR moved to
- * DIR.old first and removed afterwards), so DIR is always either the old or the new checkpoint.
- * A training_log.jsonl in the old DIR is carried over into the new one. */
+ * Saved into DIR.tmp, every file fsynced, then DIR.tmp swapped with DIR in one step and the old
+ * contents removed (bq_replace_dir, autograd/bq.h), so DIR is always either the old or the new
+ * checkpoint, whenever the process is killed. A save that fails (a full disk) removes DIR.tmp and
+ * leaves DIR as it was; its message starts "DIR: not saved (...)". A training_log.jsonl in the old
+ * DIR is carried over into the new one. */
 #ifndef BQ_CKPT_H
 #define BQ_CKPT_H
 

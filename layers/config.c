@@ -3,6 +3,7 @@
  * configuration_utils.py (PretrainedConfig: id2label / label2id / num_labels, default 2 labels). */
 #include "layers/config.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,9 +243,10 @@ int bq_config_save(const BqBertConfig *cfg, const char *path, json_t *extra) {
         st = bq_err(BQ_EINVAL, "%s: path too long", path);
         goto cleanup;
     }
+    errno = 0;
     if (json_dump_file(j, tmp, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9)) != 0) {
+        st = bq_err(BQ_EIO, "%s: cannot write: %s", tmp, errno ? strerror(errno) : "I/O error");
         remove(tmp);
-        st = bq_err(BQ_EIO, "%s: cannot write", tmp);
         goto cleanup;
     }
     st = bq_rename_durable(tmp, path);

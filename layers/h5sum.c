@@ -3,6 +3,10 @@
  * default), H5Pget_filter2. */
 #include "layers/h5sum.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "autograd/bq.h"
 
 /* HDF5 stores a chunk's size in 32 bits: a chunk must stay below 4 GiB. */
@@ -57,4 +61,39 @@ int bq_h5sum_read_f32(hid_t ds, const char *file, const char *tensor, float *dst
                               : bq_err(BQ_EFORMAT, "%s: tensor %s: cannot read (file corrupt?)", file, tensor);
     if (type >= 0) H5Tclose(type);
     return st;
+}
+
+int bq_h5sum_write_f32(hid_t loc, const char *file, const char *name, const char *shown, hid_t lcpl, int ndim,
+                       const hsize_t *dims, const float *data) {
+    hid_t sp = H5Screate_simple(ndim, dims, NULL);
+    hid_t dcpl = bq_h5sum_dcpl(ndim, dims);
+    hid_t ds = H5Dcreate2(loc, name, H5T_IEEE_F32LE, sp, lcpl, dcpl, H5P_DEFAULT);
+    int st = BQ_OK;
+    if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+        st = bq_err(BQ_EIO, "%s: cannot write dataset %s%s", file, shown, bq_h5_io_reason());
+    if (ds >= 0 && H5Dclose(ds) < 0 && !st)
+        st = bq_err(BQ_EIO, "%s: cannot write dataset %s%s", file, shown, bq_h5_io_reason());
+    H5Pclose(dcpl);
+    H5Sclose(sp);
+    return st;
+}
+
+void bq_h5_init(void) { H5dont_atexit(); }
+
+/* H5Ewalk2 callback: the first "errno = N" in a message of the stack (the sec2 and core drivers write
+ * their failed read, write and truncate calls so). */
+static herr_t find_errno(unsigned n, const H5E_error2_t *e, void *found) {
+    (void)n;
+    const char *s = e->desc ? strstr(e->desc, "errno = ") : NULL;
+    if (s && !*(int *)found) *(int *)found = atoi(s + 8);
+    return 0;
+}
+
+const char *bq_h5_io_reason(void) {
+    static _Thread_local char buf[160];
+    int err = 0;
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, find_errno, &err);
+    if (err <= 0) return "";
+    snprintf(buf, sizeof buf, ": %s", strerror(err));
+    return buf;
 }

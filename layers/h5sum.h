@@ -2,7 +2,8 @@
  * (/params of model.h5, the training state) and layers/quant.c (/quant ranges). Each tensor is one
  * chunked dataset with HDF5's Fletcher-32 filter, so a corrupted byte in its data makes the read fail
  * instead of loading different numbers. Files written before the filter (contiguous datasets without
- * checksum) still read. Layout documented in export/ckpt.h. */
+ * checksum) still read. Layout documented in export/ckpt.h. Also the HDF5 set-up of a process and the
+ * system error behind a failed HDF5 write, for the writers' messages. */
 #ifndef BQ_H5SUM_H
 #define BQ_H5SUM_H
 
@@ -13,6 +14,26 @@
  * limit, with the Fletcher-32 filter. A tensor with a zero dimension gets the default (contiguous,
  * nothing to check). The caller closes the list with H5Pclose. */
 hid_t bq_h5sum_dcpl(int ndim, const hsize_t *dims);
+
+/* Creates the dataset `name` (relative to loc; lcpl may be H5P_DEFAULT) of shape dims[0..ndim) with
+ * bq_h5sum_dcpl and writes data into it, closing it before it returns: the chunk reaches the file at
+ * the latest when the dataset closes, so a full disk may only show there. Error (BQ_EIO):
+ * "<file>: cannot write dataset <shown>: <reason>" (shown: the dataset's path as messages show it;
+ * reason: bq_h5_io_reason). */
+int bq_h5sum_write_f32(hid_t loc, const char *file, const char *name, const char *shown, hid_t lcpl, int ndim,
+                       const hsize_t *dims, const float *data);
+
+/* HDF5 set-up of a process, called before any other HDF5 call: no clean-up at exit (H5dont_atexit).
+ * A file whose close failed (a full disk) stays half-closed inside HDF5 1.10, and its exit-time
+ * clean-up crashes on it; every file the program writes is closed explicitly, so the clean-up has
+ * nothing left to save. */
+void bq_h5_init(void);
+
+/* The system error behind the HDF5 call that just failed, ": File too large" or ": No space left on
+ * device" (with the separator, for appending to a message), from the errno that HDF5's file driver
+ * records on the error stack; "" when the stack records none. Call it right after the failing call:
+ * the next HDF5 call clears the stack. */
+const char *bq_h5_io_reason(void);
 
 /* Reads the whole float32 dataset ds into dst (its shape already checked by the caller). `file` and
  * `tensor` name it in messages. Errors (BQ_EFORMAT): a stored type other than little-endian IEEE

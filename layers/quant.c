@@ -354,16 +354,10 @@ _Static_assert(sizeof(hid_t) == sizeof(int64_t), "hid_t is passed as int64_t");
 static int h5_write_vec(hid_t g, const char *path, const char *group, const char *ds_name, const float *v,
                         int64_t n) {
     hsize_t dim = (hsize_t)n;
-    hid_t sp = H5Screate_simple(1, &dim, NULL);
-    hid_t dcpl = bq_h5sum_dcpl(1, &dim); /* chunked, Fletcher-32: corrupt ranges fail the read */
-    hid_t ds = H5Dcreate2(g, ds_name, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    int st = BQ_OK;
-    if (ds < 0 || H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0)
-        st = bq_err(BQ_EIO, "%s: cannot write %s/%s", path, group, ds_name);
-    if (ds >= 0) H5Dclose(ds);
-    H5Pclose(dcpl);
-    H5Sclose(sp);
-    return st;
+    char shown[256];
+    snprintf(shown, sizeof shown, "%s/%s", group, ds_name);
+    /* chunked, Fletcher-32: corrupt ranges fail the read */
+    return bq_h5sum_write_f32(g, path, ds_name, shown, H5P_DEFAULT, 1, &dim, v);
 }
 
 static int h5_read_vec(hid_t g, const char *path, const char *group, const char *ds_name, float *v, int64_t n) {
@@ -392,8 +386,9 @@ static int h5_attr_i64(hid_t g, const char *path, const char *qname, const char 
     hid_t a = H5Acreate2(g, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
     int st = BQ_OK;
     if (a < 0 || H5Awrite(a, H5T_NATIVE_INT64, &v) < 0)
-        st = bq_err(BQ_EIO, "%s: cannot write attribute %s of /quant/%s", path, name, qname);
-    if (a >= 0) H5Aclose(a);
+        st = bq_err(BQ_EIO, "%s: cannot write attribute %s of /quant/%s%s", path, name, qname, bq_h5_io_reason());
+    if (a >= 0 && H5Aclose(a) < 0 && !st)
+        st = bq_err(BQ_EIO, "%s: cannot write attribute %s of /quant/%s%s", path, name, qname, bq_h5_io_reason());
     H5Sclose(sp);
     return st;
 }
@@ -404,8 +399,10 @@ static int h5_attr_str(hid_t g, const char *path, const char *qname, const char 
     hid_t sp = H5Screate(H5S_SCALAR);
     hid_t a = H5Acreate2(g, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
     int st = BQ_OK;
-    if (a < 0 || H5Awrite(a, t, v) < 0) st = bq_err(BQ_EIO, "%s: cannot write attribute %s of /quant/%s", path, name, qname);
-    if (a >= 0) H5Aclose(a);
+    if (a < 0 || H5Awrite(a, t, v) < 0)
+        st = bq_err(BQ_EIO, "%s: cannot write attribute %s of /quant/%s%s", path, name, qname, bq_h5_io_reason());
+    if (a >= 0 && H5Aclose(a) < 0 && !st)
+        st = bq_err(BQ_EIO, "%s: cannot write attribute %s of /quant/%s%s", path, name, qname, bq_h5_io_reason());
     H5Sclose(sp);
     H5Tclose(t);
     return st;
@@ -424,13 +421,13 @@ int bq_quant_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path
     hid_t f = (hid_t)file_id;
     int st = BQ_OK;
     hid_t root = H5Gcreate2(f, "/quant", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    if (root < 0) return bq_err(BQ_EIO, "%s: cannot create group /quant", path);
+    if (root < 0) return bq_err(BQ_EIO, "%s: cannot create group /quant%s", path, bq_h5_io_reason());
     if ((st = h5_attr_str(root, path, "", "scheme", bq_scheme_name(qs->cfg.scheme)))) goto cleanup;
     for (int i = 0; i < qs->n && !st; i++) {
         const BqQuantizer *q = &qs->q[i];
         hid_t g = H5Gcreate2(root, q->name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
         if (g < 0) {
-            st = bq_err(BQ_EIO, "%s: cannot create group /quant/%s", path, q->name);
+            st = bq_err(BQ_EIO, "%s: cannot create group /quant/%s%s", path, q->name, bq_h5_io_reason());
             break;
         }
         float omin = q->run_min, omax = q->run_max;
@@ -563,7 +560,7 @@ void bq_quant_learn_restore_best(BqQuantState *qs) {
 int bq_quant_learn_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path, int with_best) {
     if (!qs || !qs->lsq) return BQ_OK;
     hid_t g = H5Gcreate2((hid_t)file_id, "/lsq", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    if (g < 0) return bq_err(BQ_EIO, "%s: cannot create group /lsq", path);
+    if (g < 0) return bq_err(BQ_EIO, "%s: cannot create group /lsq%s", path, bq_h5_io_reason());
     int st = h5_write_vec(g, path, "/lsq", "m", qs->lsq_m, qs->nscales);
     if (!st) st = h5_write_vec(g, path, "/lsq", "v", qs->lsq_v, qs->nscales);
     if (!st && with_best) st = h5_write_vec(g, path, "/lsq", "best", qs->lsq_best, qs->nscales);

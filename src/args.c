@@ -7,6 +7,10 @@
 #include <string.h>
 
 #include "autograd/bq.h"
+#include "src/dist.h"
+
+/* 1 for the kinds that name an output to lock (args.h). */
+static int is_output(BqArgKind k) { return k == BQ_ARG_OUT || k == BQ_ARG_OUT_MKDIR; }
 
 static const BqArgSpec *find_spec(const BqArgs *a, const char *name, size_t len) {
     for (int i = 0; i < a->nspecs; i++)
@@ -19,6 +23,8 @@ static int set_value(const BqArgs *a, const BqArgSpec *s, const char *v) {
     errno = 0;
     switch (s->kind) {
     case BQ_ARG_STR:
+    case BQ_ARG_OUT:
+    case BQ_ARG_OUT_MKDIR:
         if (!*v) return bq_err(BQ_EINVAL, "%s: --%s needs a non-empty value", a->cmd, s->name);
         *(const char **)s->dst = v;
         return BQ_OK;
@@ -103,6 +109,13 @@ int bq_args_parse(BqArgs *a, int argc, char **argv) {
     for (int k = 0; k < a->nspecs; k++)
         if (a->specs[k].required && !seen[k])
             return bq_err(BQ_EINVAL, "%s: --%s is required (see --help)", a->cmd, a->specs[k].name);
+    for (int k = 0; k < a->nspecs && bq_dist_rank() == 0; k++) {
+        if (!is_output(a->specs[k].kind) || !seen[k]) continue;
+        char flag[72];
+        snprintf(flag, sizeof flag, "--%s", a->specs[k].name);
+        int st = bq_out_lock(*(const char **)a->specs[k].dst, flag, a->cmd, a->specs[k].kind == BQ_ARG_OUT_MKDIR);
+        if (st) return st;
+    }
     return BQ_OK;
 }
 
@@ -119,10 +132,15 @@ void bq_args_usage(const BqArgs *a, FILE *out) {
     for (int i = 0; i < a->nspecs; i++) {
         const BqArgSpec *s = &a->specs[i];
         char left[64], def[96] = "";
-        const char *meta = s->kind == BQ_ARG_STR ? " STR" : s->kind == BQ_ARG_INT ? " N" : s->kind == BQ_ARG_FLOAT ? " X" : "";
+        const char *meta = s->kind == BQ_ARG_STR   ? " STR"
+                           : is_output(s->kind)      ? " PATH"
+                           : s->kind == BQ_ARG_INT   ? " N"
+                           : s->kind == BQ_ARG_FLOAT ? " X"
+                                                     : "";
         snprintf(left, sizeof left, "--%s%s", s->name, meta);
         if (s->required) snprintf(def, sizeof def, " (required)");
-        else if (s->kind == BQ_ARG_STR && *(const char **)s->dst) snprintf(def, sizeof def, " (default: %s)", *(const char **)s->dst);
+        else if ((s->kind == BQ_ARG_STR || is_output(s->kind)) && *(const char **)s->dst)
+            snprintf(def, sizeof def, " (default: %s)", *(const char **)s->dst);
         else if (s->kind == BQ_ARG_INT) snprintf(def, sizeof def, " (default: %d)", *(int *)s->dst);
         else if (s->kind == BQ_ARG_FLOAT) snprintf(def, sizeof def, " (default: %g)", *(double *)s->dst);
         fprintf(out, "  %-26s %s%s\n", left, s->help ? s->help : "", def);

@@ -8,12 +8,18 @@
 
 #define BQ_ARGS_MAX 128 /* flags per subcommand */
 
-typedef enum BqArgKind { BQ_ARG_STR, BQ_ARG_INT, BQ_ARG_FLOAT, BQ_ARG_FLAG } BqArgKind;
+/* BQ_ARG_OUT is a string naming an output the command writes (a checkpoint folder, an ONNX file, ...):
+ * once the whole line has parsed, bq_args_parse takes the output's lock (bq_out_lock, autograd/bq.h;
+ * under mpirun on rank 0 alone, the one rank that writes), and the lock is held until the command
+ * returns to src/main.c, which releases it. The output's folder must exist. BQ_ARG_OUT_MKDIR is the
+ * same for a command that creates the output's missing parent folders (finetune, pipeline): they are
+ * created with the lock. */
+typedef enum BqArgKind { BQ_ARG_STR, BQ_ARG_INT, BQ_ARG_FLOAT, BQ_ARG_FLAG, BQ_ARG_OUT, BQ_ARG_OUT_MKDIR } BqArgKind;
 
 typedef struct BqArgSpec {
     const char *name;  /* without the leading "--" */
     BqArgKind kind;
-    void *dst;         /* const char **, int *, double *, int * (flag set to 1) */
+    void *dst;         /* const char ** (STR, OUT, OUT_MKDIR), int *, double *, int * (flag set to 1) */
     const char *help;
     int required;
     double min, max;   /* inclusive range for INT/FLOAT when min < max */
@@ -34,7 +40,8 @@ typedef struct BqArgs {
     unsigned char given[BQ_ARGS_MAX]; /* filled by bq_args_parse: given[i] when specs[i] was on the line */
 } BqArgs;
 
-/* argv[0] is the subcommand name. Reorders argv[1..] when there are positional arguments. */
+/* argv[0] is the subcommand name. Reorders argv[1..] when there are positional arguments. A refused
+ * output lock is an error too (BQ_EIO). */
 int bq_args_parse(BqArgs *a, int argc, char **argv);
 void bq_args_usage(const BqArgs *a, FILE *out);
 /* 1 when the flag `name` (without "--") was given on the line bq_args_parse read. */

@@ -312,7 +312,7 @@ int bq_cmd_eval(int argc, char **argv) {
         {"json", BQ_ARG_FLAG, &json, "print one JSON object instead of a table", 0, 0, 0},
         {"engine", BQ_ARG_STR, &engine, BQ_CLI_ENGINE_HELP, 0, 0, 0},
         BQ_CLI_PRECISION_SPEC(precision),
-        {"predictions", BQ_ARG_STR, &predictions, "write index, label, predicted label, its probability per example "
+        {"predictions", BQ_ARG_OUT, &predictions, "write index, label, predicted label, its probability per example "
          "(TSV) to this file; question answering: the official {id: answer} JSON", 0, 0, 0},
         BQ_CLI_TASK_SPEC(q),
         BQ_CLI_QA_WINDOW_SPECS(q),
@@ -401,10 +401,10 @@ int bq_cmd_eval(int argc, char **argv) {
         pred_mem = NULL;
     }
     if (pw.f) {
-        int bad = fclose(pw.f) != 0;
+        st = bq_fclose_written(pw.f, pred_tmp);
         pw.f = NULL;
-        if (bad) {
-            st = bq_err(BQ_EIO, "--predictions %s: write failed: %s", predictions, strerror(errno));
+        if (st) {
+            bq_err_ctx(st, "--predictions");
             goto cleanup;
         }
         if ((st = bq_rename_durable(pred_tmp, predictions))) goto cleanup;

@@ -5,6 +5,7 @@
  * exactly the exported weights. The logits are those `eval` computes (bq_infer_forward) with the engine
  * --dump-engine picks: fake quant by default (the forward whose quantizer points the graph mirrors), int8
  * for the integer engine that `eval` uses by default. */
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,9 +139,10 @@ run:
     tmp = bq_malloc(n + 5);
     memcpy(tmp, path, n);
     memcpy(tmp + n, ".tmp", 5);
+    errno = 0;
     if (json_dump_file(j, tmp, JSON_COMPACT)) {
+        st = bq_err(BQ_EIO, "%s: cannot write: %s", path, errno ? strerror(errno) : "I/O error");
         remove(tmp);
-        st = bq_err(BQ_EIO, "%s: cannot write", path);
         goto cleanup;
     }
     st = bq_rename_durable(tmp, path);
@@ -164,14 +166,14 @@ int bq_cmd_export(int argc, char **argv) {
     int opset = 13, no_types = 0, int32 = 0, cpu = 0, num_labels = 0, dump_b = 4, dump_t = 0, dump_seed = 1;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "native checkpoint (or HF directory: fresh classifier)", 1, 0, 0},
-        {"out", BQ_ARG_STR, &out, "output .onnx file (written atomically)", 1, 0, 0},
+        {"out", BQ_ARG_OUT, &out, "output .onnx file (written atomically)", 1, 0, 0},
         {"qdq", BQ_ARG_STR, &qdq, "on|off|auto: Q/DQ nodes (auto: on for a quantized checkpoint)", 0, 0, 0},
         {"opset", BQ_ARG_INT, &opset, "ONNX opset (LayerNormalization op from 17)", 0, 13, 21},
         {"no-token-type-ids", BQ_ARG_FLAG, &no_types, "no token_type_ids input (all type 0)", 0, 0, 0},
         {"input-int32", BQ_ARG_FLAG, &int32, "int32 inputs instead of int64", 0, 0, 0},
         {"cpu-layout", BQ_ARG_FLAG, &cpu, "Q/DQ for ONNX Runtime CPU: uint8 activations (zero point 128, same values) so every quantized Linear becomes an integer kernel; 8-bit weights as uint8 (exact U8U8 kernels). Always on for --scheme cpu checkpoints; the default int8 layout is what the transformer optimizer's QOrdered fusions need", 0, 0, 0},
         {"num-labels", BQ_ARG_INT, &num_labels, "labels for an HF directory (0: from its config)", 0, 0, 1000},
-        {"dump-logits", BQ_ARG_STR, &dump, "also write a random batch and bertqat's logits as JSON", 0, 0, 0},
+        {"dump-logits", BQ_ARG_OUT, &dump, "also write a random batch and bertqat's logits as JSON", 0, 0, 0},
         {"dump-batch", BQ_ARG_INT, &dump_b, "rows of the --dump-logits batch", 0, 1, 4096},
         {"dump-seq", BQ_ARG_INT, &dump_t, "sequence length of the --dump-logits batch (0: the checkpoint's training "
          "length, else 32)", 0, 0, 8192},

@@ -3,9 +3,10 @@
  *   DIR/config.json         BertConfig keys, architectures, id2label/label2id, "bertqat" provenance
  *   DIR/model.safetensors   every parameter under its HF state-dict name, float32
  *   DIR/vocab.txt (+ tokenizer_config.json, special_tokens_map.json, tokenizer.json when present)
- * The directory is assembled as DIR.tmp and renamed into place; an existing export at DIR is replaced
- * through DIR.old, anything else at DIR is refused. Quantizer ranges of a QAT checkpoint have no
- * place in the HF format: the fp32 (shadow) weights are exported and a note says so. */
+ * The directory is assembled as DIR.tmp and put in place of DIR (bq_replace_dir: an existing export
+ * is swapped out in one step); anything at DIR but an earlier export is refused. Quantizer ranges of
+ * a QAT checkpoint have no place in the HF format: the fp32 (shadow) weights are exported and a note
+ * says so. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -76,7 +77,7 @@ int bq_cmd_export_hf(int argc, char **argv) {
     const char *model = NULL, *out = NULL;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "native checkpoint directory (or a Hugging Face directory)", 1, 0, 0},
-        {"out", BQ_ARG_STR, &out, "output directory (written as OUT.tmp, then renamed)", 1, 0, 0},
+        {"out", BQ_ARG_OUT, &out, "output directory (written as OUT.tmp, then swapped in)", 1, 0, 0},
     };
     BqArgs args = {.cmd = "export-hf", .usage = "--model CKPT --out DIR",
                    .summary = "Export a checkpoint as a Hugging Face BertForSequenceClassification directory "
@@ -118,16 +119,13 @@ int bq_cmd_export_hf(int argc, char **argv) {
         remove_flat_dir(tmp);
         goto cleanup;
     }
-    if (bq_is_dir(out)) {
-        remove_flat_dir(old);
-        if (rename(out, old) != 0) {
-            rc = bq_err(BQ_EIO, "%s: cannot move aside to %s: %s", out, old, strerror(errno));
-            remove_flat_dir(tmp);
-            goto cleanup;
-        }
+    remove_flat_dir(old); /* leftover of an interrupted run */
+    const char *leftover;
+    if ((rc = bq_replace_dir(tmp, out, old, &leftover))) {
+        remove_flat_dir(tmp);
+        goto cleanup;
     }
-    if ((rc = bq_rename_durable(tmp, out))) goto cleanup;
-    remove_flat_dir(old);
+    if (leftover) remove_flat_dir(leftover);
     int64_t count = 0;
     for (int i = 0; i < m.params.n; i++) count += m.params.p[i].numel;
     printf("export-hf: wrote %s (%d tensors, %lld parameters, %d labels)\n", out, m.params.n, (long long)count,

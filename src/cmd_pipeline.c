@@ -177,7 +177,9 @@ static int run_in_process(const char *stage, int (*fn)(int, char **), Argv *a, c
         close(fd);
     }
     bq_err_clear();
+    int locks = bq_out_lock_mark();
     if ((st = fn(a->n - 1, a->v + 1))) bq_err_ctx(st, "stage %s", stage);
+    bq_out_unlock_to(locks); /* the stage's output lock, as src/main.c releases a command's */
 
 cleanup:
     fflush(stdout);
@@ -247,9 +249,11 @@ static void settings_diff(json_t *old, json_t *cur, char *buf, size_t n) {
 static int write_json(const char *path, json_t *j) {
     char tmp[4400];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    errno = 0;
     if (json_dump_file(j, tmp, JSON_INDENT(1) | JSON_SORT_KEYS)) {
+        int st = bq_err(BQ_EIO, "%s: cannot write: %s", tmp, errno ? strerror(errno) : "I/O error");
         remove(tmp);
-        return bq_err(BQ_EIO, "%s: cannot write", tmp);
+        return st;
     }
     return bq_rename_durable(tmp, path);
 }
@@ -523,7 +527,7 @@ int bq_cmd_pipeline(int argc, char **argv) {
          "train-v1.1.json (or train-v1.1-rebuilt.json) and dev-v1.1.json", 1, 0, 0},
         {"task", BQ_ARG_STR, &p.task, "cls (sequence classification) or qa (SQuAD v1.1 question answering: "
          "exact match and F1 per stage, no bench)", 0, 0, 0},
-        {"out", BQ_ARG_STR, &p.out, "run directory (created; stages already done are skipped)", 1, 0, 0},
+        {"out", BQ_ARG_OUT_MKDIR, &p.out, "run directory (created; stages already done are skipped)", 1, 0, 0},
         {"budget", BQ_ARG_STR, &p.budget, "small (a few thousand reviews, seq 128) or full (IMDB recipe)", 0, 0, 0},
         {"python", BQ_ARG_STR, &p.python, "Python with onnxruntime for the ONNX evaluation (env BQ_PYTHON; else the source tree's .venv)", 0, 0, 0},
         {"seed", BQ_ARG_INT, &p.seed, "seed for every stage", 0, 0, 2147483647.0},
@@ -660,6 +664,10 @@ int bq_cmd_pipeline(int argc, char **argv) {
                           "train-v1.1-rebuilt.json) and dev-v1.1.json", p.data);
     }
     if ((st = bq_mkdir_p(p.out))) return bq_err_ctx(st, "pipeline: --out");
+    /* Every stage started from here dies with this process (src/main.c, follow_pipeline). */
+    char pid[32];
+    snprintf(pid, sizeof pid, "%ld", (long)getpid());
+    if (setenv("BQ_PIPELINE_PID", pid, 1) != 0) return bq_err(BQ_ENOMEM, "pipeline: setenv: %s", strerror(errno));
     ssize_t n = readlink("/proc/self/exe", p.self, sizeof p.self - 1);
     if (n <= 0) return bq_err(BQ_EIO, "pipeline: cannot locate the bertqat executable");
     p.self[n] = '\0';

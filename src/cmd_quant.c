@@ -247,7 +247,7 @@ int bq_cmd_calibrate(int argc, char **argv) {
         {"model", BQ_ARG_STR, &model, "fp32 checkpoint (native or Hugging Face directory)", 1, 0, 0},
         {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL (training split is used); question "
          "answering: SQuAD v1.1 JSON (training file)", 1, 0, 0},
-        {"out", BQ_ARG_STR, &out, "output PTQ checkpoint directory (replaced atomically)", 1, 0, 0},
+        {"out", BQ_ARG_OUT, &out, "output PTQ checkpoint directory (replaced atomically)", 1, 0, 0},
         QUANT_SPECS(q),
         {"batch-size", BQ_ARG_INT, &batch_size, "examples per calibration forward", 0, 1, 65536},
         BQ_CLI_DATA_SPECS(d),
@@ -423,7 +423,7 @@ int bq_cmd_qat(int argc, char **argv) {
         {"model", BQ_ARG_STR, &model, "fp32 or PTQ checkpoint (native) or Hugging Face directory", 1, 0, 0},
         {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL; question answering: SQuAD v1.1 JSON", 1,
          0, 0},
-        {"out", BQ_ARG_STR, &out, "output checkpoint directory (replaced atomically)", 1, 0, 0},
+        {"out", BQ_ARG_OUT, &out, "output checkpoint directory (replaced atomically)", 1, 0, 0},
         QUANT_SPECS(q),
         {"freeze-ranges-after", BQ_ARG_INT, &q.freeze_after, "freeze every range after N optimizer steps (0: never)",
          0, 0, 1e9},

@@ -61,9 +61,10 @@ static int write_json(const BqSensitivity *s, const int *order, const char *path
         json_array_append_new(groups, o);
     }
     json_object_set_new(j, "groups", groups);
+    errno = 0;
     if (json_dump_file(j, tmp, JSON_INDENT(1))) {
+        st = bq_err(BQ_EIO, "%s: cannot write: %s", tmp, errno ? strerror(errno) : "I/O error");
         remove(tmp);
-        st = bq_err(BQ_EIO, "%s: cannot write: %s", tmp, strerror(errno));
         goto cleanup;
     }
     st = bq_rename_durable(tmp, path);
@@ -128,9 +129,9 @@ static int write_svg(const BqSensitivity *s, const int *order, const char *path,
             top + s->ng * row_h);
     fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n</svg>\n", kx, top, kx,
             top + s->ng * row_h);
-    if (fclose(f) != 0) {
+    if ((st = bq_fclose_written(f, tmp))) {
         remove(tmp);
-        return bq_err(BQ_EIO, "%s: write failed: %s", tmp, strerror(errno));
+        return st;
     }
     st = bq_rename_durable(tmp, path);
     return st;

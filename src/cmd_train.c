@@ -50,7 +50,7 @@ int bq_cmd_finetune(int argc, char **argv) {
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "Hugging Face BERT directory or native checkpoint", 1, 0, 0},
         {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL; question answering: SQuAD v1.1 JSON", 1, 0, 0},
-        {"out", BQ_ARG_STR, &out, "output checkpoint directory (replaced atomically)", 1, 0, 0},
+        {"out", BQ_ARG_OUT_MKDIR, &out, "output checkpoint directory (replaced atomically)", 1, 0, 0},
         BQ_CLI_TRAIN_SPECS(t),
         BQ_CLI_DATA_SPECS(d),
         BQ_CLI_TASK_SPEC(q),

@@ -104,7 +104,9 @@ int bq_distill_record_write(const BqDistill *d, const char *dir) {
                           d->temperature, "hidden_weight", d->hidden_weight);
     if (!j) return bq_err(BQ_ENOMEM, "%s: cannot build the record", path);
     int st = BQ_OK;
-    if (json_dump_file(j, path, JSON_INDENT(1))) st = bq_err(BQ_EIO, "%s: cannot write", path);
+    errno = 0;
+    if (json_dump_file(j, path, JSON_INDENT(1)))
+        st = bq_err(BQ_EIO, "%s: cannot write: %s", path, errno ? strerror(errno) : "I/O error");
     json_decref(j);
     if (!st) st = bq_fsync_path(path);
     return st;

@@ -1,12 +1,16 @@
 /* bertqat command-line entry point: boots the runtime (BLAS kernel, threads), dispatches to a
  * subcommand, and is the only place that prints errors and chooses the exit status. */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "autograd/bq.h"
 #include "autograd/qgemm.h"
+#include "layers/h5sum.h"
 #include "src/cli.h"
 #include "src/dist.h"
 
@@ -59,9 +63,33 @@ static int fail(const char *cmd, int code) {
     return code;
 }
 
+/* A stage of `bertqat pipeline` (which puts its pid in BQ_PIPELINE_PID, src/cmd_pipeline.c) dies with
+ * the pipeline: a pipeline killed with SIGKILL cannot stop its stage itself, and the stage would go on
+ * writing into the run folder and holding its output lock against the rerun. Returns 0 when this
+ * process may run: no pipeline above it, or the pipeline is its parent and alive. */
+static int follow_pipeline(void) {
+    const char *v = getenv("BQ_PIPELINE_PID");
+    if (!v) return 0;
+    long want = strtol(v, NULL, 10);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || (long)getppid() == want) return 0;
+    /* the pipeline ended before the signal was armed (or the variable came from elsewhere) */
+    prctl(PR_SET_PDEATHSIG, 0);
+    return bq_err(BQ_EINTR, "started as a stage of bertqat pipeline (BQ_PIPELINE_PID=%ld), which is no longer its "
+                  "parent", want);
+}
+
 int main(int argc, char **argv) {
     int st = bq_runtime_boot(argc, argv);
     if (st) {
+        fprintf(stderr, "bertqat: %s\n", bq_errmsg());
+        return 1;
+    }
+    /* A write beyond the file size limit (RLIMIT_FSIZE) fails with EFBIG and is reported like a full
+     * disk, one line naming the file, instead of the default action of SIGXFSZ ending the process
+     * without a word. */
+    signal(SIGXFSZ, SIG_IGN);
+    bq_h5_init();
+    if ((st = follow_pipeline())) {
         fprintf(stderr, "bertqat: %s\n", bq_errmsg());
         return 1;
     }
@@ -109,6 +137,10 @@ int main(int argc, char **argv) {
         }
         bq_err_clear();
         st = COMMANDS[i].run(argc - 1, argv + 1);
+        bq_out_unlock_to(0); /* the output locks its flags took (src/args.h) */
+        /* Results printed to a file (a pipeline stage's stdout is its JSON) must all have reached it. */
+        if (!st && (fflush(stdout) != 0 || ferror(stdout)))
+            st = bq_err(BQ_EIO, "<stdout>: write failed: %s", errno ? strerror(errno) : "I/O error");
         /* 2: bad flags or arguments; 5: NaN/Inf during training; 6: interrupted, resumable state saved;
          * 1: anything else (files, data, memory) */
         if (st) return fail(cmd, st == BQ_EINVAL ? 2 : st == BQ_ENUMERIC ? 5 : st == BQ_EINTR ? 6 : 1);

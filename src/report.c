@@ -119,7 +119,11 @@ int bq_svg_chart(const char *path, const char *title, const char *xlabel, const 
 #undef PX
 #undef PY
     fprintf(f, "</svg>\n");
-    if (fclose(f) != 0) return bq_err(BQ_EIO, "%s: write failed", tmp);
+    int st = bq_fclose_written(f, tmp);
+    if (st) {
+        remove(tmp);
+        return st;
+    }
     return bq_rename_durable(tmp, path);
 }
 
@@ -542,7 +546,10 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
     fprintf(f, "\n## Training curves\n\n![training loss](curves-loss.svg)\n\n");
     if (nacc > 0) fprintf(f, "![validation accuracy](curves-eval.svg)\n");
     else fprintf(f, "No stage ran a validation pass, so there is no validation curve.\n");
-    if (fclose(f) != 0) return bq_err(BQ_EIO, "%s: write failed", tmp);
+    if ((st = bq_fclose_written(f, tmp))) {
+        remove(tmp);
+        return st;
+    }
     printf("\nreport: %s\n", path);
     return bq_rename_durable(tmp, path);
 }

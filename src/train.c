@@ -3,6 +3,7 @@
  * evaluation every N steps, load_best_model_at_end on the eval metric). */
 #include "src/train.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -397,6 +398,42 @@ typedef struct Run {
 /* BqCkptExtra writer of distill.json (the distillation settings, src/distill.h). */
 static int write_distill(void *user, const char *tmp_dir) { return bq_distill_record_write(user, tmp_dir); }
 
+/* On --resume the log in OUT can run past the checkpoint: a run killed after its last save logged the
+ * steps after it, which the resumed run computes and logs again. Keeps the lines of steps up to `step`
+ * (and drops a last line cut short), replacing the file atomically, so a resumed run's log reads as
+ * that of the uninterrupted run. Lines without an integer step are kept. */
+static int log_rewind(const char *path, int64_t step) {
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *in = fopen(path, "r"), *out = NULL;
+    if (!in) return BQ_OK; /* no log yet */
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int64_t dropped = 0;
+    int st = BQ_OK;
+    if (!(out = fopen(tmp, "w"))) {
+        st = bq_err(BQ_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto cleanup;
+    }
+    while ((n = getline(&line, &cap, in)) > 0) {
+        json_t *o = line[n - 1] == '\n' ? json_loads(line, 0, NULL) : NULL;
+        json_t *s = o ? json_object_get(o, "step") : NULL;
+        if (line[n - 1] != '\n' || (json_is_integer(s) && json_integer_value(s) > step)) dropped++;
+        else fputs(line, out);
+        json_decref(o);
+    }
+    st = bq_fclose_written(out, tmp);
+    out = NULL;
+    if (!st && dropped) st = bq_rename_durable(tmp, path);
+cleanup:
+    if (out) fclose(out);
+    if (st || !dropped) remove(tmp);
+    free(line);
+    fclose(in);
+    return st;
+}
+
 static int save_ckpt(Run *r) {
     if (bq_dist_rank() != 0) return BQ_OK; /* under mpirun rank 0 alone writes */
     /* The ckpt writer carries training_log.jsonl over from the old directory. */
@@ -504,6 +541,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
     if (writer && (st = bq_mkdir_p(out_dir))) goto cleanup;
     if (writer) snprintf(logpath, sizeof logpath, "%s/training_log.jsonl", out_dir);
     if (writer && !tc->resume) remove(logpath);
+    if (writer && tc->resume && (st = log_rewind(logpath, r.ts.step))) goto cleanup;
     /* Ranks other than 0 log nothing (no JSONL, no TensorBoard, no progress lines). */
     if ((st = bq_progress_open(&r.prog, tc->tag, writer ? logpath : NULL, writer ? tc->logdir : NULL, total,
                                tc->quiet || !writer)))

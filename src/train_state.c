@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "export/ckpt.h"
+#include "layers/h5sum.h"
 #include "layers/quant.h"
 
 #define PATH_LEN 4400
@@ -32,10 +33,12 @@ static int put_str(hid_t f, const char *path, const char *name, const char *v) {
     hid_t ty = H5Tcopy(H5T_C_S1), sp = H5Screate(H5S_SCALAR), a = -1;
     int ok = ty >= 0 && sp >= 0 && H5Tset_size(ty, strlen(v) + 1) >= 0 &&
              (a = H5Acreate2(f, name, ty, sp, H5P_DEFAULT, H5P_DEFAULT)) >= 0 && H5Awrite(a, ty, v) >= 0;
-    if (a >= 0) H5Aclose(a);
+    int st = ok ? BQ_OK : bq_err(BQ_EIO, "%s: cannot write attribute %s%s", path, name, bq_h5_io_reason());
+    if (a >= 0 && H5Aclose(a) < 0 && !st)
+        st = bq_err(BQ_EIO, "%s: cannot write attribute %s%s", path, name, bq_h5_io_reason());
     if (sp >= 0) H5Sclose(sp);
     if (ty >= 0) H5Tclose(ty);
-    return ok ? BQ_OK : bq_err(BQ_EIO, "%s: cannot write attribute %s", path, name);
+    return st;
 }
 
 static int write_state(void *user, const char *tmp_dir) {
@@ -45,7 +48,7 @@ static int write_state(void *user, const char *tmp_dir) {
     char path[PATH_LEN];
     snprintf(path, sizeof path, "%s/training_state.h5", tmp_dir);
     hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0) return bq_err(BQ_EIO, "%s: cannot create", path);
+    if (f < 0) return bq_err(BQ_EIO, "%s: cannot create%s", path, bq_h5_io_reason());
     int st = put_i64(f, path, "format_version", BQ_CKPT_FORMAT_VERSION);
     if (!st) st = put_i64(f, path, "step", ts->step);
     if (!st) st = put_i64(f, path, "epoch", ts->epoch);
@@ -70,7 +73,8 @@ static int write_state(void *user, const char *tmp_dir) {
     if (!st && ts->best_params) st = bq_ckpt_h5_write_params(f, path, "best", t, ts->best_params);
     /* --ranges learn: the scales' moments (and best copy); the scales themselves are in model.h5 */
     if (!st && c->m->quant) st = bq_quant_learn_save_hdf5(c->m->quant, (int64_t)f, path, ts->best_params != NULL);
-    if (H5Fclose(f) < 0 && !st) st = bq_err(BQ_EIO, "%s: close failed", path);
+    /* the metadata (and any chunk still cached) is written here: a full disk may only show now */
+    if (H5Fclose(f) < 0 && !st) st = bq_err(BQ_EIO, "%s: cannot write%s", path, bq_h5_io_reason());
     if (!st) st = bq_fsync_path(path);
     if (!st && c->more) st = c->more->write(c->more->user, tmp_dir);
     return st;
