@@ -1,4 +1,4 @@
-"""ONNX Runtime CPU latency of bertqat exports (issue #8), all in one run: the fp32 export, the fp32
+"""ONNX Runtime CPU latency of bertqat exports, all in one run: the fp32 export, the fp32
 export after onnxruntime.transformers.optimizer, and for each quantized checkpoint given its Q/DQ export
 in the default int8 layout and in the CPU layout (--cpu-layout; a cpu-scheme checkpoint has only that
 one), at batch 1 and 32, sequence 128.

@@ -1,4 +1,4 @@
-"""Accuracy-parity peer for SQuAD v1.1 (issue #18, first target): fine-tunes a Hugging Face BERT checkpoint
+"""Accuracy-parity peer for SQuAD v1.1: fine-tunes a Hugging Face BERT checkpoint
 with a new `qa_outputs` head (transformers' AutoModelForQuestionAnswering, PyTorch) on the recipe of
 `bertqat finetune --task qa`, evaluates it on the dev questions `bertqat eval --samples N` scores, and
 prints one JSON line (exact match, F1, windows, steps, timings, versions). Developer machines only

@@ -1,4 +1,4 @@
-"""Deterministic training parity of `bertqat finetune --task qa` with PyTorch (issue #18, first target).
+"""Deterministic training parity of `bertqat finetune --task qa` with PyTorch.
 
 bench/peer_hf_run_qa.py compares whole fine-tunes, whose batch order, dropout masks and new `qa_outputs`
 come from each side's own random generator, so their F1 differ by seed noise. This check takes the

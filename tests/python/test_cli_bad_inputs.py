@@ -1,4 +1,4 @@
-"""Reliability table (issue #7): every subcommand fed bad input must exit non-zero with exactly one
+"""Reliability table: every subcommand fed bad input must exit non-zero with exactly one
 line on stderr naming the offending flag or file, never crash (no signal, no sanitizer report), and
 leave no partial output file or directory behind."""
 import os

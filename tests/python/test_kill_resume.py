@@ -1,4 +1,4 @@
-"""Kill test (issue #7): SIGKILL a fine-tune while it is writing a checkpoint (OUT.tmp exists), then
+"""Kill test: SIGKILL a fine-tune while it is writing a checkpoint (OUT.tmp exists), then
 require that the previous checkpoint in OUT still loads and evaluates, and that `--resume` finishes
 the run. Also SIGINT: the trainer saves a resumable checkpoint, exits non-zero and says how to
 resume; the resumed run completes."""

@@ -1,4 +1,4 @@
-"""Data-parallel runs under Open MPI (issue #17, docs/distributed.md), `mpirun -np 2` on localhost with
+"""Data-parallel runs under Open MPI (docs/distributed.md), `mpirun -np 2` on localhost with
 all-MiniLM-L6-v2 on a small CSV made here:
 - finetune, 2 ranks x 1 thread with --batch-size 16 against 1 process with --batch-size 8 --grad-accum 2:
   the same losses, gradient norms and validation metrics at every step and bit-identical weights and

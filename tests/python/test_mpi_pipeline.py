@@ -1,4 +1,4 @@
-"""`mpirun -np 2 bertqat pipeline` (issue #17, docs/distributed.md "pipeline") against the 1-process
+"""`mpirun -np 2 bertqat pipeline` (docs/distributed.md "pipeline") against the 1-process
 pipeline, all-MiniLM-L6-v2 on 54 IMDB training reviews at seq 32, 1 thread per rank:
 - the 2-rank run is killed (one rank, SIGKILL) during its fp32 fine-tune: the job ends non-zero;
 - the same command again resumes the fp32 stage (--resume), runs on, and fails in the ONNX Runtime

@@ -1,4 +1,4 @@
-"""TensorBoard logs (issue #7): `finetune --logdir` writes standard event files that the `tensorboard`
+"""TensorBoard logs: `finetune --logdir` writes standard event files that the `tensorboard`
 Python package reads back (its record reader checks the masked CRC32C of every length and payload),
 with the train loss, learning rate and tokens/s of every logged step and the eval accuracy of every
 evaluation, equal to the JSONL training log's values."""
