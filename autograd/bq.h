@@ -120,20 +120,19 @@ typedef struct BqCpuFeatures {
 } BqCpuFeatures;
 const BqCpuFeatures *bq_cpu_features(void);
 
-/* Training and inference precision. bf16 means mixed precision (bf16 GEMM inputs, fp32 accumulation,
- * fp32 master weights); BQ_BF16_GEMMS says whether this build has those GEMMs. It has not: `auto`
- * resolves to fp32 on every CPU and `bf16` is refused (docs/training.md, "Precision"). */
+/* Training and inference precision. bf16 means mixed precision as torch.autocast(dtype=torch.bfloat16):
+ * bf16 GEMM inputs, fp32 accumulation and outputs, fp32 master weights, optimizer state, LayerNorm,
+ * softmax and loss (autograd/gemm.h; docs/training.md, "Precision"). */
 typedef enum BqPrecision { BQ_PRECISION_FP32 = 0, BQ_PRECISION_BF16 = 1 } BqPrecision;
-#define BQ_BF16_GEMMS 0
 /* Resolves the value of --precision (fp32, bf16 or auto; NULL means auto) against the features f
- * (bq_cpu_features() for this CPU; tests pass others). auto: bf16 where f has AVX512-BF16 or AMX-BF16
- * and the build has bf16 GEMMs, else fp32. bf16 without either ISA, or without the GEMMs, and any other
- * word are BQ_EINVAL naming the flag and the reason. *why (may be NULL) receives a short reason for the
- * choice, for run headers. */
+ * (bq_cpu_features() for this CPU; tests pass others). auto is fp32 on every CPU: bf16 changes the
+ * numbers, so it is asked for. bf16 runs on every CPU: on the bf16 units where f has AVX512-BF16 or
+ * AMX-BF16, emulated (same values, slower) elsewhere. Any other word is BQ_EINVAL naming the flag. *why
+ * (may be NULL) receives a short reason for the choice, for run headers. */
 int bq_precision_resolve(const char *value, const BqCpuFeatures *f, BqPrecision *out, const char **why);
 const char *bq_precision_name(BqPrecision p);
 /* One line for --version: the CPU's bf16 ISAs and what `--precision auto` resolves to, e.g.
- * "CPU bf16: AVX512-BF16 no, AMX-BF16 no; --precision auto runs fp32 (no bf16 GEMMs in this build)". */
+ * "CPU bf16: AVX512-BF16 no, AMX-BF16 no; --precision auto runs fp32 (the CPU has neither ...)". */
 const char *bq_cpu_bf16_describe(void);
 
 /* Monotonic wall clock in seconds. */

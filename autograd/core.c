@@ -264,41 +264,20 @@ const BqCpuFeatures *bq_cpu_features(void) {
 
 const char *bq_precision_name(BqPrecision p) { return p == BQ_PRECISION_BF16 ? "bf16" : "fp32"; }
 
-/* "AVX2, FMA" etc.: the vector ISAs found, for messages. */
-static void isa_list(const BqCpuFeatures *f, char *buf, size_t n) {
-    buf[0] = 0;
-    const char *names[5] = {"AVX2", "FMA", "AVX-512F", "AVX512-BF16", "AMX-BF16"};
-    int has[5] = {f->avx2, f->fma, f->avx512f, f->avx512_bf16, f->amx_bf16};
-    for (int i = 0; i < 5; i++)
-        if (has[i]) snprintf(buf + strlen(buf), n - strlen(buf), "%s%s", buf[0] ? ", " : "", names[i]);
-    if (!buf[0]) snprintf(buf, n, "no AVX2");
-}
-
 int bq_precision_resolve(const char *value, const BqCpuFeatures *f, BqPrecision *out, const char **why) {
     int cpu_bf16 = f->avx512_bf16 || f->amx_bf16;
     const char *reason;
     *out = BQ_PRECISION_FP32;
     if (!value || !strcmp(value, "auto")) {
-        if (cpu_bf16 && BQ_BF16_GEMMS) {
-            *out = BQ_PRECISION_BF16;
-            reason = f->amx_bf16 ? "auto: the CPU has AMX-BF16" : "auto: the CPU has AVX512-BF16";
-        } else {
-            reason = cpu_bf16 ? "auto: the CPU has bf16 but this build has no bf16 GEMMs"
-                              : "auto: the CPU has neither AVX512-BF16 nor AMX-BF16";
-        }
+        reason = !cpu_bf16    ? "auto: the CPU has neither AVX512-BF16 nor AMX-BF16"
+                 : f->amx_bf16 ? "auto: fp32 unless asked; the CPU has AMX-BF16 for --precision bf16"
+                               : "auto: fp32 unless asked; the CPU has AVX512-BF16 for --precision bf16";
     } else if (!strcmp(value, "fp32")) {
         reason = "flag";
     } else if (!strcmp(value, "bf16")) {
-        char isas[96];
-        isa_list(f, isas, sizeof isas);
-        if (!cpu_bf16)
-            return bq_err(BQ_EINVAL, "--precision bf16: this CPU has neither AVX512-BF16 nor AMX-BF16 (found %s)",
-                          isas);
-        if (!BQ_BF16_GEMMS)
-            return bq_err(BQ_EINVAL, "--precision bf16: bf16 training is not implemented yet in this build (the CPU "
-                          "has %s); use fp32 or auto", isas);
         *out = BQ_PRECISION_BF16;
-        reason = "flag";
+        reason = cpu_bf16 ? "flag; the CPU has bf16 units"
+                          : "flag; emulated, slower than fp32: the CPU has neither AVX512-BF16 nor AMX-BF16";
     } else {
         return bq_err(BQ_EINVAL, "--precision: '%s' is not fp32, bf16 or auto", value);
     }

@@ -7,16 +7,18 @@
  *
  * Parallelism: OpenMP `parallel for` over rows (or column blocks when a reduction over rows is
  * needed, so every sum keeps a fixed order and results never depend on the thread count); matrix
- * products go to cblas_sgemm from the serial region only. */
+ * products go to bq_gemm (autograd/gemm.h) in the precision the caller passes: the Linears' from the
+ * serial region, the attention's one (batch, head) block per call inside the parallel loop. The
+ * products on integer codes are exact in fp32 and always run in fp32. */
 #include "autograd/kernels.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 
 #include "autograd/bq.h"
 #include "autograd/fastmath.h"
+#include "autograd/gemm.h"
 #include "autograd/qgemm.h"
 
 /* Below this many elements a loop stays serial (thread start-up would dominate). */
@@ -68,15 +70,14 @@ BQ_INLINE float drop_factor(uint64_t key, int64_t i, float p, float inv) {
 /* ---- linear ---- */
 
 void bq_kernel_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int64_t N,
-                              int64_t C, int64_t OC) {
+                              int64_t C, int64_t OC, BqPrecision prec) {
     float beta = 0.0f;
     if (bias) {
 #pragma omp parallel for if (N * OC > PAR_MIN) schedule(static)
         for (int64_t n = 0; n < N; n++) memcpy(out + n * OC, bias, (size_t)OC * sizeof(float));
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C, 1.0f, inp, (int)C, weight,
-                (int)C, beta, out, (int)OC);
+    bq_gemm(prec, BQ_NOTRANS, BQ_TRANS, N, OC, C, inp, C, weight, C, beta, out, OC);
 }
 
 int bq_kernel_linear_qgemm_forward(float *out, uint8_t *codes, int32_t *acc, const float *inp,
@@ -102,13 +103,9 @@ void bq_kernel_colsum_acc(float *dst, const float *src, int64_t rows, int64_t C)
 }
 
 void bq_kernel_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                               const float *weight, int64_t N, int64_t C, int64_t OC) {
-    if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)OC, 1.0f, dout, (int)OC,
-                    weight, (int)C, 1.0f, dinp, (int)C);
-    if (dweight)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)OC, (int)C, (int)N, 1.0f, dout, (int)OC, inp,
-                    (int)C, 1.0f, dweight, (int)C);
+                               const float *weight, int64_t N, int64_t C, int64_t OC, BqPrecision prec) {
+    if (dinp) bq_gemm(prec, BQ_NOTRANS, BQ_NOTRANS, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
+    if (dweight) bq_gemm(prec, BQ_TRANS, BQ_NOTRANS, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
     if (dbias) bq_kernel_colsum_acc(dbias, dout, N, OC);
 }
 
@@ -119,18 +116,18 @@ void bq_kernel_linear_backward(float *dinp, float *dweight, float *dbias, const 
  * count. ---- */
 
 void bq_kernel_attn_scores_forward(float *scores, const float *q, const float *k, int64_t B, int64_t Tq,
-                                   int64_t T, int64_t NH, int64_t d) {
+                                   int64_t T, int64_t NH, int64_t d, BqPrecision prec) {
     int64_t H = NH * d;
 #pragma omp parallel for schedule(static) if (B * NH > 1)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         int64_t b = bh / NH, h = bh % NH;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Tq, (int)T, (int)d, 1.0f, q + b * Tq * H + h * d,
-                    (int)H, k + b * T * H + h * d, (int)H, 0.0f, scores + bh * Tq * T, (int)T);
+        bq_gemm(prec, BQ_NOTRANS, BQ_TRANS, Tq, T, d, q + b * Tq * H + h * d, H, k + b * T * H + h * d, H, 0.0f,
+                scores + bh * Tq * T, T);
     }
 }
 
 void bq_kernel_attn_scores_backward(float *dq, float *dk, const float *dscores, const float *q, const float *k,
-                                    int64_t B, int64_t T, int64_t NH, int64_t d) {
+                                    int64_t B, int64_t T, int64_t NH, int64_t d, BqPrecision prec) {
     int64_t H = NH * d;
 #pragma omp parallel for schedule(static) if (B * NH > 1)
     for (int64_t bh = 0; bh < B * NH; bh++) {
@@ -138,38 +135,34 @@ void bq_kernel_attn_scores_backward(float *dq, float *dk, const float *dscores, 
         const float *ds = dscores + bh * T * T;
         int64_t off = b * T * H + h * d;
         if (dq) /* dQ_h += dS·K_h */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, ds, (int)T, k + off,
-                        (int)H, 1.0f, dq + off, (int)H);
+            bq_gemm(prec, BQ_NOTRANS, BQ_NOTRANS, T, d, T, ds, T, k + off, H, 1.0f, dq + off, H);
         if (dk) /* dK_h += dSᵀ·Q_h */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, ds, (int)T, q + off,
-                        (int)H, 1.0f, dk + off, (int)H);
+            bq_gemm(prec, BQ_TRANS, BQ_NOTRANS, T, d, T, ds, T, q + off, H, 1.0f, dk + off, H);
     }
 }
 
 void bq_kernel_attn_context_forward(float *ctx, const float *probs, const float *v, int64_t B, int64_t Tq,
-                                    int64_t T, int64_t NH, int64_t d) {
+                                    int64_t T, int64_t NH, int64_t d, BqPrecision prec) {
     int64_t H = NH * d;
 #pragma omp parallel for schedule(static) if (B * NH > 1)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         int64_t b = bh / NH, h = bh % NH;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Tq, (int)d, (int)T, 1.0f, probs + bh * Tq * T,
-                    (int)T, v + b * T * H + h * d, (int)H, 0.0f, ctx + b * Tq * H + h * d, (int)H);
+        bq_gemm(prec, BQ_NOTRANS, BQ_NOTRANS, Tq, d, T, probs + bh * Tq * T, T, v + b * T * H + h * d, H, 0.0f,
+                ctx + b * Tq * H + h * d, H);
     }
 }
 
 void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx, const float *probs,
-                                     const float *v, int64_t B, int64_t T, int64_t NH, int64_t d) {
+                                     const float *v, int64_t B, int64_t T, int64_t NH, int64_t d, BqPrecision prec) {
     int64_t H = NH * d;
 #pragma omp parallel for schedule(static) if (B * NH > 1)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         int64_t b = bh / NH, h = bh % NH;
         int64_t off = b * T * H + h * d, poff = bh * T * T;
         if (dprobs) /* dP += dC_h·V_hᵀ */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)d, 1.0f, dctx + off, (int)H,
-                        v + off, (int)H, 1.0f, dprobs + poff, (int)T);
+            bq_gemm(prec, BQ_NOTRANS, BQ_TRANS, T, T, d, dctx + off, H, v + off, H, 1.0f, dprobs + poff, T);
         if (dv) /* dV_h += Pᵀ·dC_h */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, probs + poff, (int)T,
-                        dctx + off, (int)H, 1.0f, dv + off, (int)H);
+            bq_gemm(prec, BQ_TRANS, BQ_NOTRANS, T, d, T, probs + poff, T, dctx + off, H, 1.0f, dv + off, H);
     }
 }
 
@@ -221,8 +214,7 @@ BQ_VEC void bq_kernel_attn_scores_int_forward(float *scores, void *scratch, int 
                     mk = head_codes(kc, k + b * T * H + h * d, T, d, H, sk);
         float *out = scores + bh * Tq * T;
         if (f32_exact(d, mq, mk)) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)Tq, (int)T, (int)d, 1.0f, qc, (int)d, kc, (int)d,
-                        0.0f, out, (int)T);
+            bq_gemm(BQ_PRECISION_FP32, BQ_NOTRANS, BQ_TRANS, Tq, T, d, qc, d, kc, d, 0.0f, out, T);
             for (int64_t i = 0; i < Tq * T; i++) out[i] *= f;
             continue;
         }
@@ -248,8 +240,7 @@ BQ_VEC void bq_kernel_attn_context_int_forward(float *ctx, void *scratch, int ns
         const float mp = head_codes(pc, probs + bh * Tq * T, Tq, T, T, sp),
                     mv = head_codes(vc, v + b * T * H + h * d, T, d, H, sv);
         if (f32_exact(T, mp, mv)) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)Tq, (int)d, (int)T, 1.0f, pc, (int)T, vc, (int)d,
-                        0.0f, ctx + off, (int)H);
+            bq_gemm(BQ_PRECISION_FP32, BQ_NOTRANS, BQ_NOTRANS, Tq, d, T, pc, T, vc, d, 0.0f, ctx + off, H);
             for (int64_t i = 0; i < Tq; i++)
                 for (int64_t c = 0; c < d; c++) ctx[off + i * H + c] *= f;
             continue;
@@ -278,7 +269,7 @@ BQ_VEC void bq_kernel_attn_context_int_forward(float *ctx, void *scratch, int ns
  * thread k is scratch + k·T·T; the loop runs on at most nscratch threads. */
 BQ_VEC void bq_kernel_attn_context_dropout_forward(float *ctx, float *scratch, int nscratch, const float *probs,
                                             const float *v, float p, uint64_t key, int64_t B, int64_t T, int64_t NH,
-                                            int64_t d) {
+                                            int64_t d, BqPrecision prec) {
     int64_t H = NH * d;
     float inv = 1.0f / (1.0f - p);
 #pragma omp parallel for schedule(static) num_threads(nscratch) if (B * NH > 1)
@@ -287,14 +278,14 @@ BQ_VEC void bq_kernel_attn_context_dropout_forward(float *ctx, float *scratch, i
         int64_t off = b * T * H + h * d, poff = bh * T * T;
         float *S = scratch + (int64_t)omp_get_thread_num() * T * T;
         for (int64_t k = 0; k < T * T; k++) S[k] = probs[poff + k] * drop_factor(key, poff + k, p, inv);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, S, (int)T, v + off,
-                    (int)H, 0.0f, ctx + off, (int)H);
+        bq_gemm(prec, BQ_NOTRANS, BQ_NOTRANS, T, d, T, S, T, v + off, H, 0.0f, ctx + off, H);
     }
 }
 
 BQ_VEC void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, float *scratch, int nscratch,
                                              const float *dctx, const float *probs, const float *v, float p,
-                                             uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d) {
+                                             uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d,
+                                             BqPrecision prec) {
     int64_t H = NH * d;
     float inv = 1.0f / (1.0f - p);
 #pragma omp parallel for schedule(static) num_threads(nscratch) if (B * NH > 1)
@@ -304,8 +295,7 @@ BQ_VEC void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, fl
         float *S = scratch + (int64_t)omp_get_thread_num() * T * T;
         /* dP += (dC_h·V_hᵀ)·m/(1−p); the same pass over the mask leaves dropout(P) in S for dV */
         if (dprobs) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)d, 1.0f, dctx + off, (int)H,
-                        v + off, (int)H, 0.0f, S, (int)T);
+            bq_gemm(prec, BQ_NOTRANS, BQ_TRANS, T, T, d, dctx + off, H, v + off, H, 0.0f, S, T);
             for (int64_t k = 0; k < T * T; k++) {
                 float f = drop_factor(key, poff + k, p, inv);
                 dprobs[poff + k] += S[k] * f;
@@ -315,8 +305,7 @@ BQ_VEC void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, fl
             for (int64_t k = 0; k < T * T; k++) S[k] = probs[poff + k] * drop_factor(key, poff + k, p, inv);
         }
         if (dv) /* dV_h += dropout(P)ᵀ·dC_h */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)d, (int)T, 1.0f, S, (int)T,
-                        dctx + off, (int)H, 1.0f, dv + off, (int)H);
+            bq_gemm(prec, BQ_TRANS, BQ_NOTRANS, T, d, T, S, T, dctx + off, H, 1.0f, dv + off, H);
     }
 }
 

@@ -4,9 +4,10 @@
  * dweights, dout, saved/inputs, dims). Every backward ACCUMULATES (+=) into its gradient arrays, and
  * any gradient pointer may be NULL (frozen parameter or input without gradient): that term is then
  * skipped. Kernels never allocate; saved state is passed in by the caller (tensor.c puts it in the
- * activation arena). Large loops run under OpenMP `parallel for`; matrix products go through
- * cblas_sgemm: the Linears' from the serial region (OpenBLAS threads them itself), the attention's one
- * call per head from inside an OpenMP loop over the heads (OpenBLAS computes each on the calling thread).
+ * activation arena). Large loops run under OpenMP `parallel for`; matrix products go through bq_gemm
+ * (autograd/gemm.h) in the precision `prec` the caller passes (fp32: OpenBLAS; bf16: bf16 operands, fp32
+ * accumulation): the Linears' from the serial region (threaded inside the call), the attention's one
+ * call per head from inside an OpenMP loop over the heads (each computed on the calling thread).
  * Every kernel's result is independent of the thread count (no atomics, fixed reduction orders), except
  * the Linear kernels' last bits: OpenBLAS splits their sgemm by its thread count (docs/design.md §5).
  *
@@ -19,11 +20,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "autograd/bq.h"
+
 struct BqQGemmWeights; /* autograd/qgemm.h */
 
 /* out (N,OC) = inp (N,C) · weight(OC,C)ᵀ + bias (OC) (bias may be NULL). */
 void bq_kernel_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int64_t N,
-                              int64_t C, int64_t OC);
+                              int64_t C, int64_t OC, BqPrecision prec);
 /* The same Linear on integers (autograd/qgemm.h) for inp on the per-tensor 8-bit grid sx (zero point 0)
  * and a weight whose codes and scales sw are in w (N = bq_qgemm_weights_n(w) rows of C): codes (N·C
  * bytes) = clamp(rne(inp/sx), -128, 127) + 128, acc (N·OC int32) = Σ_c code·qw exactly, out =
@@ -34,21 +37,21 @@ int bq_kernel_linear_qgemm_forward(float *out, uint8_t *codes, int32_t *acc, con
                                    int64_t OC);
 /* dinp += dout·weight, dweight += doutᵀ·inp, dbias += Σ_n dout[n,:]. */
 void bq_kernel_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                               const float *weight, int64_t N, int64_t C, int64_t OC);
+                               const float *weight, int64_t N, int64_t C, int64_t OC, BqPrecision prec);
 
 /* q (B,Tq,H), k (B,T,H), H = NH·d; head h is the column block [h·d, (h+1)·d) (strided view, leading dim
  * H). scores (B,NH,Tq,T): scores[b,h,i,j] = Σ_e q[b,i,h·d+e]·k[b,j,h·d+e]. The forwards take Tq query rows
  * against T keys and values (Tq = T, or Tq = 1: the last layer's [CLS] query in a tape-less classification
  * forward, layers/bert.c); the backwards take Tq = T. */
 void bq_kernel_attn_scores_forward(float *scores, const float *q, const float *k, int64_t B, int64_t Tq,
-                                   int64_t T, int64_t NH, int64_t d);
+                                   int64_t T, int64_t NH, int64_t d, BqPrecision prec);
 void bq_kernel_attn_scores_backward(float *dq, float *dk, const float *dscores, const float *q, const float *k,
-                                    int64_t B, int64_t T, int64_t NH, int64_t d);
+                                    int64_t B, int64_t T, int64_t NH, int64_t d, BqPrecision prec);
 /* probs (B,NH,Tq,T), v (B,T,H) → ctx (B,Tq,H): ctx[b,i,h·d+e] = Σ_j probs[b,h,i,j]·v[b,j,h·d+e]. */
 void bq_kernel_attn_context_forward(float *ctx, const float *probs, const float *v, int64_t B, int64_t Tq,
-                                    int64_t T, int64_t NH, int64_t d);
+                                    int64_t T, int64_t NH, int64_t d, BqPrecision prec);
 void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx, const float *probs,
-                                     const float *v, int64_t B, int64_t T, int64_t NH, int64_t d);
+                                     const float *v, int64_t B, int64_t T, int64_t NH, int64_t d, BqPrecision prec);
 /* The two attention products on integer codes, for inputs that are fake-quant outputs of per-tensor
  * quantizers with scales sa, sb: codes rne(x/s) (exact on such values), int32 sums, one fp32 scaling,
  * out = fl(Σ ca·cb · fl(sa·sb)); shapes and layout as bq_kernel_attn_scores_forward /
@@ -68,10 +71,11 @@ void bq_kernel_attn_context_int_forward(float *ctx, void *scratch, int nscratch,
  * bq_kernel_dropout_forward followed by bq_kernel_attn_context_forward (and their backwards). */
 void bq_kernel_attn_context_dropout_forward(float *ctx, float *scratch, int nscratch, const float *probs,
                                             const float *v, float p, uint64_t key, int64_t B, int64_t T, int64_t NH,
-                                            int64_t d);
+                                            int64_t d, BqPrecision prec);
 void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, float *scratch, int nscratch,
                                              const float *dctx, const float *probs, const float *v, float p,
-                                             uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d);
+                                             uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d,
+                                             BqPrecision prec);
 
 /* Elementwise with optional broadcast: b has n elements when bcast == 0, else C elements broadcast
  * over the rows of a (n = rows·C). */

@@ -73,6 +73,7 @@ static BqNode *tape_push(BqCtx *ctx, BqOp op, BqTensor *out) {
     }
     nd->op = op;
     nd->out = out;
+    nd->prec = ctx->prec;
     return nd;
 }
 
@@ -157,7 +158,7 @@ BqTensor *bq_op_linear(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b) {
         BQ_CHECK(bq_tensor_numel(b) == OC);
     }
     BqTensor *y = new_last(ctx, x, OC);
-    bq_kernel_linear_forward(y->data, x->data, w->data, b ? b->data : NULL, N, C, OC);
+    bq_kernel_linear_forward(y->data, x->data, w->data, b ? b->data : NULL, N, C, OC, ctx->prec);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_LINEAR, y);
         nd->in[0] = x, nd->in[1] = w, nd->in[2] = b;
@@ -197,7 +198,7 @@ BqTensor *bq_op_linear_qgemm(BqCtx *ctx, BqTensor *x, float sx, BqTensor *w, str
 static void back_linear(BqNode *nd) {
     BqTensor *x = nd->in[0], *w = nd->in[1], *b = nd->in[2];
     bq_kernel_linear_backward(x->grad, w->grad, b ? b->grad : NULL, nd->out->grad, x->data, w->data, nd->iparam[0],
-                              nd->iparam[1], nd->iparam[2]);
+                              nd->iparam[1], nd->iparam[2], nd->prec);
 }
 
 /* Checks q (B,Tq,H) against k (B,T,H): Tq = T, or Tq < T without a tape (the backwards take Tq = T). */
@@ -221,7 +222,7 @@ BqTensor *bq_op_attn_scores(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads) {
     int64_t B = q->shape[0], Tq = q->shape[1], T = k->shape[1], H = q->shape[2];
     int64_t shape[4] = {B, nheads, Tq, T};
     BqTensor *s = bq_tensor_new(ctx, 4, shape);
-    bq_kernel_attn_scores_forward(s->data, q->data, k->data, B, Tq, T, nheads, H / nheads);
+    bq_kernel_attn_scores_forward(s->data, q->data, k->data, B, Tq, T, nheads, H / nheads, ctx->prec);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_ATTN_SCORES, s);
         nd->in[0] = q, nd->in[1] = k;
@@ -233,7 +234,7 @@ BqTensor *bq_op_attn_scores(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads) {
 static void back_attn_scores(BqNode *nd) {
     BqTensor *q = nd->in[0], *k = nd->in[1];
     bq_kernel_attn_scores_backward(q->grad, k->grad, nd->out->grad, q->data, k->data, nd->iparam[0], nd->iparam[1],
-                                   nd->iparam[2], nd->iparam[3]);
+                                   nd->iparam[2], nd->iparam[3], nd->prec);
 }
 
 BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nheads) {
@@ -243,7 +244,7 @@ BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nhead
     int64_t B = v->shape[0], Tq = probs->shape[2], T = v->shape[1], H = v->shape[2];
     int64_t shape[3] = {B, Tq, H};
     BqTensor *c = bq_tensor_new(ctx, 3, shape);
-    bq_kernel_attn_context_forward(c->data, probs->data, v->data, B, Tq, T, nheads, H / nheads);
+    bq_kernel_attn_context_forward(c->data, probs->data, v->data, B, Tq, T, nheads, H / nheads, ctx->prec);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_ATTN_CONTEXT, c);
         nd->in[0] = probs, nd->in[1] = v;
@@ -318,7 +319,7 @@ BqTensor *bq_op_attn_context_dropout(BqCtx *ctx, BqTensor *probs, float p, BqTen
     sv->scratch = bq_arena_alloc(ctx->act, (size_t)sv->nscratch * (size_t)(T * T) * sizeof(float));
     sv->key = next_dropout_key(ctx);
     bq_kernel_attn_context_dropout_forward(c->data, sv->scratch, sv->nscratch, probs->data, v->data, p, sv->key, B, T,
-                                           nheads, H / nheads);
+                                           nheads, H / nheads, ctx->prec);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_ATTN_CONTEXT, c);
         nd->in[0] = probs, nd->in[1] = v;
@@ -335,10 +336,10 @@ static void back_attn_context(BqNode *nd) {
     if (sv)
         bq_kernel_attn_context_dropout_backward(p->grad, v->grad, sv->scratch, sv->nscratch, nd->out->grad, p->data,
                                                 v->data, nd->fval[0], sv->key, nd->iparam[0], nd->iparam[1],
-                                                nd->iparam[2], nd->iparam[3]);
+                                                nd->iparam[2], nd->iparam[3], nd->prec);
     else
         bq_kernel_attn_context_backward(p->grad, v->grad, nd->out->grad, p->data, v->data, nd->iparam[0],
-                                        nd->iparam[1], nd->iparam[2], nd->iparam[3]);
+                                        nd->iparam[1], nd->iparam[2], nd->iparam[3], nd->prec);
 }
 
 /* Returns 1 when b broadcasts over a's leading dims, 0 for equal sizes. */
@@ -828,7 +829,7 @@ BqTensor *bq_op_gelu_linear(BqCtx *ctx, BqTensor *u, BqTensor *bi, BqTensor *w, 
     /* u's gradient buffer is untouched until this op's backward (u has no other consumer): it holds
      * the GELU output meanwhile */
     bq_kernel_bias_gelu_forward(u->grad, u->data, bi ? bi->data : NULL, N, C);
-    bq_kernel_linear_forward(y->data, u->grad, w->data, b ? b->data : NULL, N, C, OC);
+    bq_kernel_linear_forward(y->data, u->grad, w->data, b ? b->data : NULL, N, C, OC, ctx->prec);
     BqNode *nd = tape_push(ctx, BQ_OP_GELU_LINEAR, y);
     nd->in[0] = u, nd->in[1] = w, nd->in[2] = b;
     nd->saved = bi;
@@ -841,9 +842,9 @@ static void back_gelu_linear(BqNode *nd) {
     int64_t N = nd->iparam[0], C = nd->iparam[1], OC = nd->iparam[2];
     /* dw and db from the GELU output still in u->grad; then u->grad = dy·w (the buffer's previous content
      * was the GELU output, not a gradient) and the GELU backward in place */
-    bq_kernel_linear_backward(NULL, w->grad, b ? b->grad : NULL, nd->out->grad, u->grad, w->data, N, C, OC);
+    bq_kernel_linear_backward(NULL, w->grad, b ? b->grad : NULL, nd->out->grad, u->grad, w->data, N, C, OC, nd->prec);
     memset(u->grad, 0, (size_t)(N * C) * sizeof(float));
-    bq_kernel_linear_backward(u->grad, NULL, NULL, nd->out->grad, NULL, w->data, N, C, OC);
+    bq_kernel_linear_backward(u->grad, NULL, NULL, nd->out->grad, NULL, w->data, N, C, OC, nd->prec);
     bq_kernel_bias_gelu_backward(u->grad, bi ? bi->grad : NULL, u->grad, u->data, bi ? bi->data : NULL, N, C);
 }
 

@@ -62,6 +62,7 @@ typedef struct BqNode {
     void *saved;          /* op-specific saved state in the activation arena (mean/rstd, masks) */
     int64_t iparam[4];
     float fval[3];
+    BqPrecision prec;     /* the GEMM precision of the forward (ctx->prec), used again by the backward */
 } BqNode;
 
 typedef struct BqTape {
@@ -77,6 +78,7 @@ typedef struct BqCtx {
     int training;       /* dropout active */
     uint64_t rng_key;   /* dropout key for this step (e.g. hash of seed and step) */
     uint64_t rng_count; /* incremented by each dropout op, so each mask differs */
+    BqPrecision prec;   /* GEMM precision of the floating-point products (autograd/gemm.h); 0: fp32 */
 } BqCtx;
 
 int bq_tape_init(BqTape *t, int64_t capacity);

@@ -112,13 +112,13 @@ int main(int argc, char **argv) {
         double bf = 1e30, bb = 1e30, bcf = 1e30, bcb = 1e30, bomp = 1e30;
         for (int r = 0; r < reps; r++) {
             double t0 = bq_now();
-            bq_kernel_attn_scores_forward(s, q, k, B, T, T, NH, d);
+            bq_kernel_attn_scores_forward(s, q, k, B, T, T, NH, d, BQ_PRECISION_FP32);
             double t1 = bq_now();
-            bq_kernel_attn_scores_backward(gq, gk, gs, q, k, B, T, NH, d);
+            bq_kernel_attn_scores_backward(gq, gk, gs, q, k, B, T, NH, d, BQ_PRECISION_FP32);
             double t2 = bq_now();
-            bq_kernel_attn_context_forward(c, s, q, B, T, T, NH, d);
+            bq_kernel_attn_context_forward(c, s, q, B, T, T, NH, d, BQ_PRECISION_FP32);
             double t3 = bq_now();
-            bq_kernel_attn_context_backward(gs, gk, gc, s, q, B, T, NH, d);
+            bq_kernel_attn_context_backward(gs, gk, gc, s, q, B, T, NH, d, BQ_PRECISION_FP32);
             double t4 = bq_now();
             scores_omp(s, q, k, B, T, NH, d);
             double t5 = bq_now();

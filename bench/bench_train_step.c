@@ -29,6 +29,7 @@
 #include <time.h>
 
 #include "autograd/bq.h"
+#include "autograd/gemm.h"
 #include "autograd/tensor.h"
 #include "export/ckpt.h"
 #include "layers/bert.h"
@@ -133,6 +134,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
         return 1;
     }
+    m.prec = prec;
     if (qa && (st = bq_bert_set_head(&m, BQ_HEAD_QA, &rng))) { /* qa_outputs on every token, as finetune --task qa */
         fprintf(stderr, "bench_train_step: %s\n", bq_errmsg());
         return 1;
@@ -190,11 +192,11 @@ int main(int argc, char **argv) {
             bq_profile_reset();
             bq_profile_enable(profile);
         }
-        BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(1, (uint64_t)s)};
+        BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(1, (uint64_t)s), .prec = m.prec};
         double t0 = bq_now(), c0 = cpu_now();
         bq_profile_mark();
         if (infer) { /* the evaluation forward: no tape, no dropout, activations rewound per batch */
-            BqCtx ev = {.act = &act, .tape = NULL, .training = 0};
+            BqCtx ev = {.act = &act, .tape = NULL, .training = 0, .prec = m.prec};
             BqBertInput in = bq_batch_input(&bt);
             BqTensor *lg = NULL;
             if (infer_ops ? bq_bert_forward(&m, &ev, &in, &lg, NULL) : bq_fp32_forward(&m, &ev, &in, &lg)) {
@@ -233,12 +235,12 @@ int main(int argc, char **argv) {
     printf("{\"peer\": \"bertqat\", \"task\": \"%s\", \"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"qat\": %s, "
            "\"scheme\": \"%s\", \"linear\": \"%s\", \"clock\": \"%s\", \"mode\": \"%s\", \"precision\": \"%s\", \"ms_per_step\": %.3f, \"cpu_ms_per_step\": %.3f, \"cpu_ms_min_step\": %.3f, "
            "\"tokens_per_s\": %.1f, \"examples_per_s\": %.2f, \"peak_rss_mib\": %.1f, "
-           "\"activation_peak_mib\": %.1f, \"loss\": %.6f, \"runtime\": \"%s\", \"cpu_bf16\": \"%s\"}\n",
+           "\"activation_peak_mib\": %.1f, \"loss\": %.6f, \"runtime\": \"%s\", \"cpu_bf16\": \"%s\", \"bf16_gemms\": \"%s\"}\n",
            qa ? "qa" : "cls", model ? model : "bert-base-shape", B, T, bq_runtime_threads(), qat ? "true" : "false",
            qat ? scheme : "", qat && fp32_linear ? "fp32" : qat ? "integer where quantized" : "fp32",
            cpu_clock ? "cpu" : "wall", infer ? "infer" : "train", bq_precision_name(prec), ms, cpu_ms, ctimes[0] * 1e3, (double)B * T / (ms / 1e3),
            (double)B / (ms / 1e3), (double)bq_peak_rss() / (1 << 20), (double)act.peak / (1 << 20), loss_v,
-           bq_runtime_describe(), bq_cpu_bf16_describe());
+           bq_runtime_describe(), bq_cpu_bf16_describe(), bq_gemm_bf16_describe());
     free(times);
     free(ctimes);
     free(sorted);

@@ -105,6 +105,7 @@ typedef struct BqBert {
     BqTensor qa_w, qa_b;                    /* qa_outputs (2,H) and (2); BQ_HEAD_QA only */
     struct BqQuantState *quant;
     BqDataMeta data;
+    BqPrecision prec; /* GEMM precision of the forwards run on this model (--precision; 0: fp32) */
 } BqBert;
 
 /* Builds the parameter table for cfg and allocates parameters (and gradients when with_grad),

@@ -1,6 +1,7 @@
 /* Fused fp32 evaluation forward (layers/bert_fp32.h): a BqLinearHook (layers/bert.h) whose whole-layer
- * callback computes each encoder layer of a model without quantizers as 6 GEMMs (OpenBLAS, threaded
- * inside each call; query, key and value write one interleaved (B·T, 3H) block) and the fused passes of autograd/infer_kernels.h; the embeddings, pooler and
+ * callback computes each encoder layer of a model without quantizers as 6 GEMMs (bq_gemm in ctx->prec,
+ * threaded inside each call; query, key and value write one interleaved (B·T, 3H) block; in bf16 the
+ * attention products stay fp32 inside the fused attention kernel) and the fused passes of autograd/infer_kernels.h; the embeddings, pooler and
  * classifier stay layers/bert.c's ops. The ops and their order are layer_forward's of layers/bert.c in
  * evaluation (no dropout).
  *
@@ -9,11 +10,11 @@
  * when the layer ends, so a forward holds one layer's temporaries at a time. */
 #include "layers/bert_fp32.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 
+#include "autograd/gemm.h"
 #include "autograd/infer_kernels.h"
 #include "autograd/kernels.h"
 
@@ -26,13 +27,14 @@ int bq_fp32_fused_layer_count(const BqBert *m) {
     return m->quant || !layer_fusable(&m->cfg) ? 0 : m->cfg.num_hidden_layers;
 }
 
-/* out (M,N), rows ldo apart, = x (M,K)·Wᵀ, W (N,K) row-major (PyTorch's Linear layout); no bias. */
-static void gemm_nt_ld(float *out, int64_t ldo, const float *x, const float *w, int64_t M, int64_t N, int64_t K) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x, (int)K, w, (int)K, 0.0f,
-                out, (int)ldo);
+/* out (M,N), rows ldo apart, = x (M,K)·Wᵀ, W (N,K) row-major (PyTorch's Linear layout); no bias; in the
+ * forward's precision. */
+static void gemm_nt_ld(BqPrecision p, float *out, int64_t ldo, const float *x, const float *w, int64_t M, int64_t N,
+                       int64_t K) {
+    bq_gemm(p, BQ_NOTRANS, BQ_TRANS, M, N, K, x, K, w, K, 0.0f, out, ldo);
 }
-static void gemm_nt(float *out, const float *x, const float *w, int64_t M, int64_t N, int64_t K) {
-    gemm_nt_ld(out, N, x, w, M, N, K);
+static void gemm_nt(BqPrecision p, float *out, const float *x, const float *w, int64_t M, int64_t N, int64_t K) {
+    gemm_nt_ld(p, out, N, x, w, M, N, K);
 }
 
 /* The whole encoder layer l on x (B,T,H) → *y (B,T,H); cls_only: after the attention token 0 only,
@@ -60,7 +62,7 @@ static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *ma
     float *qkv = bq_arena_alloc(ctx->act, (size_t)(M * 3 * H) * sizeof(float));
     for (int j = 0; j < 3; j++) {
         memcpy(bqkv + j * H, Bs[j]->data, (size_t)H * sizeof(float));
-        gemm_nt_ld(qkv + j * H, 3 * H, x->data, W[j]->data, M, H, H);
+        gemm_nt_ld(ctx->prec, qkv + j * H, 3 * H, x->data, W[j]->data, M, H, H);
     }
 
     const int64_t nthr = omp_get_max_threads();
@@ -78,16 +80,16 @@ static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *ma
 
     /* BertSelfOutput: LayerNorm(dense(ctx) + x) */
     float *a = bq_arena_alloc(ctx->act, (size_t)(R * H) * sizeof(float));
-    gemm_nt(a, cx, L->ao_w.data, R, H, H);
+    gemm_nt(ctx->prec, a, cx, L->ao_w.data, R, H, H);
     bq_infer_bias_residual_layernorm_f32(a, a, L->ao_b.data, xr, L->ln1_w.data, L->ln1_b.data, eps, R, H);
 
     /* BertIntermediate: gelu(dense(a)), the GELU in place on the GEMM output */
     float *h = bq_arena_alloc(ctx->act, (size_t)(R * NI) * sizeof(float));
-    gemm_nt(h, a, L->i_w.data, R, NI, H);
+    gemm_nt(ctx->prec, h, a, L->i_w.data, R, NI, H);
     bq_infer_bias_gelu_f32(h, L->i_b.data, R, NI);
 
     /* BertOutput: LayerNorm(dense(h) + a) */
-    gemm_nt(o->data, h, L->o_w.data, R, H, NI);
+    gemm_nt(ctx->prec, o->data, h, L->o_w.data, R, H, NI);
     bq_infer_bias_residual_layernorm_f32(o->data, o->data, L->o_b.data, a, L->ln2_w.data, L->ln2_b.data, eps, R, H);
 
     bq_arena_rewind(ctx->act, mark);

@@ -90,7 +90,7 @@ static const char *wait_policy(void) {
 static int run_path(int p, BqBert *m, BqInt8Engine *e, BqArena *act, const BqBertInput *in, double *dt) {
     struct BqQuantState *qs = m->quant;
     if (p == P_FP32) m->quant = NULL;
-    BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
+    BqCtx ctx = {.act = act, .tape = NULL, .training = 0, .prec = m->prec};
     BqTensor *lg = NULL;
     double t0 = g_cpu_clock ? cpu_now() : bq_now();
     int st = p == P_INT8 ? bq_int8_forward(e, m, &ctx, in, &lg) : bq_bert_forward(m, &ctx, in, &lg, NULL);
@@ -251,6 +251,7 @@ int bq_cmd_bench(int argc, char **argv) {
     char reason[1024] = "", cpu[256], ort_version[64] = "";
     double med[MAX_BATCHES][NPATHS] = {{0}}, ort[MAX_BATCHES] = {0}, prep_ms = 0;
     if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "bench"))) goto cleanup;
+    m.prec = prec;
     if (!m.quant) {
         st = bq_err(BQ_EINVAL, "--model %s: no quantizers (a fp32 checkpoint); bench compares the fp32, fake-quant "
                     "and int8 forwards of a PTQ or QAT checkpoint", model);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "autograd/bq.h"
+#include "autograd/gemm.h"
 #include "export/ckpt.h"
 #include "layers/quant.h"
 #include "src/dist.h"
@@ -89,6 +90,7 @@ int bq_cli_precision(const char *value, const char *tag, BqPrecision *out) {
     int st = bq_precision_resolve(value, bq_cpu_features(), out, &why);
     if (st) return st;
     if (tag) fprintf(stderr, "[%s] precision: %s (%s)\n", tag, bq_precision_name(*out), why);
+    if (tag && *out == BQ_PRECISION_BF16) fprintf(stderr, "[%s] %s\n", tag, bq_gemm_bf16_describe());
     return BQ_OK;
 }
 
@@ -194,6 +196,7 @@ int bq_cli_splits_load(BqCliSplits *s, BqBert *m, const char *dir, BqCliData *d,
                       t->batch_size, bq_dist_size());
     int st = bq_cli_precision(t->precision, tag, &t->prec);
     if (st) return st;
+    t->prec_resolved = 1;
     st = bq_cli_data_resolve(d, m, tag);
     if (st) return st;
     BqDataSpec spec;
@@ -239,6 +242,10 @@ int bq_cli_train_run(BqBert *m, const BqCliTrain *t, BqCliSplits *s, const BqCli
 int bq_cli_train_run_sources(BqBert *m, const BqCliTrain *t, BqBatchSource *train, BqBatchSource *val,
                              const BqCliData *d, const char *dir, const char *out, const char *tag,
                              BqTrainResult *res) {
+    BqPrecision prec = t->prec;
+    int st = t->prec_resolved ? BQ_OK : bq_cli_precision(t->precision, tag, &prec);
+    if (st) return st;
+    m->prec = prec;
     m->data = d->used;
     BqTrainConfig tc;
     bq_train_config_default(&tc);
@@ -258,10 +265,9 @@ int bq_cli_train_run_sources(BqBert *m, const BqCliTrain *t, BqBatchSource *trai
     tc.vocab_dir = dir;
     tc.logdir = t->logdir;
     tc.tag = tag;
-    tc.precision = bq_precision_name(t->prec);
     tc.distill = t->distill;
     memset(res, 0, sizeof *res);
-    int st = bq_train(m, &tc, train, val, out, res);
+    st = bq_train(m, &tc, train, val, out, res);
     if (st) return st;
     printf("%s: %lld steps in %.1fs (%.3f s/step), last loss %.4f", tag, (long long)res->steps, res->seconds,
            res->steps > 0 ? res->seconds / (double)res->steps : 0.0, res->last_loss);

@@ -104,7 +104,8 @@ typedef struct BqCliTrain {
         train_samples, eval_samples, log_every, resume, bucket;
     const char *logdir;
     const char *precision;  /* --precision as given (default "auto") */
-    BqPrecision prec;       /* resolved by bq_cli_splits_load */
+    BqPrecision prec;       /* resolved by bq_cli_splits_load (prec_resolved 1), else by the training run */
+    int prec_resolved;
     const BqDistill *distill;        /* qat --teacher; NULL: none (not a flag of its own) */
 } BqCliTrain;
 

@@ -108,7 +108,7 @@ static void eval_print(const BqBert *m, const BqConfusion *conf, const BqCliData
 /* ---- question answering ---- */
 
 static int eval_qa(const char *model, BqCliData *d, BqCliQa *q, int samples, int batch_size, int threads,
-                   int json, const char *engine, const char *predictions) {
+                   int json, const char *engine, const char *predictions, BqPrecision prec) {
     BqTokenizer *tok = NULL;
     BqBert m;
     memset(&m, 0, sizeof m);
@@ -119,8 +119,9 @@ static int eval_qa(const char *model, BqCliData *d, BqCliQa *q, int samples, int
     BqSquadScore sc;
     double secs = 0;
     int st;
-    if ((st = bq_qa_model_load(&m, &tok, model, 0, "eval")) ||
-        (st = bq_cli_engine_select(&eng, &m, engine, "--engine", "eval", &engine_name)) ||
+    if ((st = bq_qa_model_load(&m, &tok, model, 0, "eval"))) goto cleanup;
+    m.prec = prec;
+    if ((st = bq_cli_engine_select(&eng, &m, engine, "--engine", "eval", &engine_name)) ||
         (st = bq_qa_data_load(&s, d, &m, tok, q, samples, threads, "eval")) ||
         (st = bq_qa_answer(&m, eng, s, q, batch_size, &sc, &answers, &secs)))
         goto cleanup;
@@ -238,7 +239,7 @@ cleanup:
 /* predict for a question-answering model: one line per question, "id<TAB>answer" (--json: an object
  * with id, question and answer). A .json --data is read as SQuAD v1.1 itself. */
 static int predict_qa(const char *model, BqCliData *d, BqCliQa *q, const char *question, const char *context,
-                      int threads, int json, const char *engine) {
+                      int threads, int json, const char *engine, BqPrecision prec) {
     BqTokenizer *tok = NULL;
     BqBert m;
     memset(&m, 0, sizeof m);
@@ -258,8 +259,9 @@ static int predict_qa(const char *model, BqCliData *d, BqCliQa *q, const char *q
         q->doc = doc;
         if (!data) d->path = "--question/--context";
     }
-    if ((st = bq_qa_model_load(&m, &tok, model, 0, "predict")) ||
-        (st = bq_cli_engine_select(&eng, &m, engine, "--engine", "predict", &engine_name)) ||
+    if ((st = bq_qa_model_load(&m, &tok, model, 0, "predict"))) goto cleanup;
+    m.prec = prec;
+    if ((st = bq_cli_engine_select(&eng, &m, engine, "--engine", "predict", &engine_name)) ||
         (st = bq_qa_data_load(&s, d, &m, tok, q, 0, threads, "predict")) ||
         (st = bq_qa_answer(&m, eng, s, q, 32, &sc, &answers, NULL)))
         goto cleanup;
@@ -331,7 +333,7 @@ int bq_cmd_eval(int argc, char **argv) {
     if ((st = bq_cli_precision(precision, "eval", &prec))) return st;
     int qa = 0;
     if ((st = bq_cli_task_resolve(&args, &q, model, &qa)) || (st = bq_cli_task_check_data(qa, d.path))) return st;
-    if (qa) return eval_qa(model, &d, &q, samples, batch_size, threads, json, engine, predictions);
+    if (qa) return eval_qa(model, &d, &q, samples, batch_size, threads, json, engine, predictions, prec);
 
     BqTokenizer *tok = NULL;
     BqDataset *ds = NULL;
@@ -347,6 +349,7 @@ int bq_cmd_eval(int argc, char **argv) {
     if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "eval")) || (st = bq_cli_data_resolve(&d, &m, "eval")) ||
         (st = bq_cli_engine_select(&eng, &m, engine, "--engine", "eval", &engine_name)))
         goto cleanup;
+    m.prec = prec;
     bq_cli_data_spec(&spec, &d, split, seed, threads);
     spec.eval_samples = !strcmp(split, "test") ? samples : 0;
     spec.train_samples = train_samples;
@@ -435,7 +438,7 @@ static int predict_one(BqBert *m, BqInt8Engine *e, BqArena *act, const int32_t *
     int64_t ex = 0;
     BqBatch b = {.B = 1, .T = T, .input_ids = (int32_t *)ids, .attention_mask = mask,
                  .token_type_ids = (int32_t *)types, .labels = &none, .example_index = &ex};
-    BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
+    BqCtx ctx = {.act = act, .tape = NULL, .training = 0, .prec = m->prec};
     BqTensor *logits = NULL;
     BqBertInput in = bq_batch_input(&b);
     int st = bq_infer_forward(m, e, &ctx, &in, &logits);
@@ -597,14 +600,11 @@ int bq_cmd_predict(int argc, char **argv) {
     int qa = 0;
     if ((st = bq_cli_task_resolve(&args, &q, model, &qa)) || (st = bq_cli_task_check_data(qa, d.path))) return st;
     if (qa && args.npositional) return bq_err(BQ_EINVAL, "predict: a question-answering model takes --question and --context, not TEXT");
-    if (qa) {
-        bq_runtime_set_threads(threads);
-        return predict_qa(model, &d, &q, question, context, threads, json, engine);
-    }
-    if (strcmp(split, "test") && strcmp(split, "val") && strcmp(split, "train"))
+    if (!qa && strcmp(split, "test") && strcmp(split, "val") && strcmp(split, "train"))
         return bq_err(BQ_EINVAL, "--split: '%s' is not test, val or train", split);
     bq_runtime_set_threads(threads);
     if ((st = bq_cli_precision(precision, "predict", &prec))) return st;
+    if (qa) return predict_qa(model, &d, &q, question, context, threads, json, engine, prec);
 
     BqTokenizer *tok = NULL;
     BqDataset *ds = NULL;
@@ -617,6 +617,7 @@ int bq_cmd_predict(int argc, char **argv) {
         (st = bq_cli_engine_select(&eng, &m, engine, "--engine", "predict", &engine_name)) ||
         (st = bq_arena_init(&act, ACT_RESERVE, "activations")))
         goto cleanup;
+    m.prec = prec;
     if (d.path) {
         BqDataSpec spec;
         bq_cli_data_spec(&spec, &d, split, seed, threads);

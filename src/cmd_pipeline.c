@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "autograd/bq.h"
+#include "autograd/gemm.h"
 #include "layers/quant.h"
 #include "src/args.h"
 #include "src/cli.h"
@@ -393,6 +394,7 @@ static int stage_calibrate(Pipeline *p) {
     av_add(&a, "--percentile"), av_add(&a, "99.99");
     av_add(&a, "--calib-samples"), av_addf(&a, "%.0f", p->calib_samples);
     av_add(&a, "--max-seq-len"), av_addf(&a, "%.0f", p->max_seq_len);
+    if (p->precision) av_add(&a, "--precision"), av_add(&a, p->precision);
     if (p->qa) av_add(&a, "--doc-stride"), av_addf(&a, "%.0f", p->doc_stride);
     av_add(&a, "--seed"), av_addf(&a, "%.0f", p->seed);
     av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
@@ -771,11 +773,15 @@ int bq_cmd_pipeline(int argc, char **argv) {
         "learn) → ONNX export → "
         "evaluation of every stage on the same test reviews → bench of the QAT model; the settings of each "
         "stage are listed under \"Stages as run\"";
-    char runtime[400];
+    char runtime[800];
     snprintf(runtime, sizeof runtime, "%s", bq_runtime_describe());
     if (bq_dist_size() > 1) /* the thread count is per rank */
         snprintf(runtime + strlen(runtime), sizeof runtime - strlen(runtime), " per rank, %d MPI ranks",
                  bq_dist_size());
+    snprintf(runtime + strlen(runtime), sizeof runtime - strlen(runtime), "; precision %s%s%s",
+             bq_precision_name(prec), prec == BQ_PRECISION_BF16 ? " (" : "",
+             prec == BQ_PRECISION_BF16 ? bq_gemm_bf16_describe() : "");
+    if (prec == BQ_PRECISION_BF16) snprintf(runtime + strlen(runtime), sizeof runtime - strlen(runtime), ")");
     BqReportInfo info = {.model = p.model, .data = p.data, .budget = p.budget, .seconds = bq_now() - t0,
                          .runtime = runtime, .recipe = recipe, .onnx_skipped = !have_python,
                          .stages = stages, .nstages = nstages, .bench_json = p.qa ? NULL : "bench.json",

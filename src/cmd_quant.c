@@ -85,7 +85,7 @@ static int calibrate_model(BqBert *m, const BqQuantConfig *qcfg, BqCalibrator me
     if ((st = bq_quant_create(&m->quant, m, qcfg))) return st;
     if ((st = bq_arena_init(&act, (size_t)16 << 30, "calibration activations"))) goto cleanup;
     bq_quant_calib_begin(m->quant, method);
-    BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
+    BqCtx ctx = {.act = &act, .tape = NULL, .training = 0, .prec = m->prec};
     int64_t seen = 0;
     double t0 = bq_now();
     if ((st = calib->begin_epoch(calib->ctx, 0))) goto cleanup;
@@ -212,12 +212,14 @@ static void qa_train_data_free(QaTrainData *q) {
 }
 
 static int calibrate_qa(const char *model, const char *out, BqCliData *d, BqCliQa *qa, const QuantOpts *q,
-                        BqCalibrator method, const BqQuantConfig *qcfg, int batch_size, int seed, int threads) {
+                        BqCalibrator method, const BqQuantConfig *qcfg, int batch_size, int seed, int threads,
+                        BqPrecision prec) {
     BqBert m;
     memset(&m, 0, sizeof m);
     QaTrainData td;
     /* calib_samples counts windows; a question gives at least one */
     int st = qa_train_data(&td, &m, model, d, qa, q->calib_samples, batch_size, seed, threads, "calibrate");
+    m.prec = prec;
     if (!st) st = calibrate_model(&m, qcfg, method, q->percentile, &td.src, q->calib_samples, "calibrate");
     if (!st && bq_dist_rank() == 0) { /* rank 0 writes */
         m.data = d->used;
@@ -238,6 +240,8 @@ int bq_cmd_calibrate(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *keep_fp32 = NULL;
     int batch_size = 32, seed = 42, threads = 0, eval_samples = 0, keep_samples = 512;
     double max_drop = 0.5;
+    const char *precision = "auto";
+    BqPrecision prec;
     BqCliData d = {0};
     QuantOpts q;
     quant_opts_default(&q, "percentile");
@@ -253,6 +257,7 @@ int bq_cmd_calibrate(int argc, char **argv) {
         BQ_CLI_DATA_SPECS(d),
         {"seed", BQ_ARG_INT, &seed, "seed of the calibration sample", 0, 0, 2147483647},
         {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
+        BQ_CLI_PRECISION_SPEC(precision),
         {"eval-samples", BQ_ARG_INT, &eval_samples,
          "also report fp32 and PTQ accuracy on this many test examples (0: skip)", 0, 0, 1e9},
         {"keep-fp32", BQ_ARG_STR, &keep_fp32, "NAME,...: module prefixes left in fp32 (added to the exclude list); "
@@ -282,11 +287,12 @@ int bq_cmd_calibrate(int argc, char **argv) {
     BqQuantConfig qcfg;
     if ((st = bq_calibrator_parse(&method, q.calibrator)) || (st = quant_config_from_opts(&qcfg, &q))) return st;
     bq_runtime_set_threads(threads);
+    if ((st = bq_cli_precision(precision, "calibrate", &prec))) return st;
     int is_qa = 0;
     if ((st = bq_cli_task_resolve(&args, &qa, model, &is_qa)) || (st = bq_cli_task_check_data(is_qa, d.path))) return st;
     if (is_qa && eval_samples > 0)
         return bq_err(BQ_EINVAL, "--eval-samples: question answering is scored by `bertqat eval` on the dev set");
-    if (is_qa) return calibrate_qa(model, out, &d, &qa, &q, method, &qcfg, batch_size, seed, threads);
+    if (is_qa) return calibrate_qa(model, out, &d, &qa, &q, method, &qcfg, batch_size, seed, threads, prec);
     BqDataSpec spec;
     if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)seed, "calibrate")) ||
         (st = bq_cli_data_resolve(&d, &m, "calibrate")))
@@ -296,6 +302,7 @@ int bq_cmd_calibrate(int argc, char **argv) {
     if ((st = bq_dataset_load(&dcal, &spec, tok)) || (st = bq_cli_model_fit(&m, model, dcal, (uint64_t)seed, "calibrate")) ||
         (st = bq_batcher_init(&bcal, dcal, batch_size, 1, (uint64_t)seed, 0)))
         goto cleanup;
+    m.prec = prec;
     double acc_fp32 = -1, acc_ptq = -1;
     if (eval_samples > 0) {
         spec.split = "test";
@@ -503,6 +510,7 @@ int bq_cmd_qat(int argc, char **argv) {
     if (!is_qa) {
         if ((st = bq_cli_splits_load(&sp, &m, model, &d, &t, tok, "qat"))) goto cleanup;
         sval = sp.val ? &sp.sval : NULL;
+        m.prec = t.prec; /* calibration runs in the training's precision */
     }
     if (distilling && (st = bq_distill_check_labels(&teacher, &m))) goto cleanup;
     if (calibrated) {

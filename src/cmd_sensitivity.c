@@ -39,6 +39,7 @@ static int write_json(const BqSensitivity *s, const int *order, const char *path
     json_object_set_new(j, "scheme", json_string(bq_scheme_name(s->m->quant->cfg.scheme)));
     json_object_set_new(j, "quantizers", json_integer(s->m->quant->n));
     json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
+    json_object_set_new(j, "precision", json_string(bq_precision_name(s->m->prec)));
     json_object_set_new(j, "seconds", json_real(secs));
     json_object_set_new(j, "batch_forwards", json_integer(s->forwards));
     json_object_set_new(j, "linears_reused", json_integer(s->reused));
@@ -141,6 +142,8 @@ int bq_cmd_sensitivity(int argc, char **argv) {
     const char *model = NULL, *out = ".", *split = "val";
     int samples = 512, batch_size = 32, threads = 0, seed = 42, no_cache = 0;
     double val_fraction = 0.1;
+    const char *precision = "auto";
+    BqPrecision prec;
     BqCliData d = {0};
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "calibrated (PTQ) or QAT checkpoint", 1, 0, 0},
@@ -151,6 +154,7 @@ int bq_cmd_sensitivity(int argc, char **argv) {
         {"seed", BQ_ARG_INT, &seed, "seed of the split selection (as in finetune)", 0, 0, 2147483647},
         {"batch-size", BQ_ARG_INT, &batch_size, "examples per forward", 0, 1, 65536},
         {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
+        BQ_CLI_PRECISION_SPEC(precision),
         {"out", BQ_ARG_STR, &out, "folder for sensitivity.json and sensitivity.svg (created)", 0, 0, 0},
         {"no-prefix-cache", BQ_ARG_FLAG, &no_cache, "run every pass from the embeddings and compute every Linear "
          "(same results, slower; for timing)", 0, 0, 0},
@@ -176,7 +180,9 @@ int bq_cmd_sensitivity(int argc, char **argv) {
     memset(&m, 0, sizeof m);
     char path[4096];
     bq_runtime_set_threads(threads);
+    if ((st = bq_cli_precision(precision, "sensitivity", &prec))) return st;
     if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)seed, "sensitivity"))) goto cleanup;
+    m.prec = prec;
     if (m.cfg.head == BQ_HEAD_QA) {
         st = bq_err(BQ_EINVAL, "--model %s: a question-answering model; the sensitivity scan scores classifiers", model);
         goto cleanup;

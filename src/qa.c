@@ -228,7 +228,7 @@ int bq_qa_logits(BqBert *m, BqInt8Engine *e, const BqSquadSet *s, int64_t B, flo
     for (;;) {
         const BqBatch *b = NULL;
         if ((st = src.next(src.ctx, &b)) || !b) break;
-        BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
+        BqCtx ctx = {.act = &act, .tape = NULL, .training = 0, .prec = m->prec};
         BqBertInput in = bq_batch_input(b);
         in.start_positions = in.end_positions = NULL;
         BqTensor *lg = NULL;

@@ -120,7 +120,7 @@ static void score(BqSensitivity *s, const BqBatch *b, const BqTensor *logits, in
  * be NULL): BqBertInput.lin_keep and lin_reuse. */
 static int forward_batch(BqSensitivity *s, const BqBatch *b, int start, const float *from, float *keep_hidden,
                          float *const *keep, const float *const *reuse, BqTensor **out) {
-    BqCtx ctx = {.act = &s->act, .tape = NULL, .training = 0};
+    BqCtx ctx = {.act = &s->act, .tape = NULL, .training = 0, .prec = s->m->prec};
     const int L = s->m->cfg.num_hidden_layers;
     const int64_t bth = b->B * b->T * s->m->cfg.hidden_size;
     BqBertInput in = bq_batch_input(b);

@@ -93,7 +93,7 @@ int bq_evaluate_engine(BqBert *m, BqInt8Engine *e, BqBatchSource *src, BqArena *
             continue;
         }
         size_t mark = bq_arena_mark(act);
-        BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
+        BqCtx ctx = {.act = act, .tape = NULL, .training = 0, .prec = m->prec};
         BqTensor *logits = NULL;
         BqBertInput in = bq_batch_input(b);
         st = bq_infer_forward(m, e, &ctx, &in, &logits);
@@ -157,7 +157,7 @@ int bq_train_step_distill(BqBert *m, BqCtx *ctx, const BqBatch *b, const BqTrain
     if (dist) {
         /* The teacher first, forward only and with dropout off; its outputs stay in the arena until the
          * student's backward has read them. */
-        BqCtx tctx = {.act = ctx->act, .tape = NULL, .training = 0};
+        BqCtx tctx = {.act = ctx->act, .tape = NULL, .training = 0, .prec = ctx->prec};
         BqBertInput tin = in;
         tin.labels = NULL;
         if (dist->hidden_weight > 0) {
@@ -513,6 +513,14 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
             bq_err_ctx(st, "--resume");
             goto cleanup;
         }
+        /* the precision is part of the run: a resume in another one would not continue it bit for bit */
+        const char *was = saved.precision ? saved.precision : "fp32", *now = bq_precision_name(m->prec);
+        if (strcmp(was, now)) {
+            free(saved.best_params);
+            st = bq_err(BQ_EINVAL, "--resume: %s was trained with --precision %s; resume it with --precision %s "
+                        "(this run resolved to %s)", out_dir, was, was, now);
+            goto cleanup;
+        }
         if (saved.seed != tc->seed || saved.total_steps != total)
             fprintf(stderr, "[%s] warning: resuming with seed/steps from the checkpoint (seed %llu, %lld steps)\n",
                     tc->tag ? tc->tag : "train", (unsigned long long)saved.seed, (long long)saved.total_steps);
@@ -525,7 +533,7 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
         }
     }
 
-    r.ts.precision = tc->precision ? tc->precision : "fp32";
+    r.ts.precision = bq_precision_name(m->prec);
     if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
     if ((st = bq_tape_init(&tape, 4096))) goto cleanup;
     if (m->quant && nr > 1) m->quant->reduce_minmax = bq_dist_reduce_minmax; /* identical observers on all ranks */
@@ -588,7 +596,8 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
             if (b && shard_batch(b, &act, nr, rk, &share)) {
                 /* global micro-batch index, that of the single-process run with grad_accum·N */
                 int64_t k = (r.ts.step * tc->grad_accum + micro) * nr + rk;
-                BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(r.ts.seed, (uint64_t)k)};
+                BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(r.ts.seed, (uint64_t)k),
+                             .prec = m->prec};
                 float lv;
                 grad_micro_begin(pt, acc, micro);
                 double terms[3];

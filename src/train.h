@@ -75,7 +75,6 @@ typedef struct BqTrainConfig {
     const char *vocab_dir;  /* copied into every checkpoint (vocab.txt, tokenizer_config.json) */
     const char *logdir;     /* TensorBoard event directory, or NULL */
     const char *tag;        /* progress prefix, e.g. "finetune" or "qat" */
-    const char *precision;  /* "fp32" or "bf16" (bq_precision_name), recorded in training_state.h5; NULL: fp32 */
     int quiet;              /* no progress output (tests) */
     int64_t interrupt_at_step; /* tests: behave as if SIGINT arrived after this step (0: never) */
     /* When m->quant is set the trainer itself calls bq_quant_step() after every optimizer step (and on

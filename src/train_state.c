@@ -99,6 +99,26 @@ static int get_f64(hid_t f, const char *path, const char *name, double *v) {
     return bq_ckpt_h5_attr_read(f, path, name, H5T_NATIVE_DOUBLE, v, 1);
 }
 
+/* The root string attribute "precision" as "fp32" or "bf16" (static strings); NULL when absent (a
+ * state written before precisions were recorded counts as fp32 for the caller). Other values are
+ * BQ_EFORMAT naming the file. */
+static int get_precision(hid_t f, const char *path, const char **out) {
+    *out = NULL;
+    if (H5Aexists(f, "precision") <= 0) return BQ_OK;
+    char v[16] = "";
+    hid_t a = H5Aopen(f, "precision", H5P_DEFAULT), ty = H5Tcopy(H5T_C_S1), fty = a >= 0 ? H5Aget_type(a) : -1;
+    int ok = a >= 0 && ty >= 0 && fty >= 0 && H5Tget_class(fty) == H5T_STRING && !H5Tis_variable_str(fty) &&
+             H5Tget_size(fty) <= sizeof v && H5Tset_size(ty, sizeof v) >= 0 && H5Aread(a, ty, v) >= 0;
+    v[sizeof v - 1] = 0;
+    if (fty >= 0) H5Tclose(fty);
+    if (ty >= 0) H5Tclose(ty);
+    if (a >= 0) H5Aclose(a);
+    if (ok && !strcmp(v, "fp32")) *out = "fp32";
+    else if (ok && !strcmp(v, "bf16")) *out = "bf16";
+    else return bq_err(BQ_EFORMAT, "%s: attribute precision is not fp32 or bf16", path);
+    return BQ_OK;
+}
+
 static int read_state(const BqBert *m, BqTrainState *ts, const char *path) {
     const BqParamTable *t = &m->params;
     H5E_auto2_t fn;
@@ -128,6 +148,7 @@ static int read_state(const BqBert *m, BqTrainState *ts, const char *path) {
     if (!st) st = get_f64(f, path, "best_accuracy", &ts->best_accuracy);
     if (!st) st = bq_ckpt_h5_attr_read(f, path, "seed", H5T_NATIVE_UINT64, &ts->seed, 1);
     if (!st) st = bq_ckpt_h5_attr_read(f, path, "rng", H5T_NATIVE_UINT64, ts->rng.s, 4);
+    if (!st) st = get_precision(f, path, &ts->precision);
     if (!st && ts->opt) {
         BQ_CHECK(ts->opt->total == t->total);
         ts->opt->step = adam_step;

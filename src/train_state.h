@@ -31,7 +31,8 @@ typedef struct BqTrainState {
     double best_accuracy;  /* -1: none */
     int64_t best_step;
     float *best_params;    /* (params.total) or NULL */
-    const char *precision; /* "fp32"/"bf16" of the run, written as a string attribute; NULL: not written */
+    const char *precision; /* "fp32"/"bf16" of the run, written as a string attribute; NULL: not written
+                            * (or, loaded, absent) */
 } BqTrainState;
 
 /* Saves m as a checkpoint DIR (bq_ckpt_save) with ts in DIR/training_state.h5, both appearing by

@@ -90,8 +90,8 @@ static void test_linear(void) {
             }
             rdb[o] += dy[n * OC + o];
         }
-    bq_kernel_linear_forward(y, x, w, b, N, C, OC);
-    bq_kernel_linear_backward(dx, dw, db, dy, x, w, N, C, OC);
+    bq_kernel_linear_forward(y, x, w, b, N, C, OC, BQ_PRECISION_FP32);
+    bq_kernel_linear_backward(dx, dw, db, dy, x, w, N, C, OC, BQ_PRECISION_FP32);
     cmp("linear forward", y, ry, N * OC, 8);
     cmp("linear dx (+=)", dx, rdx, N * C, 8);
     cmp("linear dW (+=)", dw, rdw, OC * C, 100);
@@ -125,10 +125,10 @@ static void test_attention(void) {
                         rdv[kj] += (double)p[si] * dc[qi];
                     }
                 }
-    bq_kernel_attn_scores_forward(s, q, k, B, T, T, NH, d);
-    bq_kernel_attn_scores_backward(dq, dk, ds, q, k, B, T, NH, d);
-    bq_kernel_attn_context_forward(c, p, v, B, T, T, NH, d);
-    bq_kernel_attn_context_backward(dp, dv, dc, p, v, B, T, NH, d);
+    bq_kernel_attn_scores_forward(s, q, k, B, T, T, NH, d, BQ_PRECISION_FP32);
+    bq_kernel_attn_scores_backward(dq, dk, ds, q, k, B, T, NH, d, BQ_PRECISION_FP32);
+    bq_kernel_attn_context_forward(c, p, v, B, T, T, NH, d, BQ_PRECISION_FP32);
+    bq_kernel_attn_context_backward(dp, dv, dc, p, v, B, T, NH, d, BQ_PRECISION_FP32);
     cmp("attn scores forward", s, rs, ns, 4);
     cmp("attn scores dq, dk (+=)", dq, rdq, nq, 8);
     cmp("", dk, rdk, nq, 8);
@@ -150,8 +150,8 @@ static void test_attention(void) {
                 for (int64_t j = 0; j < T; j++) rs0[(b * NH + h) * T + j] = rs[(b * NH + h) * T * T + j];
             }
         }
-        bq_kernel_attn_scores_forward(s0, q0, k, B, 1, T, NH, d);
-        bq_kernel_attn_context_forward(c0, p0, v, B, 1, T, NH, d);
+        bq_kernel_attn_scores_forward(s0, q0, k, B, 1, T, NH, d, BQ_PRECISION_FP32);
+        bq_kernel_attn_context_forward(c0, p0, v, B, 1, T, NH, d, BQ_PRECISION_FP32);
         cmp("attn scores forward, 1 query row", s0, rs0, ns1, 4);
         cmp("attn context forward, 1 query row", c0, rc0, n1, 8);
         free(q0), free(p0), free(s0), free(c0), free(rs0), free(rc0);

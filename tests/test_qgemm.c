@@ -82,7 +82,7 @@ static void check_shape(int64_t M, int64_t N, int64_t K, int bits, BqRng *rng) {
     for (int64_t i = 0; i < M * K; i++) xf[i] = (float)qx[i] * sx;
     for (int64_t n = 0; n < N; n++)
         for (int64_t k = 0; k < K; k++) wf[n * K + k] = (float)qw[n * K + k] * sw[n];
-    bq_kernel_linear_forward(yf, xf, wf, b, M, K, N);
+    bq_kernel_linear_forward(yf, xf, wf, b, M, K, N, BQ_PRECISION_FP32);
     const double u = ldexp(1.0, -24);
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {

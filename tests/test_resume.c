@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "autograd/gemm.h"
 #include "export/ckpt.h"
 #include "layers/quant.h"
 #include "src/train.h"
@@ -93,12 +94,16 @@ static int on_step(void *user, BqBert *m, int64_t step, double loss) {
     return BQ_OK;
 }
 
+/* The GEMM precision of every model made below (the last cases run in bf16). */
+static BqPrecision g_prec = BQ_PRECISION_FP32;
+
 static void make_model(BqBert *m) {
     BqBertConfig cfg = bq_test_config(40, 16, 2, 2, 24, 32, 3, 0.1f, 0.2f);
     BqRng rng;
     bq_rng_seed(&rng, 11);
     memset(m, 0, sizeof *m);
     BQ_CHECK(bq_bert_create(m, &cfg, 1, &rng) == BQ_OK);
+    m->prec = g_prec;
 }
 
 static void config(BqTrainConfig *tc, Rec *rec, const char *vocab) {
@@ -211,9 +216,10 @@ static void qat_case(const char *root, const char *vocab, BqBatchSource *train, 
 
     int frozen = 0;
     int64_t qd = quant_differ(ma.quant, mb.quant, &frozen);
-    printf("qat %-7s%s interrupted at %2lld: %d/%d losses bit-identical (max difference %.3g), %lld parameters and "
+    printf("%sqat %-7s%s interrupted at %2lld: %d/%d losses bit-identical (max difference %.3g), %lld parameters and "
            "%lld quantizer values differ, %d/%d quantizers frozen\n",
-           scheme, learn ? " (ranges learned)" : "", (long long)k, same, STEPS, maxd, (long long)pd, (long long)qd,
+           g_prec == BQ_PRECISION_BF16 ? "bf16 " : "", scheme, learn ? " (ranges learned)" : "", (long long)k, same,
+           STEPS, maxd, (long long)pd, (long long)qd,
            frozen, ma.quant->n);
     if (learn) { /* the scales did move: amax = scale·qmax no longer equals the first batch's range */
         int moved = 0;
@@ -336,6 +342,12 @@ int main(void) {
         qat_case(root, vocab, &train, &val, schemes[i], 5, 1);
         qat_case(root, vocab, &train, &val, schemes[i], FREEZE_AFTER + 1, 1);
     }
+
+    /* bf16 mixed precision (autograd/gemm.h; emulated on a CPU without bf16 units): fake-quant Linears
+     * (ort) and integer Linears with bf16 backward GEMMs (cpu) resume bit for bit too */
+    g_prec = BQ_PRECISION_BF16;
+    printf("%s\n", bq_gemm_bf16_describe());
+    for (int i = 0; i < 2; i++) qat_case(root, vocab, &train, &val, schemes[i], 5, 0);
 
     synth_free(&tr), synth_free(&va);
     bq_test_rmtree(root);

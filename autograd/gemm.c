@@ -1,0 +1,266 @@
+/* The GEMM entry point with a precision (contracts in gemm.h).
+ *
+ * References: oneDNN 2.6 C API (oneapi/dnnl/dnnl.h: dnnl_matmul_desc_init, dnnl_memory_desc_init_by_strides,
+ * dnnl_post_ops_append_sum, dnnl_primitive_desc_query with dnnl_query_impl_info_str); the bf16 format
+ * (the upper 16 bits of an IEEE-754 binary32) and its round-to-nearest-even conversion as in PyTorch's
+ * c10::BFloat16 round_to_nearest_even and oneDNN's cvt_float_to_bfloat16.
+ *
+ * bf16 operands are converted into per-thread scratch in their stored orientation, packed (leading
+ * dimension = row length), so both paths read exactly the same rounded values: the emulated path as
+ * floats with zero low halves, the oneDNN path as 16-bit words. The oneDNN primitives take fixed shapes
+ * (runtime dimensions would lose the brgemm kernels) and are cached by shape, transposes and beta. */
+#include "autograd/gemm.h"
+
+#include <cblas.h>
+#include <dnnl.h>
+#include <omp.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Threads that may hold scratch or a stream at once (OpenMP thread numbers below this). */
+#define MAX_THREADS 256
+/* Cached bf16 matmul primitives; a full cache replaces its entries in turn. */
+#define CACHE_MAX 128
+
+typedef struct Scratch {
+    void *a, *b, *pad;
+    size_t na, nb, npad; /* bytes */
+} Scratch;
+
+typedef struct Key {
+    int64_t M, N, K, ldc;
+    int ta, tb, beta;
+} Key;
+
+typedef struct Entry {
+    Key key;
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t src_md, wei_md, dst_md, pad_md;
+    size_t pad_bytes;
+} Entry;
+
+static Scratch g_scratch[MAX_THREADS];
+static dnnl_engine_t g_engine;
+static dnnl_stream_t g_streams[MAX_THREADS];
+static Entry g_cache[CACHE_MAX];
+static int g_cache_n, g_cache_next;
+static int g_path = -1; /* BqBf16Path once decided */
+static char g_impl[128];
+
+/* ---- scratch and conversion ---- */
+
+static void *scratch_get(void **p, size_t *n, size_t need) {
+    if (*n < need) {
+        *p = bq_realloc(*p, need);
+        *n = need;
+    }
+    return *p;
+}
+
+/* dst (rows, cols) packed = src (rows, cols) with rows ld apart, each value rounded to bf16 (as floats). */
+static void round_f32(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld) {
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && rows * cols > 65536)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = bq_bf16_round(src[r * ld + c]);
+}
+
+/* The same values as 16-bit bf16 words. */
+static void round_bf16(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld) {
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && rows * cols > 65536)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            union {
+                float f;
+                uint32_t u;
+            } v = {.f = bq_bf16_round(src[r * ld + c])};
+            dst[r * cols + c] = (uint16_t)(v.u >> 16);
+        }
+}
+
+static int thread_slot(void) {
+    int t = omp_get_thread_num();
+    BQ_CHECK(t >= 0 && t < MAX_THREADS);
+    return t;
+}
+
+/* ---- oneDNN ---- */
+
+static void dnnl_die(dnnl_status_t s, const char *what) {
+    fprintf(stderr, "bertqat: oneDNN: %s failed (status %d)\n", what, (int)s);
+    BQ_CHECK(s == dnnl_success);
+}
+
+/* Creates the bf16 matmul for key k: src (M,K) bf16, weights (K,N) bf16, both packed in their stored
+ * orientation, dst (M,N) f32 with rows ldc apart, a sum post-op for beta 1. Returns the oneDNN status. */
+static dnnl_status_t entry_create(Entry *e, const Key *k) {
+    memset(e, 0, sizeof *e);
+    e->key = *k;
+    dnnl_dims_t ds = {k->M, k->K}, dw = {k->K, k->N}, dd = {k->M, k->N};
+    dnnl_dims_t ss = {k->ta ? 1 : k->K, k->ta ? k->M : 1};
+    dnnl_dims_t sw = {k->tb ? 1 : k->N, k->tb ? k->K : 1};
+    dnnl_dims_t sd = {k->ldc, 1};
+    dnnl_matmul_desc_t mm;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_status_t s;
+    if ((s = dnnl_memory_desc_init_by_strides(&e->src_md, 2, ds, dnnl_bf16, ss)) != dnnl_success ||
+        (s = dnnl_memory_desc_init_by_strides(&e->wei_md, 2, dw, dnnl_bf16, sw)) != dnnl_success ||
+        (s = dnnl_memory_desc_init_by_strides(&e->dst_md, 2, dd, dnnl_f32, sd)) != dnnl_success ||
+        (s = dnnl_matmul_desc_init(&mm, &e->src_md, &e->wei_md, NULL, &e->dst_md)) != dnnl_success)
+        return s;
+    if ((s = dnnl_primitive_attr_create(&attr)) != dnnl_success) return s;
+    /* the caller's scratchpad: oneDNN's own is shared by all primitives, and the attention's products run
+     * concurrently on the OpenMP threads */
+    if ((s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user)) != dnnl_success) goto cleanup;
+    if (k->beta) {
+        if ((s = dnnl_post_ops_create(&po)) != dnnl_success || (s = dnnl_post_ops_append_sum(po, 1.0f)) != dnnl_success ||
+            (s = dnnl_primitive_attr_set_post_ops(attr, po)) != dnnl_success)
+            goto cleanup;
+    }
+    if ((s = dnnl_primitive_desc_create(&e->pd, &mm, attr, g_engine, NULL)) != dnnl_success) goto cleanup;
+    e->pad_md = *dnnl_primitive_desc_query_md(e->pd, dnnl_query_scratchpad_md, 0);
+    e->pad_bytes = dnnl_memory_desc_get_size(&e->pad_md);
+    if ((s = dnnl_primitive_create(&e->prim, e->pd)) != dnnl_success) {
+        dnnl_primitive_desc_destroy(e->pd);
+        e->pd = NULL;
+    }
+cleanup:
+    if (po) dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_destroy(attr);
+    return s;
+}
+
+static void entry_destroy(Entry *e) {
+    if (e->prim) dnnl_primitive_destroy(e->prim);
+    if (e->pd) dnnl_primitive_desc_destroy(e->pd);
+    memset(e, 0, sizeof *e);
+}
+
+/* The cached primitive for k, created on first use. Thread-safe. */
+static Entry *entry_get(const Key *k) {
+    Entry *e = NULL;
+#pragma omp critical(bq_gemm_cache)
+    {
+        for (int i = 0; i < g_cache_n && !e; i++)
+            if (!memcmp(&g_cache[i].key, k, sizeof *k)) e = &g_cache[i];
+        if (!e) {
+            int slot = g_cache_n < CACHE_MAX ? g_cache_n++ : g_cache_next++ % CACHE_MAX;
+            entry_destroy(&g_cache[slot]);
+            dnnl_status_t s = entry_create(&g_cache[slot], k);
+            if (s != dnnl_success) dnnl_die(s, "bf16 matmul primitive");
+            e = &g_cache[slot];
+        }
+    }
+    return e;
+}
+
+static dnnl_stream_t stream_get(int t) {
+    if (!g_streams[t]) {
+        dnnl_status_t s = dnnl_stream_create(&g_streams[t], g_engine, dnnl_stream_default_flags);
+        if (s != dnnl_success) dnnl_die(s, "stream creation");
+    }
+    return g_streams[t];
+}
+
+/* Decides the bf16 path once: oneDNN where the CPU has bf16 units and a bf16 matmul can be created. */
+static void path_decide(void) {
+    if (g_path >= 0) return;
+#pragma omp critical(bq_gemm_cache)
+    if (g_path < 0) {
+        const BqCpuFeatures *f = bq_cpu_features();
+        int path = BQ_BF16_EMULATED;
+        if ((f->avx512_bf16 || f->amx_bf16) && dnnl_engine_create(&g_engine, dnnl_cpu, 0) == dnnl_success) {
+            Entry probe;
+            Key k = {.M = 64, .N = 64, .K = 64, .ldc = 64};
+            if (entry_create(&probe, &k) == dnnl_success) {
+                const char *impl = NULL;
+                if (dnnl_primitive_desc_query(probe.pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+                    snprintf(g_impl, sizeof g_impl, "%s", impl);
+                path = BQ_BF16_ONEDNN;
+                entry_destroy(&probe);
+            }
+        }
+        g_path = path;
+    }
+}
+
+static void gemm_onednn(BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    const int t = thread_slot();
+    Scratch *sc = &g_scratch[t];
+    uint16_t *a = scratch_get(&sc->a, &sc->na, (size_t)(M * K) * sizeof(uint16_t));
+    uint16_t *b = scratch_get(&sc->b, &sc->nb, (size_t)(K * N) * sizeof(uint16_t));
+    round_bf16(a, A, ta ? K : M, ta ? M : K, lda);
+    round_bf16(b, B, tb ? N : K, tb ? K : N, ldb);
+    Key k = {.M = M, .N = N, .K = K, .ldc = ldc, .ta = ta, .tb = tb, .beta = beta != 0.0f};
+    Entry *e = entry_get(&k);
+    void *pad = e->pad_bytes ? scratch_get(&sc->pad, &sc->npad, e->pad_bytes) : NULL;
+    dnnl_memory_t ms = NULL, mw = NULL, md = NULL, mp = NULL;
+    dnnl_status_t s;
+    if ((s = dnnl_memory_create(&ms, &e->src_md, g_engine, a)) != dnnl_success ||
+        (s = dnnl_memory_create(&mw, &e->wei_md, g_engine, b)) != dnnl_success ||
+        (s = dnnl_memory_create(&md, &e->dst_md, g_engine, C)) != dnnl_success ||
+        (pad && (s = dnnl_memory_create(&mp, &e->pad_md, g_engine, pad)) != dnnl_success))
+        dnnl_die(s, "memory creation");
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, md}, {DNNL_ARG_SCRATCHPAD, mp}};
+    dnnl_stream_t st = stream_get(t);
+    if ((s = dnnl_primitive_execute(e->prim, st, mp ? 4 : 3, args)) != dnnl_success) dnnl_die(s, "bf16 matmul");
+    if ((s = dnnl_stream_wait(st)) != dnnl_success) dnnl_die(s, "stream wait");
+    dnnl_memory_destroy(ms);
+    dnnl_memory_destroy(mw);
+    dnnl_memory_destroy(md);
+    if (mp) dnnl_memory_destroy(mp);
+}
+
+/* ---- entry point ---- */
+
+void bq_gemm(BqPrecision prec, BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K, const float *A,
+             int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    BQ_CHECK(beta == 0.0f || beta == 1.0f);
+    if (M <= 0 || N <= 0) return;
+    if (prec == BQ_PRECISION_BF16 && K > 0) {
+        path_decide();
+        if (g_path == BQ_BF16_ONEDNN) {
+            gemm_onednn(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+            return;
+        }
+        Scratch *sc = &g_scratch[thread_slot()];
+        float *a = scratch_get(&sc->a, &sc->na, (size_t)(M * K) * sizeof(float));
+        float *b = scratch_get(&sc->b, &sc->nb, (size_t)(K * N) * sizeof(float));
+        round_f32(a, A, ta ? K : M, ta ? M : K, lda);
+        round_f32(b, B, tb ? N : K, tb ? K : N, ldb);
+        A = a, lda = ta ? M : K;
+        B = b, ldb = tb ? K : N;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+                1.0f, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
+BqBf16Path bq_gemm_bf16_path(void) {
+    path_decide();
+    return (BqBf16Path)g_path;
+}
+
+int bq_gemm_bf16_force(BqBf16Path path) {
+    path_decide();
+    if (path == BQ_BF16_ONEDNN && !g_impl[0])
+        return bq_err(BQ_EINVAL, "bf16 GEMMs: oneDNN cannot run a bf16 matmul on this CPU");
+    g_path = path;
+    return BQ_OK;
+}
+
+const char *bq_gemm_bf16_describe(void) {
+    static char buf[256];
+    path_decide();
+    if (g_path == BQ_BF16_ONEDNN) {
+        const dnnl_version_t *v = dnnl_version();
+        snprintf(buf, sizeof buf, "bf16 GEMMs: oneDNN %d.%d.%d %s", v->major, v->minor, v->patch, g_impl);
+    } else {
+        const BqCpuFeatures *f = bq_cpu_features();
+        snprintf(buf, sizeof buf, "bf16 GEMMs: emulated (operands rounded to bf16, OpenBLAS sgemm)%s",
+                 f->avx512_bf16 || f->amx_bf16 ? g_impl[0] ? " by request" : ": oneDNN has no bf16 matmul here"
+                                                 : ": this CPU has neither AVX512-BF16 nor AMX-BF16");
+    }
+    return buf;
+}
