@@ -24,10 +24,11 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Targets: fp32 tokens/s vs PyTorch fp32, QAT step / training step (same precision), peak RSS vs PyTorch
-# in the same precision, evaluation examples/s vs PyTorch inference in the same precision; bf16 tokens/s vs
+# Targets (docs/results.md#training-on-zen-3): fp32 tokens/s vs PyTorch fp32, QAT step / training step
+# (same precision), peak RSS vs PyTorch in the same precision, evaluation examples/s vs PyTorch inference in the same precision; bf16 tokens/s vs
 # PyTorch bf16 autocast and bf16 step vs our fp32 step, per model (MiniLM, BERT-base).
-TARGET_FP32, TARGET_QAT, TARGET_RSS, TARGET_INFER = 1.3, 1.0, 0.6, 1.5
+TARGET_FP32, TARGET_RSS, TARGET_INFER = 1.3, 0.6, 1.5
+TARGET_QAT = {"fp32": 1.1, "bf16": 1.0}
 TARGET_BF16_VS_TORCH = {"all-MiniLM-L6-v2": 1.8, "BERT-base shape (random)": 1.4}
 TARGET_BF16_VS_FP32 = {"all-MiniLM-L6-v2": 1.8, "BERT-base shape (random)": 1.9}
 TARGET_BF16_RSS = {"all-MiniLM-L6-v2": 0.5, "BERT-base shape (random)": 0.6}
@@ -154,8 +155,8 @@ def main():
                   f"time (target >= {TARGET_INFER}x: {verdict(r_inf >= TARGET_INFER)} by wall)")
         for p in precs:
             r_qat = b[p]["qat"]["ms_per_step"] / b[p]["train"]["ms_per_step"]
-            print(f"bertqat {p} QAT step / {p} training step: {r_qat:.2f}x (target <= {TARGET_QAT}x: "
-                  f"{verdict(r_qat <= TARGET_QAT)})")
+            print(f"bertqat {p} QAT step / {p} training step: {r_qat:.2f}x (target <= {TARGET_QAT[p]}x: "
+                  f"{verdict(r_qat <= TARGET_QAT[p])})")
         if "bf16" in b:
             h = b["bf16"]
             emulated = "emulated" in h["train"].get("bf16_gemms", "")

@@ -14,7 +14,7 @@ by module name); the attention products of that layer always run. The last layer
 computes key and value for every token and the query, its attention row and the rest for [CLS] only (a
 question-answering model: every token). Linears of a quantized pass count as 8-bit GEMMs (integer kernels with VNNI or AMX;
 on other CPUs they are exact sgemm on the codes, so give the fp32 ceiling twice); the attention products
-count as fp32 (sgemm on codes, §25 of docs/results.md).
+count as fp32 (sgemm on codes; docs/results.md#sensitivity-analysis-time).
 
     python3 bench/sensitivity_floor.py RUN/sensitivity.json CKPT/config.json --seq 128 \\
         --ceiling "Zen 3, 2 cores at 2.45 GHz, fp32 FMA peak=156.5,156.5"

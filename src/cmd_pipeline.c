@@ -607,7 +607,7 @@ int bq_cmd_pipeline(int argc, char **argv) {
     if (p.qa && (distill_on || p.keep_fp32))
         return bq_err(BQ_EINVAL, "pipeline: --%s applies to --task cls only", distill_on ? "distill" : "keep-fp32");
     /* Classification QAT distils from the fp32 stage unless --no-distill: on the full IMDB recipe (ort
-     * scheme, docs/results.md §27) it ended 0.42 points above the same QAT without a teacher. */
+     * scheme, docs/results.md#accuracy-per-scheme-imdb) it ended 0.42 points above the same QAT without a teacher. */
     p.distill = !p.qa && !distill_off;
     static const char *const dflags[3] = {"distill-alpha", "distill-temperature", "distill-hidden"};
     for (int k = 0; k < 3; k++)

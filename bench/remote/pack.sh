@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs what bench/remote/run.sh needs on a bare x86-64 machine without this project's Debian packages
-# or network (such as the AMX Xeon of docs/results.md §25) into DIR: the bertqat binary (and, when given,
+# or network (such as the AMX Xeon of docs/results.md#inference-on-the-amx-xeon) into DIR: the bertqat binary (and, when given,
 # a second one to compare), the shared libraries it loads except glibc's (xz-compressed), the IMDB
 # tarball, all-MiniLM-L6-v2's config and tokenizer files with the names and shapes of its tensors (the
 # weights themselves are generated there), and the scripts. About 57 MB.
