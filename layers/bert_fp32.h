@@ -1,7 +1,8 @@
-/* Fused fp32 evaluation forward of BertForSequenceClassification / BertForQuestionAnswering: the
+/* Fused fp32/bf16 evaluation forward of BertForSequenceClassification / BertForQuestionAnswering: the
  * forward of layers/bert.c without a tape, where every encoder layer of a model without quantizers
- * runs as one block of 6 GEMMs (query, key and value into one interleaved (B·T, 3H) block), each
- * block followed by a single fused pass, with the attention's head loop inside one parallel region (autograd/infer_kernels.h):
+ * runs as the shared fused layer of layers/bert_fused.h with 6 GEMMs in ctx->prec (query, key and value
+ * into one interleaved (B·T, 3H) block), each followed by a single fused pass, with the attention's
+ * head loop inside one parallel region (autograd/infer_kernels.h):
  *   x → [x·W_qkvᵀ] → +bias, per (b,h): Q·Kᵀ, scale + mask + softmax, P·V → ctx
  *   → [ctx·W_aoᵀ] → +bias +x → LayerNorm = a → [a·W_iᵀ] → +bias, GELU
  *   → [h·W_oᵀ] → +bias +a → LayerNorm = y.

@@ -23,6 +23,7 @@
 #include "autograd/infer_kernels.h"
 #include "autograd/kernels.h"
 #include "autograd/qgemm.h"
+#include "layers/bert_fused.h"
 #include "layers/quant.h"
 
 typedef struct Int8Linear {
@@ -34,7 +35,7 @@ typedef struct Int8Linear {
 
 typedef struct Int8Layer {
     int fused_qkv;       /* qkv[0] is the (3H, H) product of query, key and value */
-    int whole;           /* the layer runs as one fused block (layer_run); see bq_int8_prepare */
+    int whole;           /* the layer runs as one fused block (layers/bert_fused.h); see bq_int8_prepare */
     Int8Linear qkv[3], ao, inter, out;
 } Int8Layer;
 
@@ -292,88 +293,63 @@ static int int8_linear(BqCtx *ctx, const Int8Linear *il, const BqTensor *x, int 
     return bq_qgemm_linear(il->w, codes, M, il->sx, il->bias, nout, dst, acc);
 }
 
-/* State of one forward, the hook's user pointer: the codes a fused layer computed for its successor's
- * query/key/value input along with its output (pend_src), so that layer need not quantize again. */
-typedef struct Fwd {
-    const BqInt8Engine *e;
-    const BqBert *m;
-    const float *pend_src;
-    uint8_t *pend_codes;
-} Fwd;
-
-/* The whole encoder layer l on x (B,T,H) as 4 integer GEMMs, each followed by one fused pass that ends
- * in the next GEMM's codes (autograd/infer_kernels.h):
- *   codes(x) → QKV GEMM → +bias → attention → codes(context)
- *   → AO GEMM → +bias +x → LayerNorm = a, codes(a) → I GEMM → +bias → GELU → codes
- *   → O GEMM → +bias +a → LayerNorm = y, codes(y) for layer l+1.
- * The ops and their order are layer_forward's of layers/bert.c for a model whose only quantizers are
- * the Linears' inputs and weights. cls_only: after the attention only token 0 of each example goes on
- * (its context codes and its row of x), and *y is (B,H). */
-static int layer_run(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask, int cls_only, BqTensor **y) {
-    Fwd *f = user;
-    const BqInt8Engine *e = f->e;
+/* The int8 engine's Linear (layers/bert_fused.h): the integer GEMM on in->codes, then the epilogue
+ * kernel of autograd/infer_kernels.h that dequantizes the int32 sums and ends in the next Linear's
+ * codes:
+ *   QKV → +bias → attention → codes(context) at the AO input scale;
+ *   AO → +bias +x → LayerNorm = a, codes(a) at the I input scale;
+ *   I → +bias → GELU → codes at the O input scale;
+ *   O → +bias +a → LayerNorm = y, and (out->codes set) codes(y) at layer l+1's query/key/value scale. */
+static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, const BqFusedStep *s, BqFusedAct *out) {
+    const BqInt8Engine *e = user;
     const Int8Layer *IL = &e->layers[l];
-    if (!e->use_whole || !IL->whole) return BQ_OK;
-    BQ_CHECK(bq_tensor_is_contiguous(x) && x->ndim == 3 && x->shape[2] == e->hidden);
-    const BqBertLayer *L = &f->m->layers[l];
-    const int64_t B = x->shape[0], T = x->shape[1], H = e->hidden, I = e->inter, NH = e->heads, d = H / NH;
-    const int64_t M = B * T;
-    const float eps = f->m->cfg.layer_norm_eps, scale = 1.0f / sqrtf((float)(H / NH));
-    int rc;
-    uint8_t *cx = f->pend_codes;
-    if (f->pend_src != x->data || !cx) {
-        cx = bq_arena_alloc(ctx->act, (size_t)(M * H));
-        bq_qgemm_quantize_u8(cx, x->data, M * H, IL->qkv[0].sx);
-    }
-    int32_t *acc = bq_arena_alloc(ctx->act, (size_t)(M * (I > 3 * H ? I : 3 * H)) * sizeof(int32_t));
     const Int8Linear *lq = &IL->qkv[0], *la = &IL->ao, *li = &IL->inter, *lo = &IL->out;
-
-    if ((rc = bq_qgemm_raw(lq->w, cx, M, acc))) return rc;
-
-    const int64_t nthr = omp_get_max_threads();
-    float *scratch = bq_arena_alloc(ctx->act, (size_t)(nthr * bq_infer_attention_scratch(T, d)) * sizeof(float));
-    uint8_t *cc = bq_arena_alloc(ctx->act, (size_t)(M * H));
-    bq_infer_attention(cc, acc, bq_qgemm_weights_comp(lq->w), lq->scale, lq->bias, mask, scratch, nthr, scale,
-                       la->sx, B, T, NH, d);
-
-    const float *xr = x->data;
-    int64_t rows = M, shape[3] = {B, T, H};
-    if (cls_only) { /* token 0's row of the context codes and of x, per example */
-        uint8_t *c0 = bq_arena_alloc(ctx->act, (size_t)(B * H));
-        float *x0 = bq_arena_alloc(ctx->act, (size_t)(B * H) * sizeof(float));
-        for (int64_t b = 0; b < B; b++) memcpy(c0 + b * H, cc + b * T * H, (size_t)H);
-        bq_kernel_select_token_forward(x0, x->data, B, T, H, 0);
-        cc = c0, xr = x0, rows = B, shape[1] = H;
+    const Int8Linear *il = s->id == BQ_LIN_QKV ? lq : s->id == BQ_LIN_AO ? la : s->id == BQ_LIN_I ? li : lo;
+    BQ_CHECK(s->id == BQ_LIN_QKV || s->id == BQ_LIN_AO || s->id == BQ_LIN_I || s->id == BQ_LIN_O);
+    const int64_t R = s->rows, N = bq_qgemm_weights_n(il->w);
+    int32_t *acc = bq_arena_alloc(ctx->act, (size_t)(R * N) * sizeof(int32_t));
+    int rc = bq_qgemm_raw(il->w, in->codes, R, acc);
+    if (rc) return rc;
+    const int32_t *comp = bq_qgemm_weights_comp(il->w);
+    switch (s->id) {
+    case BQ_LIN_QKV: {
+        const int64_t nthr = omp_get_max_threads();
+        float *scratch = bq_arena_alloc(ctx->act, (size_t)(nthr * bq_infer_attention_scratch(s->T, s->d)) * sizeof(float));
+        bq_infer_attention(out->codes, acc, comp, il->scale, il->bias, s->mask, scratch, nthr, s->scale, la->sx, s->B,
+                           s->T, s->NH, s->d);
+        break;
     }
-    const int nd = cls_only ? 2 : 3;
-
-    if ((rc = bq_qgemm_raw(la->w, cc, rows, acc))) return rc;
-    BqTensor *a = bq_tensor_new(ctx, nd, shape);
-    uint8_t *ca = bq_arena_alloc(ctx->act, (size_t)(rows * H));
-    bq_infer_residual_layernorm(a->data, ca, acc, bq_qgemm_weights_comp(la->w), la->scale, la->bias, xr,
-                                L->ln1_w.data, L->ln1_b.data, eps, li->sx, rows, H);
-
-    if ((rc = bq_qgemm_raw(li->w, ca, rows, acc))) return rc;
-    uint8_t *ch = bq_arena_alloc(ctx->act, (size_t)(rows * I));
-    bq_infer_gelu_quant(ch, acc, bq_qgemm_weights_comp(li->w), li->scale, li->bias, lo->sx, rows, I);
-
-    if ((rc = bq_qgemm_raw(lo->w, ch, rows, acc))) return rc;
-    BqTensor *o = bq_tensor_new(ctx, nd, shape);
-    const int next = !cls_only && l + 1 < e->num_layers && e->layers[l + 1].whole;
-    uint8_t *cn = next ? bq_arena_alloc(ctx->act, (size_t)(rows * H)) : NULL;
-    bq_infer_residual_layernorm(o->data, cn, acc, bq_qgemm_weights_comp(lo->w), lo->scale, lo->bias, a->data,
-                                L->ln2_w.data, L->ln2_b.data, eps, next ? e->layers[l + 1].qkv[0].sx : 1.0f, rows, H);
-    f->pend_src = o->data;
-    f->pend_codes = cn;
-    *y = o;
+    case BQ_LIN_AO:
+        bq_infer_residual_layernorm(out->f, out->codes, acc, comp, il->scale, il->bias, s->resid, s->lnw, s->lnb,
+                                    s->eps, li->sx, R, s->N);
+        break;
+    case BQ_LIN_I: bq_infer_gelu_quant(out->codes, acc, comp, il->scale, il->bias, lo->sx, R, s->N); break;
+    default:
+        bq_infer_residual_layernorm(out->f, out->codes, acc, comp, il->scale, il->bias, s->resid, s->lnw, s->lnb,
+                                    s->eps, out->codes ? e->layers[l + 1].qkv[0].sx : 1.0f, R, s->N);
+        break;
+    }
     return BQ_OK;
+}
+
+/* Layer l runs as one fused block (the cpu scheme's layers: bq_int8_prepare). */
+static int layer_ok(void *user, int l) {
+    const BqInt8Engine *e = user;
+    return e->use_whole && e->layers[l].whole;
+}
+
+static uint8_t *quantize_input(void *user, BqCtx *ctx, int l, const float *x, int64_t n) {
+    const BqInt8Engine *e = user;
+    uint8_t *codes = bq_arena_alloc(ctx->act, (size_t)n);
+    bq_qgemm_quantize_u8(codes, x, n, e->layers[l].qkv[0].sx);
+    return codes;
 }
 
 /* The engine's BqLinearHook (layers/bert.h): the integer Linears of the layer, and the pooler and
  * classifier in row_linear's fixed summation order; every other Linear is left to the forward. */
 static int hook_run(void *user, BqCtx *ctx, int l, BqLinearId id, BqTensor *x, const BqTensor *w,
                     const BqTensor *b, BqTensor **out) {
-    const BqInt8Engine *e = ((const Fwd *)user)->e;
+    const BqInt8Engine *e = ((const BqFusedRun *)user)->e->user;
     if (id == BQ_LIN_POOLER || id == BQ_LIN_CLASSIFIER) {
         out[0] = row_linear(ctx, x, w, b);
         return BQ_OK;
@@ -401,7 +377,9 @@ int bq_int8_forward(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *i
     if (!m->quant || e->num_layers != c->num_hidden_layers || e->hidden != c->hidden_size ||
         e->inter != c->intermediate_size)
         return bq_err(BQ_EINVAL, "int8 engine: the model is not the one the engine was prepared from");
-    Fwd f = {.e = e, .m = m};
-    BqLinearHook hook = {.user = &f, .run = hook_run, .layer = layer_run};
+    BqFusedEngine fe = {.user = e, .codes = 1, .layer_ok = layer_ok, .linear = linear_step,
+                        .quantize_input = quantize_input};
+    BqFusedRun run = {.e = &fe, .m = m};
+    BqLinearHook hook = {.user = &run, .run = hook_run, .layer = bq_fused_layer};
     return bq_bert_forward_hooked(m, ctx, in, &hook, logits, NULL);
 }

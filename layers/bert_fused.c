@@ -1,0 +1,88 @@
+/* The fused inference encoder layer shared by the engines (contracts in layers/bert_fused.h).
+ * The ops and their order are layer_forward's of layers/bert.c in evaluation (no dropout). */
+#include "layers/bert_fused.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "autograd/kernels.h"
+
+/* An activation of rows·n values: floats and/or codes as asked, from ctx->act. */
+static BqFusedAct act_new(BqCtx *ctx, int64_t rows, int64_t n, int floats, int codes) {
+    BqFusedAct a = {NULL, NULL};
+    if (floats) a.f = bq_arena_alloc(ctx->act, (size_t)(rows * n) * sizeof(float));
+    if (codes) a.codes = bq_arena_alloc(ctx->act, (size_t)(rows * n));
+    return a;
+}
+
+/* Token 0's row of each example of a (B·T rows of H) as B rows, in ctx->act. */
+static BqFusedAct act_token0(BqCtx *ctx, const BqFusedAct *a, int64_t B, int64_t T, int64_t H) {
+    BqFusedAct r = act_new(ctx, B, H, a->f != NULL, a->codes != NULL);
+    if (a->f) bq_kernel_select_token_forward(r.f, a->f, B, T, H, 0);
+    if (a->codes)
+        for (int64_t b = 0; b < B; b++) memcpy(r.codes + b * H, a->codes + b * T * H, (size_t)H);
+    return r;
+}
+
+int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask, int cls_only, BqTensor **y) {
+    BqFusedRun *r = user;
+    const BqFusedEngine *e = r->e;
+    const BqBert *m = r->m;
+    const BqBertConfig *c = &m->cfg;
+    *y = NULL;
+    if (!e->layer_ok(e->user, l) || x->ndim != 3 || !bq_tensor_is_contiguous(x) || x->shape[2] != c->hidden_size)
+        return BQ_OK;
+    const BqBertLayer *L = &m->layers[l];
+    const int64_t B = x->shape[0], T = x->shape[1], H = c->hidden_size, NI = c->intermediate_size;
+    const int64_t NH = c->num_attention_heads, d = H / NH, M = B * T;
+    const int64_t R = cls_only ? B : M; /* rows after the attention: every token, or token 0 of each example */
+
+    /* kept: the layer's output, and its codes where the next layer reads them */
+    int64_t shape[3] = {B, cls_only ? H : T, H};
+    BqTensor *o = bq_tensor_new(ctx, cls_only ? 2 : 3, shape);
+    const int next = e->codes && !cls_only && l + 1 < c->num_hidden_layers && e->layer_ok(e->user, l + 1);
+    uint8_t *next_codes = next ? bq_arena_alloc(ctx->act, (size_t)(R * H)) : NULL;
+    const size_t mark = bq_arena_mark(ctx->act);
+    int st;
+
+    BqFusedAct in = {x->data, NULL};
+    if (e->codes)
+        in.codes = r->pend_src == x->data && r->pend_codes ? r->pend_codes
+                                                            : e->quantize_input(e->user, ctx, l, x->data, M * H);
+
+    /* BertSelfAttention: the query/key/value product and the attention block */
+    BqFusedAct cx = act_new(ctx, M, H, !e->codes, e->codes);
+    BqFusedStep s = {.id = BQ_LIN_QKV, .epi = BQ_FUSED_ATTENTION, .rows = M, .N = H, .mask = mask, .B = B, .T = T,
+                     .NH = NH, .d = d, .scale = 1.0f / sqrtf((float)d)};
+    if ((st = e->linear(e->user, ctx, l, &in, &s, &cx))) goto cleanup;
+    const float *xr = x->data;
+    if (cls_only) {
+        cx = act_token0(ctx, &cx, B, T, H);
+        BqFusedAct xf = {x->data, NULL}, x0 = act_token0(ctx, &xf, B, T, H);
+        xr = x0.f;
+    }
+
+    /* BertSelfOutput: LayerNorm(dense(context) + x) */
+    BqFusedAct a = act_new(ctx, R, H, 1, e->codes);
+    s = (BqFusedStep){.id = BQ_LIN_AO, .epi = BQ_FUSED_RESIDUAL_LN, .rows = R, .N = H, .resid = xr,
+                      .lnw = L->ln1_w.data, .lnb = L->ln1_b.data, .eps = c->layer_norm_eps};
+    if ((st = e->linear(e->user, ctx, l, &cx, &s, &a))) goto cleanup;
+
+    /* BertIntermediate: gelu(dense(a)) */
+    BqFusedAct h = act_new(ctx, R, NI, !e->codes, e->codes);
+    s = (BqFusedStep){.id = BQ_LIN_I, .epi = BQ_FUSED_GELU, .rows = R, .N = NI};
+    if ((st = e->linear(e->user, ctx, l, &a, &s, &h))) goto cleanup;
+
+    /* BertOutput: LayerNorm(dense(h) + a) */
+    BqFusedAct out = {o->data, next_codes};
+    s = (BqFusedStep){.id = BQ_LIN_O, .epi = BQ_FUSED_RESIDUAL_LN, .rows = R, .N = H, .resid = a.f,
+                      .lnw = L->ln2_w.data, .lnb = L->ln2_b.data, .eps = c->layer_norm_eps};
+    st = e->linear(e->user, ctx, l, &h, &s, &out);
+cleanup:
+    bq_arena_rewind(ctx->act, mark);
+    if (st) return st;
+    r->pend_src = o->data;
+    r->pend_codes = next_codes;
+    *y = o;
+    return BQ_OK;
+}
