@@ -48,14 +48,31 @@ struct BqInt8Engine {
 
 /* ---- preparation ---- */
 
-/* Input quantizer of Linear j (0..2 query/key/value, 3 attention.output, 4 intermediate, 5 output):
- * NULL when its input is not quantized or when two quantizers are chained (no scheme does that). */
-static BqQuantizer *input_quantizer(BqQuantState *qs, int l, int j) {
+/* Where the scheme gives Linear j no input quantizer (ort quantizes op outputs), the per-tensor grid its
+ * input already lies on, as layers/bert.c's forward reads it (grid_of): the output quantizer of the op
+ * that makes the input, the embeddings' or the previous layer's LayerNorm output for query/key/value,
+ * the attention context for the attention output, the attention LayerNorm output for the intermediate,
+ * the GELU output for the output dense. NULL: none (the Linear stays the fp32 fake-quant Linear). */
+static BqQuantizer *grid_quantizer(BqQuantState *qs, int l, int j) {
+    if (qs->fp32_linear) return NULL;
+    static const int made_by[6] = {BQ_QP_OUT_LN, BQ_QP_OUT_LN, BQ_QP_OUT_LN, BQ_QP_CONTEXT, BQ_QP_ATTN_LN,
+                                   BQ_QP_GELU_OUT};
+    BqQuantizer *q = j >= 3 ? bq_quant_at(qs, l, made_by[j])
+                     : l > 0 ? bq_quant_at(qs, l - 1, made_by[j])
+                             : bq_quant_at(qs, BQ_QP_LAYER_EMB, -1);
+    return q && !q->is_weight && q->nch == 1 && q->bits == 8 && q->scale[0] > 0.0f ? q : NULL;
+}
+
+/* The quantizer whose grid the input of Linear j (0..2 query/key/value, 3 attention.output, 4
+ * intermediate, 5 output) lies on: its own input quantizer, the shared query/key/value one (the cpu
+ * scheme's attention.self.input_quantizer), or, where the scheme puts neither, grid_quantizer's. NULL,
+ * and the Linear stays the fp32 fake-quant Linear, when there is none, when it is disabled (kept in
+ * fp32) or when two quantizers are chained (no scheme does that). */
+static BqQuantizer *input_grid(BqQuantState *qs, int l, int j) {
     static const int own[6] = {BQ_QP_Q_IN, BQ_QP_K_IN, BQ_QP_V_IN, BQ_QP_AO_IN, BQ_QP_I_IN, BQ_QP_O_IN};
-    BqQuantizer *a = bq_quant_at(qs, l, own[j]);
-    BqQuantizer *shared = j < 3 ? bq_quant_at(qs, l, BQ_QP_QKV_IN) : NULL;
-    if (a && shared) return NULL;
-    return a ? a : shared;
+    BqQuantizer *a = bq_quant_at(qs, l, own[j]), *shared = j < 3 ? bq_quant_at(qs, l, BQ_QP_QKV_IN) : NULL;
+    BqQuantizer *q = a && shared ? NULL : a ? a : shared ? shared : grid_quantizer(qs, l, j);
+    return q && q->enabled ? q : NULL;
 }
 
 /* 1 when the only quantizers of layer l are the Linears' inputs and weights (the cpu scheme): then
@@ -172,14 +189,9 @@ int bq_int8_prepare(BqInt8Engine **out, const BqBert *m) {
     *out = NULL;
     BqQuantState *qs = m->quant;
     if (!qs) return bq_err(BQ_EINVAL, "int8 engine: the model has no quantizers (an fp32 checkpoint)");
-    if (qs->cfg.scheme == BQ_SCHEME_ORT)
-        return bq_err(BQ_EINVAL, "int8 engine: scheme 'ort' quantizes Linear outputs, not their inputs, so no "
-                                 "Linear runs on integer codes; use fake quant, or the cpu scheme");
     if (qs->calib != BQ_CALIB_OFF) return bq_err(BQ_EINVAL, "int8 engine: the quantizers are still calibrating");
     for (int i = 0; i < qs->n; i++)
-        if (!qs->q[i].enabled) return bq_err(BQ_EINVAL, "int8 engine: quantizer %s is disabled", qs->q[i].name);
-    for (int i = 0; i < qs->n; i++)
-        if (!qs->q[i].initialized)
+        if (qs->q[i].enabled && !qs->q[i].initialized)
             return bq_err(BQ_EINVAL, "int8 engine: quantizer %s has no range (calibrate or train first)",
                           qs->q[i].name);
     const BqBertConfig *c = &m->cfg;
@@ -196,8 +208,9 @@ int bq_int8_prepare(BqInt8Engine **out, const BqBert *m) {
         BqQuantizer *iq[6];
         int ok[6];
         for (int j = 0; j < 6; j++) {
-            iq[j] = input_quantizer(qs, l, j);
-            ok[j] = iq[j] && bq_quant_at(qs, l, weight_point[j]) != NULL;
+            const BqQuantizer *wq = bq_quant_at(qs, l, weight_point[j]);
+            iq[j] = input_grid(qs, l, j);
+            ok[j] = iq[j] && wq && wq->enabled;
             if (ok[j] && (iq[j]->bits != 8 || iq[j]->nch != 1)) {
                 rc = bq_err(BQ_EINVAL, "int8 engine: %s must be a per-tensor 8-bit quantizer (has %d bits, %lld "
                                        "scales)", iq[j]->name, iq[j]->bits, (long long)iq[j]->nch);
@@ -243,6 +256,31 @@ int bq_int8_linear_count(const BqInt8Engine *e) { return e->nlinear; }
 int bq_int8_fused_layer_count(const BqInt8Engine *e) { return e->use_whole ? e->nwhole : 0; }
 void bq_int8_set_layer_fusion(BqInt8Engine *e, int on) { e->use_whole = on != 0; }
 int bq_int8_gemm_count(const BqInt8Engine *e) { return e->ngemm; }
+
+const char *bq_int8_fp32_linears(const BqInt8Engine *e, char *buf, size_t n) {
+    static const char *names[6] = {"query", "key", "value", "attention.output", "intermediate", "output"};
+    size_t len = 0;
+    buf[0] = 0;
+    for (int l = 0; l < e->num_layers; l++) {
+        const Int8Layer *IL = &e->layers[l];
+        const Int8Linear *lin[6] = {&IL->qkv[0], &IL->qkv[1], &IL->qkv[2], &IL->ao, &IL->inter, &IL->out};
+        int first = 1;
+        for (int j = 0; j < 6; j++) {
+            if (lin[j]->w || (j < 3 && IL->fused_qkv)) continue;
+            if (first)
+                snprintf(buf + len, n - len, "%slayer %d: %s", len ? "; " : "", l, names[j]);
+            else
+                snprintf(buf + len, n - len, " %s", names[j]);
+            first = 0;
+            len = strlen(buf);
+            if (len + 4 >= n) {
+                snprintf(buf + (n > 4 ? n - 4 : 0), 4, "...");
+                return buf;
+            }
+        }
+    }
+    return buf;
+}
 
 /* ---- forward ---- */
 

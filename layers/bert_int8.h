@@ -10,7 +10,10 @@
  *
  * Schemes: `cpu` runs all 6 Linears of every layer on integers (query/key/value as one fused GEMM);
  * `qdqbert` runs them too (8-bit weights: one GEMM where oneDNN's ISA has VNNI/AMX, an exact sgemm on
- * float codes elsewhere); `ort` quantizes Linear outputs rather than inputs and is refused. */
+ * float codes elsewhere); `ort` quantizes op outputs rather than Linear inputs, and its Linears run on
+ * the codes of the grid their input already lies on (the output quantizer of the LayerNorm, context or
+ * GELU before them), as its fake-quant forward does. A Linear with no grid, or whose quantizers are
+ * disabled (--keep-fp32), stays the fp32 fake-quant Linear; bq_int8_fp32_linears names them. */
 #ifndef BQ_BERT_INT8_H
 #define BQ_BERT_INT8_H
 
@@ -20,14 +23,17 @@ typedef struct BqInt8Engine BqInt8Engine;
 
 /* Packs the integer weights of m (which must carry calibrated or trained quantizers, m->quant) once.
  * The engine is a snapshot: weights, biases and ranges as they are now; re-prepare after changing
- * them. Errors (BQ_EINVAL, one line): no quantizers, a scheme whose Linears have no quantized input,
- * a quantizer without a range, codes outside a quantizer's bits, oneDNN failures. */
+ * them. Errors (BQ_EINVAL, one line): no quantizers, no Linear with a quantized input and weight, an
+ * enabled quantizer without a range, codes outside a quantizer's bits, oneDNN failures. */
 int bq_int8_prepare(BqInt8Engine **out, const BqBert *m);
 void bq_int8_free(BqInt8Engine *e);
 
 /* Number of encoder Linears that run on integers, and how many GEMM calls a forward makes. */
 int bq_int8_linear_count(const BqInt8Engine *e);
 int bq_int8_gemm_count(const BqInt8Engine *e);
+/* The encoder Linears that stay fp32 (fake quant), as "layer L: query key value, ..." in buf (truncated
+ * to n bytes with "..."), "" when there are none; returns buf. */
+const char *bq_int8_fp32_linears(const BqInt8Engine *e, char *buf, size_t n);
 
 /* Encoder layers that run as one fused block: when the layer's only quantizers are its Linears'
  * inputs and weights (the cpu scheme), query/key/value share one input quantizer and the head size is

@@ -80,6 +80,10 @@ int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine
     *name = "int8";
     fprintf(stderr, "[%s] engine: int8 (%d integer Linears in %d GEMMs, packed in %.0f ms)\n", tag,
             bq_int8_linear_count(*out), bq_int8_gemm_count(*out), (bq_now() - t0) * 1e3);
+    char fp32[512];
+    if (*bq_int8_fp32_linears(*out, fp32, sizeof fp32))
+        fprintf(stderr, "[%s] engine: %d encoder Linears stay fp32 (no quantized input or weight): %s\n", tag,
+                m->cfg.num_hidden_layers * BQ_LIN_ENCODER - bq_int8_linear_count(*out), fp32);
     return BQ_OK;
 }
 

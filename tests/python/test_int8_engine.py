@@ -1,9 +1,10 @@
 """The integer engine (layers/bert_int8.h) through the CLI: `eval`/`predict --engine`, and `bench`.
 
 One small fine-tune of all-MiniLM-L6-v2 (720 IMDB reviews, seq 64) is calibrated with the `cpu` scheme
-(which the integer engine runs on every x86-64 CPU: 7-bit weights) and with the `ort` scheme (which
-it refuses). On 200 test reviews the int8 engine must agree with the same checkpoint's fake-quant
-eval and with ONNX Runtime on its export; its predictions must not depend on batch size or threads."""
+(which the integer engine runs on every x86-64 CPU: 7-bit weights) and with the `ort` scheme (whose
+Linears it runs on the grids their inputs lie on). On 200 test reviews the int8 engine must agree with
+the same checkpoint's fake-quant eval and with ONNX Runtime on its export; its predictions must not
+depend on batch size or threads; Linears kept in fp32 stay fp32 and are named."""
 import json
 import os
 import subprocess
@@ -139,20 +140,57 @@ def test_int8_matches_onnxruntime_on_the_export(ckpts):
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-def test_engine_refusals_and_fallback(ckpts):
+def test_ort_scheme_on_the_engine(ckpts):
+    """The ort scheme quantizes op outputs, not Linear inputs: the engine runs each Linear on the codes of
+    the grid its input already lies on (the embeddings', LayerNorm, context or GELU output quantizer), as
+    fake quant does, so every one of MiniLM's 36 encoder Linears is integer and the result is fake
+    quant's up to the pooler's and classifier's fixed summation order: every label the same, median
+    |dp| 0 (6 printed decimals). auto picks the engine for ort too."""
     d = ckpts["dir"]
-    for model, why in ((ckpts["ort"], "ort"), (ckpts["fp32"], "quantizers")):
+    j8, err8 = eval_json(ckpts["ort"], d / "ort_int8.tsv", "--engine", "int8", "--threads", 2)
+    jf, _ = eval_json(ckpts["ort"], d / "ort_fq.tsv", "--engine", "fake-quant", "--threads", 2)
+    print("\n".join(l for l in err8.splitlines() if "engine" in l))
+    assert j8["engine"] == "int8" and "engine: int8 (36 integer Linears in 24 GEMMs" in err8, err8
+    assert "stay fp32" not in err8, err8
+    p = compare(d / "ort_int8.tsv", d / "ort_fq.tsv", "--min-agree", "100", "--max-median-dp", "1e-6")
+    assert p.returncode == 0, p.stdout + p.stderr
+    a, b = p_positive(d / "ort_int8.tsv"), p_positive(d / "ort_fq.tsv")
+    worst = max(abs(a[k] - b[k]) for k in a)
+    print(f"ort: int8 accuracy {j8['accuracy']:.4f}, fake quant {jf['accuracy']:.4f}, max |dp| {worst:.2e}")
+    assert len(a) == SAMPLES and worst < 1e-4 and j8["accuracy"] == jf["accuracy"]
+    ja, erra = eval_json(ckpts["ort"], d / "ort_auto.tsv", samples=8)
+    assert ja["engine"] == "int8", erra
+
+
+def test_kept_fp32_linears_and_fallback(ckpts, tmp_path):
+    """Linears kept in fp32 (--keep-fp32) stay fp32 fake-quant Linears while the rest run on integers, and
+    the engine says which; a checkpoint with no integer Linear at all falls back to fake quant under auto
+    with one note line and is refused by --engine int8; fp32 checkpoints are refused by --engine int8."""
+    d = ckpts["dir"]
+    keep, none = tmp_path / "keep", tmp_path / "none"
+    run_bq("calibrate", "--model", ckpts["fp32"], "--data", IMDB, "--out", keep, "--scheme", "cpu", "--calib-samples",
+           16, "--threads", 2, "--keep-fp32", "bert.encoder.layer.0.attention,bert.encoder.layer.3.output")
+    j8, err8 = eval_json(keep, d / "keep_int8.tsv", "--engine", "int8", "--threads", 2, samples=64)
+    jf, _ = eval_json(keep, d / "keep_fq.tsv", "--engine", "fake-quant", "--threads", 2, samples=64)
+    lines = [l for l in err8.splitlines() if "engine:" in l]
+    print("\n".join(lines))
+    assert j8["engine"] == "int8" and "engine: int8 (31 integer Linears" in err8, err8
+    assert any("5 encoder Linears stay fp32" in l and "layer 0: query key value attention.output; layer 3: output"
+               in l for l in lines), lines
+    p = compare(d / "keep_int8.tsv", d / "keep_fq.tsv", "--min-agree", "98")
+    assert p.returncode == 0, p.stdout + p.stderr
+    run_bq("calibrate", "--model", ckpts["fp32"], "--data", IMDB, "--out", none, "--scheme", "cpu", "--calib-samples",
+           8, "--threads", 2, "--keep-fp32", "bert.encoder")
+    j, err = eval_json(none, d / "none_auto.tsv", samples=8)
+    notes = [l for l in err.splitlines() if "note:" in l]
+    assert j["engine"] == "fake-quant" and len(notes) == 1 and "int8 engine" in notes[0], err
+    for model, why in ((none, "no Linear"), (ckpts["fp32"], "quantizers")):
         p = run_bq("eval", "--model", model, "--data", IMDB, "--samples", 8, "--engine", "int8", check=False)
         assert p.returncode == 2, p.stderr
         last = p.stderr.strip().splitlines()[-1]
         assert "--engine int8" in last and why in last, last
         p = run_bq("predict", "--model", model, "--engine", "int8", "a fine film", check=False)
         assert p.returncode == 2 and "--engine int8" in p.stderr, p.stderr
-    # auto on the ort scheme: fake quant, with the engine's reason on one line
-    j, err = eval_json(ckpts["ort"], d / "ort_auto.tsv", samples=8)
-    assert j["engine"] == "fake-quant", err
-    notes = [l for l in err.splitlines() if "note:" in l]
-    assert len(notes) == 1 and "int8 engine" in notes[0] and "ort" in notes[0], err
     # fp32 checkpoints ignore auto
     j, err = eval_json(ckpts["fp32"], d / "fp32_auto.tsv", samples=8)
     assert j["engine"] == "fp32", err
