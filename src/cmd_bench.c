@@ -132,19 +132,18 @@ static int time_batch(BqBert *m, BqInt8Engine *e, BqArena *act, int B, int T, in
     return st;
 }
 
-/* Runs scripts/onnx_bench.py under `python` and reads its JSON into ort[i] (ms per batch bs[i]) and
- * *version. Errors name --onnx or --python. */
-static int time_onnx(const char *python, const char *onnx, const int *bs, int nb, int T, int threads, int rounds,
-                     int vocab, double *ort, char *version, size_t vlen) {
-    char script[4200], batches[256] = "", seq[32], thr[32], rnd[32], voc[32];
-    snprintf(script, sizeof script, "%s/scripts/onnx_bench.py", BQ_SOURCE_DIR);
+/* Runs `script` (onnx_bench.py, found by bq_cli_script_path) under `python` and reads its JSON into ort[i]
+ * (ms per batch bs[i]) and *version. Errors name --onnx or --python. */
+static int time_onnx(const char *python, const char *script, const char *onnx, const int *bs, int nb, int T,
+                     int threads, int rounds, int vocab, double *ort, char *version, size_t vlen) {
+    char batches[256] = "", seq[32], thr[32], rnd[32], voc[32];
     for (int i = 0; i < nb; i++)
         snprintf(batches + strlen(batches), sizeof batches - strlen(batches), "%s%d", i ? "," : "", bs[i]);
     snprintf(seq, sizeof seq, "%d", T);
     snprintf(thr, sizeof thr, "%d", threads);
     snprintf(rnd, sizeof rnd, "%d", rounds);
     snprintf(voc, sizeof voc, "%d", vocab);
-    char *argv[] = {(char *)python, script, "--onnx", (char *)onnx, "--batch-sizes", batches, "--seq", seq,
+    char *argv[] = {(char *)python, (char *)script, "--onnx", (char *)onnx, "--batch-sizes", batches, "--seq", seq,
                     "--threads", thr, "--rounds", rnd, "--vocab", voc, NULL};
     int fd[2];
     if (pipe(fd)) return bq_err(BQ_EIO, "--onnx: pipe: %s", strerror(errno));
@@ -202,7 +201,7 @@ cleanup:
 
 int bq_cmd_bench(int argc, char **argv) {
     const char *model = NULL, *onnx = NULL, *batch_arg = "1,32", *paths_arg = "fp32,fake-quant,int8",
-               *python = getenv("BQ_PYTHON");
+               *python = NULL;
     const char *clock_arg = "wall";
     const char *precision = "auto";
     int seq = 0, threads = 0, rounds = 10, json = 0;
@@ -214,8 +213,7 @@ int bq_cmd_bench(int argc, char **argv) {
         {"seq", BQ_ARG_INT, &seq, "tokens per example (0: the checkpoint's max_seq_len, else 128)", 0, 0, 8192},
         {"threads", BQ_ARG_INT, &threads, "threads, for bertqat and ONNX Runtime alike (0: all cores)", 0, 0, 4096},
         {"rounds", BQ_ARG_INT, &rounds, "timed forwards per path and batch size, after one warm-up", 0, 1, MAX_ROUNDS},
-        {"python", BQ_ARG_STR, &python, "Python with onnxruntime for --onnx (env BQ_PYTHON; else the source tree's "
-         ".venv)", 0, 0, 0},
+        {"python", BQ_ARG_STR, &python, "Python with onnxruntime for --onnx " BQ_CLI_PYTHON_HELP, 0, 0, 0},
         {"clock", BQ_ARG_STR, &clock_arg, "wall (latency) or cpu (process CPU time of all threads, spin-waits "
          "included: a measure that a loaded machine disturbs less, meant for --threads 1)", 0, 0, 0},
         {"json", BQ_ARG_FLAG, &json, "print the results as one JSON object instead of a table", 0, 0, 0},
@@ -234,10 +232,11 @@ int bq_cmd_bench(int argc, char **argv) {
     if (strcmp(clock_arg, "wall") && strcmp(clock_arg, "cpu"))
         return bq_err(BQ_EINVAL, "--clock: '%s' is neither wall nor cpu", clock_arg);
     g_cpu_clock = !strcmp(clock_arg, "cpu");
-    char venv_python[4200];
-    snprintf(venv_python, sizeof venv_python, "%s/.venv/bin/python", BQ_SOURCE_DIR);
-    if (!python || !*python) python = venv_python;
     if (onnx && !bq_is_file(onnx)) return bq_err(BQ_EINVAL, "--onnx %s: no such file", onnx);
+    char python_path[4200] = "", script[4200] = ""; /* with --onnx: who times it in ONNX Runtime */
+    if (onnx && ((st = bq_cli_python_path(python, python_path, sizeof python_path)) ||
+                 (st = bq_cli_script_path("onnx_bench.py", script, sizeof script))))
+        return st;
     bq_runtime_set_threads(threads);
     BqPrecision prec;
     if ((st = bq_cli_precision(precision, "bench", &prec))) return st;
@@ -280,8 +279,8 @@ int bq_cmd_bench(int argc, char **argv) {
         fprintf(stderr, "[bench] batch %d, seq %d: %d rounds\n", bs[i], T, rounds);
         if ((st = time_batch(&m, eng, &act, bs[i], T, rounds, paths, &rng, med[i]))) goto cleanup;
     }
-    if (onnx && (st = time_onnx(python, onnx, bs, nb, T, bq_runtime_threads(), rounds, m.cfg.vocab_size, ort,
-                                ort_version, sizeof ort_version)))
+    if (onnx && (st = time_onnx(python_path, script, onnx, bs, nb, T, bq_runtime_threads(), rounds,
+                                m.cfg.vocab_size, ort, ort_version, sizeof ort_version)))
         goto cleanup;
 
     /* shown[p]: path p was timed; int8 against fp32 only when both were */

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "autograd/bq.h"
 #include "autograd/gemm.h"
@@ -278,4 +279,63 @@ int bq_cli_train_run_sources(BqBert *m, const BqCliTrain *t, BqBatchSource *trai
     if (res->best_accuracy >= 0)
         printf(", best validation accuracy %.4f (step %lld)", res->best_accuracy, (long long)res->best_step);
     return BQ_OK;
+}
+
+/* ---- the Python helper scripts ---- */
+
+/* The two roots of the lookup (src/cmd_common.h): roots[0] the executable's folder, roots[1] its parent
+ * ("/" when the folder is "/"). */
+static int exe_roots(char roots[2][4096]) {
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0 || n >= (ssize_t)sizeof exe - 1)
+        return bq_err(BQ_EIO, "cannot locate the bertqat executable (/proc/self/exe)");
+    exe[n] = '\0';
+    for (int k = 0; k < 2; k++) {
+        char *slash = strrchr(exe, '/');
+        if (!slash) return bq_err(BQ_EIO, "cannot locate the bertqat executable (/proc/self/exe is %s)", exe);
+        if (slash == exe) slash[1] = '\0'; /* the root folder stays "/" */
+        else slash[0] = '\0';
+        snprintf(roots[k], sizeof roots[k], "%s", exe);
+    }
+    return BQ_OK;
+}
+
+/* ROOT + "/" + rest into out; 0 when it fits. */
+static int path_join2(char *out, size_t n, const char *root, const char *rest) {
+    int len = snprintf(out, n, "%s%s%s", root, strcmp(root, "/") ? "/" : "", rest);
+    return len < 0 || (size_t)len >= n;
+}
+
+int bq_cli_script_path(const char *name, char *out, size_t n) {
+    char roots[2][4096], rest[512];
+    int st = exe_roots(roots);
+    if (st) return st;
+    snprintf(rest, sizeof rest, "share/bertqat/scripts/%s", name);
+    for (int k = 0; k < 2; k++)
+        if (!path_join2(out, n, roots[k], rest) && bq_is_file(out)) return BQ_OK;
+    return bq_err(BQ_EIO, "helper script %s not found in %s%sshare/bertqat/scripts or %s%sshare/bertqat/scripts (the "
+                  "build copies the scripts there, `cmake --install` installs them)", name, roots[0],
+                  strcmp(roots[0], "/") ? "/" : "", roots[1], strcmp(roots[1], "/") ? "/" : "");
+}
+
+int bq_cli_python_path(const char *flag, char *out, size_t n) {
+    const char *env = getenv("BQ_PYTHON"), *given = flag && *flag ? flag : env && *env ? env : NULL;
+    if (given) {
+        if (snprintf(out, n, "%s", given) >= (int)n) return bq_err(BQ_EINVAL, "--python: path too long");
+        return BQ_OK;
+    }
+    char roots[2][4096], tried[2][4200];
+    int st = exe_roots(roots);
+    if (st) return st;
+    for (int k = 0; k < 2; k++) {
+        if (path_join2(tried[k], sizeof tried[k], roots[k], ".venv/bin/python")) tried[k][0] = '\0';
+        if (tried[k][0] && access(tried[k], X_OK) == 0) {
+            if (snprintf(out, n, "%s", tried[k]) >= (int)n) return bq_err(BQ_EINVAL, "--python: path too long");
+            return BQ_OK;
+        }
+    }
+    return bq_err(BQ_EINVAL, "no Python with onnxruntime for the ONNX Runtime scripts: give --python PATH, set "
+                  "BQ_PYTHON, or create a venv at %s%s.venv (looked for %s and %s)", roots[1],
+                  strcmp(roots[1], "/") ? "/" : "", tried[0], tried[1]);
 }

@@ -1,8 +1,9 @@
 /* Set-up shared by the subcommands (src/cmd_*.c): truncation names, model and tokenizer loading, the
  * data flags (source columns, cache, length, truncation) with the checkpoint's record of how it was
  * trained (BqDataMeta, layers/bert.h) as their default, the training and validation splits of a
- * training command, and the training flags `finetune` and `qat` share with the BqTrainConfig they
- * fill. Every function returns a BqStatus with a message naming the flag or file. */
+ * training command, the training flags `finetune` and `qat` share with the BqTrainConfig they
+ * fill, and where the Python helper scripts and their Python are found. Every function returns a
+ * BqStatus with a message naming the flag or file. */
 #ifndef BQ_CMD_COMMON_H
 #define BQ_CMD_COMMON_H
 
@@ -95,6 +96,28 @@ void bq_cli_data_spec(BqDataSpec *spec, const BqCliData *d, const char *split, i
  * model is loaded again with a fresh classifier of ds->nlabels outputs drawn from `seed`; a native
  * checkpoint with another label count is an error) and names the labels after the data's. */
 int bq_cli_model_fit(BqBert *m, const char *dir, const BqDataset *ds, uint64_t seed, const char *tag);
+
+/* ---- the Python helper scripts (pipeline, bench) ---- */
+
+/* One rule serves the build tree and an installed prefix. The roots are the folder of the running
+ * executable (/proc/self/exe, links resolved) and that folder's parent: build/bertqat has build/ and the
+ * checkout; PREFIX/bin/bertqat (`cmake --install`) has PREFIX/bin and PREFIX. */
+
+/* The helper script `name` (onnx_eval.py, onnx_eval_qa.py, onnx_bench.py): the first
+ * ROOT/share/bertqat/scripts/name that is a file (the build copies the scripts into
+ * BUILD/share/bertqat/scripts, `cmake --install` into PREFIX/share/bertqat/scripts), into out (n bytes).
+ * Errors: BQ_EIO naming both folders looked in. */
+int bq_cli_script_path(const char *name, char *out, size_t n);
+
+/* The Python that runs the helper scripts, into out (n bytes): `flag` (--python as given; NULL or empty:
+ * not given) as it is, else $BQ_PYTHON when set and not empty, as it is, else the first
+ * ROOT/.venv/bin/python that is executable (scripts/setup_env.sh's venv in the checkout, for a build
+ * tree in it; PREFIX/.venv for an install). Errors: BQ_EINVAL naming --python, BQ_PYTHON and the venv
+ * paths tried. */
+int bq_cli_python_path(const char *flag, char *out, size_t n);
+
+#define BQ_CLI_PYTHON_HELP "(default: $BQ_PYTHON, else the .venv in the folder of the bertqat executable or " \
+    "the folder above it: the checkout's for build/bertqat, PREFIX/.venv for an installed one)"
 
 /* ---- training flags (finetune, qat) ---- */
 

@@ -21,7 +21,11 @@
  * --task qa runs the same stages for SQuAD v1.1 question answering (src/qa.h): --data is the folder with
  * the training file (train-v1.1.json or train-v1.1-rebuilt.json) and dev-v1.1.json; fp32 fine-tuning
  * creates qa_outputs on the pretrained encoder; every stage is scored by exact match and F1 on the same
- * dev questions (`eval`, and scripts/onnx_eval_qa.py for the exports); there is no bench stage. */
+ * dev questions (`eval`, and scripts/onnx_eval_qa.py for the exports); there is no bench stage.
+ *
+ * The ONNX Runtime stages run the helper scripts that bq_cli_script_path finds next to the executable
+ * (build tree or install prefix) under the Python of bq_cli_python_path (--python, $BQ_PYTHON, a .venv);
+ * both are looked up before the run folder is made (src/cmd_common.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -48,6 +52,8 @@ extern char **environ;
 
 typedef struct Pipeline {
     const char *model, *data, *out, *budget, *python, *vocab, *scheme, *bench_batches, *task;
+    char python_path[4200]; /* the Python of the ONNX Runtime stages (bq_cli_python_path); p.python points here */
+    char eval_script[4200]; /* onnx_eval.py or onnx_eval_qa.py (bq_cli_script_path), with a Python */
     const char *precision; /* --precision as given, passed on to the training and eval stages; NULL: their auto */
     int force, threads, seed, bench_rounds;
     int grad_accum; /* micro-batches per step of the training stages (passed on when > 1) */
@@ -439,10 +445,9 @@ static int stage_eval(Pipeline *p, const char *name, const char *target, int onn
     }
     Argv a = {0};
     if (onnx) {
-        char script[4096], tokdir[4096];
-        snprintf(script, sizeof script, "%s/scripts/%s", BQ_SOURCE_DIR, p->qa ? "onnx_eval_qa.py" : "onnx_eval.py");
+        char tokdir[4096];
         snprintf(tokdir, sizeof tokdir, "%s/fp32", p->out);
-        av_add(&a, p->python), av_add(&a, script);
+        av_add(&a, p->python), av_add(&a, p->eval_script);
         av_add(&a, "--onnx"), av_add(&a, path);
         av_add(&a, "--tokenizer"), av_add(&a, tokdir);
         if (p->threads > 0) av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
@@ -512,7 +517,6 @@ int bq_cmd_pipeline(int argc, char **argv) {
     /* cpu: its int8 export is faster than fp32 on ONNX Runtime CPU (on an AMX Xeon, 2 threads, seq 128:
      * 1.67x at batch 1 and 2.47x at batch 32, where the ort scheme's ran at 0.87x and 0.81x) */
     p.scheme = "cpu";
-    p.python = getenv("BQ_PYTHON");
     p.seed = 42;
     p.threads = 0;
     p.grad_accum = 1;
@@ -531,7 +535,8 @@ int bq_cmd_pipeline(int argc, char **argv) {
          "exact match and F1 per stage, no bench)", 0, 0, 0},
         {"out", BQ_ARG_OUT_MKDIR, &p.out, "run directory (created; stages already done are skipped)", 1, 0, 0},
         {"budget", BQ_ARG_STR, &p.budget, "small (a few thousand reviews, seq 128) or full (IMDB recipe)", 0, 0, 0},
-        {"python", BQ_ARG_STR, &p.python, "Python with onnxruntime for the ONNX evaluation (env BQ_PYTHON; else the source tree's .venv)", 0, 0, 0},
+        {"python", BQ_ARG_STR, &p.python, "Python with onnxruntime for the ONNX Runtime stages; none (or a path that "
+         "is not executable) skips them " BQ_CLI_PYTHON_HELP, 0, 0, 0},
         {"seed", BQ_ARG_INT, &p.seed, "seed for every stage", 0, 0, 2147483647.0},
         {"threads", BQ_ARG_INT, &p.threads, "threads (0: all CPUs)", 0, 0, 1024},
         {"force", BQ_ARG_FLAG, &p.force, "redo stages whose outputs exist", 0, 0, 0},
@@ -665,6 +670,17 @@ int bq_cmd_pipeline(int argc, char **argv) {
             return bq_err(BQ_EIO, "pipeline: --data %s: --task qa needs a folder with train-v1.1.json (or "
                           "train-v1.1-rebuilt.json) and dev-v1.1.json", p.data);
     }
+    /* The ONNX Runtime stages' Python and scripts, found before anything is written (src/cmd_common.h): no
+     * Python at all is an error naming where it looked; --python none, or one that is not executable, skips
+     * those stages and the report says so; a Python without the scripts is an error naming their folders. */
+    if ((st = bq_cli_python_path(p.python, p.python_path, sizeof p.python_path))) return st;
+    p.python = p.python_path;
+    int have_python = strcmp(p.python, "none") && access(p.python, X_OK) == 0;
+    char bench_script[4200];
+    if (have_python && ((st = bq_cli_script_path(p.qa ? "onnx_eval_qa.py" : "onnx_eval.py", p.eval_script,
+                                                 sizeof p.eval_script)) ||
+                        (!p.qa && (st = bq_cli_script_path("onnx_bench.py", bench_script, sizeof bench_script)))))
+        return st; /* the bench stage's own lookup finds the same onnx_bench.py: the same executable runs it */
     if ((st = bq_mkdir_p(p.out))) return bq_err_ctx(st, "pipeline: --out");
     /* Every stage started from here dies with this process (src/main.c, follow_pipeline). */
     char pid[32];
@@ -675,10 +691,6 @@ int bq_cmd_pipeline(int argc, char **argv) {
     p.self[n] = '\0';
     if (p.threads <= 0) p.threads = bq_runtime_threads();
     bq_runtime_set_threads(p.threads); /* so the report's runtime line names the stages' thread count */
-    char venv_python[4200];
-    snprintf(venv_python, sizeof venv_python, "%s/.venv/bin/python", BQ_SOURCE_DIR);
-    if ((!p.python || !*p.python) && access(venv_python, X_OK) == 0) p.python = venv_python; /* scripts/setup_env.sh's */
-    int have_python = p.python && *p.python && access(p.python, X_OK) == 0;
     bq_dist_bcast(&have_python, sizeof have_python, 0); /* rank 0 runs the scripts: its Python decides */
     double t0 = bq_now();
 
@@ -706,7 +718,8 @@ int bq_cmd_pipeline(int argc, char **argv) {
         if ((st = stage_eval(&p, "onnx-int8-cpu", "qat-int8-cpu.onnx", 1, NULL))) return st;
         if (!cpu_scheme && (st = stage_eval(&p, "onnx-int8", "qat-int8.onnx", 1, NULL))) return st;
     } else {
-        fprintf(stderr, "[pipeline] no Python with onnxruntime (--python); ONNX Runtime evaluation skipped\n");
+        fprintf(stderr, "[pipeline] --python %s: %s; ONNX Runtime evaluation skipped\n", p.python,
+                strcmp(p.python, "none") ? "not an executable" : "none asked for");
     }
     if (!p.qa && (st = stage_bench(&p, have_python))) return st;
 

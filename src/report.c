@@ -542,7 +542,7 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
         json_decref(m);
     }
     if (info->onnx_skipped)
-        fprintf(f, "\nONNX Runtime evaluation was skipped: no Python with onnxruntime was given (--python).\n");
+        fprintf(f, "\nONNX Runtime evaluation was skipped: --python was none or not an executable.\n");
     fprintf(f, "\n## Training curves\n\n![training loss](curves-loss.svg)\n\n");
     if (nacc > 0) fprintf(f, "![validation accuracy](curves-eval.svg)\n");
     else fprintf(f, "No stage ran a validation pass, so there is no validation curve.\n");
