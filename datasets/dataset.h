@@ -43,16 +43,8 @@
 #include <stdint.h>
 
 #include "datasets/batch.h"
+#include "datasets/source.h"
 #include "tokenizer/tokenizer.h"
-
-typedef enum BqDataKind {
-    BQ_DATA_IMDB_DIR = 1,
-    BQ_DATA_IMDB_ARCHIVE = 2,
-    BQ_DATA_CSV = 3,
-    BQ_DATA_TSV = 4,
-    BQ_DATA_JSONL = 5,
-    BQ_DATA_SPLIT_DIR = 6, /* folder with train.<ext> / test.<ext> */
-} BqDataKind;
 
 typedef struct BqDataSpec {
     const char *path;
@@ -96,10 +88,6 @@ typedef struct BqDataset {
     double encode_seconds;  /* wall time of reading + encoding (0 when cached) */
     double read_seconds;    /* of which reading/parsing the source */
 } BqDataset;
-
-/* Detects the kind of PATH; *has_test = 1 when it has a distinct test split (IMDB, split folder). */
-int bq_data_probe(const char *path, BqDataKind *kind, int *has_test);
-const char *bq_data_kind_name(BqDataKind kind);
 
 /* Loads (from cache or source) and encodes the requested split; tok must be the tokenizer used for
  * training. On error *out is NULL and the message names the file (and line). */

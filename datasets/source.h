@@ -1,11 +1,24 @@
-/* Internal to datasets/: raw (unencoded) examples read from a source file or folder. */
+/* The sources of datasets/: the kinds of data a path may hold and how to probe it (public:
+ * datasets/dataset.h includes this header), and the raw (unencoded) examples read from a source file
+ * or folder (internal to datasets/). */
 #ifndef BQ_DATASET_SOURCE_H
 #define BQ_DATASET_SOURCE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "datasets/dataset.h"
+typedef enum BqDataKind {
+    BQ_DATA_IMDB_DIR = 1,
+    BQ_DATA_IMDB_ARCHIVE = 2,
+    BQ_DATA_CSV = 3,
+    BQ_DATA_TSV = 4,
+    BQ_DATA_JSONL = 5,
+    BQ_DATA_SPLIT_DIR = 6, /* folder with train.<ext> / test.<ext> */
+} BqDataKind;
+
+/* Detects the kind of PATH; *has_test = 1 when it has a distinct test split (IMDB, split folder). */
+int bq_data_probe(const char *path, BqDataKind *kind, int *has_test);
+const char *bq_data_kind_name(BqDataKind kind);
 
 typedef struct BqRawExample {
     char *text;      /* owned, NUL-terminated; len bytes */

@@ -413,7 +413,7 @@ int bq_ckpt_load(BqBert *m, const char *dir) {
     /* Quantized checkpoint: build the quantizer table from config.json's bertqat.quant block (unless
      * the caller attached one), then the ranges from /quant. */
     if (!st) st = bertqat_from_config(m, dir);
-    if (!st && m->quant && h5_group_exists(f, "/quant")) st = bq_quant_load_hdf5(m, (int64_t)f, p);
+    if (!st && m->quant && h5_group_exists(f, "/quant")) st = bq_quant_load_hdf5(m->quant, (int64_t)f, p);
     H5Fclose(f);
     H5Eset_auto2(H5E_DEFAULT, fn, data);
     return st;

@@ -21,31 +21,6 @@
 #include "layers/calib.h"
 #include "layers/quant.h"
 
-const BqQPointDef bq_qpoint_defs[BQ_QP_LAYER_COUNT] = {
-#define BQ_QP_DEF_(point, role, is_weight, sole, schemes) [BQ_QP_##point] = {role, is_weight, sole, schemes},
-    BQ_QPOINTS(BQ_QP_DEF_)
-#undef BQ_QP_DEF_
-};
-
-static const char *const scheme_names[BQ_SCHEME_COUNT] = {
-    [BQ_SCHEME_ORT] = "ort", [BQ_SCHEME_QDQBERT] = "qdqbert", [BQ_SCHEME_CPU] = "cpu"};
-
-int bq_scheme_parse(BqScheme *out, const char *s, const char *flag_or_key) {
-    for (int i = 0; i < BQ_SCHEME_COUNT; i++)
-        if (strcmp(s, scheme_names[i]) == 0) {
-            *out = (BqScheme)i;
-            return BQ_OK;
-        }
-    return bq_err(BQ_EINVAL, "%s: '%s' is not one of ort, qdqbert, cpu", flag_or_key, s);
-}
-
-const char *bq_scheme_name(BqScheme s) {
-    BQ_CHECK((unsigned)s < BQ_SCHEME_COUNT);
-    return scheme_names[s];
-}
-
-int bq_quant_scheme_weight_bits(BqScheme s) { return s == BQ_SCHEME_CPU ? 7 : 8; }
-
 /* 1 when name is excluded: some comma-separated entry e of `exclude` equals a dotted prefix of
  * name, with or without name's leading "bert." ("encoder.layer.1" keeps layer 1, not layer 10). */
 static int is_excluded(const char *exclude, const char *name) {

@@ -24,9 +24,36 @@
 
 #include "autograd/kernels.h"
 #include "autograd/qgemm.h"
-#include "layers/bert.h"
 #include "layers/calib.h"
 #include "layers/h5sum.h"
+
+/* The rows of the point table and the scheme names (docs/design.md §4) live here, with the numerics
+ * that read them, so that layers/qscheme.c (placement, which reads the model's configuration) depends
+ * on this file and never the reverse. */
+const BqQPointDef bq_qpoint_defs[BQ_QP_LAYER_COUNT] = {
+#define BQ_QP_DEF_(point, role, is_weight, sole, schemes) [BQ_QP_##point] = {role, is_weight, sole, schemes},
+    BQ_QPOINTS(BQ_QP_DEF_)
+#undef BQ_QP_DEF_
+};
+
+static const char *const scheme_names[BQ_SCHEME_COUNT] = {
+    [BQ_SCHEME_ORT] = "ort", [BQ_SCHEME_QDQBERT] = "qdqbert", [BQ_SCHEME_CPU] = "cpu"};
+
+int bq_scheme_parse(BqScheme *out, const char *s, const char *flag_or_key) {
+    for (int i = 0; i < BQ_SCHEME_COUNT; i++)
+        if (strcmp(s, scheme_names[i]) == 0) {
+            *out = (BqScheme)i;
+            return BQ_OK;
+        }
+    return bq_err(BQ_EINVAL, "%s: '%s' is not one of ort, qdqbert, cpu", flag_or_key, s);
+}
+
+const char *bq_scheme_name(BqScheme s) {
+    BQ_CHECK((unsigned)s < BQ_SCHEME_COUNT);
+    return scheme_names[s];
+}
+
+int bq_quant_scheme_weight_bits(BqScheme s) { return s == BQ_SCHEME_CPU ? 7 : 8; }
 
 #define BQ_SCALE_FLOOR BQ_QUANT_SCALE_FLOOR
 
@@ -449,9 +476,8 @@ cleanup:
     return st;
 }
 
-int bq_quant_load_hdf5(BqBert *m, int64_t file_id, const char *path) {
+int bq_quant_load_hdf5(BqQuantState *qs, int64_t file_id, const char *path) {
     hid_t f = (hid_t)file_id;
-    BqQuantState *qs = m->quant;
     if (!qs) return bq_err(BQ_EFORMAT, "%s: quantizer ranges without a quantization config", path);
     if (H5Lexists(f, "/quant", H5P_DEFAULT) <= 0) return bq_err(BQ_EFORMAT, "%s: group /quant is missing", path);
     hid_t root = H5Gopen2(f, "/quant", H5P_DEFAULT);

@@ -16,8 +16,8 @@
 
 #include "autograd/tensor.h"
 
-/* Quantization schemes: where quantizers sit (layers/qscheme.c). Checkpoints (config.json "scheme")
- * and ONNX metadata store the name, bq_scheme_name(). */
+/* Quantization schemes: where quantizers sit (bq_quant_create, layers/qscheme.c). Checkpoints
+ * (config.json "scheme") and ONNX metadata store the name, bq_scheme_name(). */
 typedef enum BqScheme { BQ_SCHEME_ORT, BQ_SCHEME_QDQBERT, BQ_SCHEME_CPU } BqScheme;
 #define BQ_SCHEME_COUNT 3
 /* Bit of a scheme in the scheme masks of BQ_QPOINTS. */
@@ -91,7 +91,7 @@ typedef struct BqQPointDef {
     int sole;
     unsigned schemes;
 } BqQPointDef;
-/* (BQ_QP_LAYER_COUNT) rows of BQ_QPOINTS indexed by BqQPoint (layers/qscheme.c). */
+/* (BQ_QP_LAYER_COUNT) rows of BQ_QPOINTS indexed by BqQPoint (layers/quant.c). */
 extern const BqQPointDef bq_qpoint_defs[BQ_QP_LAYER_COUNT];
 
 /* The one point outside the encoder layers, its own row of the same columns: the embeddings'
@@ -238,7 +238,8 @@ int bq_calibrator_parse(BqCalibrator *out, const char *s);
 const char *bq_calibrator_name(BqCalibrator c);
 
 /* Builds the quantizer table of cfg's scheme for model m (uninitialised ranges). Errors: unknown
- * scheme. layers/qscheme.c. */
+ * scheme. layers/qscheme.c, which reads the model's configuration (layers/bert.h) and this file's
+ * numerics; layers/quant.c never calls it, so the dependency goes one way. */
 int bq_quant_create(BqQuantState **out, const struct BqBert *m, const BqQuantConfig *cfg);
 void bq_quant_free(BqQuantState *qs);
 
@@ -266,11 +267,11 @@ int bq_quant_config_from_json(BqQuantConfig *cfg, struct json_t *j);
 /* Ranges in an HDF5 checkpoint, on an open file handle (hid_t, an int64_t in HDF5 >= 1.10) of
  * export/ckpt.c; `path` names the file in messages. Layout: /quant/<name>/{amax, scale} with
  * attributes axis, bits, scheme, frozen, initialized, and observer_min/observer_max (the
- * moving-average state, so QAT resumes exactly). load requires m->quant to exist (built from
- * config.json) and fills every quantizer; a missing quantizer group or a shape mismatch is a
- * BQ_EFORMAT error naming the file and quantizer. */
+ * moving-average state, so QAT resumes exactly). load requires qs (the model's quantizers, built
+ * from config.json; NULL is a BQ_EFORMAT error) and fills every quantizer; a missing quantizer group or
+ * a shape mismatch is a BQ_EFORMAT error naming the file and quantizer. */
 int bq_quant_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path);
-int bq_quant_load_hdf5(struct BqBert *m, int64_t file_id, const char *path);
+int bq_quant_load_hdf5(BqQuantState *qs, int64_t file_id, const char *path);
 
 /* ---- learned step sizes, --ranges learn (LSQ, Esser et al., ICLR 2020) ----
  * Each scale becomes a trained parameter: the hooks use bq_op_fakequant_lsq with the paper's gradient

@@ -6,6 +6,11 @@
 # export, tb_event.pb-c.h (export/tb_event.proto, written by src/tblog.c) to src. Any other quoted
 # include must name its folder. tests/ and bench/ may include anything.
 #
+# Inside a folder the includes must not form a cycle between modules either. A module is foo.c with
+# its header foo.h; module A depends on module B when A.c or A.h includes "folder/B.h". A cycle (A.c
+# includes B.h and B.c includes A.h, or a longer ring) means neither module can be understood, tested
+# or moved without the other: move what one side needs so the dependency goes one way.
+#
 # Usage: scripts/check_includes.sh [ROOT]   (default: the checkout containing this script)
 # Prints FILE:LINE: message for each violation and exits 1 if there is any.
 set -u
@@ -21,6 +26,7 @@ rank[onnx.pb-c.h]=${rank[export]}
 rank[tb_event.pb-c.h]=${rank[src]}
 
 bad=0
+edges=() # "FOLDER MODULE TARGET FILE:LINE" for every include of a header of the same folder
 for dir in "${order[@]}"; do
     [ -d "$dir" ] || continue
     while IFS= read -r hit; do
@@ -35,6 +41,13 @@ for dir in "${order[@]}"; do
             *) target=$inc ;;
         esac
         own=${rank[$dir]}
+        if [ "$target" = "$dir" ] && [ "${inc%.h}" != "$inc" ]; then
+            module=${file##*/}
+            module=${module%.*}
+            tmod=${inc#*/}
+            tmod=${tmod%.h}
+            [ "$module" = "$tmod" ] || edges+=("$dir $module $tmod $file:$line")
+        fi
         if [ -z "${rank[$target]+x}" ]; then
             echo "$file:$line: includes \"$inc\", which names none of the folders $arrow" >&2
             bad=1
@@ -45,6 +58,43 @@ for dir in "${order[@]}"; do
     done < <(grep -rnE --include='*.c' --include='*.h' '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$dir" |
              sort -t: -k1,1 -k2,2n)
 done
+
+# Cycles in each folder's module graph: the strongly connected components of more than one module
+# (Tarjan's algorithm), each printed with the includes that close it.
+cycles=$(printf '%s\n' "${edges[@]}" | awk '
+    function visit(v,    i, w, scc, n) {
+        index_of[v] = low[v] = ++counter
+        stack[++sp] = v; on_stack[v] = 1
+        for (i = 1; i <= nout[v]; i++) {
+            w = out[v, i]
+            if (!(w in index_of)) { visit(w); if (low[w] < low[v]) low[v] = low[w] }
+            else if (on_stack[w] && index_of[w] < low[v]) low[v] = index_of[w]
+        }
+        if (low[v] == index_of[v]) {
+            n = 0; scc = ""
+            do { w = stack[sp--]; on_stack[w] = 0; comp[w] = v; n++; scc = w (scc == "" ? "" : ", ") scc } while (w != v)
+            if (n > 1) found[v] = scc
+        }
+    }
+    NF == 4 {
+        a = $1 "/" $2; b = $1 "/" $3
+        if (!((a, b) in seen)) { seen[a, b] = $4; out[a, ++nout[a]] = b; src[++ne] = a; dst[ne] = b }
+        else seen[a, b] = seen[a, b] ", " $4
+        nodes[a] = nodes[b] = 1
+    }
+    END {
+        for (v in nodes) if (!(v in index_of)) visit(v)
+        for (r in found) {
+            via = ""
+            for (e = 1; e <= ne; e++)
+                if (comp[src[e]] == r && comp[dst[e]] == r) via = via "\n    " seen[src[e], dst[e]] ": " src[e] " includes " dst[e] ".h"
+            print "include cycle between the modules " found[r] " (module = foo.c + foo.h):" via
+        }
+    }')
+if [ -n "$cycles" ]; then
+    printf '%s\n' "$cycles" >&2
+    bad=1
+fi
 if [ "$bad" = 1 ]; then
     echo "check_includes: include order violated (see above)" >&2
     exit 1

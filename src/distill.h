@@ -1,5 +1,5 @@
 /* Set-up of knowledge distillation for `qat --teacher` (the loss itself is in src/train.c, the settings
- * type BqDistill in src/train.h): loading the teacher with the checks that make its logits and hidden
+ * type BqDistill here): loading the teacher with the checks that make its logits and hidden
  * states comparable with the student's, and the record DIR/distill.json that every checkpoint of a
  * distilled run carries, so that `--resume` reloads the same teacher with the same settings:
  *   {"teacher": "/abs/path", "alpha": A, "temperature": T, "hidden_weight": W} */
@@ -7,9 +7,23 @@
 #define BQ_DISTILL_H
 
 #include "layers/bert.h"
-#include "src/train.h"
 
 #define BQ_DISTILL_PATH_MAX 4096
+
+/* Knowledge distillation during training (qat --teacher; docs/quantization.md "Distillation"). The loss
+ * of a micro-batch becomes
+ *   (1 − alpha)·CE + alpha·T²·KL(softmax(teacher/T) ‖ softmax(student/T)) + hidden_weight·Σ_l MSE_l
+ * with the KL averaged over the batch (autograd/tensor.h bq_op_kl_distill) and MSE_l the mean over every
+ * element (B·T·H, padding positions included) of the squared difference between the student's and the
+ * teacher's output of encoder layer l. The teacher runs forward on the same batch, without a tape and
+ * with dropout off, in the step's activation arena. */
+typedef struct BqDistill {
+    BqBert *teacher;        /* same vocabulary and labels; same layers and hidden size when hidden_weight > 0 */
+    const char *teacher_dir; /* recorded in every checkpoint (distill.json) so that --resume reloads it */
+    double alpha;           /* in [0, 1] */
+    double temperature;     /* > 0 */
+    double hidden_weight;   /* >= 0; 0: no hidden-state term (and no hidden states kept) */
+} BqDistill;
 
 /* The settings read back from a checkpoint's distill.json. */
 typedef struct BqDistillRecord {

@@ -22,6 +22,7 @@
 #include "datasets/batch.h"
 #include "layers/bert.h"
 #include "layers/bert_int8.h"
+#include "src/distill.h"
 #include "src/metrics.h"
 #include "src/train_state.h"
 
@@ -42,21 +43,6 @@ typedef struct BqBatchSource {
     /* *out = next batch, or NULL at the end of the epoch. Returns a BqStatus. */
     int (*next)(void *ctx, const BqBatch **out);
 } BqBatchSource;
-
-/* Knowledge distillation during training (qat --teacher; docs/quantization.md "Distillation"). The loss
- * of a micro-batch becomes
- *   (1 − alpha)·CE + alpha·T²·KL(softmax(teacher/T) ‖ softmax(student/T)) + hidden_weight·Σ_l MSE_l
- * with the KL averaged over the batch (autograd/tensor.h bq_op_kl_distill) and MSE_l the mean over every
- * element (B·T·H, padding positions included) of the squared difference between the student's and the
- * teacher's output of encoder layer l. The teacher runs forward on the same batch, without a tape and
- * with dropout off, in the step's activation arena. */
-typedef struct BqDistill {
-    BqBert *teacher;        /* same vocabulary and labels; same layers and hidden size when hidden_weight > 0 */
-    const char *teacher_dir; /* recorded in every checkpoint (distill.json) so that --resume reloads it */
-    double alpha;           /* in [0, 1] */
-    double temperature;     /* > 0 */
-    double hidden_weight;   /* >= 0; 0: no hidden-state term (and no hidden states kept) */
-} BqDistill;
 
 typedef struct BqTrainConfig {
     double epochs;          /* may be fractional: total steps = ceil(epochs · steps per epoch) */

@@ -39,7 +39,7 @@ static int round_trip(BqBert *m, BqQuantState *qs, const char *path) {
     m->quant = q2;
     f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     int bad = 0;
-    if (bq_quant_load_hdf5(m, f, path)) {
+    if (bq_quant_load_hdf5(m->quant, f, path)) {
         printf("FAIL load (%s): %s\n", bq_scheme_name(qs->cfg.scheme), bq_errmsg());
         bad++;
     }
@@ -93,7 +93,7 @@ int main(void) {
     bq_quant_create(&q3, &m, &c3);
     m.quant = q3;
     f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    st = bq_quant_load_hdf5(&m, f, path);
+    st = bq_quant_load_hdf5(m.quant, f, path);
     H5Fclose(f);
     if (st != BQ_EFORMAT || !strstr(bq_errmsg(), "weight_quantizer")) {
         printf("FAIL per-tensor table accepted per-channel ranges: %d %s\n", st, bq_errmsg());
@@ -106,7 +106,7 @@ int main(void) {
     bq_quant_create(&q3, &m, &c3);
     m.quant = q3;
     f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    st = bq_quant_load_hdf5(&m, f, path);
+    st = bq_quant_load_hdf5(m.quant, f, path);
     H5Fclose(f);
     if (st != BQ_EFORMAT || !strstr(bq_errmsg(), "missing")) {
         printf("FAIL missing quantizer not reported: %d %s\n", st, bq_errmsg());
@@ -123,7 +123,7 @@ int main(void) {
     for (int i = 0; i < q5->n; i++) q5->q[i].bits = 8;
     m.quant = q5;
     f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    st = bq_quant_load_hdf5(&m, f, path);
+    st = bq_quant_load_hdf5(m.quant, f, path);
     H5Fclose(f);
     if (st != BQ_EFORMAT || !strstr(bq_errmsg(), "7 bits")) {
         printf("FAIL bits mismatch not reported: %d %s\n", st, bq_errmsg());
