@@ -397,13 +397,10 @@ cleanup:
     return st;
 }
 
-int bq_dataset_load(BqDataset **out, const BqDataSpec *s, const BqTokenizer *tok) {
-    *out = NULL;
-    int st = BQ_OK;
-    Encoded e = {0};
-    BqDataset *d = NULL;
-    int32_t *perm = NULL;
-    int64_t *pos_of = NULL;
+/* The checks of a data spec before anything is read: split train, val or test; val_fraction in
+ * [0, 1); max_seq_len 0 or >= 3; sample counts >= 0; val only with val_fraction > 0. Errors:
+ * BQ_EINVAL naming the flag. */
+static int spec_check(const BqDataSpec *s) {
     if (!s->split || (strcmp(s->split, "train") && strcmp(s->split, "val") && strcmp(s->split, "test")))
         return bq_err(BQ_EINVAL, "--split: expected train, val or test, got '%s'", s->split ? s->split : "");
     if (!(s->val_fraction >= 0.0 && s->val_fraction < 1.0))
@@ -413,6 +410,102 @@ int bq_dataset_load(BqDataset **out, const BqDataSpec *s, const BqTokenizer *tok
     if (s->train_samples < 0 || s->eval_samples < 0) return bq_err(BQ_EINVAL, "--train-samples/--eval-samples: negative");
     if (!strcmp(s->split, "val") && s->val_fraction <= 0.0)
         return bq_err(BQ_EINVAL, "%s: split val needs --val-fraction > 0", s->path ? s->path : "--data");
+    return BQ_OK;
+}
+
+/* The cache key of an encoded selection: the cache format version, the source identity, the split's
+ * role and the source split read, the columns, the vocabulary hash, max_seq_len, truncation and the
+ * sample selection (datasets/dataset.h, "Cache"). */
+static uint64_t cache_key(const BqDataSpec *s, uint64_t ident, const char *role, const char *read_split,
+                          int64_t nsamples, const BqTokenizer *tok) {
+    uint64_t key = BQ_FNV_OFFSET, vh = bq_tokenizer_hash(tok), v = CACHE_VERSION;
+    int64_t kv[4] = {s->max_seq_len > 0 ? s->max_seq_len : 0, s->truncation, nsamples, nsamples > 0 ? (int64_t)s->seed : 0};
+    key = bq_fnv1a(key, &v, sizeof v);
+    key = bq_fnv1a(key, &ident, sizeof ident);
+    key = hash_str(key, role);
+    key = hash_str(key, read_split);
+    key = hash_str(key, s->text_column);
+    key = hash_str(key, s->text_pair_column);
+    key = hash_str(key, s->label_column);
+    key = bq_fnv1a(key, &vh, sizeof vh);
+    key = bq_fnv1a(key, kv, sizeof kv);
+    return key;
+}
+
+/* Fills d (n, offsets, ids, types, labels, full_len, source_index, max_len, labels' names taken from e,
+ * pad id, counts) with the examples of split s->split from the encoded selection e: the seeded
+ * permutation restricted to the selection, then the train/val carve (the last ceil(val_fraction·n)
+ * are val). Errors: an empty split (BQ_EINVAL naming the data). */
+static int select_examples(BqDataset *d, Encoded *e, const BqDataSpec *s, int is_test) {
+    int st = BQ_OK;
+    int32_t *perm = permutation(e->source_count, s->seed);
+    int64_t *pos_of = bq_malloc((size_t)(e->source_count ? e->source_count : 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < e->source_count; i++) pos_of[i] = -1;
+    for (int64_t i = 0; i < e->n; i++) pos_of[e->source_index[i]] = i;
+    int64_t lo = 0, hi = e->n;
+    if (!is_test) {
+        int64_t nval = (int64_t)ceil(s->val_fraction * (double)e->n - 1e-9);
+        if (nval > e->n) nval = e->n;
+        if (!strcmp(s->split, "val")) lo = e->n - nval;
+        else hi = e->n - nval;
+    }
+    int64_t n = hi - lo;
+    if (n <= 0) {
+        st = bq_err(BQ_EINVAL, "%s: split %s is empty (%lld source examples, val fraction %g)", s->path, s->split,
+                    (long long)e->source_count, s->val_fraction);
+        goto cleanup;
+    }
+    d->n = n;
+    d->offsets = bq_malloc((size_t)(n + 1) * sizeof(int64_t));
+    d->labels = bq_malloc((size_t)n * sizeof(int32_t));
+    d->full_len = bq_malloc((size_t)n * sizeof(int32_t));
+    d->source_index = bq_malloc((size_t)n * sizeof(int64_t));
+    int64_t k = 0, tot = 0, *src = bq_malloc((size_t)n * sizeof(int64_t));
+    /* walk the permutation; the j-th selected example (in permuted order) is the j-th hit */
+    for (int64_t i = 0, j = 0; i < e->source_count && j < hi; i++) {
+        int64_t p = pos_of[perm[i]];
+        if (p < 0) continue;
+        if (j >= lo) {
+            src[k] = p;
+            d->offsets[k] = tot;
+            tot += e->offsets[p + 1] - e->offsets[p];
+            k++;
+        }
+        j++;
+    }
+    BQ_CHECK(k == n);
+    d->offsets[n] = tot;
+    d->ids = bq_malloc((size_t)(tot ? tot : 1) * sizeof(int32_t));
+    d->types = bq_malloc((size_t)(tot ? tot : 1));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t p = src[i], len = e->offsets[p + 1] - e->offsets[p];
+        memcpy(d->ids + d->offsets[i], e->ids + e->offsets[p], (size_t)len * sizeof(int32_t));
+        memcpy(d->types + d->offsets[i], e->types + e->offsets[p], (size_t)len);
+        d->labels[i] = e->labels[p];
+        d->full_len[i] = e->full_len[p];
+        d->source_index[i] = e->source_index[p];
+        if (len > d->max_len) d->max_len = len;
+    }
+    free(src);
+    d->nlabels = e->nlabels;
+    d->label_names = e->label_names;
+    e->label_names = NULL;
+    e->nlabels = 0;
+    d->pad_id = e->pad_id;
+    d->source_count = e->source_count;
+    d->skipped_empty = e->skipped_empty;
+cleanup:
+    free(perm);
+    free(pos_of);
+    return st;
+}
+
+int bq_dataset_load(BqDataset **out, const BqDataSpec *s, const BqTokenizer *tok) {
+    *out = NULL;
+    int st = BQ_OK;
+    Encoded e = {0};
+    BqDataset *d = NULL;
+    if ((st = spec_check(s))) return st;
     BqDataKind kind;
     int has_test;
     if ((st = bq_data_probe(s->path, &kind, &has_test))) return st;
@@ -426,18 +519,7 @@ int bq_dataset_load(BqDataset **out, const BqDataSpec *s, const BqTokenizer *tok
     double t0 = bq_now();
     uint64_t ident;
     if ((st = bq_source_identity(s->path, kind, read_split, &ident))) goto cleanup;
-    uint64_t key = BQ_FNV_OFFSET, vh = bq_tokenizer_hash(tok), v = CACHE_VERSION;
-    int64_t kv[4] = {s->max_seq_len > 0 ? s->max_seq_len : 0, s->truncation, nsamples, nsamples > 0 ? (int64_t)s->seed : 0};
-    key = bq_fnv1a(key, &v, sizeof v);
-    key = bq_fnv1a(key, &ident, sizeof ident);
-    key = hash_str(key, role);
-    key = hash_str(key, read_split);
-    key = hash_str(key, s->text_column);
-    key = hash_str(key, s->text_pair_column);
-    key = hash_str(key, s->label_column);
-    key = bq_fnv1a(key, &vh, sizeof vh);
-    key = bq_fnv1a(key, kv, sizeof kv);
-
+    uint64_t key = cache_key(s, ident, role, read_split, nsamples, tok);
     const char *cdir = s->cache_dir ? s->cache_dir : bq_data_default_cache_dir();
     int hit = 0;
     if (*cdir) {
@@ -458,67 +540,9 @@ int bq_dataset_load(BqDataset **out, const BqDataSpec *s, const BqTokenizer *tok
     }
     d->from_cache = hit;
 
-    /* order: the seeded permutation restricted to the selection, then the train/val carve */
-    perm = permutation(e.source_count, s->seed);
-    pos_of = bq_malloc((size_t)(e.source_count ? e.source_count : 1) * sizeof(int64_t));
-    for (int64_t i = 0; i < e.source_count; i++) pos_of[i] = -1;
-    for (int64_t i = 0; i < e.n; i++) pos_of[e.source_index[i]] = i;
-    int64_t lo = 0, hi = e.n;
-    if (!is_test) {
-        int64_t nval = (int64_t)ceil(s->val_fraction * (double)e.n - 1e-9);
-        if (nval > e.n) nval = e.n;
-        if (!strcmp(s->split, "val")) lo = e.n - nval;
-        else hi = e.n - nval;
-    }
-    int64_t n = hi - lo;
-    if (n <= 0) {
-        st = bq_err(BQ_EINVAL, "%s: split %s is empty (%lld source examples, val fraction %g)", s->path, s->split,
-                    (long long)e.source_count, s->val_fraction);
-        goto cleanup;
-    }
-    d->n = n;
-    d->offsets = bq_malloc((size_t)(n + 1) * sizeof(int64_t));
-    d->labels = bq_malloc((size_t)n * sizeof(int32_t));
-    d->full_len = bq_malloc((size_t)n * sizeof(int32_t));
-    d->source_index = bq_malloc((size_t)n * sizeof(int64_t));
-    int64_t k = 0, tot = 0, *src = bq_malloc((size_t)n * sizeof(int64_t));
-    /* walk the permutation; the j-th selected example (in permuted order) is the j-th hit */
-    for (int64_t i = 0, j = 0; i < e.source_count && j < hi; i++) {
-        int64_t p = pos_of[perm[i]];
-        if (p < 0) continue;
-        if (j >= lo) {
-            src[k] = p;
-            d->offsets[k] = tot;
-            tot += e.offsets[p + 1] - e.offsets[p];
-            k++;
-        }
-        j++;
-    }
-    BQ_CHECK(k == n);
-    d->offsets[n] = tot;
-    d->ids = bq_malloc((size_t)(tot ? tot : 1) * sizeof(int32_t));
-    d->types = bq_malloc((size_t)(tot ? tot : 1));
-    for (int64_t i = 0; i < n; i++) {
-        int64_t p = src[i], len = e.offsets[p + 1] - e.offsets[p];
-        memcpy(d->ids + d->offsets[i], e.ids + e.offsets[p], (size_t)len * sizeof(int32_t));
-        memcpy(d->types + d->offsets[i], e.types + e.offsets[p], (size_t)len);
-        d->labels[i] = e.labels[p];
-        d->full_len[i] = e.full_len[p];
-        d->source_index[i] = e.source_index[p];
-        if (len > d->max_len) d->max_len = len;
-    }
-    free(src);
-    d->nlabels = e.nlabels;
-    d->label_names = e.label_names;
-    e.label_names = NULL;
-    e.nlabels = 0;
-    d->pad_id = e.pad_id;
-    d->source_count = e.source_count;
-    d->skipped_empty = e.skipped_empty;
+    st = select_examples(d, &e, s, is_test);
 cleanup:
     encoded_free(&e);
-    free(perm);
-    free(pos_of);
     if (st) {
         bq_dataset_free(d);
         d = NULL;

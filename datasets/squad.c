@@ -83,6 +83,81 @@ static int64_t char_to_byte(const char *s, int64_t n, int64_t ci) {
 }
 
 /* Fills s->examples / s->contexts from the file, keeping the first max_examples questions (0: all). */
+/* The answers of question id (av, a non-empty array) into e: each needs a string "text" found at its
+ * character offset "answer_start" of the context ctx (clen bytes), stored as a byte offset.
+ * Errors: BQ_EFORMAT naming the file, the question and the answer. */
+static int read_answers(BqSquadExample *e, json_t *av, const char *ctx, size_t clen, const char *path, const char *id) {
+    size_t ki;
+    json_t *ans;
+    json_array_foreach(av, ki, ans) {
+        json_t *txt = json_is_object(ans) ? json_object_get(ans, "text") : NULL;
+        json_t *stv = json_is_object(ans) ? json_object_get(ans, "answer_start") : NULL;
+        if (!json_is_string(txt) || !json_is_integer(stv)) {
+            return bq_err(BQ_EFORMAT, "%s: question %s: answers[%zu] needs a string \"text\" and an integer \"answer_start\"",
+                          path, id, ki);
+        }
+        e->answers[ki] = dup_json_str(txt);
+        e->n_answers = (int)ki + 1;
+        size_t tl = json_string_length(txt);
+        json_int_t ci = json_integer_value(stv);
+        int64_t b = ci < 0 ? -1 : char_to_byte(ctx, (int64_t)clen, (int64_t)ci);
+        if (b < 0 || (size_t)b + tl > clen || memcmp(ctx + b, e->answers[ki], tl) != 0) {
+            return bq_err(BQ_EFORMAT, "%s: question %s: answer %zu \"%.40s\" is not at answer_start %lld of its context",
+                          path, id, ki, e->answers[ki], (long long)ci);
+        }
+        e->answer_start[ki] = b;
+    }
+    return BQ_OK;
+}
+
+/* One question qa (data[ai].paragraphs[pi].qas[qi] of path) of the context ctx_index (ctx, clen bytes,
+ * in an article titled title), appended to s->examples with its context in (*ex_par) (both grown
+ * together, *cap_ex entries). ids holds the ids seen so far. Errors: BQ_EFORMAT naming the file and the
+ * question: a missing id, question or answers, a duplicate id, a SQuAD v2.0 unanswerable question, an
+ * answer not at its offset. */
+static int read_question(BqSquadSet *s, json_t *qa, json_t *ids, const char *path, size_t ai, size_t pi, size_t qi,
+                         int64_t ctx_index, size_t clen, const char *title, int64_t *cap_ex, int64_t **ex_par) {
+    const char *ctx = s->contexts[ctx_index];
+    json_t *idv = json_is_object(qa) ? json_object_get(qa, "id") : NULL;
+    if (!json_is_string(idv)) {
+        return bq_err(BQ_EFORMAT, "%s: data[%zu].paragraphs[%zu].qas[%zu]: missing string \"id\"", path, ai, pi, qi);
+    }
+    const char *id = json_string_value(idv);
+    if (json_object_get(ids, id)) {
+        return bq_err(BQ_EFORMAT, "%s: question %s: duplicate id", path, id);
+    }
+    json_object_set_new(ids, id, json_true());
+    if (json_is_true(json_object_get(qa, "is_impossible"))) {
+        return bq_err(BQ_EFORMAT, "%s: question %s: is_impossible is true (SQuAD v2.0 unanswerable questions are not supported; use v1.1 data)",
+                      path, id);
+    }
+    json_t *qv = json_object_get(qa, "question"), *av = json_object_get(qa, "answers");
+    if (!json_is_string(qv)) {
+        return bq_err(BQ_EFORMAT, "%s: question %s: missing string \"question\"", path, id);
+    }
+    if (!json_is_array(av) || json_array_size(av) == 0) {
+        return bq_err(BQ_EFORMAT, "%s: question %s: missing or empty \"answers\" array", path, id);
+    }
+    if (s->n_examples == *cap_ex) {
+        *cap_ex = *cap_ex ? *cap_ex * 2 : 1024;
+        s->examples = bq_realloc(s->examples, (size_t)*cap_ex * sizeof(BqSquadExample));
+        *ex_par = bq_realloc(*ex_par, (size_t)*cap_ex * sizeof(int64_t));
+    }
+    BqSquadExample *e = &s->examples[s->n_examples];
+    memset(e, 0, sizeof *e);
+    (*ex_par)[s->n_examples] = ctx_index;
+    s->n_examples++;
+    e->id = bq_strdup(id);
+    e->title = bq_strdup(title);
+    e->question = dup_json_str(qv);
+    e->context = s->contexts[ctx_index];
+    e->context_len = (int64_t)clen;
+    size_t na = json_array_size(av);
+    e->answers = bq_calloc(na, sizeof(char *));
+    e->answer_start = bq_calloc(na, sizeof(int64_t));
+    return read_answers(e, av, ctx, clen, path, id);
+}
+
 static int read_json(BqSquadSet *s, const char *path, const json_t *doc, int64_t max_examples, int64_t **ex_par) {
     int st = BQ_OK;
     json_error_t jerr;
@@ -101,8 +176,8 @@ static int read_json(BqSquadSet *s, const char *path, const json_t *doc, int64_t
         st = bq_err(BQ_EFORMAT, "%s: not a SQuAD file (no \"data\" array at the top level)", path);
         goto cleanup;
     }
-    size_t ai, pi, qi, ki;
-    json_t *art, *para, *qa, *ans;
+    size_t ai, pi, qi;
+    json_t *art, *para, *qa;
     json_array_foreach(data, ai, art) {
         json_t *paras = json_is_object(art) ? json_object_get(art, "paragraphs") : NULL;
         if (!json_is_array(paras)) {
@@ -135,71 +210,10 @@ static int read_json(BqSquadSet *s, const char *path, const json_t *doc, int64_t
             }
             int64_t ctx_index = s->n_contexts++;
             s->contexts[ctx_index] = dup_json_str(cv);
-            const char *ctx = s->contexts[ctx_index];
             json_array_foreach(qas, qi, qa) {
                 if (max_examples > 0 && s->n_examples >= max_examples) goto cleanup;
-                json_t *idv = json_is_object(qa) ? json_object_get(qa, "id") : NULL;
-                if (!json_is_string(idv)) {
-                    st = bq_err(BQ_EFORMAT, "%s: data[%zu].paragraphs[%zu].qas[%zu]: missing string \"id\"", path, ai, pi, qi);
+                if ((st = read_question(s, qa, ids, path, ai, pi, qi, ctx_index, clen, title, &cap_ex, ex_par)))
                     goto cleanup;
-                }
-                const char *id = json_string_value(idv);
-                if (json_object_get(ids, id)) {
-                    st = bq_err(BQ_EFORMAT, "%s: question %s: duplicate id", path, id);
-                    goto cleanup;
-                }
-                json_object_set_new(ids, id, json_true());
-                if (json_is_true(json_object_get(qa, "is_impossible"))) {
-                    st = bq_err(BQ_EFORMAT, "%s: question %s: is_impossible is true (SQuAD v2.0 unanswerable questions are not supported; use v1.1 data)",
-                                path, id);
-                    goto cleanup;
-                }
-                json_t *qv = json_object_get(qa, "question"), *av = json_object_get(qa, "answers");
-                if (!json_is_string(qv)) {
-                    st = bq_err(BQ_EFORMAT, "%s: question %s: missing string \"question\"", path, id);
-                    goto cleanup;
-                }
-                if (!json_is_array(av) || json_array_size(av) == 0) {
-                    st = bq_err(BQ_EFORMAT, "%s: question %s: missing or empty \"answers\" array", path, id);
-                    goto cleanup;
-                }
-                if (s->n_examples == cap_ex) {
-                    cap_ex = cap_ex ? cap_ex * 2 : 1024;
-                    s->examples = bq_realloc(s->examples, (size_t)cap_ex * sizeof(BqSquadExample));
-                    *ex_par = bq_realloc(*ex_par, (size_t)cap_ex * sizeof(int64_t));
-                }
-                BqSquadExample *e = &s->examples[s->n_examples];
-                memset(e, 0, sizeof *e);
-                (*ex_par)[s->n_examples] = ctx_index;
-                s->n_examples++;
-                e->id = bq_strdup(id);
-                e->title = bq_strdup(title);
-                e->question = dup_json_str(qv);
-                e->context = s->contexts[ctx_index];
-                e->context_len = (int64_t)clen;
-                size_t na = json_array_size(av);
-                e->answers = bq_calloc(na, sizeof(char *));
-                e->answer_start = bq_calloc(na, sizeof(int64_t));
-                json_array_foreach(av, ki, ans) {
-                    json_t *txt = json_is_object(ans) ? json_object_get(ans, "text") : NULL;
-                    json_t *stv = json_is_object(ans) ? json_object_get(ans, "answer_start") : NULL;
-                    if (!json_is_string(txt) || !json_is_integer(stv)) {
-                        st = bq_err(BQ_EFORMAT, "%s: question %s: answers[%zu] needs a string \"text\" and an integer \"answer_start\"",
-                                    path, id, ki);
-                        goto cleanup;
-                    }
-                    e->answers[ki] = dup_json_str(txt);
-                    e->n_answers = (int)ki + 1;
-                    size_t tl = json_string_length(txt);
-                    json_int_t ci = json_integer_value(stv);
-                    int64_t b = ci < 0 ? -1 : char_to_byte(ctx, (int64_t)clen, (int64_t)ci);
-                    if (b < 0 || (size_t)b + tl > clen || memcmp(ctx + b, e->answers[ki], tl) != 0) {
-                        st = bq_err(BQ_EFORMAT, "%s: question %s: answer %zu \"%.40s\" is not at answer_start %lld of its context",
-                                    path, id, ki, e->answers[ki], (long long)ci);
-                        goto cleanup;
-                    }
-                    e->answer_start[ki] = b;
-                }
             }
         }
     }

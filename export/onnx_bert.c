@@ -342,6 +342,133 @@ static void qa_head(Ex *e, const char *x) {
     bq_onnx_output(e->g, "end_logits", BQ_ONNX_FLOAT, 2, dyn, dp);
 }
 
+/* Position embeddings added to emb: Slice(position_ids[1, max_pos], 0, Shape(input_ids)[1], axis 1),
+ * a Gather of the position table, an Add; returns the sum's name. */
+static const char *position_embeddings(Ex *e, const char *emb) {
+    const BqBert *m = e->m;
+    const BqBertConfig *c = &m->cfg;
+    const char *P = "/bert/embeddings";
+    const int64_t H = c->hidden_size;
+    int64_t mp = c->max_position_embeddings;
+    int64_t *pos = bq_malloc(sizeof(int64_t) * (size_t)mp);
+    for (int64_t i = 0; i < mp; i++) pos[i] = i;
+    int64_t dpos[2] = {1, mp};
+    const char *posc = bq_onnx_init_int64(e->g, "bert.embeddings.position_ids", 2, dpos, pos);
+    free(pos);
+    const char *shp = op(e, "Shape", "/bert/embeddings/Shape", 1, (const char *const[]){"input_ids"});
+    int64_t one = 1, zero = 0;
+    const char *idx1 = bq_onnx_init_int64(e->g, "/bert/embeddings/Constant_1", 0, NULL, &one);
+    Onnx__NodeProto *g1 = opn(e, "Gather", "/bert/embeddings/Gather", 2, (const char *const[]){shp, idx1});
+    bq_onnx_attr_int(e->g, g1, "axis", 0);
+    const char *un = op(e, "Unsqueeze", "/bert/embeddings/Unsqueeze", 2,
+                        (const char *const[]){g1->output[0], cints(e, P, "Constant_axes0", 1, &zero)});
+    const char *sl = op(e, "Slice", "/bert/embeddings/Slice", 5,
+                        (const char *const[]){posc, cints(e, P, "Constant_starts", 1, &zero), un,
+                                              cints(e, P, "Constant_axes1", 1, &one),
+                                              cints(e, P, "Constant_steps", 1, &one)});
+    int64_t dp2[2] = {mp, H};
+    const char *pemb = bq_onnx_init_float(e->g, "bert.embeddings.position_embeddings.weight", 2, dp2, m->pos_emb.data);
+    const char *pg = op(e, "Gather", "/bert/embeddings/position_embeddings/Gather", 2,
+                        (const char *const[]){pemb, sl});
+    emb = op(e, "Add", "/bert/embeddings/Add_1", 2, (const char *const[]){emb, pg});
+    return emb;
+}
+
+/* BertEmbeddings: LayerNorm(word[ids] + type[types] + position[0..T)), then the embeddings' output
+ * quantizer; returns its output. Without a token_type_ids input the type-0 row is folded into the
+ * word table, *wordfold (freed by the caller after the graph is saved). */
+static const char *embeddings(Ex *e, float **wordfold_out) {
+    const BqBert *m = e->m;
+    const BqBertConfig *c = &m->cfg;
+    const BqOnnxOptions *opt = e->opt;
+    float *wordfold = NULL;
+    const int64_t H = c->hidden_size;
+    int64_t d2[2] = {c->vocab_size, H};
+    const char *wemb;
+    if (opt->token_type_ids) {
+        wemb = bq_onnx_init_float(e->g, "bert.embeddings.word_embeddings.weight", 2, d2, m->word_emb.data);
+    } else {
+        /* no token_type_ids input: every token has type 0; word + type[0] in HF's summation order
+         * gives the same floats as the two-Gather graph */
+        wordfold = bq_malloc(sizeof(float) * (size_t)(c->vocab_size * H));
+        for (int64_t i = 0; i < c->vocab_size; i++)
+            for (int64_t j = 0; j < H; j++) wordfold[i * H + j] = m->word_emb.data[i * H + j] + m->type_emb.data[j];
+        wemb = bq_onnx_init_float(e->g, "bert.embeddings.word_embeddings.weight", 2, d2, wordfold);
+    }
+    const char *emb = op(e, "Gather", "/bert/embeddings/word_embeddings/Gather", 2,
+                         (const char *const[]){wemb, "input_ids"});
+    if (opt->token_type_ids) {
+        int64_t dt[2] = {c->type_vocab_size, H};
+        const char *temb = bq_onnx_init_float(e->g, "bert.embeddings.token_type_embeddings.weight", 2, dt,
+                                              m->type_emb.data);
+        const char *tg = op(e, "Gather", "/bert/embeddings/token_type_embeddings/Gather", 2,
+                            (const char *const[]){temb, "token_type_ids"});
+        emb = op(e, "Add", "/bert/embeddings/Add", 2, (const char *const[]){emb, tg});
+    }
+    emb = position_embeddings(e, emb);
+    const char *x = layernorm(e, emb, "/bert/embeddings/LayerNorm", &m->emb_ln_w, &m->emb_ln_b,
+                              "bert.embeddings.LayerNorm.weight", "bert.embeddings.LayerNorm.bias");
+    x = qdq(e, x, qat(e, BQ_QP_LAYER_EMB, -1));
+    *wordfold_out = wordfold;
+    return x;
+}
+
+/* The extended attention mask (B,1,1,T), (1 - mask) * float32 min, shared by every layer; returns its
+ * name. */
+static const char *attention_mask_add(Ex *e) {
+    const char *Pm = "/bert";
+    int64_t one = 1, two = 2;
+    const char *u1 = op(e, "Unsqueeze", "/bert/Unsqueeze", 2,
+                        (const char *const[]){"attention_mask", cints(e, Pm, "Constant_axes_1", 1, &one)});
+    const char *u2 = op(e, "Unsqueeze", "/bert/Unsqueeze_1", 2,
+                        (const char *const[]){u1, cints(e, Pm, "Constant_axes_2", 1, &two)});
+    Onnx__NodeProto *cst = opn(e, "Cast", "/bert/Cast", 1, (const char *const[]){u2});
+    bq_onnx_attr_int(e->g, cst, "to", BQ_ONNX_FLOAT);
+    const char *sb = op(e, "Sub", "/bert/Sub", 2,
+                        (const char *const[]){cfloat(e, Pm, "Constant_one", 1.0f), cst->output[0]});
+    const char *mask_add = op(e, "Mul", "/bert/Mul", 2, (const char *const[]){sb, cfloat(e, Pm, "Constant_min", -FLT_MAX)});
+    return mask_add;
+}
+
+/* The classification head on the last layer's output x: BertPooler tanh(dense(x[:, 0])) and the
+ * classifier (dropout is the identity at inference), whose Add is the graph output "logits", and the
+ * metadata num_labels and id2label.<i>. */
+static void cls_head(Ex *e, const char *x) {
+    const BqBert *m = e->m;
+    const BqBertConfig *c = &m->cfg;
+    char name[NM];
+    int64_t zero = 0;
+    const char *i0 = bq_onnx_init_int64(e->g, "/bert/pooler/Constant_index0", 0, NULL, &zero);
+    Onnx__NodeProto *g0 = opn(e, "Gather", "/bert/pooler/Gather", 2, (const char *const[]){x, i0});
+    bq_onnx_attr_int(e->g, g0, "axis", 1);
+    const char *pl = linear(e, g0->output[0], "/bert/pooler/dense", &m->pool_w, &m->pool_b,
+                            "bert.pooler.dense.weight", "bert.pooler.dense.bias", NULL);
+    pl = op(e, "Tanh", "/bert/pooler/activation/Tanh", 1, (const char *const[]){pl});
+    /* classifier: MatMul + Add whose output is the graph output "logits" */
+    {
+        const BqTensor *w = &m->cls_w;
+        int64_t N = w->shape[0], K = w->shape[1];
+        float *t = bq_malloc(sizeof(float) * (size_t)(K * N));
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < K; k++) t[k * N + n] = w->data[n * K + k];
+        int64_t dims[2] = {K, N};
+        const char *wi = bq_onnx_init_float(e->g, "classifier.weight", 2, dims, t);
+        free(t);
+        const char *mm = op(e, "MatMul", "/classifier/MatMul", 2, (const char *const[]){pl, wi});
+        const char *bi = bq_onnx_init_float(e->g, "classifier.bias", 1, &N, m->cls_b.data);
+        bq_onnx_node(e->g, "Add", "/classifier/Add", 2, (const char *const[]){mm, bi}, 1,
+                     (const char *const[]){"logits"});
+        int64_t od[2] = {-1, c->num_labels};
+        bq_onnx_output(e->g, "logits", BQ_ONNX_FLOAT, 2, od, (const char *const[]){"batch", ""});
+    }
+    FMT(name, "%d", c->num_labels);
+    bq_onnx_metadata(e->g, "num_labels", name);
+    for (int i = 0; i < c->num_labels && c->id2label; i++) {
+        FMT(name, "id2label.%d", i);
+        bq_onnx_metadata(e->g, name, c->id2label[i]);
+    }
+}
+
 int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *opt, const char *path,
                         BqOnnxStats *stats) {
     BqOnnxStats st_local;
@@ -362,7 +489,6 @@ int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *
     const int itype = opt->input_int32 ? BQ_ONNX_INT32 : BQ_ONNX_INT64;
     const int64_t dyn[2] = {-1, -1};
     const char *dp[2] = {"batch", "sequence"};
-    char name[NM];
 
     bq_onnx_input(e.g, "input_ids", itype, 2, dyn, dp);
     bq_onnx_input(e.g, "attention_mask", itype, 2, dyn, dp);
@@ -371,72 +497,8 @@ int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *
         e.zp = e.cpu ? bq_onnx_init_scalar_uint8(e.g, "zero_point_uint8", 128)
                      : bq_onnx_init_scalar_int8(e.g, "zero_point_int8", 0);
 
-    /* BertEmbeddings: LayerNorm(word[ids] + type[types] + position[0..T)) */
-    const char *P = "/bert/embeddings";
-    const int64_t H = c->hidden_size;
-    int64_t d2[2] = {c->vocab_size, H};
-    const char *wemb;
-    if (opt->token_type_ids) {
-        wemb = bq_onnx_init_float(e.g, "bert.embeddings.word_embeddings.weight", 2, d2, m->word_emb.data);
-    } else {
-        /* no token_type_ids input: every token has type 0; word + type[0] in HF's summation order
-         * gives the same floats as the two-Gather graph */
-        wordfold = bq_malloc(sizeof(float) * (size_t)(c->vocab_size * H));
-        for (int64_t i = 0; i < c->vocab_size; i++)
-            for (int64_t j = 0; j < H; j++) wordfold[i * H + j] = m->word_emb.data[i * H + j] + m->type_emb.data[j];
-        wemb = bq_onnx_init_float(e.g, "bert.embeddings.word_embeddings.weight", 2, d2, wordfold);
-    }
-    const char *emb = op(&e, "Gather", "/bert/embeddings/word_embeddings/Gather", 2,
-                         (const char *const[]){wemb, "input_ids"});
-    if (opt->token_type_ids) {
-        int64_t dt[2] = {c->type_vocab_size, H};
-        const char *temb = bq_onnx_init_float(e.g, "bert.embeddings.token_type_embeddings.weight", 2, dt,
-                                              m->type_emb.data);
-        const char *tg = op(&e, "Gather", "/bert/embeddings/token_type_embeddings/Gather", 2,
-                            (const char *const[]){temb, "token_type_ids"});
-        emb = op(&e, "Add", "/bert/embeddings/Add", 2, (const char *const[]){emb, tg});
-    }
-    /* position ids: Slice(position_ids[1, max_pos], 0, Shape(input_ids)[1], axis 1) */
-    {
-        int64_t mp = c->max_position_embeddings;
-        int64_t *pos = bq_malloc(sizeof(int64_t) * (size_t)mp);
-        for (int64_t i = 0; i < mp; i++) pos[i] = i;
-        int64_t dpos[2] = {1, mp};
-        const char *posc = bq_onnx_init_int64(e.g, "bert.embeddings.position_ids", 2, dpos, pos);
-        free(pos);
-        const char *shp = op(&e, "Shape", "/bert/embeddings/Shape", 1, (const char *const[]){"input_ids"});
-        int64_t one = 1, zero = 0;
-        const char *idx1 = bq_onnx_init_int64(e.g, "/bert/embeddings/Constant_1", 0, NULL, &one);
-        Onnx__NodeProto *g1 = opn(&e, "Gather", "/bert/embeddings/Gather", 2, (const char *const[]){shp, idx1});
-        bq_onnx_attr_int(e.g, g1, "axis", 0);
-        const char *un = op(&e, "Unsqueeze", "/bert/embeddings/Unsqueeze", 2,
-                            (const char *const[]){g1->output[0], cints(&e, P, "Constant_axes0", 1, &zero)});
-        const char *sl = op(&e, "Slice", "/bert/embeddings/Slice", 5,
-                            (const char *const[]){posc, cints(&e, P, "Constant_starts", 1, &zero), un,
-                                                  cints(&e, P, "Constant_axes1", 1, &one),
-                                                  cints(&e, P, "Constant_steps", 1, &one)});
-        int64_t dp2[2] = {mp, H};
-        const char *pemb = bq_onnx_init_float(e.g, "bert.embeddings.position_embeddings.weight", 2, dp2, m->pos_emb.data);
-        const char *pg = op(&e, "Gather", "/bert/embeddings/position_embeddings/Gather", 2,
-                            (const char *const[]){pemb, sl});
-        emb = op(&e, "Add", "/bert/embeddings/Add_1", 2, (const char *const[]){emb, pg});
-    }
-    const char *x = layernorm(&e, emb, "/bert/embeddings/LayerNorm", &m->emb_ln_w, &m->emb_ln_b,
-                              "bert.embeddings.LayerNorm.weight", "bert.embeddings.LayerNorm.bias");
-    x = qdq(&e, x, qat(&e, BQ_QP_LAYER_EMB, -1));
-
-    /* extended attention mask (B,1,1,T): (1 - mask) * float32 min, shared by every layer */
-    const char *Pm = "/bert";
-    int64_t one = 1, two = 2;
-    const char *u1 = op(&e, "Unsqueeze", "/bert/Unsqueeze", 2,
-                        (const char *const[]){"attention_mask", cints(&e, Pm, "Constant_axes_1", 1, &one)});
-    const char *u2 = op(&e, "Unsqueeze", "/bert/Unsqueeze_1", 2,
-                        (const char *const[]){u1, cints(&e, Pm, "Constant_axes_2", 1, &two)});
-    Onnx__NodeProto *cst = opn(&e, "Cast", "/bert/Cast", 1, (const char *const[]){u2});
-    bq_onnx_attr_int(e.g, cst, "to", BQ_ONNX_FLOAT);
-    const char *sb = op(&e, "Sub", "/bert/Sub", 2,
-                        (const char *const[]){cfloat(&e, Pm, "Constant_one", 1.0f), cst->output[0]});
-    const char *mask_add = op(&e, "Mul", "/bert/Mul", 2, (const char *const[]){sb, cfloat(&e, Pm, "Constant_min", -FLT_MAX)});
+    const char *x = embeddings(&e, &wordfold);
+    const char *mask_add = attention_mask_add(&e);
 
     for (int l = 0; l < c->num_hidden_layers; l++) x = encoder_layer(&e, l, x, mask_add);
     /* every quantizer of the table (BQ_QPOINTS filtered by the scheme) must have its place in the
@@ -447,42 +509,8 @@ int bq_onnx_export_bert(const BqBert *m, BqQuantState *qs, const BqOnnxOptions *
         goto cleanup;
     }
 
-    if (c->head == BQ_HEAD_QA) {
-        qa_head(&e, x);
-        goto metadata;
-    }
-    /* BertPooler: tanh(dense(x[:, 0])); classifier (dropout is the identity at inference) */
-    int64_t zero = 0;
-    const char *i0 = bq_onnx_init_int64(e.g, "/bert/pooler/Constant_index0", 0, NULL, &zero);
-    Onnx__NodeProto *g0 = opn(&e, "Gather", "/bert/pooler/Gather", 2, (const char *const[]){x, i0});
-    bq_onnx_attr_int(e.g, g0, "axis", 1);
-    const char *pl = linear(&e, g0->output[0], "/bert/pooler/dense", &m->pool_w, &m->pool_b,
-                            "bert.pooler.dense.weight", "bert.pooler.dense.bias", NULL);
-    pl = op(&e, "Tanh", "/bert/pooler/activation/Tanh", 1, (const char *const[]){pl});
-    /* classifier: MatMul + Add whose output is the graph output "logits" */
-    {
-        const BqTensor *w = &m->cls_w;
-        int64_t N = w->shape[0], K = w->shape[1];
-        float *t = bq_malloc(sizeof(float) * (size_t)(K * N));
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t k = 0; k < K; k++) t[k * N + n] = w->data[n * K + k];
-        int64_t dims[2] = {K, N};
-        const char *wi = bq_onnx_init_float(e.g, "classifier.weight", 2, dims, t);
-        free(t);
-        const char *mm = op(&e, "MatMul", "/classifier/MatMul", 2, (const char *const[]){pl, wi});
-        const char *bi = bq_onnx_init_float(e.g, "classifier.bias", 1, &N, m->cls_b.data);
-        bq_onnx_node(e.g, "Add", "/classifier/Add", 2, (const char *const[]){mm, bi}, 1,
-                     (const char *const[]){"logits"});
-        int64_t od[2] = {-1, c->num_labels};
-        bq_onnx_output(e.g, "logits", BQ_ONNX_FLOAT, 2, od, (const char *const[]){"batch", ""});
-    }
-    FMT(name, "%d", c->num_labels);
-    bq_onnx_metadata(e.g, "num_labels", name);
-    for (int i = 0; i < c->num_labels && c->id2label; i++) {
-        FMT(name, "id2label.%d", i);
-        bq_onnx_metadata(e.g, name, c->id2label[i]);
-    }
-metadata:
+    if (c->head == BQ_HEAD_QA) qa_head(&e, x);
+    else cls_head(&e, x);
     bq_onnx_metadata(e.g, "task", c->head == BQ_HEAD_QA ? "question-answering" : "text-classification");
     bq_onnx_metadata(e.g, "quantization", opt->qdq ? bq_scheme_name(qs->cfg.scheme) : "none");
     if (opt->qdq) bq_onnx_metadata(e.g, "qdq_layout", e.cpu ? "cpu" : "default");

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The test command: on a fresh Debian machine with ../shared beside the checkout, installs what is
-# missing, builds, runs every C unit test (ctest, which also replays every fuzz target's committed
-# corpus, tests/fuzz/) and the Python integration tests against the peers, then (BQ_SANITIZE_PASS=1,
-# the default under CI) rebuilds with address+undefined sanitizers and runs the C unit tests and the
-# corpus replay again.
+# missing, checks the include order and the function lengths, builds, runs every C unit test (ctest,
+# which also replays every fuzz target's committed corpus, tests/fuzz/) and the Python integration
+# tests against the peers, then (BQ_SANITIZE_PASS=1, the default under CI) rebuilds with
+# address+undefined sanitizers and runs the C unit tests and the corpus replay again.
 source "$(dirname "$0")/setup_env.sh"
 cd "$BQ_ROOT"
 bq_install_debs
@@ -15,6 +15,7 @@ if [ ! -d "$BERTQAT_DATA/imdb" ]; then
 fi
 
 scripts/check_includes.sh
+scripts/check_func_length.sh
 echo "== build (Release)"
 bq_build build
 echo "== C tests"

@@ -38,6 +38,76 @@ static double padding_of(const BqDataset *d, int bs, int bucket, uint64_t seed) 
     return real ? (double)padded / (double)real : 1.0;
 }
 
+/* The table of examples per split: kept, in the source, empty texts skipped, and per label. */
+static void print_counts(BqDataset *const ds[3], const char *const splits[3]) {
+    printf("\n%-6s %9s %7s %6s  %s\n", "split", "examples", "source", "empty", "labels");
+    for (int s = 0; s < 3; s++) {
+        const BqDataset *d = ds[s];
+        if (!d) continue;
+        printf("%-6s %9lld %7lld %6lld ", splits[s], (long long)d->n, (long long)d->source_count, (long long)d->skipped_empty);
+        int64_t unl = 0;
+        for (int k = 0; k < d->nlabels; k++) {
+            int64_t c = 0;
+            for (int64_t i = 0; i < d->n; i++) c += d->labels[i] == k;
+            printf(" %s=%lld", d->label_names[k], (long long)c);
+        }
+        for (int64_t i = 0; i < d->n; i++) unl += d->labels[i] < 0;
+        if (unl) printf(" unlabeled=%lld", (long long)unl);
+        printf("\n");
+    }
+}
+
+/* The table of token lengths per split before truncation (percentiles, max, mean, how many
+ * max_seq_len truncates) and the padding factor of batch_size batches, without and with bucketing. */
+static void print_lengths(BqDataset *const ds[3], const char *const splits[3], int batch_size, int max_seq_len,
+                          int seed) {
+    printf("\ntokens per example before truncation (incl. [CLS]/[SEP]); padding = B*T / real tokens at batch %d\n", batch_size);
+    printf("%-6s %6s %6s %6s %6s %7s %8s %12s %10s %10s\n", "split", "p50", "p90", "p95", "p99", "max", "mean", "truncated", "pad", "pad+bucket");
+    for (int s = 0; s < 3; s++) {
+        const BqDataset *d = ds[s];
+        if (!d) continue;
+        int32_t *v = bq_malloc((size_t)d->n * sizeof(int32_t));
+        memcpy(v, d->full_len, (size_t)d->n * sizeof(int32_t));
+        qsort(v, (size_t)d->n, sizeof *v, cmp_i32);
+        double mean = 0;
+        int64_t ntr = 0;
+        for (int64_t i = 0; i < d->n; i++) {
+            mean += v[i];
+            ntr += max_seq_len > 0 && v[i] > max_seq_len;
+        }
+        mean /= (double)d->n;
+        char trs[32];
+        snprintf(trs, sizeof trs, "%lld(%.1f%%)", (long long)ntr, 100.0 * (double)ntr / (double)d->n);
+        printf("%-6s %6d %6d %6d %6d %7d %8.1f %12s %9.3fx %9.3fx\n", splits[s], pct(v, d->n, 50), pct(v, d->n, 90),
+               pct(v, d->n, 95), pct(v, d->n, 99), v[d->n - 1], mean, trs, padding_of(d, batch_size, 0, (uint64_t)seed),
+               padding_of(d, batch_size, 1, (uint64_t)seed));
+        free(v);
+    }
+}
+
+/* --dump-batches: the checksums of the first n shuffled batches of dump_split (as the trainer would
+ * draw them) and of the sequence. Errors: a split that was not loaded (BQ_EINVAL). */
+static int dump_batches(BqDataset *const ds[3], const char *dump_split, int n, int batch_size, int seed, int bucket) {
+    int s = !strcmp(dump_split, "train") ? 0 : !strcmp(dump_split, "val") ? 1 : !strcmp(dump_split, "test") ? 2 : -1;
+    if (s < 0 || !ds[s]) return bq_err(BQ_EINVAL, "data-stats: --dump-split '%s' is not a loaded split", dump_split);
+    BqBatcher b;
+    int st = bq_batcher_init(&b, ds[s], batch_size, 1, (uint64_t)seed, bucket);
+    if (st) return st;
+    BqBatch x;
+    uint64_t all = 1469598103934665603ULL;
+    int k = 0;
+    printf("\nbatches of %s (batch %d, seed %d, bucket %d):\n", dump_split, batch_size, seed, bucket);
+    while (k < n && bq_batcher_next(&b, &x)) {
+        uint64_t h = bq_batch_checksum(&x);
+        printf("batch %d B=%lld T=%lld checksum %016llx\n", k, (long long)x.B, (long long)x.T, (unsigned long long)h);
+        all = (all ^ h) * 1099511628211ULL;
+        k++;
+    }
+    printf("batches %d checksum %016llx\n", k, (unsigned long long)all);
+    bq_batcher_free(&b);
+    return BQ_OK;
+}
+
 int bq_cmd_data_stats(int argc, char **argv) {
     const char *vocab = NULL, *trunc_s = "head", *dump_split = "train";
     int max_seq_len = 512, seed = 42, train_samples = 0, eval_samples = 0, threads = 0, dump = 0, batch_size = 32,
@@ -103,66 +173,11 @@ int bq_cmd_data_stats(int argc, char **argv) {
         printf("\n");
     }
 
-    printf("\n%-6s %9s %7s %6s  %s\n", "split", "examples", "source", "empty", "labels");
-    for (int s = 0; s < 3; s++) {
-        const BqDataset *d = ds[s];
-        if (!d) continue;
-        printf("%-6s %9lld %7lld %6lld ", splits[s], (long long)d->n, (long long)d->source_count, (long long)d->skipped_empty);
-        int64_t unl = 0;
-        for (int k = 0; k < d->nlabels; k++) {
-            int64_t c = 0;
-            for (int64_t i = 0; i < d->n; i++) c += d->labels[i] == k;
-            printf(" %s=%lld", d->label_names[k], (long long)c);
-        }
-        for (int64_t i = 0; i < d->n; i++) unl += d->labels[i] < 0;
-        if (unl) printf(" unlabeled=%lld", (long long)unl);
-        printf("\n");
-    }
+    print_counts(ds, splits);
 
-    printf("\ntokens per example before truncation (incl. [CLS]/[SEP]); padding = B*T / real tokens at batch %d\n", batch_size);
-    printf("%-6s %6s %6s %6s %6s %7s %8s %12s %10s %10s\n", "split", "p50", "p90", "p95", "p99", "max", "mean", "truncated", "pad", "pad+bucket");
-    for (int s = 0; s < 3; s++) {
-        const BqDataset *d = ds[s];
-        if (!d) continue;
-        int32_t *v = bq_malloc((size_t)d->n * sizeof(int32_t));
-        memcpy(v, d->full_len, (size_t)d->n * sizeof(int32_t));
-        qsort(v, (size_t)d->n, sizeof *v, cmp_i32);
-        double mean = 0;
-        int64_t ntr = 0;
-        for (int64_t i = 0; i < d->n; i++) {
-            mean += v[i];
-            ntr += max_seq_len > 0 && v[i] > max_seq_len;
-        }
-        mean /= (double)d->n;
-        char trs[32];
-        snprintf(trs, sizeof trs, "%lld(%.1f%%)", (long long)ntr, 100.0 * (double)ntr / (double)d->n);
-        printf("%-6s %6d %6d %6d %6d %7d %8.1f %12s %9.3fx %9.3fx\n", splits[s], pct(v, d->n, 50), pct(v, d->n, 90),
-               pct(v, d->n, 95), pct(v, d->n, 99), v[d->n - 1], mean, trs, padding_of(d, batch_size, 0, (uint64_t)seed),
-               padding_of(d, batch_size, 1, (uint64_t)seed));
-        free(v);
-    }
+    print_lengths(ds, splits, batch_size, max_seq_len, seed);
 
-    if (dump > 0) {
-        int s = !strcmp(dump_split, "train") ? 0 : !strcmp(dump_split, "val") ? 1 : !strcmp(dump_split, "test") ? 2 : -1;
-        if (s < 0 || !ds[s]) {
-            st = bq_err(BQ_EINVAL, "data-stats: --dump-split '%s' is not a loaded split", dump_split);
-            goto cleanup;
-        }
-        BqBatcher b;
-        if ((st = bq_batcher_init(&b, ds[s], batch_size, 1, (uint64_t)seed, bucket))) goto cleanup;
-        BqBatch x;
-        uint64_t all = 1469598103934665603ULL;
-        int k = 0;
-        printf("\nbatches of %s (batch %d, seed %d, bucket %d):\n", dump_split, batch_size, seed, bucket);
-        while (k < dump && bq_batcher_next(&b, &x)) {
-            uint64_t h = bq_batch_checksum(&x);
-            printf("batch %d B=%lld T=%lld checksum %016llx\n", k, (long long)x.B, (long long)x.T, (unsigned long long)h);
-            all = (all ^ h) * 1099511628211ULL;
-            k++;
-        }
-        printf("batches %d checksum %016llx\n", k, (unsigned long long)all);
-        bq_batcher_free(&b);
-    }
+    if (dump > 0) st = dump_batches(ds, dump_split, dump, batch_size, seed, bucket);
 cleanup:
     for (int s = 0; s < 3; s++) bq_dataset_free(ds[s]);
     if (tok) bq_tokenizer_free(tok);

@@ -289,6 +289,74 @@ cleanup:
     return st;
 }
 
+/* eval's examples: split of d's data encoded as the model was trained (--samples caps the examples
+ * kept; val and train are selected as finetune selects them). Errors: loading, a split without labels,
+ * more labels in the data than the model has (BQ_EINVAL naming the data). */
+static int eval_data_load(BqDataset **out, const BqCliData *d, const BqBert *m, const BqTokenizer *tok,
+                          const char *split, int seed, int threads, int samples, int train_samples, double val_fraction) {
+    BqDataSpec spec;
+    bq_cli_data_spec(&spec, d, split, seed, threads);
+    spec.eval_samples = !strcmp(split, "test") ? samples : 0;
+    spec.train_samples = train_samples;
+    spec.val_fraction = val_fraction;
+    int st = bq_dataset_load(out, &spec, tok);
+    if (st) return st;
+    BqDataset *ds = *out;
+    if (samples > 0 && ds->n > samples) ds->n = samples;
+    if (ds->nlabels < 1) return bq_err(BQ_EINVAL, "%s: split %s has no labels to evaluate against", d->path, split);
+    if (ds->nlabels > m->cfg.num_labels)
+        return bq_err(BQ_EINVAL, "%s: data has %d labels, the model %d", d->path, ds->nlabels, m->cfg.num_labels);
+    return BQ_OK;
+}
+
+/* Opens --predictions for writing: under mpirun each rank keeps its batches' lines in memory
+ * (*pred_mem, *pred_len), which rank 0 gathers and writes in pred_finish; in one process the lines go
+ * straight to pred_tmp (cap bytes; PREDICTIONS.tmp). pw->C = C labels. Errors: BQ_ENOMEM or BQ_EIO
+ * naming --predictions. */
+static int pred_open(PredWriter *pw, const char *predictions, char *pred_tmp, size_t cap, int C, char **pred_mem,
+                     size_t *pred_len) {
+    if (bq_dist_size() > 1 && !(pw->f = open_memstream(pred_mem, pred_len)))
+        return bq_err(BQ_ENOMEM, "--predictions: %s", strerror(errno));
+    if (bq_dist_size() > 1) pw->C = C;
+    if (bq_dist_size() == 1) {
+        snprintf(pred_tmp, cap, "%s.tmp", predictions);
+        if (!(pw->f = fopen(pred_tmp, "w")))
+            return bq_err(BQ_EIO, "--predictions %s: %s", predictions, strerror(errno));
+        pw->C = C;
+    }
+    return BQ_OK;
+}
+
+/* Completes --predictions after the evaluation: under mpirun rank 0 gathers every rank's lines (in rank
+ * order of the batches) into pred_tmp; then the file is closed and renamed to PREDICTIONS. Nothing when
+ * pw has no file. Errors: BQ_EIO naming --predictions. */
+static int pred_finish(PredWriter *pw, const char *predictions, char *pred_tmp, size_t cap, char **pred_mem,
+                       size_t pred_len) {
+    int st;
+    if (pw->f && bq_dist_size() > 1) {
+        fclose(pw->f);
+        pw->f = NULL;
+        if (bq_dist_rank() == 0) {
+            snprintf(pred_tmp, cap, "%s.tmp", predictions);
+            if (!(pw->f = fopen(pred_tmp, "w")))
+                return bq_err(BQ_EIO, "--predictions %s: %s", predictions, strerror(errno));
+        }
+        bq_dist_gather_lines(*pred_mem, pred_len, pw->f);
+        free(*pred_mem);
+        *pred_mem = NULL;
+    }
+    if (pw->f) {
+        st = bq_fclose_written(pw->f, pred_tmp);
+        pw->f = NULL;
+        if (st) {
+            bq_err_ctx(st, "--predictions");
+            return st;
+        }
+        return bq_rename_durable(pred_tmp, predictions);
+    }
+    return BQ_OK;
+}
+
 int bq_cmd_eval(int argc, char **argv) {
     const char *model = NULL, *split = "test", *predictions = NULL, *engine = "auto", *engine_name = NULL;
     const char *precision = "auto";
@@ -344,74 +412,28 @@ int bq_cmd_eval(int argc, char **argv) {
     BqConfusion conf = {0};
     char pred_tmp[4200] = "";
     PredWriter pw = {0};
-    BqDataSpec spec;
     BqInt8Engine *eng = NULL;
     if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "eval")) || (st = bq_cli_data_resolve(&d, &m, "eval")) ||
         (st = bq_cli_engine_select(&eng, &m, engine, "--engine", "eval", &engine_name)))
         goto cleanup;
     m.prec = prec;
-    bq_cli_data_spec(&spec, &d, split, seed, threads);
-    spec.eval_samples = !strcmp(split, "test") ? samples : 0;
-    spec.train_samples = train_samples;
-    spec.val_fraction = val_fraction;
-    if ((st = bq_dataset_load(&ds, &spec, tok))) goto cleanup;
-    if (samples > 0 && ds->n > samples) ds->n = samples;
-    if (ds->nlabels < 1) {
-        st = bq_err(BQ_EINVAL, "%s: split %s has no labels to evaluate against", d.path, split);
+    if ((st = eval_data_load(&ds, &d, &m, tok, split, seed, threads, samples, train_samples, val_fraction)))
         goto cleanup;
-    }
-    if (ds->nlabels > m.cfg.num_labels) {
-        st = bq_err(BQ_EINVAL, "%s: data has %d labels, the model %d", d.path, ds->nlabels, m.cfg.num_labels);
-        goto cleanup;
-    }
     if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
     if ((st = bq_batcher_init(&bt, ds, batch_size, 0, (uint64_t)seed, 1))) goto cleanup;
     BqBatchSource src;
     BqBatcherSource bs;
     bq_batch_source_batcher(&src, &bs, &bt);
     bq_confusion_init(&conf, m.cfg.num_labels);
-    /* Under mpirun each rank keeps its batches' lines in memory; rank 0 gathers and writes them. */
     char *pred_mem = NULL;
     size_t pred_len = 0;
-    if (predictions && bq_dist_size() > 1 && !(pw.f = open_memstream(&pred_mem, &pred_len))) {
-        st = bq_err(BQ_ENOMEM, "--predictions: %s", strerror(errno));
+    if (predictions && (st = pred_open(&pw, predictions, pred_tmp, sizeof pred_tmp, m.cfg.num_labels, &pred_mem,
+                                       &pred_len)))
         goto cleanup;
-    }
-    if (predictions && bq_dist_size() > 1) pw.C = m.cfg.num_labels;
-    if (predictions && bq_dist_size() == 1) {
-        snprintf(pred_tmp, sizeof pred_tmp, "%s.tmp", predictions);
-        if (!(pw.f = fopen(pred_tmp, "w"))) {
-            st = bq_err(BQ_EIO, "--predictions %s: %s", predictions, strerror(errno));
-            goto cleanup;
-        }
-        pw.C = m.cfg.num_labels;
-    }
     double t0 = bq_now();
     if ((st = bq_evaluate_engine(&m, eng, &src, &act, &conf, 0, pw.f ? pred_write : NULL, &pw))) goto cleanup;
     double secs = bq_now() - t0;
-    if (pw.f && bq_dist_size() > 1) {
-        fclose(pw.f);
-        pw.f = NULL;
-        if (bq_dist_rank() == 0) {
-            snprintf(pred_tmp, sizeof pred_tmp, "%s.tmp", predictions);
-            if (!(pw.f = fopen(pred_tmp, "w"))) {
-                st = bq_err(BQ_EIO, "--predictions %s: %s", predictions, strerror(errno));
-                goto cleanup;
-            }
-        }
-        bq_dist_gather_lines(pred_mem, pred_len, pw.f);
-        free(pred_mem);
-        pred_mem = NULL;
-    }
-    if (pw.f) {
-        st = bq_fclose_written(pw.f, pred_tmp);
-        pw.f = NULL;
-        if (st) {
-            bq_err_ctx(st, "--predictions");
-            goto cleanup;
-        }
-        if ((st = bq_rename_durable(pred_tmp, predictions))) goto cleanup;
-    }
+    if ((st = pred_finish(&pw, predictions, pred_tmp, sizeof pred_tmp, &pred_mem, pred_len))) goto cleanup;
     eval_print(&m, &conf, &d, model, split, secs, batch_size, engine_name, json);
 
 cleanup:

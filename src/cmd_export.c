@@ -49,35 +49,16 @@ static int read_matrix(json_t *j, const char *key, const char *path, int *B, int
     return BQ_OK;
 }
 
-static int dump_logits(BqBert *m, BqInt8Engine *e, const char *engine, const char *path, int B, int T, int seed,
-                       int with_types, const char *inputs) {
-    int st = BQ_OK;
-    BqArena act = {0};
-    json_t *j = NULL, *jin = NULL;
-    char *tmp = NULL;
-    int32_t *ids = NULL, *types = NULL, *mask32 = NULL;
-    float *mask = NULL;
-    if (inputs) { /* the batch from a JSON file {input_ids, attention_mask[, token_type_ids]} */
-        json_error_t je;
-        jin = json_load_file(inputs, 0, &je);
-        if (!jin) return bq_err(BQ_EFORMAT, "%s: line %d: %s", inputs, je.line, je.text);
-        B = T = 0;
-        if ((st = read_matrix(jin, "input_ids", inputs, &B, &T, &ids))) goto cleanup;
-        if (!ids) {
-            st = bq_err(BQ_EFORMAT, "%s: no \"input_ids\"", inputs);
-            goto cleanup;
-        }
-        if ((st = read_matrix(jin, "attention_mask", inputs, &B, &T, &mask32))) goto cleanup;
-        if (with_types && (st = read_matrix(jin, "token_type_ids", inputs, &B, &T, &types))) goto cleanup;
-        if (!types) types = bq_calloc((size_t)(B * T), sizeof(int32_t));
-        mask = bq_malloc(sizeof(float) * (size_t)(B * T));
-        for (int i = 0; i < B * T; i++) mask[i] = mask32 ? (float)mask32[i] : 1.f;
-        goto run;
-    }
+/* The random batch of --dump-logits: B rows of T tokens (T capped at the model's positions; returns
+ * the T used), the first row full, the others between T/2 and T real tokens of random ids from seed,
+ * then padding; with_types marks the second half of each row's real tokens as type 1 (when the model
+ * has two types). *ids, *types and *mask are allocated (the caller frees them). */
+static int random_batch(const BqBert *m, int B, int T, int seed, int with_types, int32_t **ids_out,
+                        int32_t **types_out, float **mask_out) {
     if (T > m->cfg.max_position_embeddings) T = m->cfg.max_position_embeddings;
-    ids = bq_malloc(sizeof(int32_t) * (size_t)(B * T));
-    types = bq_calloc((size_t)(B * T), sizeof(int32_t));
-    mask = bq_calloc((size_t)(B * T), sizeof(float));
+    int32_t *ids = *ids_out = bq_malloc(sizeof(int32_t) * (size_t)(B * T));
+    int32_t *types = *types_out = bq_calloc((size_t)(B * T), sizeof(int32_t));
+    float *mask = *mask_out = bq_calloc((size_t)(B * T), sizeof(float));
     BqRng rng;
     bq_rng_seed(&rng, (uint64_t)seed);
     for (int b = 0; b < B; b++) {
@@ -90,14 +71,15 @@ static int dump_logits(BqBert *m, BqInt8Engine *e, const char *engine, const cha
             types[i] = (with_types && m->cfg.type_vocab_size > 1 && t >= len / 2 && t < len) ? 1 : 0;
         }
     }
-run:
-    if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
-    if (m->quant) m->quant->observe = 0;
-    BqBertInput batch = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types};
-    BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
-    BqTensor *logits = NULL;
-    if ((st = bq_infer_forward(m, e, &ctx, &batch, &logits))) goto cleanup;
-    j = json_object();
+    return T;
+}
+
+/* The JSON of --dump-logits: the batch (input_ids, attention_mask, token_type_ids when with_types), the
+ * logits ((B, labels), or start_logits and end_logits of the QA head), whether the model is quantized
+ * and the engine that ran it. */
+static json_t *logits_json(const BqBert *m, const char *engine, int B, int T, int with_types, const int32_t *ids,
+                           const float *mask, const int32_t *types, const BqTensor *logits) {
+    json_t *j = json_object();
     json_t *ji = json_array(), *jm = json_array(), *jt = json_array(), *jl = json_array(), *je = json_array();
     for (int b = 0; b < B; b++) {
         json_t *ri = json_array(), *rm = json_array(), *rt = json_array(), *rl = json_array();
@@ -135,6 +117,42 @@ run:
     }
     json_object_set_new(j, "quantized", json_boolean(m->quant != NULL));
     json_object_set_new(j, "engine", json_string(engine));
+    return j;
+}
+
+static int dump_logits(BqBert *m, BqInt8Engine *e, const char *engine, const char *path, int B, int T, int seed,
+                       int with_types, const char *inputs) {
+    int st = BQ_OK;
+    BqArena act = {0};
+    json_t *j = NULL, *jin = NULL;
+    char *tmp = NULL;
+    int32_t *ids = NULL, *types = NULL, *mask32 = NULL;
+    float *mask = NULL;
+    if (inputs) { /* the batch from a JSON file {input_ids, attention_mask[, token_type_ids]} */
+        json_error_t je;
+        jin = json_load_file(inputs, 0, &je);
+        if (!jin) return bq_err(BQ_EFORMAT, "%s: line %d: %s", inputs, je.line, je.text);
+        B = T = 0;
+        if ((st = read_matrix(jin, "input_ids", inputs, &B, &T, &ids))) goto cleanup;
+        if (!ids) {
+            st = bq_err(BQ_EFORMAT, "%s: no \"input_ids\"", inputs);
+            goto cleanup;
+        }
+        if ((st = read_matrix(jin, "attention_mask", inputs, &B, &T, &mask32))) goto cleanup;
+        if (with_types && (st = read_matrix(jin, "token_type_ids", inputs, &B, &T, &types))) goto cleanup;
+        if (!types) types = bq_calloc((size_t)(B * T), sizeof(int32_t));
+        mask = bq_malloc(sizeof(float) * (size_t)(B * T));
+        for (int i = 0; i < B * T; i++) mask[i] = mask32 ? (float)mask32[i] : 1.f;
+    } else {
+        T = random_batch(m, B, T, seed, with_types, &ids, &types, &mask);
+    }
+    if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
+    if (m->quant) m->quant->observe = 0;
+    BqBertInput batch = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types};
+    BqCtx ctx = {.act = &act, .tape = NULL, .training = 0};
+    BqTensor *logits = NULL;
+    if ((st = bq_infer_forward(m, e, &ctx, &batch, &logits))) goto cleanup;
+    j = logits_json(m, engine, B, T, with_types, ids, mask, types, logits);
     size_t n = strlen(path);
     tmp = bq_malloc(n + 5);
     memcpy(tmp, path, n);
@@ -157,6 +175,21 @@ cleanup:
     free(mask);
     if (act.base) bq_arena_free(&act);
     return st;
+}
+
+/* --task on the loaded model: cls refuses a question-answering model; qa on a classification model
+ * keeps the encoder and creates qa_outputs from rng (with no --num-labels). Errors: BQ_EINVAL naming
+ * the flag. */
+static int export_task(BqBert *m, const char *task, const char *model, int num_labels, BqRng *rng) {
+    if (task && !strcmp(task, "cls") && m->cfg.head == BQ_HEAD_QA)
+        return bq_err(BQ_EINVAL, "--task cls: %s is a question-answering model (BertForQuestionAnswering)", model);
+    if (task && !strcmp(task, "qa") && m->cfg.head != BQ_HEAD_QA) {
+        if (num_labels > 0)
+            return bq_err(BQ_EINVAL, "--num-labels: a question-answering model has start and end outputs only");
+        fprintf(stderr, "[export] %s: encoder kept, qa_outputs newly initialized (seed 0)\n", model);
+        return bq_bert_set_head(m, BQ_HEAD_QA, rng);
+    }
+    return BQ_OK;
 }
 
 int bq_cmd_export(int argc, char **argv) {
@@ -206,18 +239,7 @@ int bq_cmd_export(int argc, char **argv) {
     if (task && strcmp(task, "qa") && strcmp(task, "cls")) return bq_err(BQ_EINVAL, "--task: '%s' is not qa or cls", task);
     if ((st = bq_model_load_any(&m, model, num_labels, &rng, &report))) goto cleanup;
     if (report) fprintf(stderr, "[export] %s\n", report);
-    if (task && !strcmp(task, "cls") && m.cfg.head == BQ_HEAD_QA) {
-        st = bq_err(BQ_EINVAL, "--task cls: %s is a question-answering model (BertForQuestionAnswering)", model);
-        goto cleanup;
-    }
-    if (task && !strcmp(task, "qa") && m.cfg.head != BQ_HEAD_QA) {
-        if (num_labels > 0) {
-            st = bq_err(BQ_EINVAL, "--num-labels: a question-answering model has start and end outputs only");
-            goto cleanup;
-        }
-        fprintf(stderr, "[export] %s: encoder kept, qa_outputs newly initialized (seed 0)\n", model);
-        if ((st = bq_bert_set_head(&m, BQ_HEAD_QA, &rng))) goto cleanup;
-    }
+    if ((st = export_task(&m, task, model, num_labels, &rng))) goto cleanup;
     if (want == 1 && !m.quant) {
         st = bq_err(BQ_EINVAL, "--qdq on: %s is an fp32 checkpoint (no quantizers)", model);
         goto cleanup;

@@ -236,6 +236,24 @@ static int calibrate_qa(const char *model, const char *out, BqCliData *d, BqCliQ
     return st;
 }
 
+/* calibrate --eval-samples: loads that many test examples of spec's data (*dtest, batched in *btest,
+ * both freed by the caller) and measures the input's own fp32 accuracy (quantizers, if any, set aside)
+ * into *acc. spec is left describing the test selection. Errors: those of loading and evaluation. */
+static int calibrate_test_fp32(BqBert *m, BqDataSpec *spec, int eval_samples, const BqTokenizer *tok, int batch_size,
+                               int seed, BqDataset **dtest, BqBatcher *btest, double *acc) {
+    int st;
+    spec->split = "test";
+    spec->train_samples = 0;
+    spec->eval_samples = eval_samples;
+    if ((st = bq_dataset_load(dtest, spec, tok))) return st;
+    if ((st = bq_batcher_init(btest, *dtest, batch_size, 0, (uint64_t)seed, 1))) return st;
+    struct BqQuantState *keep = m->quant;
+    m->quant = NULL; /* the input's own fp32 accuracy */
+    st = accuracy(m, btest, acc);
+    m->quant = keep;
+    return st;
+}
+
 int bq_cmd_calibrate(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *keep_fp32 = NULL;
     int batch_size = 32, seed = 42, threads = 0, eval_samples = 0, keep_samples = 512;
@@ -304,18 +322,9 @@ int bq_cmd_calibrate(int argc, char **argv) {
         goto cleanup;
     m.prec = prec;
     double acc_fp32 = -1, acc_ptq = -1;
-    if (eval_samples > 0) {
-        spec.split = "test";
-        spec.train_samples = 0;
-        spec.eval_samples = eval_samples;
-        if ((st = bq_dataset_load(&dtest, &spec, tok))) goto cleanup;
-        if ((st = bq_batcher_init(&btest, dtest, batch_size, 0, (uint64_t)seed, 1))) goto cleanup;
-        struct BqQuantState *keep = m.quant;
-        m.quant = NULL; /* the input's own fp32 accuracy */
-        st = accuracy(&m, &btest, &acc_fp32);
-        m.quant = keep;
-        if (st) goto cleanup;
-    }
+    if (eval_samples > 0 && (st = calibrate_test_fp32(&m, &spec, eval_samples, tok, batch_size, seed, &dtest, &btest,
+                                                      &acc_fp32)))
+        goto cleanup;
     BqBatchSource scal;
     BqBatcherSource bscal;
     bq_batch_source_batcher(&scal, &bscal, &bcal);
@@ -410,6 +419,91 @@ static int distill_setup(const BqArgs *a, BqDistill *dist, BqBert *teacher, BqDi
     return BQ_OK;
 }
 
+/* qat's checks of its own flags after parsing: --ranges is observe, fixed or learn (*fixed and *learn
+ * say which); --range-lr only with learn and > 0 (default: lr, written to *range_lr);
+ * --freeze-ranges-after not with learn; --max-drop and --keep-fp32-samples only with --keep-fp32 auto;
+ * the distillation settings when --teacher is given. Errors: BQ_EINVAL naming the flag. */
+static int qat_check_flags(const BqArgs *args, const char *ranges, double *range_lr, int freeze_after, double lr,
+                           const char *keep_fp32, const char *teacher_dir, const BqDistill *dist, int *fixed,
+                           int *learn) {
+    if (strcmp(ranges, "observe") && strcmp(ranges, "fixed") && strcmp(ranges, "learn"))
+        return bq_err(BQ_EINVAL, "--ranges: '%s' is not observe, fixed or learn", ranges);
+    *fixed = !strcmp(ranges, "fixed"), *learn = !strcmp(ranges, "learn");
+    if (bq_args_given(args, "range-lr") && !*learn)
+        return bq_err(BQ_EINVAL, "--range-lr applies only with --ranges learn");
+    if (*learn && bq_args_given(args, "range-lr") && !(*range_lr > 0.0))
+        return bq_err(BQ_EINVAL, "--range-lr: must be > 0, got %g", *range_lr);
+    if (*learn && freeze_after > 0)
+        return bq_err(BQ_EINVAL, "--freeze-ranges-after applies to observed ranges, not --ranges learn");
+    if (*learn && !bq_args_given(args, "range-lr")) *range_lr = lr;
+    if ((bq_args_given(args, "max-drop") || bq_args_given(args, "keep-fp32-samples")) &&
+        !(keep_fp32 && !strcmp(keep_fp32, "auto")))
+        return bq_err(BQ_EINVAL, "--max-drop and --keep-fp32-samples apply only with --keep-fp32 auto");
+    if (teacher_dir) return bq_distill_check_flags(dist->alpha, dist->temperature, dist->hidden_weight);
+    return BQ_OK;
+}
+
+/* The ranges QAT starts from: an input whose quantizers are all calibrated keeps them (its config wins;
+ * --freeze-ranges-after still applies), else m is calibrated over strain as `calibrate` does. Then the
+ * fp32 fallback --keep-fp32: from an fp32 input as calibrate does; a PTQ input keeps its recorded list
+ * and these modules are added to it (their quantizers removed, every other range kept). Errors: those
+ * of calibration and of the fallback. */
+static int qat_start_ranges(BqBert *m, int calibrated, const BqQuantConfig *qcfg, BqCalibrator method,
+                            const QuantOpts *q, BqBatchSource *strain, const char *keep_fp32, BqCliData *d,
+                            const BqTokenizer *tok, const BqCliTrain *t, int keep_samples, double max_drop) {
+    int st;
+    if (calibrated) {
+        fprintf(stderr, "[qat] starting from the input's %d calibrated quantizers (scheme %s)\n", m->quant->n,
+                bq_scheme_name(m->quant->cfg.scheme));
+        m->quant->cfg.freeze_after = qcfg->freeze_after;
+    } else if ((st = calibrate_model(m, qcfg, method, q->percentile, strain, q->calib_samples, "qat"))) {
+        return st;
+    }
+    if (keep_fp32 && !strcmp(keep_fp32, "auto")) {
+        if ((st = keep_fp32_auto(m, d, tok, t->seed, t->threads, t->batch_size, keep_samples, max_drop, "qat")))
+            return st;
+    } else if (keep_fp32 && (st = bq_sens_exclude(m, keep_fp32, "--keep-fp32"))) {
+        return st;
+    }
+    if (keep_fp32) fprintf(stderr, "[qat] exclude list (kept in fp32) \"%s\"\n", m->quant->cfg.exclude);
+    return BQ_OK;
+}
+
+/* How the ranges move while QAT trains: fixed (frozen; the weights learn around them), observed
+ * (moving-average observers, c = 0.01) or learned (observers off; each scale a parameter initialised
+ * from its calibrated value, at range_lr). The quantizers' step count restarts at 0. */
+static void qat_ranges_mode(BqQuantState *qs, int fixed, int learn, double range_lr) {
+    bq_quant_freeze(qs, fixed || learn);
+    qs->observe = !fixed && !learn;
+    qs->steps_seen = 0;
+    if (learn) { /* observers off; each scale a parameter, initialised from its calibrated value */
+        bq_quant_learn_enable(qs, range_lr);
+        fprintf(stderr, "[qat] ranges: learned (LSQ) from the calibrated scales, %lld scales, range lr %g\n",
+                (long long)qs->nscales, range_lr);
+    } else {
+        bq_quant_learn_disable(qs); /* an input that learned its ranges keeps them as they are */
+        fprintf(stderr, "[qat] ranges: %s\n", fixed ? "fixed (calibrated ranges, weights learn around them)"
+                                                  : "moving-average observers (c = 0.01)");
+    }
+}
+
+/* Loads qat's input model into m: a question-answering model with its SQuAD training windows in td
+ * (*strain = &td->src; --dropout applied), else the model and its tokenizer (*tok). Errors: those of
+ * loading. */
+static int qat_load_model(BqBert *m, BqTokenizer **tok, QaTrainData *td, BqBatchSource **strain, int is_qa,
+                          const char *model, BqCliData *d, BqCliQa *qa, const BqCliTrain *t) {
+    int st;
+    if (is_qa) {
+        if ((st = qa_train_data(td, m, model, d, qa, t->train_samples, t->batch_size, t->seed, t->threads, "qat")))
+            return st;
+        if (t->dropout >= 0) m->cfg.hidden_dropout_prob = m->cfg.attention_probs_dropout_prob = (float)t->dropout;
+        *strain = &td->src;
+    } else if ((st = bq_cli_model_load(m, tok, model, 0, (uint64_t)t->seed, "qat"))) {
+        return st;
+    }
+    return BQ_OK;
+}
+
 int bq_cmd_qat(int argc, char **argv) {
     double range_lr = -1.0;
     const char *model = NULL, *out = NULL, *ranges = "observe", *keep_fp32 = NULL, *teacher_dir = NULL;
@@ -472,20 +566,10 @@ int bq_cmd_qat(int argc, char **argv) {
     BqQuantConfig qcfg;
     BqTrainResult res;
     if ((st = bq_calibrator_parse(&method, q.calibrator)) || (st = quant_config_from_opts(&qcfg, &q))) return st;
-    if (strcmp(ranges, "observe") && strcmp(ranges, "fixed") && strcmp(ranges, "learn"))
-        return bq_err(BQ_EINVAL, "--ranges: '%s' is not observe, fixed or learn", ranges);
-    int fixed = !strcmp(ranges, "fixed"), learn = !strcmp(ranges, "learn");
-    if (bq_args_given(&args, "range-lr") && !learn)
-        return bq_err(BQ_EINVAL, "--range-lr applies only with --ranges learn");
-    if (learn && bq_args_given(&args, "range-lr") && !(range_lr > 0.0))
-        return bq_err(BQ_EINVAL, "--range-lr: must be > 0, got %g", range_lr);
-    if (learn && q.freeze_after > 0)
-        return bq_err(BQ_EINVAL, "--freeze-ranges-after applies to observed ranges, not --ranges learn");
-    if (learn && !bq_args_given(&args, "range-lr")) range_lr = t.lr;
-    if ((bq_args_given(&args, "max-drop") || bq_args_given(&args, "keep-fp32-samples")) &&
-        !(keep_fp32 && !strcmp(keep_fp32, "auto")))
-        return bq_err(BQ_EINVAL, "--max-drop and --keep-fp32-samples apply only with --keep-fp32 auto");
-    if (teacher_dir && (st = bq_distill_check_flags(dist.alpha, dist.temperature, dist.hidden_weight))) return st;
+    int fixed = 0, learn = 0;
+    if ((st = qat_check_flags(&args, ranges, &range_lr, q.freeze_after, t.lr, keep_fp32, teacher_dir, &dist, &fixed,
+                              &learn)))
+        return st;
     bq_runtime_set_threads(t.threads);
     int is_qa = 0, distilling = 0;
     QaTrainData td;
@@ -494,14 +578,7 @@ int bq_cmd_qat(int argc, char **argv) {
     if ((st = bq_cli_task_resolve(&args, &qa, model, &is_qa)) || (st = bq_cli_task_check_data(is_qa, d.path))) return st;
     if (is_qa && (teacher_dir || keep_fp32))
         return bq_err(BQ_EINVAL, "--%s: applies to sequence-classification models only", teacher_dir ? "teacher" : "keep-fp32");
-    if (is_qa) {
-        if ((st = qa_train_data(&td, &m, model, &d, &qa, t.train_samples, t.batch_size, t.seed, t.threads, "qat")))
-            goto cleanup;
-        if (t.dropout >= 0) m.cfg.hidden_dropout_prob = m.cfg.attention_probs_dropout_prob = (float)t.dropout;
-        strain = &td.src;
-    } else if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)t.seed, "qat"))) {
-        goto cleanup;
-    }
+    if ((st = qat_load_model(&m, &tok, &td, &strain, is_qa, model, &d, &qa, &t))) goto cleanup;
     if ((st = distill_setup(&args, &dist, &teacher, &rec, teacher_dir, &m, model, out, t.resume, &distilling)))
         goto cleanup;
     /* Ranges: keep a calibrated input's (its config wins; --freeze-ranges-after still applies), else calibrate. */
@@ -513,34 +590,10 @@ int bq_cmd_qat(int argc, char **argv) {
         m.prec = t.prec; /* calibration runs in the training's precision */
     }
     if (distilling && (st = bq_distill_check_labels(&teacher, &m))) goto cleanup;
-    if (calibrated) {
-        fprintf(stderr, "[qat] starting from the input's %d calibrated quantizers (scheme %s)\n", m.quant->n,
-                bq_scheme_name(m.quant->cfg.scheme));
-        m.quant->cfg.freeze_after = qcfg.freeze_after;
-    } else if ((st = calibrate_model(&m, &qcfg, method, q.percentile, strain, q.calib_samples, "qat"))) {
+    if ((st = qat_start_ranges(&m, calibrated, &qcfg, method, &q, strain, keep_fp32, &d, tok, &t, keep_samples,
+                               max_drop)))
         goto cleanup;
-    }
-    /* fp32 fallback: from an fp32 input as calibrate does; a PTQ input keeps its recorded list and these
-     * modules are added to it (their quantizers removed, every other range kept). */
-    if (keep_fp32 && !strcmp(keep_fp32, "auto")) {
-        if ((st = keep_fp32_auto(&m, &d, tok, t.seed, t.threads, t.batch_size, keep_samples, max_drop, "qat")))
-            goto cleanup;
-    } else if (keep_fp32 && (st = bq_sens_exclude(&m, keep_fp32, "--keep-fp32"))) {
-        goto cleanup;
-    }
-    if (keep_fp32) fprintf(stderr, "[qat] exclude list (kept in fp32) \"%s\"\n", m.quant->cfg.exclude);
-    bq_quant_freeze(m.quant, fixed || learn);
-    m.quant->observe = !fixed && !learn;
-    m.quant->steps_seen = 0;
-    if (learn) { /* observers off; each scale a parameter, initialised from its calibrated value */
-        bq_quant_learn_enable(m.quant, range_lr);
-        fprintf(stderr, "[qat] ranges: learned (LSQ) from the calibrated scales, %lld scales, range lr %g\n",
-                (long long)m.quant->nscales, range_lr);
-    } else {
-        bq_quant_learn_disable(m.quant); /* an input that learned its ranges keeps them as they are */
-        fprintf(stderr, "[qat] ranges: %s\n", fixed ? "fixed (calibrated ranges, weights learn around them)"
-                                                  : "moving-average observers (c = 0.01)");
-    }
+    qat_ranges_mode(m.quant, fixed, learn, range_lr);
     /* the trainer calls bq_quant_step after each optimizer step (freeze at --freeze-ranges-after) */
     t.distill = distilling ? &dist : NULL;
     if ((st = bq_cli_train_run_sources(&m, &t, strain, sval, &d, model, out, "qat", &res))) goto cleanup;

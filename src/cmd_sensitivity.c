@@ -138,6 +138,36 @@ static int write_svg(const BqSensitivity *s, const int *order, const char *path,
     return st;
 }
 
+/* The sensitivity scan needs a classifier with calibrated quantizers. Errors: BQ_EINVAL naming --model:
+ * a question-answering model, an fp32 checkpoint, quantizers without ranges. */
+static int check_model(const BqBert *m, const char *model) {
+    if (m->cfg.head == BQ_HEAD_QA)
+        return bq_err(BQ_EINVAL, "--model %s: a question-answering model; the sensitivity scan scores classifiers", model);
+    if (!m->quant)
+        return bq_err(BQ_EINVAL, "--model %s: an fp32 checkpoint has no quantizers; calibrate it first "
+                      "(bertqat calibrate)", model);
+    if (bq_quant_count_initialized(m->quant) != m->quant->n)
+        return bq_err(BQ_EINVAL, "--model %s: quantizers without ranges; calibrate it first", model);
+    return BQ_OK;
+}
+
+/* The scan's summary on stdout: what was measured, the reference accuracies and the ten most harmful
+ * groups (order: bq_sens_order). */
+static void print_summary(const BqSensitivity *s, const int *order, const char *split, const char *scheme,
+                          double secs) {
+    printf("sensitivity: %lld %s examples, scheme %s, %d groups, %.1fs (%d threads; %lld batch forwards, %lld "
+           "Linear products reused)\n", (long long)s->n, split, scheme, s->ng, secs,
+           bq_runtime_threads(), (long long)s->forwards, (long long)s->reused);
+    printf("accuracy: fp32 %.4f, all quantized %.4f (mean KL %.4g)\n", s->acc_fp32, s->acc_quant, s->kl_quant);
+    printf("%4s  %-44s %12s %10s %12s %10s\n", "rank", "group (most harmful first)", "only int8", "KL", "only fp32",
+           "KL");
+    for (int r = 0; r < s->ng && r < 10; r++) {
+        const BqSensGroup *g = &s->g[order[r]];
+        printf("%4d  %-44s %12.4f %10.4g %12.4f %10.4g\n", r + 1, short_name(g->name), g->acc_only, g->kl_only,
+               g->acc_without, g->kl_without);
+    }
+}
+
 int bq_cmd_sensitivity(int argc, char **argv) {
     const char *model = NULL, *out = ".", *split = "val";
     int samples = 512, batch_size = 32, threads = 0, seed = 42, no_cache = 0;
@@ -183,19 +213,7 @@ int bq_cmd_sensitivity(int argc, char **argv) {
     if ((st = bq_cli_precision(precision, "sensitivity", &prec))) return st;
     if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)seed, "sensitivity"))) goto cleanup;
     m.prec = prec;
-    if (m.cfg.head == BQ_HEAD_QA) {
-        st = bq_err(BQ_EINVAL, "--model %s: a question-answering model; the sensitivity scan scores classifiers", model);
-        goto cleanup;
-    }
-    if (!m.quant) {
-        st = bq_err(BQ_EINVAL, "--model %s: an fp32 checkpoint has no quantizers; calibrate it first "
-                    "(bertqat calibrate)", model);
-        goto cleanup;
-    }
-    if (bq_quant_count_initialized(m.quant) != m.quant->n) {
-        st = bq_err(BQ_EINVAL, "--model %s: quantizers without ranges; calibrate it first", model);
-        goto cleanup;
-    }
+    if ((st = check_model(&m, model))) goto cleanup;
     if ((st = bq_cli_data_resolve(&d, &m, "sensitivity"))) goto cleanup;
     BqDataSpec spec;
     bq_cli_data_spec(&spec, &d, split, seed, threads);
@@ -219,17 +237,7 @@ int bq_cmd_sensitivity(int argc, char **argv) {
     bq_dist_sum_i64(&s.forwards, 1); /* under mpirun each rank counted its own batches */
     bq_dist_sum_i64(&s.reused, 1);
     order = bq_sens_order(&s);
-    printf("sensitivity: %lld %s examples, scheme %s, %d groups, %.1fs (%d threads; %lld batch forwards, %lld "
-           "Linear products reused)\n", (long long)s.n, split, bq_scheme_name(m.quant->cfg.scheme), s.ng, secs,
-           bq_runtime_threads(), (long long)s.forwards, (long long)s.reused);
-    printf("accuracy: fp32 %.4f, all quantized %.4f (mean KL %.4g)\n", s.acc_fp32, s.acc_quant, s.kl_quant);
-    printf("%4s  %-44s %12s %10s %12s %10s\n", "rank", "group (most harmful first)", "only int8", "KL", "only fp32",
-           "KL");
-    for (int r = 0; r < s.ng && r < 10; r++) {
-        const BqSensGroup *g = &s.g[order[r]];
-        printf("%4d  %-44s %12.4f %10.4g %12.4f %10.4g\n", r + 1, short_name(g->name), g->acc_only, g->kl_only,
-               g->acc_without, g->kl_without);
-    }
+    print_summary(&s, order, split, bq_scheme_name(m.quant->cfg.scheme), secs);
     if (bq_dist_rank() != 0) goto cleanup;
     snprintf(path, sizeof path, "%s/sensitivity.json", out);
     if ((st = write_json(&s, order, path, model, d.path, split, secs))) goto cleanup;

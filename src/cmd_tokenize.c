@@ -29,6 +29,24 @@ static void print_ids(FILE *out, const BqTokenizer *tok, const int32_t *ids, con
     fputc('\n', out);
 }
 
+/* One record as plain WordPiece pieces (no [CLS]/[SEP], no truncation): ids or tokens, or with
+ * offsets_flag the ids followed by each piece's begin:end byte span after " ||". *ids, *offs and *cap
+ * are the caller's growing buffers. */
+static void print_plain(const BqTokenizer *tok, const char *a, size_t alen, int offsets_flag, int tokens_flag,
+                        int32_t **ids, int64_t **offs, int64_t *cap) {
+    int64_t n = 0;
+    if (offsets_flag) {
+        bq_tokenizer_tokenize_offsets(tok, a, alen, ids, offs, &n, cap);
+        for (int64_t i = 0; i < n; i++) fprintf(stdout, i ? " %d" : "%d", (*ids)[i]);
+        fputs(" ||", stdout);
+        for (int64_t i = 0; i < n; i++) fprintf(stdout, " %lld:%lld", (long long)(*offs)[2 * i], (long long)(*offs)[2 * i + 1]);
+        fputc('\n', stdout);
+        return;
+    }
+    bq_tokenizer_tokenize(tok, a, alen, ids, &n, cap);
+    print_ids(stdout, tok, *ids, NULL, n, tokens_flag);
+}
+
 int bq_cmd_tokenize(int argc, char **argv) {
     const char *vocab = NULL, *trunc_s = "head";
     int max_len = 0, ids_flag = 0, tokens_flag = 0, pair = 0, nul = 0, special = 0, show_types = 0;
@@ -63,7 +81,7 @@ int bq_cmd_tokenize(int argc, char **argv) {
     size_t rcap = 0;
     int32_t *ids = NULL, *types = NULL;
     int64_t *offs = NULL;
-    int64_t n = 0, cap = 0, ecap = 0;
+    int64_t cap = 0, ecap = 0;
     const char *in_name = args.npositional ? args.positional[0] : "<stdin>";
     BqTokenizerOptions opts = {.do_lower_case = lower, .strip_accents = strip, .tokenize_chinese_chars = -1};
     if ((st = bq_tokenizer_load(&tok, vocab, &opts))) goto cleanup;
@@ -98,17 +116,7 @@ int bq_cmd_tokenize(int argc, char **argv) {
             blen = len - alen - 1;
         }
         if (!encoded) {
-            n = 0;
-            if (offsets_flag) {
-                bq_tokenizer_tokenize_offsets(tok, a, alen, &ids, &offs, &n, &cap);
-                for (int64_t i = 0; i < n; i++) fprintf(stdout, i ? " %d" : "%d", ids[i]);
-                fputs(" ||", stdout);
-                for (int64_t i = 0; i < n; i++) fprintf(stdout, " %lld:%lld", (long long)offs[2 * i], (long long)offs[2 * i + 1]);
-                fputc('\n', stdout);
-                continue;
-            }
-            bq_tokenizer_tokenize(tok, a, alen, &ids, &n, &cap);
-            print_ids(stdout, tok, ids, NULL, n, tokens_flag);
+            print_plain(tok, a, alen, offsets_flag, tokens_flag, &ids, &offs, &cap);
             continue;
         }
         int64_t need = bq_tokenizer_encode(tok, a, alen, b, blen, max_len, trunc, ids, types, ecap);

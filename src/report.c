@@ -370,7 +370,10 @@ static void fallback_write(FILE *f, const char *run_dir, const BqReportInfo *inf
     }
 }
 
-int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, const BqReportInfo *info) {
+/* The training curves of the stages that have a training log (at most 5): RUN_DIR/curves-loss.svg,
+ * and RUN_DIR/curves-eval.svg when a stage validated (otherwise an old one is removed). *nacc receives
+ * the number of validation points. Errors: a chart cannot be written or the old one removed. */
+static int curves_write(const char *run_dir, const BqReportRow *rows, int nrows, int *nacc_out) {
     /* Curves: loss per training stage in one chart, eval accuracy in another. */
     Series loss[5] = {{0}}, acc[5] = {{0}};
     const char *names[5] = {0};
@@ -397,13 +400,13 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
     else if (!st && unlink(path) != 0 && errno != ENOENT)
         st = bq_err(BQ_EIO, "%s: cannot remove: %s", path, strerror(errno));
     for (int i = 0; i < ns; i++) free(loss[i].x), free(loss[i].y), free(acc[i].x), free(acc[i].y);
-    if (st) return st;
+    *nacc_out = nacc;
+    return st;
+}
 
-    char tmp[4200];
-    snprintf(path, sizeof path, "%s/report.md", run_dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return bq_err(BQ_EIO, "%s: cannot write: %s", tmp, strerror(errno));
+/* The report's first lines: date, machine, runtime, model, data, budget, recipe, fallbacks and the
+ * wall time of this invocation. */
+static void header_write(FILE *f, const char *run_dir, const BqReportInfo *info) {
     struct utsname u;
     uname(&u);
     time_t now = time(NULL);
@@ -418,7 +421,11 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
     fallback_write(f, run_dir, info);
     fprintf(f, "- wall time of this invocation: %.0f s (stages done earlier are skipped; their times are below)\n\n",
             info->seconds);
-    const int qa = info->qa;
+}
+
+/* The results table, one row per stage (accuracy and F1, or exact match and F1 for question
+ * answering, against the first row), in report.md and on stdout. */
+static void results_write(FILE *f, const char *run_dir, const BqReportRow *rows, int nrows, int qa) {
     const char *hdr = qa ? "| stage | engine | exact match | F1 | F1 vs fp32 | questions | model size | questions/s |\n"
                            "|---|---|---|---|---|---|---|---|\n"
                          : "| stage | engine | accuracy | vs fp32 | F1 | examples | model size | examples/s |\n"
@@ -461,7 +468,11 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
             printf("%-40s %9s\n", rows[i].label, "(no result)");
         }
     }
-    /* each row with a peer (an export and its checkpoint, fake quant and the integer engine) against it */
+}
+
+/* Each row with a peer (an export and its checkpoint, fake quant and the integer engine) against it:
+ * how many predictions agree and the difference of accuracy (or F1), under one table. */
+static void agreement_write(FILE *f, const char *run_dir, const BqReportRow *rows, int nrows, int qa) {
     int npar = 0;
     for (int i = 0; i < nrows; i++) {
         if (rows[i].same_as < 0 || rows[i].same_as >= nrows) continue;
@@ -507,15 +518,12 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
         else
             fprintf(f, "| %s | %ld | (no predictions) | %+.2f pt | | |\n", what, a.n, diff);
     }
-    for (int i = 0; i < nrows; i++)
-        if (rows[i].note) fprintf(f, "\n%s: %s\n", rows[i].label, rows[i].note);
-    fprintf(f, "\nengine: what scored the row (`bertqat eval`: int8 is the integer engine, fake-quant the fp32 "
-               "simulation QAT trains, fp32 a float checkpoint; ONNX Runtime CPU for the .onnx files). %s: "
-               "inference only, tokenization excluded.\n", qa ? "questions/s" : "examples/s");
-    if (info->bench_json) speed_write(f, run_dir, info->bench_json);
-    /* Each stage's settings, thread count and wall time from its marker (src/cmd_pipeline.c, stage_run:
-     * {"settings", "argv", "finished", "seconds"}), so the report shows what actually ran. Paths inside
-     * RUN_DIR are printed relative to it. */
+}
+
+/* Each stage's settings, thread count and wall time from its marker (src/cmd_pipeline.c, stage_run:
+ * {"settings", "argv", "finished", "seconds"}), so the report shows what actually ran. Paths inside
+ * RUN_DIR are printed relative to it. */
+static void stages_write(FILE *f, const char *run_dir, const BqReportInfo *info) {
     if (info->nstages > 0) fprintf(f, "\n## Stages as run\n\n");
     size_t rl = strlen(run_dir);
     for (int i = 0; i < info->nstages; i++) {
@@ -541,6 +549,29 @@ int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, con
         fprintf(f, "`\n");
         json_decref(m);
     }
+}
+
+int bq_report_write(const char *run_dir, const BqReportRow *rows, int nrows, const BqReportInfo *info) {
+    int nacc = 0;
+    int st = curves_write(run_dir, rows, nrows, &nacc);
+    if (st) return st;
+
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/report.md", run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return bq_err(BQ_EIO, "%s: cannot write: %s", tmp, strerror(errno));
+    header_write(f, run_dir, info);
+    const int qa = info->qa;
+    results_write(f, run_dir, rows, nrows, qa);
+    agreement_write(f, run_dir, rows, nrows, qa);
+    for (int i = 0; i < nrows; i++)
+        if (rows[i].note) fprintf(f, "\n%s: %s\n", rows[i].label, rows[i].note);
+    fprintf(f, "\nengine: what scored the row (`bertqat eval`: int8 is the integer engine, fake-quant the fp32 "
+               "simulation QAT trains, fp32 a float checkpoint; ONNX Runtime CPU for the .onnx files). %s: "
+               "inference only, tokenization excluded.\n", qa ? "questions/s" : "examples/s");
+    if (info->bench_json) speed_write(f, run_dir, info->bench_json);
+    stages_write(f, run_dir, info);
     if (info->onnx_skipped)
         fprintf(f, "\nONNX Runtime evaluation was skipped: --python was none or not an executable.\n");
     fprintf(f, "\n## Training curves\n\n![training loss](curves-loss.svg)\n\n");

@@ -262,6 +262,57 @@ void bq_sens_free(BqSensitivity *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* The plan of group k's two passes: start[k], the first layer its quantizers touch (with the prefix
+ * cache; the embeddings' quantizer: none can be skipped; L - 1 at most), reach[k], the Linears of that
+ * layer they can change (all where one sits in another layer), and the enabled rows of en (nq + 1 each):
+ * row 2k only this group quantized, row 2k + 1 every quantizer but this group's. */
+static void group_plan(const BqSensitivity *s, int k, int prefix, unsigned char *en, int *start, unsigned *reach) {
+    const BqQuantState *qs = s->m->quant;
+    const int nq = qs->n, L = s->m->cfg.num_hidden_layers;
+    const BqSensGroup *g = &s->g[k];
+    /* the first layer the group touches (the embeddings' quantizer: none can be skipped), and the
+     * Linears of that layer its quantizers reach (all where one sits in another layer) */
+    start[k] = prefix ? L - 1 : 0;
+    for (int j = 0; j < g->n; j++) {
+        int l = qs->q[g->q[j]].layer;
+        if (l < start[k]) start[k] = l < 0 ? 0 : l;
+    }
+    reach[k] = 0;
+    for (int j = 0; j < g->n; j++) {
+        const BqQuantizer *q = &qs->q[g->q[j]];
+        reach[k] |= q->layer == start[k] ? bq_bert_linear_reach(q->point) : ~0u;
+    }
+    /* en rows 2k: only this group quantized; 2k + 1: every quantizer but this group's */
+    unsigned char *only = en + (size_t)(2 * k) * (size_t)(nq + 1), *without = only + nq + 1;
+    memset(only, 0, (size_t)nq);
+    memset(without, 1, (size_t)nq);
+    for (int j = 0; j < g->n; j++) only[g->q[j]] = 1, without[g->q[j]] = 0;
+}
+
+/* The results after every batch: sums the per-rank counts (correct: 2·ng + 2 rows, kl: as many rows of
+ * s->n) over the ranks, then the accuracies and mean KL of the references and of each group's two
+ * passes, each group printed unless quiet (rank 0 only). */
+static void groups_results(BqSensitivity *s, int64_t *correct, double *kl, int quiet) {
+    const int ng = s->ng, rank = bq_dist_rank();
+    /* every slot is one rank's value plus zeros (run_pass); then the same sums as one process */
+    bq_dist_sum_i64(correct, 2 * ng + 2);
+    bq_dist_sum_f64(kl, (2 * ng + 2) * s->n);
+    s->acc_fp32 = (double)correct[2 * ng] / (double)s->n;
+    s->acc_quant = (double)correct[2 * ng + 1] / (double)s->n;
+    s->kl_quant = row_mean(kl + (2 * ng + 1) * s->n, s->n);
+    s->measured = 1;
+    for (int k = 0; k < ng; k++) {
+        BqSensGroup *g = &s->g[k];
+        g->acc_only = (double)correct[2 * k] / (double)s->n;
+        g->kl_only = row_mean(kl + 2 * k * s->n, s->n);
+        g->acc_without = (double)correct[2 * k + 1] / (double)s->n;
+        g->kl_without = row_mean(kl + (2 * k + 1) * s->n, s->n);
+        if (!quiet && rank == 0)
+            fprintf(stderr, "[sensitivity] %d/%d %s: only quantized acc %.4f KL %.3g, only fp32 acc %.4f KL %.3g\n",
+                    k + 1, ng, g->name, g->acc_only, g->kl_only, g->acc_without, g->kl_without);
+    }
+}
+
 int bq_sens_run_groups(BqSensitivity *s, int quiet) {
     BqQuantState *qs = s->m->quant;
     const int nq = qs->n, ng = s->ng, L = s->m->cfg.num_hidden_layers, NL = L * BQ_LIN_ENCODER;
@@ -283,26 +334,7 @@ int bq_sens_run_groups(BqSensitivity *s, int quiet) {
         lin_slots(s, s->lin_fp32, keep_f);
         lin_slots(s, s->lin_quant, keep_q);
     }
-    for (int k = 0; k < ng; k++) {
-        const BqSensGroup *g = &s->g[k];
-        /* the first layer the group touches (the embeddings' quantizer: none can be skipped), and the
-         * Linears of that layer its quantizers reach (all where one sits in another layer) */
-        start[k] = prefix ? L - 1 : 0;
-        for (int j = 0; j < g->n; j++) {
-            int l = qs->q[g->q[j]].layer;
-            if (l < start[k]) start[k] = l < 0 ? 0 : l;
-        }
-        reach[k] = 0;
-        for (int j = 0; j < g->n; j++) {
-            const BqQuantizer *q = &qs->q[g->q[j]];
-            reach[k] |= q->layer == start[k] ? bq_bert_linear_reach(q->point) : ~0u;
-        }
-        /* en rows 2k: only this group quantized; 2k + 1: every quantizer but this group's */
-        unsigned char *only = en + (size_t)(2 * k) * (size_t)(nq + 1), *without = only + nq + 1;
-        memset(only, 0, (size_t)nq);
-        memset(without, 1, (size_t)nq);
-        for (int j = 0; j < g->n; j++) only[g->q[j]] = 1, without[g->q[j]] = 0;
-    }
+    for (int k = 0; k < ng; k++) group_plan(s, k, prefix, en, start, reach);
     /* batch by batch: the fp32 and the all-quantized passes keep their layer and Linear outputs, then each
      * group's two passes start from them (the layers before the group's compute exactly those values) */
     BqBatch b;
@@ -353,23 +385,7 @@ int bq_sens_run_groups(BqSensitivity *s, int quiet) {
             fprintf(stderr, "[sensitivity] batch %lld/%lld done: %lld of %lld examples (%.0fs)\n", (long long)bi,
                     (long long)nb, (long long)seen, (long long)s->n, bq_now() - t0);
     }
-    /* every slot is one rank's value plus zeros (run_pass); then the same sums as one process */
-    bq_dist_sum_i64(correct, 2 * ng + 2);
-    bq_dist_sum_f64(kl, (2 * ng + 2) * s->n);
-    s->acc_fp32 = (double)correct[2 * ng] / (double)s->n;
-    s->acc_quant = (double)correct[2 * ng + 1] / (double)s->n;
-    s->kl_quant = row_mean(kl + (2 * ng + 1) * s->n, s->n);
-    s->measured = 1;
-    for (int k = 0; k < ng; k++) {
-        BqSensGroup *g = &s->g[k];
-        g->acc_only = (double)correct[2 * k] / (double)s->n;
-        g->kl_only = row_mean(kl + 2 * k * s->n, s->n);
-        g->acc_without = (double)correct[2 * k + 1] / (double)s->n;
-        g->kl_without = row_mean(kl + (2 * k + 1) * s->n, s->n);
-        if (!quiet && rank == 0)
-            fprintf(stderr, "[sensitivity] %d/%d %s: only quantized acc %.4f KL %.3g, only fp32 acc %.4f KL %.3g\n",
-                    k + 1, ng, g->name, g->acc_only, g->kl_only, g->acc_without, g->kl_without);
-    }
+    groups_results(s, correct, kl, quiet);
 cleanup:
     set_enabled(qs, NULL);
     free(en);

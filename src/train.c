@@ -393,6 +393,19 @@ typedef struct Run {
     BqAdamW opt;
     BqConfusion conf;
     int saved_any;
+    /* The loop's state, read and updated by the helpers between bq_train and its steps. */
+    BqTape *tape;
+    int nr, rk;             /* processes and this one's rank (1 and 0 without mpirun) */
+    float *acc;             /* the sum of a step's earlier micro-batch gradients (grad_accum > 1), else NULL */
+    int64_t nb;             /* micro-batches per epoch */
+    int64_t total;          /* optimizer steps of the run */
+    int64_t eval_every;     /* steps between evaluations; 0: after every epoch */
+    double loss_acc;        /* sum of micro-batch losses since the last optimizer step */
+    int micro;              /* micro-batches since the last optimizer step */
+    double terms_acc[3];    /* distillation: sums of the loss terms since the last log line */
+    int64_t terms_n;
+    double t_log;           /* when the last log line was written (evaluation time left out) */
+    int64_t ex_since_log, tok_since_log;
 } Run;
 
 /* BqCkptExtra writer of distill.json (the distillation settings, src/distill.h). */
@@ -462,6 +475,256 @@ static int run_eval(Run *r, double epoch, int *improved) {
     return BQ_OK;
 }
 
+/* The run's length from the training source and tc: r->nb micro-batches per epoch, r->total optimizer
+ * steps (at least 1), r->eval_every; then the fresh run's training state (schedule, seed, no best
+ * model yet), which --resume replaces. Errors: BQ_EINVAL when the source has no batches. */
+static int run_schedule(Run *r, BqBatchSource *train) {
+    const BqTrainConfig *tc = r->tc;
+    r->nb = train->num_batches(train->ctx);
+    if (r->nb <= 0) return bq_err(BQ_EINVAL, "train: the training set has no batches");
+    int64_t steps_per_epoch = (r->nb + tc->grad_accum - 1) / tc->grad_accum;
+    int64_t total = tc->max_steps > 0 ? tc->max_steps : (int64_t)ceil(tc->epochs * (double)steps_per_epoch);
+    if (total < 1) total = 1;
+    r->total = total;
+    r->eval_every = tc->eval_every;
+    if (r->eval_every == 0 && tc->evals_per_epoch > 0)
+        r->eval_every = (steps_per_epoch + tc->evals_per_epoch - 1) / tc->evals_per_epoch;
+
+    r->ts.opt = &r->opt;
+    r->ts.total_steps = total;
+    r->ts.warmup_steps = bq_warmup_steps(tc->warmup_ratio, total);
+    r->ts.lr = tc->lr;
+    r->ts.seed = tc->seed;
+    bq_rng_seed(&r->ts.rng, tc->seed);
+    r->ts.best_accuracy = -1;
+    r->ts.best_step = -1;
+    return BQ_OK;
+}
+
+/* --resume: parameters, moments, counters and the best model come from the checkpoint in r->out; the
+ * schedule is the one the run started with (r->total becomes the saved one; a warning when seed or
+ * steps differ from tc). The quantizers take over the step count and freeze when it is past
+ * freeze_after. Errors: those of bq_train_state_load, in the context "--resume". */
+static int run_resume(Run *r) {
+    const BqTrainConfig *tc = r->tc;
+    BqBert *m = r->m;
+    BqTrainState saved = {.opt = &r->opt};
+    int st = bq_train_state_load(m, r->out, &saved);
+    if (st) {
+        bq_err_ctx(st, "--resume");
+        return st;
+    }
+    /* the precision is part of the run: a resume in another one would not continue it bit for bit */
+    const char *was = saved.precision ? saved.precision : "fp32", *now = bq_precision_name(m->prec);
+    if (strcmp(was, now)) {
+        free(saved.best_params);
+        return bq_err(BQ_EINVAL, "--resume: %s was trained with --precision %s; resume it with --precision %s "
+                      "(this run resolved to %s)", r->out, was, was, now);
+    }
+    if (saved.seed != tc->seed || saved.total_steps != r->total)
+        fprintf(stderr, "[%s] warning: resuming with seed/steps from the checkpoint (seed %llu, %lld steps)\n",
+                tc->tag ? tc->tag : "train", (unsigned long long)saved.seed, (long long)saved.total_steps);
+    r->ts = saved;
+    r->ts.opt = &r->opt;
+    r->total = r->ts.total_steps;
+    if (m->quant) {
+        m->quant->steps_seen = r->ts.step;
+        if (m->quant->cfg.freeze_after > 0 && r->ts.step >= m->quant->cfg.freeze_after) bq_quant_freeze(m->quant, 1);
+    }
+    return BQ_OK;
+}
+
+/* OUT exists from the start so the JSONL log has a home before the first checkpoint: rank 0 makes it
+ * (*created_out = 1 when it did not exist, set before any error), starts a fresh log (or, on --resume,
+ * trims it to the checkpoint's step) at logpath (cap bytes; left "" on other ranks), and every rank
+ * opens its progress output, which logs nothing on ranks other than 0 (no JSONL, no TensorBoard, no
+ * progress lines). *progress_open = 1 once r->prog must be closed. Errors: OUT or the log cannot be
+ * written. */
+static int run_open_log(Run *r, int *created_out, char *logpath, size_t cap, int *progress_open) {
+    const BqTrainConfig *tc = r->tc;
+    const char *out_dir = r->out;
+    int writer = r->rk == 0, st;
+    struct stat sb_out;
+    *created_out = writer && stat(out_dir, &sb_out) != 0;
+    if (writer && (st = bq_mkdir_p(out_dir))) return st;
+    if (writer) snprintf(logpath, cap, "%s/training_log.jsonl", out_dir);
+    if (writer && !tc->resume) remove(logpath);
+    if (writer && tc->resume && (st = log_rewind(logpath, r->ts.step))) return st;
+    if ((st = bq_progress_open(&r->prog, tc->tag, writer ? logpath : NULL, writer ? tc->logdir : NULL, r->total,
+                               tc->quiet || !writer)))
+        return st;
+    *progress_open = 1;
+    if (tc->resume)
+        bq_progress_note(&r->prog, "resumed from %s at step %lld (epoch %lld, batch %lld)", out_dir,
+                         (long long)r->ts.step, (long long)r->ts.epoch, (long long)r->ts.batch_cursor);
+    return BQ_OK;
+}
+
+/* SIGINT, SIGTERM and SIGUSR1 (mpirun forwards SIGUSR1 to every rank without killing them) set
+ * g_stop_signal, which the loop reads after each optimizer step; old (3) receives the handlers that
+ * signals_restore puts back. */
+static void signals_install(struct sigaction old[3]) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    g_stop_signal = 0;
+    sigaction(SIGINT, &sa, &old[0]);
+    sigaction(SIGTERM, &sa, &old[1]);
+    sigaction(SIGUSR1, &sa, &old[2]);
+}
+
+static void signals_restore(const struct sigaction old[3]) {
+    sigaction(SIGINT, &old[0], NULL);
+    sigaction(SIGTERM, &old[1], NULL);
+    sigaction(SIGUSR1, &old[2], NULL);
+}
+
+/* Skips the first n micro-batches of the epoch just begun: those the checkpointed run consumed. */
+static int skip_consumed(BqBatchSource *train, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const BqBatch *b = NULL;
+        int st = train->next(train->ctx, &b);
+        if (st) return st;
+        if (!b) break;
+    }
+    return BQ_OK;
+}
+
+/* Forward and backward of this process's share of micro-batch b (all of it without mpirun; nothing
+ * when the share is empty): the gradient is added to the step's (r->acc when accumulating), the loss
+ * and distillation terms to the sums since the last step and log line, its examples and tokens to
+ * the speed's. The activations are rewound on success. Errors: a non-finite loss or gradient
+ * (BQ_ENUMERIC, naming OUT and suggesting a lower --lr). */
+static int micro_step(Run *r, const BqBatch *b) {
+    const BqTrainConfig *tc = r->tc;
+    BqParamTable *pt = &r->m->params;
+    size_t share_mark = bq_arena_mark(r->act);
+    BqBatch share;
+    if (shard_batch(b, r->act, r->nr, r->rk, &share)) {
+        /* global micro-batch index, that of the single-process run with grad_accum·N */
+        int64_t k = (r->ts.step * tc->grad_accum + r->micro) * r->nr + r->rk;
+        BqCtx ctx = {.act = r->act, .tape = r->tape, .training = 1, .rng_key = bq_hash64(r->ts.seed, (uint64_t)k),
+                     .prec = r->m->prec};
+        float lv;
+        grad_micro_begin(pt, r->acc, r->micro);
+        double terms[3];
+        int st = bq_train_step_distill(r->m, &ctx, &share, &r->ts, tc->distill, terms, &lv, NULL);
+        if (st) return numeric_ctx(st, r->out, " (try a lower --lr)");
+        grad_micro_end(pt, r->acc, r->micro);
+        r->loss_acc += lv;
+        for (int j = 0; j < 3; j++) r->terms_acc[j] += terms[j];
+        r->terms_n++;
+        r->ex_since_log += share.B;
+        r->tok_since_log += share.B * share.T;
+        r->micro++;
+    }
+    bq_arena_rewind(r->act, share_mark);
+    return BQ_OK;
+}
+
+/* The log line of step r->ts.step (loss, learning rate, gradient norm, examples and tokens per second
+ * since the last line over all ranks, and the mean distillation terms), then restarts the sums since
+ * the last line. */
+static void log_step(Run *r, double epoch_f, double step_loss, double lr, double gnorm, const StepSums *sums) {
+    double now = bq_now();
+    double dt = now - r->t_log > 1e-9 ? now - r->t_log : 1e-9;
+    bq_progress_step(&r->prog, r->ts.step, epoch_f, step_loss, lr, gnorm, sums->examples / dt, sums->tokens / dt);
+    if (r->tc->distill && r->terms_n > 0)
+        bq_progress_note(&r->prog, "distill step %lld: ce %.4f kl %.4f hidden %.4f (unweighted, mean of "
+                         "%lld micro-batches)", (long long)r->ts.step, r->terms_acc[0] / (double)r->terms_n,
+                         r->terms_acc[1] / (double)r->terms_n, r->terms_acc[2] / (double)r->terms_n,
+                         (long long)r->terms_n);
+    r->terms_acc[0] = r->terms_acc[1] = r->terms_acc[2] = 0.0;
+    r->terms_n = 0;
+    r->t_log = now;
+    r->ex_since_log = r->tok_since_log = 0;
+}
+
+/* The optimizer step after r->micro micro-batches: sums gradients, losses and counts over the ranks
+ * (step_reduce; *sums receives the totals, with the ranks asked to stop), applies the update
+ * (bq_train_apply), reports the step's mean loss to res and tc->on_step, and logs every log_every
+ * steps and at the last. *epoch_f receives the fractional epoch reached. Errors: a non-finite update
+ * (BQ_ENUMERIC naming OUT), tc->on_step's. */
+static int optimizer_step(Run *r, BqTrainResult *res, StepSums *sums, double *epoch_f) {
+    const BqTrainConfig *tc = r->tc;
+    BqBert *m = r->m;
+    double gnorm, lr;
+    *sums = (StepSums){r->loss_acc, r->micro, (double)r->ex_since_log, (double)r->tok_since_log, g_stop_signal != 0};
+    step_reduce(&m->params, m->quant, sums, r->act);
+    int st = bq_train_apply(m, tc, &r->ts, &gnorm, &lr);
+    if (st) return numeric_ctx(st, r->out, "");
+    double step_loss = sums->loss / sums->micro; /* the mean over all ranks' micro-batches */
+    r->loss_acc = 0;
+    r->micro = 0;
+    if (res) res->last_loss = step_loss;
+    *epoch_f = (double)r->ts.epoch + (double)r->ts.batch_cursor / (double)r->nb;
+    if (tc->on_step && (st = tc->on_step(tc->user, m, r->ts.step, step_loss))) return st;
+    if (r->ts.step % (tc->log_every > 0 ? tc->log_every : 1) == 0 || r->ts.step == r->total)
+        log_step(r, *epoch_f, step_loss, lr, gnorm, sums);
+    return BQ_OK;
+}
+
+/* Every eval_every steps (but not at the last, which the final evaluation covers): evaluation, then a
+ * checkpoint; the time they take is left out of the training speed logged next. */
+static int eval_at_interval(Run *r, double epoch_f) {
+    if (!(r->eval_every > 0 && r->ts.step % r->eval_every == 0 && r->ts.step < r->total)) return BQ_OK;
+    int improved, st;
+    double te = bq_now();
+    if ((st = run_eval(r, epoch_f, &improved))) return st;
+    if ((st = save_ckpt(r))) return st;
+    r->t_log += bq_now() - te;
+    return BQ_OK;
+}
+
+/* When a signal (on any rank, sums->stop) or --interrupt-at-step asks the run to stop after this step:
+ * saves a resumable checkpoint and returns BQ_EINTR saying how to continue. */
+static int stop_if_asked(Run *r, const StepSums *sums) {
+    if (!((r->nr > 1 ? sums->stop > 0 : g_stop_signal != 0) ||
+          (r->tc->interrupt_at_step > 0 && r->ts.step == r->tc->interrupt_at_step)))
+        return BQ_OK;
+    int st = save_ckpt(r);
+    if (st) return st;
+    bq_dist_barrier(); /* the other ranks' exit must not cut rank 0's checkpoint short */
+    return bq_err(BQ_EINTR, "train: interrupted at step %lld/%lld; state saved in %s, continue "
+                  "with the same command plus --resume", (long long)r->ts.step, (long long)r->total, r->out);
+}
+
+/* The end of an epoch: the next starts at its first batch; without a step interval an evaluation and
+ * a checkpoint follow every epoch but the last. */
+static int end_epoch(Run *r) {
+    r->ts.epoch++;
+    r->ts.batch_cursor = 0;
+    if (r->eval_every == 0 && r->ts.step < r->total) {
+        int improved, st;
+        if ((st = run_eval(r, (double)r->ts.epoch, &improved))) return st;
+        if ((st = save_ckpt(r))) return st;
+    }
+    return BQ_OK;
+}
+
+/* Final evaluation (unless the run had finished before this call), then the final checkpoint: the best
+ * parameters when tracked (HF load_best_model_at_end), with the finished training state. */
+static int run_finish(Run *r, int finished_before) {
+    BqBert *m = r->m;
+    BqParamTable *pt = &m->params;
+    int st;
+    if (r->val && r->ts.step >= r->total && !finished_before) {
+        int improved;
+        if ((st = run_eval(r, (double)r->ts.epoch + (double)r->ts.batch_cursor / (double)r->nb, &improved)))
+            return st;
+    }
+    if (r->tc->save_best && r->ts.best_params && r->ts.best_step != r->ts.step) {
+        bq_progress_note(&r->prog, "final model = best evaluation (step %lld, accuracy %.4f)",
+                         (long long)r->ts.best_step, r->ts.best_accuracy);
+        memcpy(pt->data, r->ts.best_params, sizeof(float) * (size_t)pt->total);
+        if (m->quant) bq_quant_learn_restore_best(m->quant);
+    }
+    if ((st = save_ckpt(r))) return st;
+    bq_progress_note(&r->prog, "saved %s (%lld steps, %.1fs)", r->out, (long long)r->ts.step, bq_now() - r->prog.t0);
+    return BQ_OK;
+}
+
 int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSource *val, const char *out_dir,
              BqTrainResult *res) {
     if (!m->params.grad) return bq_err(BQ_EINVAL, "train: model was created without gradients");
@@ -470,225 +733,66 @@ int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSo
     Run r = {.m = m, .tc = tc, .val = val, .out = out_dir};
     BqArena act = {0};
     BqTape tape = {0};
-    struct sigaction sa_old_int, sa_old_term, sa_old_usr1;
+    struct sigaction sa_old[3];
     int handlers = 0;
     int progress_open = 0;
-    int nr = bq_dist_size(), rk = bq_dist_rank(), writer = rk == 0;
-    BqArena accum = {0}; /* the sum of a step's earlier micro-batch gradients (grad_accum > 1) */
-    float *acc = NULL;
+    BqArena accum = {0}; /* holds r.acc */
     int created_out = 0; /* OUT did not exist: removed again if training fails before any checkpoint */
     char logpath[4200];
     logpath[0] = 0;
     BqParamTable *pt = &m->params;
     r.act = &act;
+    r.tape = &tape;
+    r.nr = bq_dist_size();
+    r.rk = bq_dist_rank();
     bq_confusion_init(&r.conf, m->cfg.num_labels);
     bq_adamw_init(&r.opt, pt->total, (float)tc->weight_decay);
 
-    int64_t nb = train->num_batches(train->ctx);
-    if (nb <= 0) {
-        st = bq_err(BQ_EINVAL, "train: the training set has no batches");
-        goto cleanup;
-    }
-    int64_t steps_per_epoch = (nb + tc->grad_accum - 1) / tc->grad_accum;
-    int64_t total = tc->max_steps > 0 ? tc->max_steps : (int64_t)ceil(tc->epochs * (double)steps_per_epoch);
-    if (total < 1) total = 1;
-    int64_t eval_every = tc->eval_every;
-    if (eval_every == 0 && tc->evals_per_epoch > 0)
-        eval_every = (steps_per_epoch + tc->evals_per_epoch - 1) / tc->evals_per_epoch;
-
-    r.ts.opt = &r.opt;
-    r.ts.total_steps = total;
-    r.ts.warmup_steps = bq_warmup_steps(tc->warmup_ratio, total);
-    r.ts.lr = tc->lr;
-    r.ts.seed = tc->seed;
-    bq_rng_seed(&r.ts.rng, tc->seed);
-    r.ts.best_accuracy = -1;
-    r.ts.best_step = -1;
-
-    if (tc->resume) {
-        /* Parameters, moments, counters and the best model come from the checkpoint; the schedule is
-         * the one the run started with. */
-        BqTrainState saved = {.opt = &r.opt};
-        if ((st = bq_train_state_load(m, out_dir, &saved))) {
-            bq_err_ctx(st, "--resume");
-            goto cleanup;
-        }
-        /* the precision is part of the run: a resume in another one would not continue it bit for bit */
-        const char *was = saved.precision ? saved.precision : "fp32", *now = bq_precision_name(m->prec);
-        if (strcmp(was, now)) {
-            free(saved.best_params);
-            st = bq_err(BQ_EINVAL, "--resume: %s was trained with --precision %s; resume it with --precision %s "
-                        "(this run resolved to %s)", out_dir, was, was, now);
-            goto cleanup;
-        }
-        if (saved.seed != tc->seed || saved.total_steps != total)
-            fprintf(stderr, "[%s] warning: resuming with seed/steps from the checkpoint (seed %llu, %lld steps)\n",
-                    tc->tag ? tc->tag : "train", (unsigned long long)saved.seed, (long long)saved.total_steps);
-        r.ts = saved;
-        r.ts.opt = &r.opt;
-        total = r.ts.total_steps;
-        if (m->quant) {
-            m->quant->steps_seen = r.ts.step;
-            if (m->quant->cfg.freeze_after > 0 && r.ts.step >= m->quant->cfg.freeze_after) bq_quant_freeze(m->quant, 1);
-        }
-    }
-
+    if ((st = run_schedule(&r, train))) goto cleanup;
+    if (tc->resume && (st = run_resume(&r))) goto cleanup;
     r.ts.precision = bq_precision_name(m->prec);
     if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
     if ((st = bq_tape_init(&tape, 4096))) goto cleanup;
-    if (m->quant && nr > 1) m->quant->reduce_minmax = bq_dist_reduce_minmax; /* identical observers on all ranks */
+    if (m->quant && r.nr > 1) m->quant->reduce_minmax = bq_dist_reduce_minmax; /* identical observers on all ranks */
     if (tc->grad_accum > 1) {
         if ((st = bq_arena_init(&accum, sizeof(float) * (size_t)pt->total + 4096, "gradient accumulation")))
             goto cleanup;
-        acc = bq_arena_alloc(&accum, sizeof(float) * (size_t)pt->total);
+        r.acc = bq_arena_alloc(&accum, sizeof(float) * (size_t)pt->total);
     }
-    /* OUT exists from the start so the JSONL log has a home before the first checkpoint; a fresh
-     * (not resumed) run starts a fresh log. */
-    struct stat sb_out;
-    created_out = writer && stat(out_dir, &sb_out) != 0;
-    if (writer && (st = bq_mkdir_p(out_dir))) goto cleanup;
-    if (writer) snprintf(logpath, sizeof logpath, "%s/training_log.jsonl", out_dir);
-    if (writer && !tc->resume) remove(logpath);
-    if (writer && tc->resume && (st = log_rewind(logpath, r.ts.step))) goto cleanup;
-    /* Ranks other than 0 log nothing (no JSONL, no TensorBoard, no progress lines). */
-    if ((st = bq_progress_open(&r.prog, tc->tag, writer ? logpath : NULL, writer ? tc->logdir : NULL, total,
-                               tc->quiet || !writer)))
-        goto cleanup;
-    progress_open = 1;
-    if (tc->resume)
-        bq_progress_note(&r.prog, "resumed from %s at step %lld (epoch %lld, batch %lld)", out_dir,
-                         (long long)r.ts.step, (long long)r.ts.epoch, (long long)r.ts.batch_cursor);
-
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    g_stop_signal = 0;
-    sigaction(SIGINT, &sa, &sa_old_int);
-    sigaction(SIGTERM, &sa, &sa_old_term);
-    sigaction(SIGUSR1, &sa, &sa_old_usr1); /* mpirun forwards SIGUSR1 to every rank without killing them */
+    if ((st = run_open_log(&r, &created_out, logpath, sizeof logpath, &progress_open))) goto cleanup;
+    signals_install(sa_old);
     handlers = 1;
 
-    double t_log = bq_now();
-    int64_t ex_since_log = 0, tok_since_log = 0;
-    double loss_acc = 0; /* sum of micro-batch losses since the last optimizer step */
-    double terms_acc[3] = {0, 0, 0}; /* distillation: sums of the loss terms since the last log line */
-    int64_t terms_n = 0;
-    int micro = 0;
-    int stopped = 0;
-    int finished_before = r.ts.step >= total; /* resume of a finished run: nothing to do */
+    r.t_log = bq_now();
+    int finished_before = r.ts.step >= r.total; /* resume of a finished run: nothing to do */
     memset(pt->grad, 0, sizeof(float) * (size_t)pt->total);
 
-    while (r.ts.step < total && !stopped) {
+    /* The loop: batch → step (forward and backward of each micro-batch) → apply (after grad_accum
+     * micro-batches or at the end of the epoch) → log, evaluate and save at their intervals. */
+    while (r.ts.step < r.total) {
         if ((st = train->begin_epoch(train->ctx, r.ts.epoch))) goto cleanup;
-        /* Skip the micro-batches of this epoch that the checkpointed run already consumed. */
-        for (int64_t i = 0; i < r.ts.batch_cursor; i++) {
-            const BqBatch *b = NULL;
-            if ((st = train->next(train->ctx, &b))) goto cleanup;
-            if (!b) break;
-        }
+        if ((st = skip_consumed(train, r.ts.batch_cursor))) goto cleanup;
         for (;;) {
             const BqBatch *b = NULL;
             if ((st = train->next(train->ctx, &b))) goto cleanup;
             int end_of_epoch = b == NULL;
-            size_t share_mark = bq_arena_mark(&act);
-            BqBatch share;
-            if (b && shard_batch(b, &act, nr, rk, &share)) {
-                /* global micro-batch index, that of the single-process run with grad_accum·N */
-                int64_t k = (r.ts.step * tc->grad_accum + micro) * nr + rk;
-                BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(r.ts.seed, (uint64_t)k),
-                             .prec = m->prec};
-                float lv;
-                grad_micro_begin(pt, acc, micro);
-                double terms[3];
-                if ((st = bq_train_step_distill(m, &ctx, &share, &r.ts, tc->distill, terms, &lv, NULL))) {
-                    st = numeric_ctx(st, out_dir, " (try a lower --lr)");
-                    goto cleanup;
-                }
-                grad_micro_end(pt, acc, micro);
-                loss_acc += lv;
-                for (int j = 0; j < 3; j++) terms_acc[j] += terms[j];
-                terms_n++;
-                ex_since_log += share.B;
-                tok_since_log += share.B * share.T;
-                micro++;
-            }
-            bq_arena_rewind(&act, share_mark);
+            if (b && (st = micro_step(&r, b))) goto cleanup;
             if (b) r.ts.batch_cursor++;
-            if (micro == tc->grad_accum || (end_of_epoch && micro > 0)) {
-                double gnorm, lr;
-                StepSums sums = {loss_acc, micro, (double)ex_since_log, (double)tok_since_log, g_stop_signal != 0};
-                step_reduce(pt, m->quant, &sums, &act);
-                if ((st = bq_train_apply(m, tc, &r.ts, &gnorm, &lr))) {
-                    st = numeric_ctx(st, out_dir, "");
-                    goto cleanup;
-                }
-                double step_loss = sums.loss / sums.micro; /* the mean over all ranks' micro-batches */
-                loss_acc = 0;
-                micro = 0;
-                if (res) res->last_loss = step_loss;
-                double epoch_f = (double)r.ts.epoch + (double)r.ts.batch_cursor / (double)nb;
-                if (tc->on_step && (st = tc->on_step(tc->user, m, r.ts.step, step_loss))) goto cleanup;
-                if (r.ts.step % (tc->log_every > 0 ? tc->log_every : 1) == 0 || r.ts.step == total) {
-                    double now = bq_now();
-                    double dt = now - t_log > 1e-9 ? now - t_log : 1e-9;
-                    bq_progress_step(&r.prog, r.ts.step, epoch_f, step_loss, lr, gnorm, sums.examples / dt,
-                                     sums.tokens / dt);
-                    if (tc->distill && terms_n > 0)
-                        bq_progress_note(&r.prog, "distill step %lld: ce %.4f kl %.4f hidden %.4f (unweighted, mean of "
-                                         "%lld micro-batches)", (long long)r.ts.step, terms_acc[0] / (double)terms_n,
-                                         terms_acc[1] / (double)terms_n, terms_acc[2] / (double)terms_n,
-                                         (long long)terms_n);
-                    terms_acc[0] = terms_acc[1] = terms_acc[2] = 0.0;
-                    terms_n = 0;
-                    t_log = now;
-                    ex_since_log = tok_since_log = 0;
-                }
-                int do_eval = eval_every > 0 && r.ts.step % eval_every == 0 && r.ts.step < total;
-                if (do_eval) {
-                    int improved;
-                    double te = bq_now();
-                    if ((st = run_eval(&r, epoch_f, &improved))) goto cleanup;
-                    if ((st = save_ckpt(&r))) goto cleanup;
-                    t_log += bq_now() - te; /* the training speed logged next leaves evaluation out */
-                }
-                if ((nr > 1 ? sums.stop > 0 : g_stop_signal != 0) || (tc->interrupt_at_step > 0 && r.ts.step == tc->interrupt_at_step)) {
-                    if ((st = save_ckpt(&r))) goto cleanup;
-                    bq_dist_barrier(); /* the other ranks' exit must not cut rank 0's checkpoint short */
-                    st = bq_err(BQ_EINTR, "train: interrupted at step %lld/%lld; state saved in %s, continue "
-                                "with the same command plus --resume", (long long)r.ts.step, (long long)total,
-                                out_dir);
-                    goto cleanup;
-                }
-                if (r.ts.step >= total) break;
+            if (r.micro == tc->grad_accum || (end_of_epoch && r.micro > 0)) {
+                StepSums sums;
+                double epoch_f = 0;
+                if ((st = optimizer_step(&r, res, &sums, &epoch_f))) goto cleanup;
+                if ((st = eval_at_interval(&r, epoch_f))) goto cleanup;
+                if ((st = stop_if_asked(&r, &sums))) goto cleanup;
+                if (r.ts.step >= r.total) break;
             }
             if (end_of_epoch) {
-                r.ts.epoch++;
-                r.ts.batch_cursor = 0;
-                if (eval_every == 0 && r.ts.step < total) {
-                    int improved;
-                    if ((st = run_eval(&r, (double)r.ts.epoch, &improved))) goto cleanup;
-                    if ((st = save_ckpt(&r))) goto cleanup;
-                }
+                if ((st = end_epoch(&r))) goto cleanup;
                 break;
             }
         }
     }
-
-    /* Final evaluation, then the final checkpoint: the best parameters when tracked (HF
-     * load_best_model_at_end), with the finished training state. */
-    if (val && r.ts.step >= total && !finished_before) {
-        int improved;
-        if ((st = run_eval(&r, (double)r.ts.epoch + (double)r.ts.batch_cursor / (double)nb, &improved))) goto cleanup;
-    }
-    if (tc->save_best && r.ts.best_params && r.ts.best_step != r.ts.step) {
-        bq_progress_note(&r.prog, "final model = best evaluation (step %lld, accuracy %.4f)",
-                         (long long)r.ts.best_step, r.ts.best_accuracy);
-        memcpy(pt->data, r.ts.best_params, sizeof(float) * (size_t)pt->total);
-        if (m->quant) bq_quant_learn_restore_best(m->quant);
-    }
-    if ((st = save_ckpt(&r))) goto cleanup;
-    bq_progress_note(&r.prog, "saved %s (%lld steps, %.1fs)", out_dir, (long long)r.ts.step, bq_now() - r.prog.t0);
+    st = run_finish(&r, finished_before);
 
 cleanup:
     if (res) {
@@ -697,11 +801,7 @@ cleanup:
         res->best_step = r.ts.best_step;
         res->seconds = progress_open ? bq_now() - r.prog.t0 : 0;
     }
-    if (handlers) {
-        sigaction(SIGINT, &sa_old_int, NULL);
-        sigaction(SIGTERM, &sa_old_term, NULL);
-        sigaction(SIGUSR1, &sa_old_usr1, NULL);
-    }
+    if (handlers) signals_restore(sa_old);
     if (progress_open) bq_progress_close(&r.prog);
     if (st && created_out && !r.saved_any) {
         if (logpath[0]) remove(logpath);

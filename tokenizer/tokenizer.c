@@ -577,24 +577,14 @@ static void add_added(BqTokenizer *t, const char *s, int32_t id) {
     t->added_first[(uint8_t)s[0]] = 1;
 }
 
-int bq_tokenizer_load(BqTokenizer **out, const char *vocab_path, const BqTokenizerOptions *opts) {
-    int st = 0;
-    char *raw = NULL, *dir = NULL, *jpath = NULL;
-    size_t rawn = 0;
-    json_t *cfg = NULL, *tj = NULL;
-    BqTokenizer *t = NULL;
-    *out = NULL;
-    init_ascii();
-    if ((st = read_file(vocab_path, &raw, &rawn))) goto cleanup;
-    t = bq_calloc(1, sizeof *t);
-    /* lines: id = line index; CRLF and a missing final newline are fine */
+/* Fills t's vocabulary from the raw contents of vocab.txt (rawn bytes): one token per line, its id the
+ * line index (CRLF and a missing final newline are fine), and the lookup tables of word-initial and
+ * "##" continuation pieces. Errors: an empty file (BQ_EFORMAT naming vocab_path). */
+static int vocab_parse(BqTokenizer *t, const char *raw, size_t rawn, const char *vocab_path) {
     int32_t nl = 0;
     for (size_t i = 0; i < rawn; i++) nl += raw[i] == '\n';
     if (rawn && raw[rawn - 1] != '\n') nl++;
-    if (nl == 0) {
-        st = bq_err(BQ_EFORMAT, "%s: empty vocabulary", vocab_path);
-        goto cleanup;
-    }
+    if (nl == 0) return bq_err(BQ_EFORMAT, "%s: empty vocabulary", vocab_path);
     t->buf = bq_malloc(rawn + 1);
     t->off = bq_malloc((size_t)nl * sizeof(int64_t));
     t->len = bq_malloc((size_t)nl * sizeof(int32_t));
@@ -622,81 +612,83 @@ int bq_tokenizer_load(BqTokenizer **out, const char *vocab_path, const BqTokeniz
         if (l > 2 && s[0] == '#' && s[1] == '#') table_put(t, &t->cont, s + 2, l - 2, i, 1);
         else table_put(t, &t->init, s, l, i, 0);
     }
-    /* settings: tokenizer_config.json, then tokenizer.json's BertNormalizer (wins when present) */
-    const char *slash = strrchr(vocab_path, '/');
-    size_t dl = slash ? (size_t)(slash - vocab_path + 1) : 0;
-    dir = bq_malloc(dl + 1);
-    memcpy(dir, vocab_path, dl);
-    dir[dl] = 0;
-    jpath = bq_malloc(dl + 64);
-    int lower = -1, strip = -1, cjk = -1;
-    const char *unk_s = "[UNK]", *cls_s = "[CLS]", *sep_s = "[SEP]", *pad_s = "[PAD]", *mask_s = "[MASK]";
+    return BQ_OK;
+}
+
+/* The settings found next to vocab.txt: -1 where a flag is not given; the special tokens' strings
+ * (pointing into the JSON documents, which live until the tokenizer is built); added, the added_tokens
+ * array of tokenizer.json or NULL. */
+typedef struct TokSettings {
+    int lower, strip, cjk;
+    const char *unk_s, *cls_s, *sep_s, *pad_s, *mask_s;
+    json_t *added;
+} TokSettings;
+
+/* Reads jpath (tokenizer_config.json) into s when the file exists; *cfg receives the document (the
+ * caller frees it). Errors: invalid JSON (BQ_EFORMAT naming the file and line). */
+static int read_tokenizer_config(const char *jpath, TokSettings *s, json_t **cfg_out) {
     json_error_t jerr;
-    snprintf(jpath, dl + 64, "%stokenizer_config.json", dir);
     FILE *probe = fopen(jpath, "rb");
-    if (probe) {
-        fclose(probe);
-        cfg = json_load_file(jpath, JSON_DECODE_INT_AS_REAL, &jerr); /* model_max_length can be 1e30 */
-        if (!cfg || !json_is_object(cfg)) {
-            st = bq_err(BQ_EFORMAT, "%s: invalid JSON (line %d: %s)", jpath, jerr.line, jerr.text);
-            goto cleanup;
-        }
-        lower = json_flag(cfg, "do_lower_case");
-        strip = json_flag(cfg, "strip_accents");
-        cjk = json_flag(cfg, "tokenize_chinese_chars");
-        if (json_token_str(cfg, "unk_token")) unk_s = json_token_str(cfg, "unk_token");
-        if (json_token_str(cfg, "cls_token")) cls_s = json_token_str(cfg, "cls_token");
-        if (json_token_str(cfg, "sep_token")) sep_s = json_token_str(cfg, "sep_token");
-        if (json_token_str(cfg, "pad_token")) pad_s = json_token_str(cfg, "pad_token");
-        if (json_token_str(cfg, "mask_token")) mask_s = json_token_str(cfg, "mask_token");
+    if (!probe) return BQ_OK;
+    fclose(probe);
+    json_t *cfg = *cfg_out = json_load_file(jpath, JSON_DECODE_INT_AS_REAL, &jerr); /* model_max_length can be 1e30 */
+    if (!cfg || !json_is_object(cfg))
+        return bq_err(BQ_EFORMAT, "%s: invalid JSON (line %d: %s)", jpath, jerr.line, jerr.text);
+    s->lower = json_flag(cfg, "do_lower_case");
+    s->strip = json_flag(cfg, "strip_accents");
+    s->cjk = json_flag(cfg, "tokenize_chinese_chars");
+    if (json_token_str(cfg, "unk_token")) s->unk_s = json_token_str(cfg, "unk_token");
+    if (json_token_str(cfg, "cls_token")) s->cls_s = json_token_str(cfg, "cls_token");
+    if (json_token_str(cfg, "sep_token")) s->sep_s = json_token_str(cfg, "sep_token");
+    if (json_token_str(cfg, "pad_token")) s->pad_s = json_token_str(cfg, "pad_token");
+    if (json_token_str(cfg, "mask_token")) s->mask_s = json_token_str(cfg, "mask_token");
+    return BQ_OK;
+}
+
+/* Reads jpath (tokenizer.json) into s when the file exists: its BertNormalizer's flags win over
+ * tokenizer_config.json's (strip_accents null: follow lowercase), the model's unk_token, the added
+ * tokens. *tj receives the document (the caller frees it). Errors: invalid JSON, a normalizer other
+ * than BertNormalizer (BQ_EFORMAT naming the file). */
+static int read_tokenizer_json(const char *jpath, TokSettings *s, json_t **tj_out) {
+    json_error_t jerr;
+    FILE *probe = fopen(jpath, "rb");
+    if (!probe) return BQ_OK;
+    fclose(probe);
+    json_t *tj = *tj_out = json_load_file(jpath, JSON_DECODE_INT_AS_REAL, &jerr);
+    if (!tj || !json_is_object(tj))
+        return bq_err(BQ_EFORMAT, "%s: invalid JSON (line %d: %s)", jpath, jerr.line, jerr.text);
+    json_t *norm = json_object_get(tj, "normalizer");
+    if (json_is_object(norm)) {
+        const char *ty = json_string_value(json_object_get(norm, "type"));
+        if (ty && strcmp(ty, "BertNormalizer"))
+            return bq_err(BQ_EFORMAT, "%s: normalizer %s is not supported (BertNormalizer only)", jpath, ty);
+        int v;
+        if ((v = json_flag(norm, "lowercase")) >= 0) s->lower = v;
+        s->strip = json_flag(norm, "strip_accents"); /* null: follow lowercase */
+        if ((v = json_flag(norm, "handle_chinese_chars")) >= 0) s->cjk = v;
     }
-    snprintf(jpath, dl + 64, "%stokenizer.json", dir);
-    probe = fopen(jpath, "rb");
-    json_t *added = NULL;
-    if (probe) {
-        fclose(probe);
-        tj = json_load_file(jpath, JSON_DECODE_INT_AS_REAL, &jerr);
-        if (!tj || !json_is_object(tj)) {
-            st = bq_err(BQ_EFORMAT, "%s: invalid JSON (line %d: %s)", jpath, jerr.line, jerr.text);
-            goto cleanup;
-        }
-        json_t *norm = json_object_get(tj, "normalizer");
-        if (json_is_object(norm)) {
-            const char *ty = json_string_value(json_object_get(norm, "type"));
-            if (ty && strcmp(ty, "BertNormalizer")) {
-                st = bq_err(BQ_EFORMAT, "%s: normalizer %s is not supported (BertNormalizer only)", jpath, ty);
-                goto cleanup;
-            }
-            int v;
-            if ((v = json_flag(norm, "lowercase")) >= 0) lower = v;
-            strip = json_flag(norm, "strip_accents"); /* null: follow lowercase */
-            if ((v = json_flag(norm, "handle_chinese_chars")) >= 0) cjk = v;
-        }
-        json_t *model = json_object_get(tj, "model");
-        if (json_is_object(model) && json_is_string(json_object_get(model, "unk_token")))
-            unk_s = json_string_value(json_object_get(model, "unk_token"));
-        added = json_object_get(tj, "added_tokens");
-    }
-    if (opts && opts->do_lower_case >= 0) lower = opts->do_lower_case;
-    if (opts && opts->strip_accents >= 0) strip = opts->strip_accents;
-    if (opts && opts->tokenize_chinese_chars >= 0) cjk = opts->tokenize_chinese_chars;
-    t->lower = lower < 0 ? 1 : lower;
-    t->strip = strip < 0 ? t->lower : strip;
-    t->cjk = cjk < 0 ? 1 : cjk;
-    const char *names[4] = {unk_s, cls_s, sep_s, pad_s};
+    json_t *model = json_object_get(tj, "model");
+    if (json_is_object(model) && json_is_string(json_object_get(model, "unk_token")))
+        s->unk_s = json_string_value(json_object_get(model, "unk_token"));
+    s->added = json_object_get(tj, "added_tokens");
+    return BQ_OK;
+}
+
+/* The ids of [UNK], [CLS], [SEP] and [PAD] (as s names them), and the literal special tokens that split
+ * the raw text (HF added vocabulary, normalized=false): tokenizer.json's added tokens, else the five
+ * special tokens. Errors: a special token missing from the vocabulary (BQ_EFORMAT naming vocab_path). */
+static int special_tokens(BqTokenizer *t, const TokSettings *s, const char *vocab_path) {
+    const char *names[4] = {s->unk_s, s->cls_s, s->sep_s, s->pad_s};
     int32_t *dst[4] = {&t->unk, &t->cls, &t->sep, &t->pad};
     for (int k = 0; k < 4; k++) {
         *dst[k] = vocab_lookup(t, names[k], strlen(names[k]));
-        if (*dst[k] < 0) {
-            st = bq_err(BQ_EFORMAT, "%s: special token %s is not in the vocabulary", vocab_path, names[k]);
-            goto cleanup;
-        }
+        if (*dst[k] < 0)
+            return bq_err(BQ_EFORMAT, "%s: special token %s is not in the vocabulary", vocab_path, names[k]);
     }
-    /* literal special tokens split the raw text (HF added vocabulary, normalized=false) */
-    if (json_is_array(added)) {
+    if (json_is_array(s->added)) {
         size_t i;
         json_t *e;
-        json_array_foreach(added, i, e) {
+        json_array_foreach(s->added, i, e) {
             const char *c = json_string_value(json_object_get(e, "content"));
             json_t *idv = json_object_get(e, "id");
             if (!c || !json_is_number(idv) || json_is_true(json_object_get(e, "normalized"))) continue;
@@ -705,10 +697,14 @@ int bq_tokenizer_load(BqTokenizer **out, const char *vocab_path, const BqTokeniz
             add_added(t, c, (int32_t)idd);
         }
     } else {
-        const char *sp[5] = {unk_s, cls_s, sep_s, pad_s, mask_s};
+        const char *sp[5] = {s->unk_s, s->cls_s, s->sep_s, s->pad_s, s->mask_s};
         for (int k = 0; k < 5; k++) add_added(t, sp[k], vocab_lookup(t, sp[k], strlen(sp[k])));
     }
-    /* FNV-1a 64 over tokens and settings */
+    return BQ_OK;
+}
+
+/* FNV-1a 64 over the tokens, the normalisation settings and the added tokens (bq_tokenizer_hash). */
+static uint64_t tokenizer_hash(const BqTokenizer *t) {
     uint64_t h = 1469598103934665603ULL;
     for (int32_t i = 0; i < t->n; i++) {
         const char *s = t->buf + t->off[i];
@@ -718,7 +714,41 @@ int bq_tokenizer_load(BqTokenizer **out, const char *vocab_path, const BqTokeniz
     for (int k = 0; k < 3; k++) h = (h ^ (uint64_t)(settings[k] + 1)) * 1099511628211ULL;
     for (int k = 0; k < t->nadded; k++)
         for (size_t j = 0; j <= t->added[k].len; j++) h = (h ^ (uint8_t)t->added[k].s[j]) * 1099511628211ULL;
-    t->hash = h;
+    return h;
+}
+
+int bq_tokenizer_load(BqTokenizer **out, const char *vocab_path, const BqTokenizerOptions *opts) {
+    int st = 0;
+    char *raw = NULL, *dir = NULL, *jpath = NULL;
+    size_t rawn = 0;
+    json_t *cfg = NULL, *tj = NULL;
+    BqTokenizer *t = NULL;
+    *out = NULL;
+    init_ascii();
+    if ((st = read_file(vocab_path, &raw, &rawn))) goto cleanup;
+    t = bq_calloc(1, sizeof *t);
+    if ((st = vocab_parse(t, raw, rawn, vocab_path))) goto cleanup;
+    /* settings: tokenizer_config.json, then tokenizer.json's BertNormalizer (wins when present) */
+    const char *slash = strrchr(vocab_path, '/');
+    size_t dl = slash ? (size_t)(slash - vocab_path + 1) : 0;
+    dir = bq_malloc(dl + 1);
+    memcpy(dir, vocab_path, dl);
+    dir[dl] = 0;
+    jpath = bq_malloc(dl + 64);
+    TokSettings s = {.lower = -1, .strip = -1, .cjk = -1, .unk_s = "[UNK]", .cls_s = "[CLS]", .sep_s = "[SEP]",
+                     .pad_s = "[PAD]", .mask_s = "[MASK]"};
+    snprintf(jpath, dl + 64, "%stokenizer_config.json", dir);
+    if ((st = read_tokenizer_config(jpath, &s, &cfg))) goto cleanup;
+    snprintf(jpath, dl + 64, "%stokenizer.json", dir);
+    if ((st = read_tokenizer_json(jpath, &s, &tj))) goto cleanup;
+    if (opts && opts->do_lower_case >= 0) s.lower = opts->do_lower_case;
+    if (opts && opts->strip_accents >= 0) s.strip = opts->strip_accents;
+    if (opts && opts->tokenize_chinese_chars >= 0) s.cjk = opts->tokenize_chinese_chars;
+    t->lower = s.lower < 0 ? 1 : s.lower;
+    t->strip = s.strip < 0 ? t->lower : s.strip;
+    t->cjk = s.cjk < 0 ? 1 : s.cjk;
+    if ((st = special_tokens(t, &s, vocab_path))) goto cleanup;
+    t->hash = tokenizer_hash(t);
     *out = t;
     t = NULL;
 cleanup:
