@@ -17,8 +17,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "export/h5sum.h"
 #include "export/hf_load.h"
-#include "layers/h5sum.h"
+#include "export/quant_io.h"
 
 #define PATH_MAX_LEN 4400
 
@@ -49,7 +50,7 @@ static void remove_tree(const char *dir) {
 
 /* ---- HDF5 helpers ---- */
 
-/* HDF5 1.10 file format: besides each tensor's Fletcher-32 checksum (layers/h5sum.h), its metadata
+/* HDF5 1.10 file format: besides each tensor's Fletcher-32 checksum (export/h5sum.h), its metadata
  * (superblock, object headers with the attributes and each tensor's single-chunk index) carries
  * checksums, so a corrupted byte there is also an error rather than a silently different tensor.
  * Readers need HDF5 >= 1.10. */
@@ -117,16 +118,9 @@ static int h5_group_exists(hid_t f, const char *path) {
     }
 }
 
+/* n values of type (stored as type) as the attribute `name` of f (export/h5sum.h). */
 static int h5_attr_write(hid_t f, const char *file, const char *name, hid_t type, const void *v, hsize_t n) {
-    hid_t sp = H5Screate_simple(1, &n, NULL);
-    hid_t a = H5Acreate2(f, name, type, sp, H5P_DEFAULT, H5P_DEFAULT);
-    int st = BQ_OK;
-    if (a < 0 || H5Awrite(a, type, v) < 0)
-        st = bq_err(BQ_EIO, "%s: cannot write attribute %s%s", file, name, bq_h5_io_reason());
-    if (a >= 0 && H5Aclose(a) < 0 && !st)
-        st = bq_err(BQ_EIO, "%s: cannot write attribute %s%s", file, name, bq_h5_io_reason());
-    H5Sclose(sp);
-    return st;
+    return bq_h5_attr_write(f, file, name, "", type, type, v, 1, n);
 }
 
 static int h5_attr_read(hid_t f, const char *file, const char *name, hid_t type, void *v, hsize_t n) {

@@ -218,10 +218,10 @@ BqQuantizer *bq_quant_active(BqQuantState *qs, int layer, int point);
 BqTensor *bq_quant_linear(BqQuantState *qs, BqCtx *ctx, const BqQuantizer *iq, BqTensor *x, BqQuantizer *wq,
                           BqTensor *w, BqTensor *b);
 
-/* ---- additions (qat helper): life cycle, calibration, persistence (layers/quant.c, qscheme.c) ---- */
+/* ---- additions (qat helper): life cycle and calibration (layers/quant.c, qscheme.c); their
+ * persistence (config.json, model.h5, training_state.h5) is in export/quant_io.h ---- */
 
 struct BqBert;
-struct json_t;
 
 typedef enum BqCalibrator {
     BQ_CALIBRATOR_MAX = 0,        /* running max of |x| */
@@ -259,20 +259,6 @@ int bq_quant_count_initialized(const BqQuantState *qs);
 void bq_quant_calib_begin(BqQuantState *qs, BqCalibrator method);
 int bq_quant_calib_finish(BqQuantState *qs, BqCalibrator method, double percentile);
 
-/* Config as the "bertqat" JSON block of a checkpoint's config.json, and back (missing keys keep
- * their defaults; bad types are errors naming the key). */
-struct json_t *bq_quant_config_to_json(const BqQuantConfig *cfg);
-int bq_quant_config_from_json(BqQuantConfig *cfg, struct json_t *j);
-
-/* Ranges in an HDF5 checkpoint, on an open file handle (hid_t, an int64_t in HDF5 >= 1.10) of
- * export/ckpt.c; `path` names the file in messages. Layout: /quant/<name>/{amax, scale} with
- * attributes axis, bits, scheme, frozen, initialized, and observer_min/observer_max (the
- * moving-average state, so QAT resumes exactly). load requires qs (the model's quantizers, built
- * from config.json; NULL is a BQ_EFORMAT error) and fills every quantizer; a missing quantizer group or
- * a shape mismatch is a BQ_EFORMAT error naming the file and quantizer. */
-int bq_quant_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path);
-int bq_quant_load_hdf5(BqQuantState *qs, int64_t file_id, const char *path);
-
 /* ---- learned step sizes, --ranges learn (LSQ, Esser et al., ICLR 2020) ----
  * Each scale becomes a trained parameter: the hooks use bq_op_fakequant_lsq with the paper's gradient
  * scale g = 1/√(N·qmax), N = the elements one scale quantizes per example (a weight: its elements per
@@ -293,11 +279,4 @@ void bq_quant_learn_keep_best(BqQuantState *qs);
 void bq_quant_learn_restore_best(BqQuantState *qs);
 /* amax = scale·qmax for every learned scale, so amax and scale describe the same range. */
 void bq_quant_learn_sync_amax(BqQuantState *qs);
-/* The scale group's optimizer state in training_state.h5 (src/train_state.c): /lsq/m, /lsq/v and,
- * when with_best, /lsq/best, each (nscales) float32 in table order with checksums. load: a file
- * without /lsq for a learning table, or with /lsq for a table that does not learn, is a BQ_EFORMAT
- * error naming the file and --ranges; *has_best says whether /lsq/best was read. */
-int bq_quant_learn_save_hdf5(const BqQuantState *qs, int64_t file_id, const char *path, int with_best);
-int bq_quant_learn_load_hdf5(BqQuantState *qs, int64_t file_id, const char *path, int *has_best);
-
 #endif

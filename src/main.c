@@ -10,7 +10,7 @@
 
 #include "autograd/bq.h"
 #include "autograd/qgemm.h"
-#include "layers/h5sum.h"
+#include "export/h5sum.h"
 #include "src/cli.h"
 #include "src/dist.h"
 

@@ -9,7 +9,8 @@
 #include <sys/stat.h>
 
 #include "export/ckpt.h"
-#include "layers/h5sum.h"
+#include "export/h5sum.h"
+#include "export/quant_io.h"
 #include "layers/quant.h"
 
 #define PATH_LEN 4400

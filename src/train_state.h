@@ -4,7 +4,7 @@
  *   /adam/m/<name>, /adam/v/<name>   AdamW moments, one float32 dataset per parameter
  *   /best/<name>                     the best parameters when tracked
  *   /lsq/m, /lsq/v, /lsq/best        --ranges learn: the learned scales' AdamW moments and best copy
- *                                    (layers/quant.h, bq_quant_learn_save_hdf5)
+ *                                    (export/quant_io.h, bq_quant_learn_save_hdf5)
  *   root attributes                  format_version, step, epoch, batch_cursor, total_steps,
  *                                    warmup_steps, adam_step, best_step (int64); lr, best_accuracy,
  *                                    beta1, beta2, eps, weight_decay (double); seed (uint64),

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 
 #include "export/ckpt.h"
-#include "layers/h5sum.h"
+#include "export/h5sum.h"
 #include "layers/quant.h"
 
 #ifndef TRIALS

@@ -1,4 +1,4 @@
-/* Quantizer ranges in HDF5 (layers/quant.c bq_quant_save_hdf5 / bq_quant_load_hdf5): a round trip
+/* Quantizer ranges in HDF5 (export/quant_io.c bq_quant_save_hdf5 / bq_quant_load_hdf5): a round trip
  * restores amax, scale, observer state, frozen/initialized bit for bit (ort and cpu schemes); loading
  * into a table built with a different granularity (per-tensor vs per-channel), with a quantizer
  * missing or with other weight bits (7-bit cpu weights into an 8-bit table) is a format error naming
@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "export/quant_io.h"
 #include "layers/bert.h"
 #include "layers/quant.h"
 

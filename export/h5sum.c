@@ -1,7 +1,7 @@
-/* Checksummed float32 tensors in HDF5 (contract in layers/h5sum.h). HDF5 C API: H5Pset_chunk,
+/* Checksummed float32 tensors in HDF5 (contract in export/h5sum.h). HDF5 C API: H5Pset_chunk,
  * H5Pset_fletcher32 (the checksum is verified by every H5Dread while error detection is on, HDF5's
  * default), H5Pget_filter2. */
-#include "layers/h5sum.h"
+#include "export/h5sum.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +74,19 @@ int bq_h5sum_write_f32(hid_t loc, const char *file, const char *name, const char
     if (ds >= 0 && H5Dclose(ds) < 0 && !st)
         st = bq_err(BQ_EIO, "%s: cannot write dataset %s%s", file, shown, bq_h5_io_reason());
     H5Pclose(dcpl);
+    H5Sclose(sp);
+    return st;
+}
+
+int bq_h5_attr_write(hid_t loc, const char *file, const char *name, const char *of, hid_t file_type,
+                     hid_t mem_type, const void *v, int rank, hsize_t n) {
+    hid_t sp = rank ? H5Screate_simple(1, &n, NULL) : H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(loc, name, file_type, sp, H5P_DEFAULT, H5P_DEFAULT);
+    int st = BQ_OK;
+    if (a < 0 || H5Awrite(a, mem_type, v) < 0)
+        st = bq_err(BQ_EIO, "%s: cannot write attribute %s%s%s", file, name, of, bq_h5_io_reason());
+    if (a >= 0 && H5Aclose(a) < 0 && !st)
+        st = bq_err(BQ_EIO, "%s: cannot write attribute %s%s%s", file, name, of, bq_h5_io_reason());
     H5Sclose(sp);
     return st;
 }

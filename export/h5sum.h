@@ -1,9 +1,10 @@
-/* Checksummed float32 tensors in HDF5 files, shared by the two checkpoint writers: export/ckpt.c
- * (/params of model.h5, the training state) and layers/quant.c (/quant ranges). Each tensor is one
+/* Checksummed float32 tensors in HDF5 files, shared by the checkpoint writers: export/ckpt.c (/params
+ * of model.h5, the training state) and export/quant_io.c (/quant ranges, /lsq state). Each tensor is one
  * chunked dataset with HDF5's Fletcher-32 filter, so a corrupted byte in its data makes the read fail
  * instead of loading different numbers. Files written before the filter (contiguous datasets without
  * checksum) still read. Layout documented in export/ckpt.h. Also the HDF5 set-up of a process and the
- * system error behind a failed HDF5 write, for the writers' messages. */
+ * system error behind a failed HDF5 write, for the writers' messages, and their one attribute
+ * writer. */
 #ifndef BQ_H5SUM_H
 #define BQ_H5SUM_H
 
@@ -22,6 +23,14 @@ hid_t bq_h5sum_dcpl(int ndim, const hsize_t *dims);
  * reason: bq_h5_io_reason). */
 int bq_h5sum_write_f32(hid_t loc, const char *file, const char *name, const char *shown, hid_t lcpl, int ndim,
                        const hsize_t *dims, const float *data);
+
+/* Writes the attribute `name` of loc, closing it before it returns: rank 1, n values of mem_type
+ * stored as file_type; rank 0, one value in a scalar dataspace (n unused). The one attribute writer of
+ * the checkpoint files (export/ckpt.c, export/quant_io.c, src/train_state.c). Error (BQ_EIO):
+ * "<file>: cannot write attribute <name><of><reason>" (of: "" or where the attribute sits, e.g.
+ * " of /quant/<quantizer>"; reason: bq_h5_io_reason). */
+int bq_h5_attr_write(hid_t loc, const char *file, const char *name, const char *of, hid_t file_type,
+                     hid_t mem_type, const void *v, int rank, hsize_t n);
 
 /* HDF5 set-up of a process, called before any other HDF5 call: no clean-up at exit (H5dont_atexit).
  * A file whose close failed (a full disk) stays half-closed inside HDF5 1.10, and its exit-time
