@@ -488,11 +488,15 @@ static void qat_ranges_mode(BqQuantState *qs, int fixed, int learn, double range
 }
 
 /* Loads qat's input model into m: a question-answering model with its SQuAD training windows in td
- * (*strain = &td->src; --dropout applied), else the model and its tokenizer (*tok). Errors: those of
+ * (*strain = &td->src; --dropout applied), else the model and its tokenizer (*tok). Errors: --teacher
+ * or --keep-fp32 (teacher_dir, keep_fp32 given) with a question-answering model (BQ_EINVAL), those of
  * loading. */
 static int qat_load_model(BqBert *m, BqTokenizer **tok, QaTrainData *td, BqBatchSource **strain, int is_qa,
-                          const char *model, BqCliData *d, BqCliQa *qa, const BqCliTrain *t) {
+                          const char *model, BqCliData *d, BqCliQa *qa, const BqCliTrain *t, const char *teacher_dir,
+                          const char *keep_fp32) {
     int st;
+    if (is_qa && (teacher_dir || keep_fp32))
+        return bq_err(BQ_EINVAL, "--%s: applies to sequence-classification models only", teacher_dir ? "teacher" : "keep-fp32");
     if (is_qa) {
         if ((st = qa_train_data(td, m, model, d, qa, t->train_samples, t->batch_size, t->seed, t->threads, "qat")))
             return st;
@@ -511,8 +515,7 @@ int bq_cmd_qat(int argc, char **argv) {
     double max_drop = 0.5;
     BqDistill dist = {.alpha = 0.5, .temperature = 2.0, .hidden_weight = 0.0};
     BqDistillRecord rec;
-    BqBert teacher;
-    memset(&teacher, 0, sizeof teacher);
+    BqBert teacher = {0};
     BqCliData d = {0};
     BqCliTrain t;
     bq_cli_train_default(&t, 2e-5);
@@ -558,10 +561,8 @@ int bq_cmd_qat(int argc, char **argv) {
     if ((st = bq_check_writable_parent(out))) return st;
 
     BqTokenizer *tok = NULL;
-    BqCliSplits sp;
-    memset(&sp, 0, sizeof sp);
-    BqBert m;
-    memset(&m, 0, sizeof m);
+    BqCliSplits sp = {0};
+    BqBert m = {0};
     BqCalibrator method;
     BqQuantConfig qcfg;
     BqTrainResult res;
@@ -572,13 +573,11 @@ int bq_cmd_qat(int argc, char **argv) {
         return st;
     bq_runtime_set_threads(t.threads);
     int is_qa = 0, distilling = 0;
-    QaTrainData td;
-    memset(&td, 0, sizeof td);
+    QaTrainData td = {0};
     BqBatchSource *strain = &sp.strain, *sval = NULL;
     if ((st = bq_cli_task_resolve(&args, &qa, model, &is_qa)) || (st = bq_cli_task_check_data(is_qa, d.path))) return st;
-    if (is_qa && (teacher_dir || keep_fp32))
-        return bq_err(BQ_EINVAL, "--%s: applies to sequence-classification models only", teacher_dir ? "teacher" : "keep-fp32");
-    if ((st = qat_load_model(&m, &tok, &td, &strain, is_qa, model, &d, &qa, &t))) goto cleanup;
+    if ((st = qat_load_model(&m, &tok, &td, &strain, is_qa, model, &d, &qa, &t, teacher_dir, keep_fp32)))
+        goto cleanup;
     if ((st = distill_setup(&args, &dist, &teacher, &rec, teacher_dir, &m, model, out, t.resume, &distilling)))
         goto cleanup;
     /* Ranges: keep a calibrated input's (its config wins; --freeze-ranges-after still applies), else calibrate. */
