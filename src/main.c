@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "autograd/bq.h"
+#include "autograd/gemm.h"
 #include "autograd/qgemm.h"
 #include "export/h5sum.h"
 #include "src/cli.h"
@@ -122,7 +123,7 @@ int main(int argc, char **argv) {
         printf("bertqat %s\n%s\n", BQ_VERSION_STRING, bq_runtime_describe());
         printf("%s\n", bq_dnnl_describe());
         printf("%s\n", bq_dist_describe());
-        printf("%s\n", bq_cpu_bf16_describe());
+        printf("%s\n%s\n", bq_cpu_bf16_describe(), bq_gemm_bf16_describe());
         bq_dist_finalize();
         return 0;
     }
