@@ -359,24 +359,21 @@ static BqTensor *query_rows(BqCtx *ctx, BqTensor *y) {
     return t;
 }
 
-/* One BertLayer (attention, residual + LayerNorm, feed-forward, residual + LayerNorm) on x (B,T,H) →
- * (B,T,H); cls_only: the query, its attention row and everything after on token 0 only → (B,H)
- * (bq_bert_forward); key and value still on every token. io (may be NULL): the Linear outputs to keep or
- * reuse (BqBertInput.lin_keep, lin_reuse). */
-static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertInput *io, int l, BqTensor *x,
-                         const float *mask, int cls_only, BqTensor **y) {
+/* BertSelfAttention's three Linears of layer l on x (B,T,H): qkv[0..2] receive the query, key and value,
+ * each through its output quantizer; cls_only: the query on token 0's rows only, as a (B,1,H) block
+ * (query_rows). An engine hook may compute the three together (BQ_LIN_QKV) or each Linear; otherwise
+ * xa, the query/key/value input quantized once by the cpu scheme, feeds them. io (may be NULL): the
+ * Linear outputs to keep or reuse. Returns BQ_OK, or the hook's error with qkv partly set. */
+static int attention_qkv(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertInput *io, int l, BqTensor *x,
+                         int cls_only, BqTensor *qkv[3]) {
     const BqBertConfig *c = &m->cfg;
     BqBertLayer *L = &m->layers[l];
     BqQuantState *qs = m->quant;
-    const int nh = c->num_attention_heads;
-    const float scale = 1.0f / sqrtf((float)(c->hidden_size / nh));
     int st;
 
-    /* BertSelfAttention; xa: the query/key/value input, quantized once by the cpu scheme */
     static const int in_pt[3] = {BQ_QP_Q_IN, BQ_QP_K_IN, BQ_QP_V_IN}, out_pt[3] = {BQ_QP_Q_OUT, BQ_QP_K_OUT, BQ_QP_V_OUT};
     static const int w_pt[3] = {BQ_QP_W_Q, BQ_QP_W_K, BQ_QP_W_V};
     BqTensor *W[3] = {&L->q_w, &L->k_w, &L->v_w}, *Bias[3] = {&L->q_b, &L->k_b, &L->v_b};
-    BqTensor *qkv[3] = {NULL, NULL, NULL};
     if (hk && (st = hk->run(hk->user, ctx, l, BQ_LIN_QKV, x, NULL, NULL, qkv))) return st;
     if (qkv[0]) {
         for (int j = 0; j < 3; j++) qkv[j] = qact(qs, ctx, l, out_pt[j], qkv[j]);
@@ -402,6 +399,18 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const Bq
         }
         if (cls_only) qkv[0] = query_rows(ctx, qkv[0]);
     }
+    return BQ_OK;
+}
+
+/* The rest of BertSelfAttention of layer l: softmax(Q·Kᵀ/√d + mask) with attention dropout, times V, per
+ * head, on the quantized query, key and value qkv (attention_qkv); returns the context through its
+ * output quantizer, (B,T,H), or (B,1,H) when the query is token 0's block (cls_only). */
+static BqTensor *attention_context(BqBert *m, BqCtx *ctx, int l, BqTensor *const qkv[3], const float *mask) {
+    const BqBertConfig *c = &m->cfg;
+    BqQuantState *qs = m->quant;
+    const int nh = c->num_attention_heads;
+    const float scale = 1.0f / sqrtf((float)(c->hidden_size / nh));
+
     /* Q·Kᵀ and P·V on integer codes where both inputs are on 8-bit grids (ort, qdqbert; layers/quant.h) */
     BqTensor *qm = qact(qs, ctx, l, BQ_QP_MM1_Q, qkv[0]), *km = qact(qs, ctx, l, BQ_QP_MM1_K, qkv[1]);
     const BqQuantizer *gq = grid_of(qs, l, BQ_QP_MM1_Q, BQ_QP_Q_OUT), *gk = grid_of(qs, l, BQ_QP_MM1_K, BQ_QP_K_OUT);
@@ -429,14 +438,20 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const Bq
         cx = gp && gv ? bq_op_attn_context_int(ctx, pm, vm, gp->scale[0], gv->scale[0], nh)
                       : bq_op_attn_context(ctx, pm, vm, nh);
     }
-    cx = qact(qs, ctx, l, BQ_QP_CONTEXT, cx);                                   /* (B,T,H); cls_only (B,1,H) */
-    if (cls_only) { /* from here every op is row-wise: token 0 of the context and of the residual */
-        cx = bq_op_select_token(ctx, cx, 0);                                    /* (B,H) */
-        x = bq_op_select_token(ctx, x, 0);
-    }
+    return qact(qs, ctx, l, BQ_QP_CONTEXT, cx);                                 /* (B,T,H); cls_only (B,1,H) */
+}
 
-    /* BertSelfOutput: LayerNorm(dropout(dense(ctx)) + x), one fused op where no quantizer sits between
-     * the dropout, the residual add and the LayerNorm (fp32, the cpu scheme) */
+/* BertSelfOutput of layer l: *out = LayerNorm(dropout(dense(cx)) + x) through the attention LayerNorm's
+ * output quantizer, where cx is the attention context and x the layer input (both token 0's rows (B,H)
+ * on the cls_only path), one fused op where no quantizer sits between the dropout, the residual add and
+ * the LayerNorm (fp32, the cpu scheme). Returns BQ_OK, or the hook's error with *out unset. */
+static int attention_output(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertInput *io, int l, BqTensor *cx,
+                            BqTensor *x, BqTensor **out) {
+    const BqBertConfig *c = &m->cfg;
+    BqBertLayer *L = &m->layers[l];
+    BqQuantState *qs = m->quant;
+    int st;
+
     BqTensor *a;
     if (!(a = lin_reused(ctx, io, l, BQ_LIN_AO, cx, L->ao_w.shape[0])) &&
         (st = linear(ctx, hk, qs, l, BQ_LIN_AO, cx, cx, BQ_QP_AO_IN, grid_of(qs, l, BQ_QP_CONTEXT, -1), &L->ao_w,
@@ -451,7 +466,19 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const Bq
         a = qact(qs, ctx, l, BQ_QP_ATTN_RESID, a);
         a = bq_op_layernorm(ctx, a, &L->ln1_w, &L->ln1_b, c->layer_norm_eps);
     }
-    a = qact(qs, ctx, l, BQ_QP_ATTN_LN, a);
+    *out = qact(qs, ctx, l, BQ_QP_ATTN_LN, a);
+    return BQ_OK;
+}
+
+/* BertIntermediate and BertOutput of layer l on a, the attention block's output (B,T,H) or (B,H):
+ * *y = LayerNorm(dropout(dense(gelu(dense(a)))) + a) through the layer's output quantizer. Returns
+ * BQ_OK, or the hook's error with *y unset. */
+static int feed_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertInput *io, int l, BqTensor *a,
+                        BqTensor **y) {
+    const BqBertConfig *c = &m->cfg;
+    BqBertLayer *L = &m->layers[l];
+    BqQuantState *qs = m->quant;
+    int st;
 
     /* BertIntermediate: gelu(dense(a)); the bias joins the GELU pass unless a quantizer sits between the
      * bias add and the GELU or an engine computes the Linear */
@@ -464,8 +491,9 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const Bq
     lin_kept(io, l, BQ_LIN_I, h);
     h = qact(qs, ctx, l, BQ_QP_INTER_OUT, h);                                   /* (B,T,I) */
 
-    /* BertOutput: LayerNorm(dropout(dense(h)) + a), fused as above. Where nothing sits between the GELU
-     * and the dense (no quantizer, no engine), the two are one op that never keeps the GELU output. */
+    /* BertOutput: LayerNorm(dropout(dense(h)) + a), fused as in attention_output. Where nothing sits
+     * between the GELU and the dense (no quantizer, no engine), the two are one op that never keeps the
+     * GELU output. */
     BqTensor *o = lin_reused(ctx, io, l, BQ_LIN_O, h, L->o_w.shape[0]);
     if (o) {
         /* reused: neither the GELU nor the dense runs */
@@ -489,6 +517,26 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const Bq
     }
     *y = qact(qs, ctx, l, BQ_QP_OUT_LN, o);
     return BQ_OK;
+}
+
+/* One BertLayer (attention, residual + LayerNorm, feed-forward, residual + LayerNorm) on x (B,T,H) →
+ * (B,T,H); cls_only: the query, its attention row and everything after on token 0 only → (B,H)
+ * (bq_bert_forward); key and value still on every token. io (may be NULL): the Linear outputs to keep or
+ * reuse (BqBertInput.lin_keep, lin_reuse). The blocks run in this order, so the tape records the ops
+ * exactly in the order of the model. */
+static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertInput *io, int l, BqTensor *x,
+                         const float *mask, int cls_only, BqTensor **y) {
+    BqTensor *qkv[3] = {NULL, NULL, NULL}, *a;
+    int st;
+
+    if ((st = attention_qkv(m, ctx, hk, io, l, x, cls_only, qkv))) return st;
+    BqTensor *cx = attention_context(m, ctx, l, qkv, mask);
+    if (cls_only) { /* from here every op is row-wise: token 0 of the context and of the residual */
+        cx = bq_op_select_token(ctx, cx, 0);                                    /* (B,H) */
+        x = bq_op_select_token(ctx, x, 0);
+    }
+    if ((st = attention_output(m, ctx, hk, io, l, cx, x, &a))) return st;
+    return feed_forward(m, ctx, hk, io, l, a, y);
 }
 
 /* Validates a batch against the model (ids, token types, lengths, labels): a bad value is a
