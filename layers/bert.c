@@ -308,24 +308,37 @@ static int linear(BqCtx *ctx, const BqLinearHook *hk, BqQuantState *qs, int l, B
     return BQ_OK;
 }
 
+/* The Linears a point's value feeds first, as masks of bits 1 << BqLinearId: FEEDS_<name> for each
+ * name of the `feeds` column of BQ_QPOINTS (layers/quant.h). */
+enum {
+    FEEDS_Q = 1u << BQ_LIN_Q, FEEDS_K = 1u << BQ_LIN_K, FEEDS_V = 1u << BQ_LIN_V,
+    FEEDS_QKV = FEEDS_Q | FEEDS_K | FEEDS_V, FEEDS_AO = 1u << BQ_LIN_AO, FEEDS_I = 1u << BQ_LIN_I,
+    FEEDS_O = 1u << BQ_LIN_O, FEEDS_NONE = 0
+};
+
+/* The first Linears of each point of the layer, indexed by BqQPoint. */
+static const unsigned point_feeds[BQ_QP_LAYER_COUNT] = {
+#define FEEDS_ROW_(point, role, is_weight, sole, schemes, feeds) [BQ_QP_##point] = FEEDS_##feeds,
+    BQ_QPOINTS(FEEDS_ROW_)
+#undef FEEDS_ROW_
+};
+
+/* The layer's data flow between its Linears (layer_forward): the Linears that read the output of each
+ * one, through the ops between them, as masks of bits 1 << BqLinearId. Query, key and value feed the
+ * attention output dense, which feeds the intermediate dense, which feeds the output dense. Every
+ * successor has a larger id than the Linear it follows. */
+static const unsigned linear_next[BQ_LIN_ENCODER] = {
+    [BQ_LIN_Q] = FEEDS_AO, [BQ_LIN_K] = FEEDS_AO, [BQ_LIN_V] = FEEDS_AO,
+    [BQ_LIN_AO] = FEEDS_I, [BQ_LIN_I] = FEEDS_O, [BQ_LIN_O] = FEEDS_NONE,
+};
+
 unsigned bq_bert_linear_reach(int point) {
-    const unsigned q = 1u << BQ_LIN_Q, k = 1u << BQ_LIN_K, v = 1u << BQ_LIN_V, ao = 1u << BQ_LIN_AO,
-                   i = 1u << BQ_LIN_I, o = 1u << BQ_LIN_O;
-    switch (point) {
-    case BQ_QP_W_Q: case BQ_QP_Q_IN: return q | ao | i | o;
-    case BQ_QP_W_K: case BQ_QP_K_IN: return k | ao | i | o;
-    case BQ_QP_W_V: case BQ_QP_V_IN: return v | ao | i | o;
-    case BQ_QP_Q_OUT: case BQ_QP_K_OUT: case BQ_QP_V_OUT: case BQ_QP_MM1_Q: case BQ_QP_MM1_K: case BQ_QP_SCORES:
-    case BQ_QP_PROBS: case BQ_QP_MM2_P: case BQ_QP_MM2_V: case BQ_QP_CONTEXT: case BQ_QP_AO_IN: case BQ_QP_W_AO:
-        return ao | i | o;
-    /* INTER_OUT also decides whether the GELU pass adds the intermediate bias (layer_forward) */
-    case BQ_QP_ADD1_LOCAL: case BQ_QP_ADD1_RESID: case BQ_QP_ATTN_RESID: case BQ_QP_ATTN_LN: case BQ_QP_I_IN:
-    case BQ_QP_W_I: case BQ_QP_INTER_OUT:
-        return i | o;
-    case BQ_QP_GELU_OUT: case BQ_QP_O_IN: case BQ_QP_W_O: return o;
-    case BQ_QP_ADD2_LOCAL: case BQ_QP_ADD2_RESID: case BQ_QP_OUT_RESID: case BQ_QP_OUT_LN: return 0;
-    default: return q | k | v | ao | i | o;
-    }
+    /* the embeddings' point and any point outside the table feed the layer input: all three first */
+    unsigned reach = point >= 0 && point < BQ_QP_LAYER_COUNT ? point_feeds[point] : FEEDS_QKV;
+    /* in increasing id order each Linear's successors join the mask before they are visited */
+    for (int id = 0; id < BQ_LIN_ENCODER; id++)
+        if (reach & (1u << id)) reach |= linear_next[id];
+    return reach;
 }
 
 /* The output of the Linear (l, id) handed in through in->lin_reuse, copied into ctx->act with x's shape

@@ -27,7 +27,7 @@
  * that read them, so that layers/qscheme.c (placement, which reads the model's configuration) depends
  * on this file and never the reverse. */
 const BqQPointDef bq_qpoint_defs[BQ_QP_LAYER_COUNT] = {
-#define BQ_QP_DEF_(point, role, is_weight, sole, schemes) [BQ_QP_##point] = {role, is_weight, sole, schemes},
+#define BQ_QP_DEF_(point, role, is_weight, sole, schemes, feeds) [BQ_QP_##point] = {role, is_weight, sole, schemes},
     BQ_QPOINTS(BQ_QP_DEF_)
 #undef BQ_QP_DEF_
 };

@@ -27,58 +27,62 @@ typedef enum BqScheme { BQ_SCHEME_ORT, BQ_SCHEME_QDQBERT, BQ_SCHEME_CPU } BqSche
 #define BQ_CPU BQ_SCHEME_BIT(BQ_SCHEME_CPU)
 
 /* The quantization points inside one encoder layer (docs/design.md §4), one line each:
- *   X(point, role, is_weight, sole, schemes)
+ *   X(point, role, is_weight, sole, schemes, feeds)
  * point: the BqQPoint name; role: the Hugging Face module path after "bert.encoder.layer.<L>." plus
  * the quantizer role, written into checkpoints (/quant/<name>) and ONNX node/initializer names;
  * is_weight: 1 quantizes a Linear's weight (per output channel unless per-tensor), 0 a tensor the
  * forward (layers/bert.c) produces; sole: 1 when the forward reads that activation only through its
  * quantizer, so bq_quant_act may use bq_op_fakequant_sole (shared gradient buffer); 0 where other ops
  * read the same tensor (the layer input and the attention LayerNorm output feed several Linears or a
- * residual) and for weights, which never take that path; schemes: mask of the schemes placing it.
+ * residual) and for weights, which never take that path; schemes: mask of the schemes placing it;
+ * feeds: the first of the layer's Linears whose output the point changes, Q, K, V, QKV (the shared
+ * query/key/value input: all three), AO, I, O, or NONE (after the output dense), from which
+ * bq_bert_linear_reach (layers/bert.c) follows the layer's data flow to the Linears after it. INTER_OUT
+ * names I: whether it is placed decides whether the intermediate dense adds its own bias (layers/bert.c).
  * The order of this list is the order of a layer's quantizers in every scheme's table (checkpoints
  * and `bertqat info` list them so): never reorder it; add a point by adding one line (and its call
  * in layers/bert.c and export/onnx_bert.c, which checks that every quantizer it is given is placed). */
 #define BQ_QPOINTS(X)                                                                                     \
     /* weights of the 6 encoder Linears, every scheme */                                                  \
-    X(W_Q, "attention.self.query.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU)                       \
-    X(W_K, "attention.self.key.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU)                         \
-    X(W_V, "attention.self.value.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU)                       \
-    X(W_AO, "attention.output.dense.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU)                    \
-    X(W_I, "intermediate.dense.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU)                         \
-    X(W_O, "output.dense.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU)                               \
+    X(W_Q, "attention.self.query.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU, Q)                    \
+    X(W_K, "attention.self.key.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU, K)                      \
+    X(W_V, "attention.self.value.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU, V)                    \
+    X(W_AO, "attention.output.dense.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU, AO)                \
+    X(W_I, "intermediate.dense.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU, I)                      \
+    X(W_O, "output.dense.weight_quantizer", 1, 0, BQ_ORT | BQ_QDQ | BQ_CPU, O)                            \
     /* ort: outputs of ops (ONNX Runtime bert_imdb_finetune_qat) */                                       \
-    X(Q_OUT, "attention.self.query.output_quantizer", 0, 1, BQ_ORT)         /* after bias */              \
-    X(K_OUT, "attention.self.key.output_quantizer", 0, 1, BQ_ORT)                                         \
-    X(V_OUT, "attention.self.value.output_quantizer", 0, 1, BQ_ORT)                                       \
-    X(SCORES, "attention.self.matmul_qk.output_quantizer", 0, 1, BQ_ORT)    /* Q·Kᵀ, before 1/√d */       \
-    X(PROBS, "attention.self.softmax.output_quantizer", 0, 1, BQ_ORT)       /* before dropout */          \
-    X(CONTEXT, "attention.self.matmul_av.output_quantizer", 0, 1, BQ_ORT)   /* before head merge */       \
-    X(ATTN_RESID, "attention.output.residual_add.output_quantizer", 0, 1, BQ_ORT) /* before LN */         \
-    X(ATTN_LN, "attention.output.LayerNorm.output_quantizer", 0, 1, BQ_ORT)                               \
-    X(INTER_OUT, "intermediate.dense.output_quantizer", 0, 1, BQ_ORT)       /* before GELU */             \
-    X(GELU_OUT, "intermediate.intermediate_act_fn.output_quantizer", 0, 1, BQ_ORT)                        \
-    X(OUT_RESID, "output.residual_add.output_quantizer", 0, 1, BQ_ORT)      /* before LN */               \
-    X(OUT_LN, "output.LayerNorm.output_quantizer", 0, 1, BQ_ORT)                                          \
+    X(Q_OUT, "attention.self.query.output_quantizer", 0, 1, BQ_ORT, AO)     /* after bias */              \
+    X(K_OUT, "attention.self.key.output_quantizer", 0, 1, BQ_ORT, AO)                                     \
+    X(V_OUT, "attention.self.value.output_quantizer", 0, 1, BQ_ORT, AO)                                   \
+    X(SCORES, "attention.self.matmul_qk.output_quantizer", 0, 1, BQ_ORT, AO) /* Q·Kᵀ, before 1/√d */      \
+    X(PROBS, "attention.self.softmax.output_quantizer", 0, 1, BQ_ORT, AO)   /* before dropout */          \
+    X(CONTEXT, "attention.self.matmul_av.output_quantizer", 0, 1, BQ_ORT, AO) /* before head merge */     \
+    X(ATTN_RESID, "attention.output.residual_add.output_quantizer", 0, 1, BQ_ORT, I) /* before LN */      \
+    X(ATTN_LN, "attention.output.LayerNorm.output_quantizer", 0, 1, BQ_ORT, I)                            \
+    X(INTER_OUT, "intermediate.dense.output_quantizer", 0, 1, BQ_ORT, I)    /* before GELU */             \
+    X(GELU_OUT, "intermediate.intermediate_act_fn.output_quantizer", 0, 1, BQ_ORT, O)                     \
+    X(OUT_RESID, "output.residual_add.output_quantizer", 0, 1, BQ_ORT, NONE) /* before LN */              \
+    X(OUT_LN, "output.LayerNorm.output_quantizer", 0, 1, BQ_ORT, NONE)                                    \
     /* qdqbert: inputs of the Linears (HF QDQBERT); cpu: one Q/K/V input, the other Linear inputs */      \
-    X(Q_IN, "attention.self.query.input_quantizer", 0, 0, BQ_QDQ)                                         \
-    X(K_IN, "attention.self.key.input_quantizer", 0, 0, BQ_QDQ)                                           \
-    X(V_IN, "attention.self.value.input_quantizer", 0, 0, BQ_QDQ)                                         \
-    X(QKV_IN, "attention.self.input_quantizer", 0, 0, BQ_CPU)               /* quantized once */          \
-    X(AO_IN, "attention.output.dense.input_quantizer", 0, 1, BQ_QDQ | BQ_CPU)                             \
-    X(I_IN, "intermediate.dense.input_quantizer", 0, 0, BQ_QDQ | BQ_CPU)                                  \
-    X(O_IN, "output.dense.input_quantizer", 0, 1, BQ_QDQ | BQ_CPU)                                        \
+    X(Q_IN, "attention.self.query.input_quantizer", 0, 0, BQ_QDQ, Q)                                      \
+    X(K_IN, "attention.self.key.input_quantizer", 0, 0, BQ_QDQ, K)                                        \
+    X(V_IN, "attention.self.value.input_quantizer", 0, 0, BQ_QDQ, V)                                      \
+    X(QKV_IN, "attention.self.input_quantizer", 0, 0, BQ_CPU, QKV)          /* quantized once */          \
+    X(AO_IN, "attention.output.dense.input_quantizer", 0, 1, BQ_QDQ | BQ_CPU, AO)                         \
+    X(I_IN, "intermediate.dense.input_quantizer", 0, 0, BQ_QDQ | BQ_CPU, I)                               \
+    X(O_IN, "output.dense.input_quantizer", 0, 1, BQ_QDQ | BQ_CPU, O)                                     \
     /* qdqbert: both inputs of the two attention matmuls and of the two residual adds */                  \
-    X(MM1_Q, "attention.self.matmul_q_input_quantizer", 0, 1, BQ_QDQ)                                     \
-    X(MM1_K, "attention.self.matmul_k_input_quantizer", 0, 1, BQ_QDQ)                                     \
-    X(MM2_P, "attention.self.matmul_a_input_quantizer", 0, 1, BQ_QDQ)                                     \
-    X(MM2_V, "attention.self.matmul_v_input_quantizer", 0, 1, BQ_QDQ)                                     \
-    X(ADD1_LOCAL, "attention.output.add_local_input_quantizer", 0, 1, BQ_QDQ)    /* dense output */       \
-    X(ADD1_RESID, "attention.output.add_residual_input_quantizer", 0, 0, BQ_QDQ) /* layer input */        \
-    X(ADD2_LOCAL, "output.add_local_input_quantizer", 0, 1, BQ_QDQ)                                       \
-    X(ADD2_RESID, "output.add_residual_input_quantizer", 0, 0, BQ_QDQ)      /* attention LN out */
+    X(MM1_Q, "attention.self.matmul_q_input_quantizer", 0, 1, BQ_QDQ, AO)                                 \
+    X(MM1_K, "attention.self.matmul_k_input_quantizer", 0, 1, BQ_QDQ, AO)                                 \
+    X(MM2_P, "attention.self.matmul_a_input_quantizer", 0, 1, BQ_QDQ, AO)                                 \
+    X(MM2_V, "attention.self.matmul_v_input_quantizer", 0, 1, BQ_QDQ, AO)                                 \
+    X(ADD1_LOCAL, "attention.output.add_local_input_quantizer", 0, 1, BQ_QDQ, I) /* dense output */       \
+    X(ADD1_RESID, "attention.output.add_residual_input_quantizer", 0, 0, BQ_QDQ, I) /* layer input */     \
+    X(ADD2_LOCAL, "output.add_local_input_quantizer", 0, 1, BQ_QDQ, NONE)                                 \
+    X(ADD2_RESID, "output.add_residual_input_quantizer", 0, 0, BQ_QDQ, NONE) /* attention LN out */
 
 typedef enum BqQPoint {
-#define BQ_QP_ENUM_(point, role, is_weight, sole, schemes) BQ_QP_##point,
+#define BQ_QP_ENUM_(point, role, is_weight, sole, schemes, feeds) BQ_QP_##point,
     BQ_QPOINTS(BQ_QP_ENUM_)
 #undef BQ_QP_ENUM_
     BQ_QP_LAYER_COUNT
