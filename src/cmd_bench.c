@@ -199,189 +199,240 @@ cleanup:
     return st;
 }
 
-int bq_cmd_bench(int argc, char **argv) {
-    const char *model = NULL, *onnx = NULL, *batch_arg = "1,32", *paths_arg = "fp32,fake-quant,int8",
-               *python = NULL;
-    const char *clock_arg = "wall";
-    const char *precision = "auto";
-    int seq = 0, threads = 0, rounds = 10, json = 0;
+/* The settings of one bench run, as bench_parse reads them from the command line. */
+typedef struct BenchOpts {
+    const char *model, *onnx, *batch_arg, *paths_arg, *python, *clock_arg, *precision;
+    int seq, threads, rounds, json;
+    int bs[MAX_BATCHES], nb; /* --batch-sizes */
+    unsigned paths;          /* --paths: bit p set when path p is timed */
+    char python_path[4200], script[4200]; /* with --onnx: who times it in ONNX Runtime */
+    BqPrecision prec;
+} BenchOpts;
+
+/* What one bench run found: the integer engine (or why there is none), the timings and the verdict. */
+typedef struct BenchResult {
+    BqInt8Engine *eng;  /* NULL: the integer engine refused the checkpoint, for the reason in reason */
+    char reason[1024], cpu[256], ort_version[64], verdict[2048];
+    double med[MAX_BATCHES][NPATHS], ort[MAX_BATCHES], prep_ms;
+    int T;              /* tokens per example */
+    int shown[NPATHS];  /* shown[p]: path p was timed */
+    int cmp, pays;      /* int8 was compared against fp32; it pays off at every batch size */
+} BenchResult;
+
+/* Parses the command line into o (zeroed by the caller): sets the defaults, parses argv, then
+ * --batch-sizes, --paths and --clock (which sets g_cpu_clock), checks that --onnx exists and looks up
+ * its Python and onnx_bench.py, sets the runtime's thread count and parses --precision. *help is set
+ * when --help printed the usage, and nothing else is then done. Returns BQ_OK, or the status of the
+ * first error (BQ_EINVAL for a bad flag or value, or the lookup's error naming --python). */
+static int bench_parse(BenchOpts *o, int argc, char **argv, int *help) {
+    o->batch_arg = "1,32", o->paths_arg = "fp32,fake-quant,int8";
+    o->clock_arg = "wall";
+    o->precision = "auto";
+    o->rounds = 10;
     const BqArgSpec specs[] = {
-        {"model", BQ_ARG_STR, &model, "quantized checkpoint (PTQ or QAT)", 1, 0, 0},
-        {"onnx", BQ_ARG_STR, &onnx, "also time this ONNX file in ONNX Runtime (e.g. the checkpoint's export)", 0, 0, 0},
-        {"batch-sizes", BQ_ARG_STR, &batch_arg, "comma-separated batch sizes", 0, 0, 0},
-        {"paths", BQ_ARG_STR, &paths_arg, "comma-separated bertqat forwards to time: fp32, fake-quant, int8", 0, 0, 0},
-        {"seq", BQ_ARG_INT, &seq, "tokens per example (0: the checkpoint's max_seq_len, else 128)", 0, 0, 8192},
-        {"threads", BQ_ARG_INT, &threads, "threads, for bertqat and ONNX Runtime alike (0: all cores)", 0, 0, 4096},
-        {"rounds", BQ_ARG_INT, &rounds, "timed forwards per path and batch size, after one warm-up", 0, 1, MAX_ROUNDS},
-        {"python", BQ_ARG_STR, &python, "Python with onnxruntime for --onnx " BQ_CLI_PYTHON_HELP, 0, 0, 0},
-        {"clock", BQ_ARG_STR, &clock_arg, "wall (latency) or cpu (process CPU time of all threads, spin-waits "
+        {"model", BQ_ARG_STR, &o->model, "quantized checkpoint (PTQ or QAT)", 1, 0, 0},
+        {"onnx", BQ_ARG_STR, &o->onnx, "also time this ONNX file in ONNX Runtime (e.g. the checkpoint's export)", 0, 0, 0},
+        {"batch-sizes", BQ_ARG_STR, &o->batch_arg, "comma-separated batch sizes", 0, 0, 0},
+        {"paths", BQ_ARG_STR, &o->paths_arg, "comma-separated bertqat forwards to time: fp32, fake-quant, int8", 0, 0, 0},
+        {"seq", BQ_ARG_INT, &o->seq, "tokens per example (0: the checkpoint's max_seq_len, else 128)", 0, 0, 8192},
+        {"threads", BQ_ARG_INT, &o->threads, "threads, for bertqat and ONNX Runtime alike (0: all cores)", 0, 0, 4096},
+        {"rounds", BQ_ARG_INT, &o->rounds, "timed forwards per path and batch size, after one warm-up", 0, 1, MAX_ROUNDS},
+        {"python", BQ_ARG_STR, &o->python, "Python with onnxruntime for --onnx " BQ_CLI_PYTHON_HELP, 0, 0, 0},
+        {"clock", BQ_ARG_STR, &o->clock_arg, "wall (latency) or cpu (process CPU time of all threads, spin-waits "
          "included: a measure that a loaded machine disturbs less, meant for --threads 1)", 0, 0, 0},
-        {"json", BQ_ARG_FLAG, &json, "print the results as one JSON object instead of a table", 0, 0, 0},
-        BQ_CLI_PRECISION_SPEC(precision),
+        {"json", BQ_ARG_FLAG, &o->json, "print the results as one JSON object instead of a table", 0, 0, 0},
+        BQ_CLI_PRECISION_SPEC(o->precision),
     };
     BqArgs args = {.cmd = "bench", .usage = "--model CKPT [--onnx FILE] [options]",
                    .summary = "Forward latency (median ms) of a quantized checkpoint as fp32, fake quant and integer "
                               "(int8) on this CPU, and of an ONNX file in ONNX Runtime; says whether int8 pays off.",
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
     int st = bq_args_parse(&args, argc, argv);
+    *help = args.help;
     if (st || args.help) return st;
-    int bs[MAX_BATCHES], nb = 0;
-    if ((st = parse_batches(batch_arg, bs, &nb))) return st;
-    unsigned paths;
-    if ((st = parse_paths(paths_arg, &paths))) return st;
-    if (strcmp(clock_arg, "wall") && strcmp(clock_arg, "cpu"))
-        return bq_err(BQ_EINVAL, "--clock: '%s' is neither wall nor cpu", clock_arg);
-    g_cpu_clock = !strcmp(clock_arg, "cpu");
-    if (onnx && !bq_is_file(onnx)) return bq_err(BQ_EINVAL, "--onnx %s: no such file", onnx);
-    char python_path[4200] = "", script[4200] = ""; /* with --onnx: who times it in ONNX Runtime */
-    if (onnx && ((st = bq_cli_python_path(python, python_path, sizeof python_path)) ||
-                 (st = bq_cli_script_path("onnx_bench.py", script, sizeof script))))
+    if ((st = parse_batches(o->batch_arg, o->bs, &o->nb))) return st;
+    if ((st = parse_paths(o->paths_arg, &o->paths))) return st;
+    if (strcmp(o->clock_arg, "wall") && strcmp(o->clock_arg, "cpu"))
+        return bq_err(BQ_EINVAL, "--clock: '%s' is neither wall nor cpu", o->clock_arg);
+    g_cpu_clock = !strcmp(o->clock_arg, "cpu");
+    if (o->onnx && !bq_is_file(o->onnx)) return bq_err(BQ_EINVAL, "--onnx %s: no such file", o->onnx);
+    if (o->onnx && ((st = bq_cli_python_path(o->python, o->python_path, sizeof o->python_path)) ||
+                    (st = bq_cli_script_path("onnx_bench.py", o->script, sizeof o->script))))
         return st;
-    bq_runtime_set_threads(threads);
-    BqPrecision prec;
-    if ((st = bq_cli_precision(precision, "bench", &prec))) return st;
+    bq_runtime_set_threads(o->threads);
+    return bq_cli_precision(o->precision, "bench", &o->prec);
+}
+
+/* Loads the checkpoint o->model into m and *tok (freed by the caller, also after an error) at
+ * o->prec, sets r->T (--seq, else the checkpoint's max_seq_len, else 128) and prepares the integer
+ * engine into r->eng, timing that in r->prep_ms; where the engine refuses the checkpoint (BQ_EINVAL)
+ * r->eng stays NULL with the reason in r->reason. Returns BQ_OK, BQ_EINVAL for a checkpoint without
+ * quantizers or a --seq beyond its positions, or the error of loading or preparing. */
+static int bench_load(const BenchOpts *o, BqBert *m, BqTokenizer **tok, BenchResult *r) {
+    int st;
+    if ((st = bq_cli_model_load(m, tok, o->model, 0, 0, "bench"))) return st;
+    m->prec = o->prec;
+    if (!m->quant)
+        return bq_err(BQ_EINVAL, "--model %s: no quantizers (a fp32 checkpoint); bench compares the fp32, fake-quant "
+                      "and int8 forwards of a PTQ or QAT checkpoint", o->model);
+    r->T = o->seq > 0 ? o->seq : m->data.max_seq_len > 0 ? m->data.max_seq_len : 128;
+    if (r->T > m->cfg.max_position_embeddings)
+        return bq_err(BQ_EINVAL, "--seq: %d tokens exceed the model's %d positions", r->T,
+                      m->cfg.max_position_embeddings);
+    double t0 = bq_now();
+    st = bq_int8_prepare(&r->eng, m);
+    r->prep_ms = (bq_now() - t0) * 1e3;
+    if (st == BQ_EINVAL) {
+        snprintf(r->reason, sizeof r->reason, "%s", bq_errmsg());
+        bq_err_clear();
+        r->eng = NULL;
+        st = BQ_OK;
+    }
+    return st;
+}
+
+/* Times every path of o->paths at each batch size into r->med (activations in act, which the caller
+ * frees) and, with --onnx, the ONNX file in ONNX Runtime into r->ort and r->ort_version. Returns BQ_OK,
+ * or the first error of a forward or of the ONNX Runtime child. */
+static int bench_time(const BenchOpts *o, BqBert *m, BqArena *act, BenchResult *r) {
+    int st;
+    if ((st = bq_arena_init(act, (size_t)64 << 30, "activations"))) return st;
+    BqRng rng;
+    bq_rng_seed(&rng, 1);
+    for (int i = 0; i < o->nb; i++) {
+        fprintf(stderr, "[bench] batch %d, seq %d: %d rounds\n", o->bs[i], r->T, o->rounds);
+        if ((st = time_batch(m, r->eng, act, o->bs[i], r->T, o->rounds, o->paths, &rng, r->med[i]))) return st;
+    }
+    if (o->onnx && (st = time_onnx(o->python_path, o->script, o->onnx, o->bs, o->nb, r->T, bq_runtime_threads(),
+                                   o->rounds, m->cfg.vocab_size, r->ort, r->ort_version, sizeof r->ort_version)))
+        return st;
+    return BQ_OK;
+}
+
+/* Sets r->shown, r->cmp (int8 against fp32 only when both were timed), r->pays (a speed-up of at least
+ * PAYS_OFF at every batch size) and the one-sentence r->verdict from the timings in r. */
+static void bench_verdict(const BenchOpts *o, BenchResult *r) {
+    for (int p = P_FP32; p <= P_INT8; p++) r->shown[p] = (o->paths >> p & 1) && (p != P_INT8 || r->eng);
+    r->shown[P_ORT] = o->onnx != NULL;
+    r->cmp = r->shown[P_FP32] && r->shown[P_INT8];
+    r->pays = r->cmp;
+    for (int i = 0; i < o->nb && r->cmp; i++) r->pays &= r->med[i][P_FP32] / r->med[i][P_INT8] >= PAYS_OFF;
+    if (!r->eng) {
+        snprintf(r->verdict, sizeof r->verdict, "int8 cannot run on this machine for this checkpoint: %s.", r->reason);
+    } else if (!r->cmp) {
+        snprintf(r->verdict, sizeof r->verdict, "int8 against fp32: not compared (--paths %s).", o->paths_arg);
+    } else {
+        int n = snprintf(r->verdict, sizeof r->verdict, "int8 %s on this machine: the integer forward is ",
+                         r->pays ? "pays off" : "does not pay off");
+        for (int i = 0; i < o->nb; i++)
+            n += snprintf(r->verdict + n, sizeof r->verdict - (size_t)n, "%s%.2fx (batch %d)",
+                          i ? (i == o->nb - 1 ? " and " : ", ") : "", r->med[i][P_FP32] / r->med[i][P_INT8], o->bs[i]);
+        snprintf(r->verdict + n, sizeof r->verdict - (size_t)n, " as fast as fp32 (it pays off at >= %.1fx at every "
+                 "batch size).", PAYS_OFF);
+    }
+}
+
+/* Prints the run's settings, timings and verdict on stdout as one JSON object (--json). */
+static void bench_print_json(const BenchOpts *o, const BenchResult *r) {
+    json_t *j = json_object();
+    json_object_set_new(j, "model", json_string(o->model));
+    json_object_set_new(j, "cpu", json_string(r->cpu));
+    json_object_set_new(j, "onednn", json_string(bq_dnnl_describe()));
+    json_object_set_new(j, "blas", json_string(bq_runtime_describe()));
+    json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
+    json_object_set_new(j, "precision", json_string(bq_precision_name(o->prec)));
+    json_object_set_new(j, "seq", json_integer(r->T));
+    json_object_set_new(j, "rounds", json_integer(o->rounds));
+    json_object_set_new(j, "clock", json_string(o->clock_arg));
+    json_object_set_new(j, "omp_wait_policy", json_string(wait_policy()));
+    json_object_set_new(j, "int8_available", json_boolean(r->eng != NULL));
+    if (!r->eng) json_object_set_new(j, "int8_refused", json_string(r->reason));
+    if (o->onnx) json_object_set_new(j, "onnx", json_string(o->onnx));
+    if (o->onnx) json_object_set_new(j, "onnxruntime", json_string(r->ort_version));
+    json_t *rows = json_array();
+    for (int i = 0; i < o->nb; i++) {
+        json_t *row = json_object();
+        json_object_set_new(row, "batch", json_integer(o->bs[i]));
+        for (int p = 0; p < NPATHS; p++) {
+            if (!r->shown[p]) continue;
+            char key[64];
+            snprintf(key, sizeof key, "%s_ms", PATH_NAMES[p]);
+            json_object_set_new(row, key, json_real(p == P_ORT ? r->ort[i] : r->med[i][p]));
+        }
+        if (r->cmp) json_object_set_new(row, "fp32_over_int8", json_real(r->med[i][P_FP32] / r->med[i][P_INT8]));
+        if (r->shown[P_INT8] && o->onnx)
+            json_object_set_new(row, "onnxruntime_over_int8", json_real(r->ort[i] / r->med[i][P_INT8]));
+        json_array_append_new(rows, row);
+    }
+    json_object_set_new(j, "results", rows);
+    json_object_set_new(j, "int8_pays_off", json_boolean(r->pays));
+    json_object_set_new(j, "verdict", json_string(r->verdict));
+    char *s = json_dumps(j, JSON_INDENT(2));
+    printf("%s\n", s);
+    free(s);
+    json_decref(j);
+}
+
+/* Prints the run's settings, a table of ms per forward (a row per path timed, a column per batch size,
+ * with the int8 speed-up rows) and the verdict on stdout. */
+static void bench_print_table(const BenchOpts *o, const BenchResult *r) {
+    printf("CPU        %s\n%s\n%s\n%s\n", r->cpu, bq_dnnl_describe(), bq_cpu_bf16_describe(), bq_runtime_describe());
+    printf("precision  %s\n", bq_precision_name(o->prec));
+    printf("model      %s, seq %d, %d threads, median of %d rounds after a warm-up (%s)\n", o->model, r->T,
+           bq_runtime_threads(), o->rounds, g_cpu_clock ? "process CPU time" : "wall time");
+    printf("OpenMP     wait policy %s\n", wait_policy());
+    if (r->eng)
+        printf("int8       %d integer Linears in %d GEMMs, packed in %.0f ms\n", bq_int8_linear_count(r->eng),
+               bq_int8_gemm_count(r->eng), r->prep_ms);
+    else
+        printf("int8       not available: %s\n", r->reason);
+    if (o->onnx) printf("ORT        onnxruntime %s on %s\n", r->ort_version, o->onnx);
+    printf("\n%-22s", g_cpu_clock ? "CPU ms per forward" : "ms per forward");
+    for (int i = 0; i < o->nb; i++) {
+        char h[32];
+        snprintf(h, sizeof h, "batch %d", o->bs[i]);
+        printf(" %12s", h);
+    }
+    printf("\n");
+    for (int p = 0; p < NPATHS; p++) {
+        if (!r->shown[p]) continue;
+        printf("%-22s", PATH_NAMES[p]);
+        for (int i = 0; i < o->nb; i++) printf(" %12.2f", p == P_ORT ? r->ort[i] : r->med[i][p]);
+        printf("\n");
+    }
+    if (r->cmp) {
+        printf("%-22s", "fp32 / int8");
+        for (int i = 0; i < o->nb; i++) printf(" %11.2fx", r->med[i][P_FP32] / r->med[i][P_INT8]);
+        printf("\n");
+    }
+    if (r->shown[P_INT8] && o->onnx) {
+        printf("%-22s", "onnxruntime / int8");
+        for (int i = 0; i < o->nb; i++) printf(" %11.2fx", r->ort[i] / r->med[i][P_INT8]);
+        printf("\n");
+    }
+    printf("\n%s\n", r->verdict);
+}
+
+int bq_cmd_bench(int argc, char **argv) {
+    BenchOpts o = {0};
+    int help = 0;
+    int st = bench_parse(&o, argc, argv, &help);
+    if (st || help) return st;
 
     BqTokenizer *tok = NULL;
     BqBert m;
     memset(&m, 0, sizeof m);
     BqArena act = {0};
-    BqInt8Engine *eng = NULL;
-    json_t *j = NULL;
-    char reason[1024] = "", cpu[256], ort_version[64] = "";
-    double med[MAX_BATCHES][NPATHS] = {{0}}, ort[MAX_BATCHES] = {0}, prep_ms = 0;
-    if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "bench"))) goto cleanup;
-    m.prec = prec;
-    if (!m.quant) {
-        st = bq_err(BQ_EINVAL, "--model %s: no quantizers (a fp32 checkpoint); bench compares the fp32, fake-quant "
-                    "and int8 forwards of a PTQ or QAT checkpoint", model);
-        goto cleanup;
-    }
-    int T = seq > 0 ? seq : m.data.max_seq_len > 0 ? m.data.max_seq_len : 128;
-    if (T > m.cfg.max_position_embeddings) {
-        st = bq_err(BQ_EINVAL, "--seq: %d tokens exceed the model's %d positions", T, m.cfg.max_position_embeddings);
-        goto cleanup;
-    }
-    double t0 = bq_now();
-    st = bq_int8_prepare(&eng, &m);
-    prep_ms = (bq_now() - t0) * 1e3;
-    if (st == BQ_EINVAL) {
-        snprintf(reason, sizeof reason, "%s", bq_errmsg());
-        bq_err_clear();
-        eng = NULL;
-        st = BQ_OK;
-    } else if (st) {
-        goto cleanup;
-    }
-    if ((st = bq_arena_init(&act, (size_t)64 << 30, "activations"))) goto cleanup;
-    BqRng rng;
-    bq_rng_seed(&rng, 1);
-    for (int i = 0; i < nb; i++) {
-        fprintf(stderr, "[bench] batch %d, seq %d: %d rounds\n", bs[i], T, rounds);
-        if ((st = time_batch(&m, eng, &act, bs[i], T, rounds, paths, &rng, med[i]))) goto cleanup;
-    }
-    if (onnx && (st = time_onnx(python_path, script, onnx, bs, nb, T, bq_runtime_threads(), rounds,
-                                m.cfg.vocab_size, ort, ort_version, sizeof ort_version)))
-        goto cleanup;
-
-    /* shown[p]: path p was timed; int8 against fp32 only when both were */
-    int shown[NPATHS];
-    for (int p = P_FP32; p <= P_INT8; p++) shown[p] = (paths >> p & 1) && (p != P_INT8 || eng);
-    shown[P_ORT] = onnx != NULL;
-    const int cmp = shown[P_FP32] && shown[P_INT8];
-    int pays = cmp;
-    for (int i = 0; i < nb && cmp; i++) pays &= med[i][P_FP32] / med[i][P_INT8] >= PAYS_OFF;
-    char verdict[2048];
-    if (!eng) {
-        snprintf(verdict, sizeof verdict, "int8 cannot run on this machine for this checkpoint: %s.", reason);
-    } else if (!cmp) {
-        snprintf(verdict, sizeof verdict, "int8 against fp32: not compared (--paths %s).", paths_arg);
-    } else {
-        int n = snprintf(verdict, sizeof verdict, "int8 %s on this machine: the integer forward is ",
-                         pays ? "pays off" : "does not pay off");
-        for (int i = 0; i < nb; i++)
-            n += snprintf(verdict + n, sizeof verdict - (size_t)n, "%s%.2fx (batch %d)", i ? (i == nb - 1 ? " and " : ", ") : "",
-                          med[i][P_FP32] / med[i][P_INT8], bs[i]);
-        snprintf(verdict + n, sizeof verdict - (size_t)n, " as fast as fp32 (it pays off at >= %.1fx at every batch "
-                 "size).", PAYS_OFF);
-    }
-    bq_cpu_model(cpu, sizeof cpu);
-    if (json) {
-        j = json_object();
-        json_object_set_new(j, "model", json_string(model));
-        json_object_set_new(j, "cpu", json_string(cpu));
-        json_object_set_new(j, "onednn", json_string(bq_dnnl_describe()));
-        json_object_set_new(j, "blas", json_string(bq_runtime_describe()));
-        json_object_set_new(j, "threads", json_integer(bq_runtime_threads()));
-        json_object_set_new(j, "precision", json_string(bq_precision_name(prec)));
-        json_object_set_new(j, "seq", json_integer(T));
-        json_object_set_new(j, "rounds", json_integer(rounds));
-        json_object_set_new(j, "clock", json_string(clock_arg));
-        json_object_set_new(j, "omp_wait_policy", json_string(wait_policy()));
-        json_object_set_new(j, "int8_available", json_boolean(eng != NULL));
-        if (!eng) json_object_set_new(j, "int8_refused", json_string(reason));
-        if (onnx) json_object_set_new(j, "onnx", json_string(onnx));
-        if (onnx) json_object_set_new(j, "onnxruntime", json_string(ort_version));
-        json_t *rows = json_array();
-        for (int i = 0; i < nb; i++) {
-            json_t *r = json_object();
-            json_object_set_new(r, "batch", json_integer(bs[i]));
-            for (int p = 0; p < NPATHS; p++) {
-                if (!shown[p]) continue;
-                char key[64];
-                snprintf(key, sizeof key, "%s_ms", PATH_NAMES[p]);
-                json_object_set_new(r, key, json_real(p == P_ORT ? ort[i] : med[i][p]));
-            }
-            if (cmp) json_object_set_new(r, "fp32_over_int8", json_real(med[i][P_FP32] / med[i][P_INT8]));
-            if (shown[P_INT8] && onnx) json_object_set_new(r, "onnxruntime_over_int8", json_real(ort[i] / med[i][P_INT8]));
-            json_array_append_new(rows, r);
-        }
-        json_object_set_new(j, "results", rows);
-        json_object_set_new(j, "int8_pays_off", json_boolean(pays));
-        json_object_set_new(j, "verdict", json_string(verdict));
-        char *s = json_dumps(j, JSON_INDENT(2));
-        printf("%s\n", s);
-        free(s);
-    } else {
-        printf("CPU        %s\n%s\n%s\n%s\n", cpu, bq_dnnl_describe(), bq_cpu_bf16_describe(), bq_runtime_describe());
-        printf("precision  %s\n", bq_precision_name(prec));
-        printf("model      %s, seq %d, %d threads, median of %d rounds after a warm-up (%s)\n", model, T,
-               bq_runtime_threads(), rounds, g_cpu_clock ? "process CPU time" : "wall time");
-        printf("OpenMP     wait policy %s\n", wait_policy());
-        if (eng)
-            printf("int8       %d integer Linears in %d GEMMs, packed in %.0f ms\n", bq_int8_linear_count(eng),
-                   bq_int8_gemm_count(eng), prep_ms);
-        else
-            printf("int8       not available: %s\n", reason);
-        if (onnx) printf("ORT        onnxruntime %s on %s\n", ort_version, onnx);
-        printf("\n%-22s", g_cpu_clock ? "CPU ms per forward" : "ms per forward");
-        for (int i = 0; i < nb; i++) {
-            char h[32];
-            snprintf(h, sizeof h, "batch %d", bs[i]);
-            printf(" %12s", h);
-        }
-        printf("\n");
-        for (int p = 0; p < NPATHS; p++) {
-            if (!shown[p]) continue;
-            printf("%-22s", PATH_NAMES[p]);
-            for (int i = 0; i < nb; i++) printf(" %12.2f", p == P_ORT ? ort[i] : med[i][p]);
-            printf("\n");
-        }
-        if (cmp) {
-            printf("%-22s", "fp32 / int8");
-            for (int i = 0; i < nb; i++) printf(" %11.2fx", med[i][P_FP32] / med[i][P_INT8]);
-            printf("\n");
-        }
-        if (shown[P_INT8] && onnx) {
-            printf("%-22s", "onnxruntime / int8");
-            for (int i = 0; i < nb; i++) printf(" %11.2fx", ort[i] / med[i][P_INT8]);
-            printf("\n");
-        }
-        printf("\n%s\n", verdict);
-    }
+    BenchResult r = {0};
+    if ((st = bench_load(&o, &m, &tok, &r))) goto cleanup;
+    if ((st = bench_time(&o, &m, &act, &r))) goto cleanup;
+    bench_verdict(&o, &r);
+    bq_cpu_model(r.cpu, sizeof r.cpu);
+    if (o.json) bench_print_json(&o, &r);
+    else bench_print_table(&o, &r);
 
 cleanup:
-    if (j) json_decref(j);
-    bq_int8_free(eng);
+    bq_int8_free(r.eng);
     if (act.base) bq_arena_free(&act);
     if (tok) bq_tokenizer_free(tok);
     bq_bert_free(&m);

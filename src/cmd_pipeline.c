@@ -509,70 +509,136 @@ static int row_add(BqReportRow *rows, int *nrows, BqReportRow row) {
     return (*nrows)++;
 }
 
-int bq_cmd_pipeline(int argc, char **argv) {
-    Pipeline p = {0};
-    Pipeline o = {.train_samples = -1, .eval_samples = -1, .max_seq_len = -1, .batch_size = -1, .epochs = -1,
-                  .qat_epochs = -1, .lr = -1, .qat_lr = -1, .calib_samples = -1, .bench_rounds = -1};
-    p.budget = "small";
+/* Sets the recipe of p->budget (small or full, for --task cls or qa) into p: the sample counts, sequence
+ * length, batch size, epochs, learning rates, calibration examples and bench rounds that the flags in
+ * the overrides may change later (pipeline_resolve). Returns BQ_OK, or BQ_EINVAL naming --budget when it
+ * is neither small nor full. */
+static int pipeline_budget(Pipeline *p) {
+    if (p->qa && !strcmp(p->budget, "small")) {
+        /* about 30 minutes on 2 idle Zen 3 cores for MiniLM (docs/qa.md): 4,000 training questions and
+         * 1,000 dev questions at 256 tokens; batch 16, as the (B, heads, T, T) attention activations of a
+         * training step grow with T² (MiniLM at batch 32 and T 256 held 6.3 GB) */
+        p->train_samples = 4000, p->eval_samples = 1000, p->max_seq_len = 256, p->batch_size = 16;
+        p->epochs = 1, p->qat_epochs = 1, p->lr = 5e-5, p->qat_lr = 2e-5, p->calib_samples = 128;
+        p->bench_rounds = 5;
+    } else if (p->qa && !strcmp(p->budget, "full")) {
+        /* one epoch on all 87,599 training questions, every dev question, run_qa.py's 384 tokens and its
+         * example's batch size 12 */
+        p->train_samples = 0, p->eval_samples = 0, p->max_seq_len = 384, p->batch_size = 12;
+        p->epochs = 1, p->qat_epochs = 1, p->lr = 5e-5, p->qat_lr = 2e-5, p->calib_samples = 128;
+        p->bench_rounds = 10;
+    } else if (!strcmp(p->budget, "small")) {
+        p->train_samples = 4000, p->eval_samples = 2000, p->max_seq_len = 128, p->batch_size = 32;
+        p->epochs = 1, p->qat_epochs = 1, p->lr = 5e-5, p->qat_lr = 2e-5, p->calib_samples = 128;
+        p->bench_rounds = 5;
+    } else if (!strcmp(p->budget, "full")) {
+        p->train_samples = 0, p->eval_samples = 0, p->max_seq_len = 128, p->batch_size = 32;
+        p->epochs = 1, p->qat_epochs = 1, p->lr = 5e-5, p->qat_lr = 2e-5, p->calib_samples = 128;
+        p->bench_rounds = 10;
+    } else {
+        return bq_err(BQ_EINVAL, "pipeline: --budget must be small or full, got '%s'", p->budget);
+    }
+    return BQ_OK;
+}
+
+/* Checks the flags that depend on each other once args is parsed (args, distill_on and distill_off as
+ * pipeline_parse filled them): --distill/--no-distill, the distillation and --keep-fp32/--max-drop flags,
+ * --scheme into *scheme, --qat-ranges/--qat-range-lr, and --precision into *prec; sets p->distill.
+ * Returns BQ_OK, or BQ_EINVAL (via bq_err) naming the first flag at fault. */
+static int pipeline_check_flags(Pipeline *p, const BqArgs *args, int distill_on, int distill_off, BqScheme *scheme,
+                                BqPrecision *prec) {
+    int st;
+    if (distill_on && distill_off) return bq_err(BQ_EINVAL, "pipeline: --distill and --no-distill exclude each other");
+    if (p->qa && (distill_on || p->keep_fp32))
+        return bq_err(BQ_EINVAL, "pipeline: --%s applies to --task cls only", distill_on ? "distill" : "keep-fp32");
+    /* Classification QAT distils from the fp32 stage unless --no-distill: on the full IMDB recipe (ort
+     * scheme, docs/results.md#accuracy-per-scheme-imdb) it ended 0.42 points above the same QAT without a teacher. */
+    p->distill = !p->qa && !distill_off;
+    static const char *const dflags[3] = {"distill-alpha", "distill-temperature", "distill-hidden"};
+    for (int k = 0; k < 3; k++)
+        if (!p->distill && bq_args_given(args, dflags[k]))
+            return bq_err(BQ_EINVAL, "pipeline: --%s applies only when QAT distils (--task cls without --no-distill)",
+                          dflags[k]);
+    if (p->distill && !(p->distill_temperature > 0))
+        return bq_err(BQ_EINVAL, "pipeline: --distill-temperature must be > 0");
+    if (bq_args_given(args, "max-drop") && !(p->keep_fp32 && !strcmp(p->keep_fp32, "auto")))
+        return bq_err(BQ_EINVAL, "pipeline: --max-drop applies only with --keep-fp32 auto");
+    if ((st = bq_scheme_parse(scheme, p->scheme, "--scheme"))) return st;
+    if (strcmp(p->qat_ranges, "fixed") && strcmp(p->qat_ranges, "learn"))
+        return bq_err(BQ_EINVAL, "pipeline: --qat-ranges must be fixed or learn, got '%s'", p->qat_ranges);
+    if (bq_args_given(args, "qat-range-lr") && (strcmp(p->qat_ranges, "learn") || !(p->qat_range_lr > 0)))
+        return bq_err(BQ_EINVAL, "pipeline: --qat-range-lr needs --qat-ranges learn and a value > 0");
+    if ((st = bq_cli_precision(p->precision, "pipeline", prec))) return st;
+    return BQ_OK;
+}
+
+/* Parses the command line into p (zeroed by the caller) and the budget overrides into o (each -1 unless
+ * given): sets the defaults, parses argv, checks --task, applies --budget (pipeline_budget) and checks the
+ * flags that depend on each other (pipeline_check_flags), which also parse --scheme into *scheme and
+ * --precision into *prec. *help is set when --help printed the usage, and nothing else is then done.
+ * Returns BQ_OK, or the status of the first error (BQ_EINVAL for a bad flag or value). */
+static int pipeline_parse(Pipeline *p, Pipeline *o, int argc, char **argv, BqScheme *scheme, BqPrecision *prec,
+                          int *help) {
+    p->budget = "small";
     /* cpu: its int8 export is faster than fp32 on ONNX Runtime CPU (on an AMX Xeon, 2 threads, seq 128:
      * 1.67x at batch 1 and 2.47x at batch 32, where the ort scheme's ran at 0.87x and 0.81x) */
-    p.scheme = "cpu";
-    p.seed = 42;
-    p.threads = 0;
-    p.grad_accum = 1;
-    p.bench_batches = "1,32";
-    p.task = "cls";
-    p.qat_ranges = "fixed";
-    p.qat_range_lr = -1;
-    p.max_drop = -1;
-    p.distill_alpha = 0.5, p.distill_temperature = 2.0, p.distill_hidden = 0.0;
+    p->scheme = "cpu";
+    p->seed = 42;
+    p->threads = 0;
+    p->grad_accum = 1;
+    p->bench_batches = "1,32";
+    p->task = "cls";
+    p->qat_ranges = "fixed";
+    p->qat_range_lr = -1;
+    p->max_drop = -1;
+    p->distill_alpha = 0.5, p->distill_temperature = 2.0, p->distill_hidden = 0.0;
     int distill_on = 0, distill_off = 0;
     const BqArgSpec specs[] = {
-        {"model", BQ_ARG_STR, &p.model, "pretrained Hugging Face BERT directory", 1, 0, 0},
-        {"data", BQ_ARG_STR, &p.data, "IMDB archive or aclImdb folder (or CSV/JSONL); --task qa: the folder with "
+        {"model", BQ_ARG_STR, &p->model, "pretrained Hugging Face BERT directory", 1, 0, 0},
+        {"data", BQ_ARG_STR, &p->data, "IMDB archive or aclImdb folder (or CSV/JSONL); --task qa: the folder with "
          "train-v1.1.json (or train-v1.1-rebuilt.json) and dev-v1.1.json", 1, 0, 0},
-        {"task", BQ_ARG_STR, &p.task, "cls (sequence classification) or qa (SQuAD v1.1 question answering: "
+        {"task", BQ_ARG_STR, &p->task, "cls (sequence classification) or qa (SQuAD v1.1 question answering: "
          "exact match and F1 per stage, no bench)", 0, 0, 0},
-        {"out", BQ_ARG_OUT_MKDIR, &p.out, "run directory (created; stages already done are skipped)", 1, 0, 0},
-        {"budget", BQ_ARG_STR, &p.budget, "small (a few thousand reviews, seq 128) or full (IMDB recipe)", 0, 0, 0},
-        {"python", BQ_ARG_STR, &p.python, "Python with onnxruntime for the ONNX Runtime stages; none (or a path that "
+        {"out", BQ_ARG_OUT_MKDIR, &p->out, "run directory (created; stages already done are skipped)", 1, 0, 0},
+        {"budget", BQ_ARG_STR, &p->budget, "small (a few thousand reviews, seq 128) or full (IMDB recipe)", 0, 0, 0},
+        {"python", BQ_ARG_STR, &p->python, "Python with onnxruntime for the ONNX Runtime stages; none (or a path that "
          "is not executable) skips them " BQ_CLI_PYTHON_HELP, 0, 0, 0},
-        {"seed", BQ_ARG_INT, &p.seed, "seed for every stage", 0, 0, 2147483647.0},
-        {"threads", BQ_ARG_INT, &p.threads, "threads (0: all CPUs)", 0, 0, 1024},
-        {"force", BQ_ARG_FLAG, &p.force, "redo stages whose outputs exist", 0, 0, 0},
-        {"scheme", BQ_ARG_STR, &p.scheme, "quantization scheme of PTQ and QAT: cpu (for ONNX Runtime CPU), ort (ONNX Runtime QOrdered, CUDA) or qdqbert (TensorRT)", 0, 0, 0},
+        {"seed", BQ_ARG_INT, &p->seed, "seed for every stage", 0, 0, 2147483647.0},
+        {"threads", BQ_ARG_INT, &p->threads, "threads (0: all CPUs)", 0, 0, 1024},
+        {"force", BQ_ARG_FLAG, &p->force, "redo stages whose outputs exist", 0, 0, 0},
+        {"scheme", BQ_ARG_STR, &p->scheme, "quantization scheme of PTQ and QAT: cpu (for ONNX Runtime CPU), ort (ONNX Runtime QOrdered, CUDA) or qdqbert (TensorRT)", 0, 0, 0},
         /* overrides of the budget's recipe (< 0: the budget's value) */
-        {"train-samples", BQ_ARG_INT, &o.train_samples, "training reviews incl. validation (0: all; -1: from --budget)", 0, -1, 1e9},
-        {"eval-samples", BQ_ARG_INT, &o.eval_samples, "test reviews evaluated (0: all; -1: from --budget)", 0, -1, 1e9},
-        {"max-seq-len", BQ_ARG_INT, &o.max_seq_len, "tokens per review (-1: from --budget)", 0, -1, 8192},
-        {"batch-size", BQ_ARG_INT, &o.batch_size, "batch size of the training stages, global under mpirun (each rank "
+        {"train-samples", BQ_ARG_INT, &o->train_samples, "training reviews incl. validation (0: all; -1: from --budget)", 0, -1, 1e9},
+        {"eval-samples", BQ_ARG_INT, &o->eval_samples, "test reviews evaluated (0: all; -1: from --budget)", 0, -1, 1e9},
+        {"max-seq-len", BQ_ARG_INT, &o->max_seq_len, "tokens per review (-1: from --budget)", 0, -1, 8192},
+        {"batch-size", BQ_ARG_INT, &o->batch_size, "batch size of the training stages, global under mpirun (each rank "
          "takes its share); with --grad-accum the micro-batch (-1: from --budget)", 0, -1, 65536},
-        {"grad-accum", BQ_ARG_INT, &p.grad_accum, "micro-batches per optimizer step of the training stages (1 process "
+        {"grad-accum", BQ_ARG_INT, &p->grad_accum, "micro-batches per optimizer step of the training stages (1 process "
          "with --batch-size B --grad-accum N computes the steps of N MPI ranks with --batch-size N*B)", 0, 1, 65536},
-        {"epochs", BQ_ARG_FLOAT, &o.epochs, "fp32 epochs (-1: from --budget)", 0, -1, 1000},
-        {"qat-epochs", BQ_ARG_FLOAT, &o.qat_epochs, "QAT epochs (-1: from --budget)", 0, -1, 1000},
-        {"lr", BQ_ARG_FLOAT, &o.lr, "fp32 learning rate (-1: from --budget)", 0, -1, 1},
-        {"qat-lr", BQ_ARG_FLOAT, &o.qat_lr, "QAT learning rate (-1: from --budget)", 0, -1, 1},
-        {"qat-ranges", BQ_ARG_STR, &p.qat_ranges, "QAT ranges: fixed (the PTQ ranges stay) or learn (each scale "
+        {"epochs", BQ_ARG_FLOAT, &o->epochs, "fp32 epochs (-1: from --budget)", 0, -1, 1000},
+        {"qat-epochs", BQ_ARG_FLOAT, &o->qat_epochs, "QAT epochs (-1: from --budget)", 0, -1, 1000},
+        {"lr", BQ_ARG_FLOAT, &o->lr, "fp32 learning rate (-1: from --budget)", 0, -1, 1},
+        {"qat-lr", BQ_ARG_FLOAT, &o->qat_lr, "QAT learning rate (-1: from --budget)", 0, -1, 1},
+        {"qat-ranges", BQ_ARG_STR, &p->qat_ranges, "QAT ranges: fixed (the PTQ ranges stay) or learn (each scale "
          "trained from its PTQ value, LSQ)", 0, 0, 0},
-        {"qat-range-lr", BQ_ARG_FLOAT, &p.qat_range_lr, "--qat-ranges learn: learning rate of the scales (-1: the QAT "
+        {"qat-range-lr", BQ_ARG_FLOAT, &p->qat_range_lr, "--qat-ranges learn: learning rate of the scales (-1: the QAT "
          "learning rate)", 0, -1, 1},
-        {"calib-samples", BQ_ARG_INT, &o.calib_samples, "calibration examples (-1: from --budget)", 0, -1, 1e9},
-        {"bench-rounds", BQ_ARG_INT, &o.bench_rounds, "timed forwards per path and batch size of the bench stage (-1: "
+        {"calib-samples", BQ_ARG_INT, &o->calib_samples, "calibration examples (-1: from --budget)", 0, -1, 1e9},
+        {"bench-rounds", BQ_ARG_INT, &o->bench_rounds, "timed forwards per path and batch size of the bench stage (-1: "
          "from --budget: small 5, full 10)", 0, -1, 1000},
-        {"bench-batch-sizes", BQ_ARG_STR, &p.bench_batches, "comma-separated batch sizes of the bench stage", 0, 0, 0},
-        BQ_CLI_PRECISION_SPEC(p.precision),
-        {"keep-fp32", BQ_ARG_STR, &p.keep_fp32, "NAME,...|auto: modules PTQ leaves in fp32 (calibrate --keep-fp32); "
+        {"bench-batch-sizes", BQ_ARG_STR, &p->bench_batches, "comma-separated batch sizes of the bench stage", 0, 0, 0},
+        BQ_CLI_PRECISION_SPEC(p->precision),
+        {"keep-fp32", BQ_ARG_STR, &p->keep_fp32, "NAME,...|auto: modules PTQ leaves in fp32 (calibrate --keep-fp32); "
          "QAT starts from that checkpoint and keeps the list", 0, 0, 0},
-        {"max-drop", BQ_ARG_FLOAT, &p.max_drop, "--keep-fp32 auto: accuracy budget in points (-1: calibrate's 0.5)", 0,
+        {"max-drop", BQ_ARG_FLOAT, &p->max_drop, "--keep-fp32 auto: accuracy budget in points (-1: calibrate's 0.5)", 0,
          -1, 100},
         {"distill", BQ_ARG_FLAG, &distill_on, "QAT distils from the fp32 stage's model (qat --teacher; the default "
          "of --task cls)", 0, 0, 0},
         {"no-distill", BQ_ARG_FLAG, &distill_off, "QAT without a teacher (cross-entropy only)", 0, 0, 0},
-        {"distill-alpha", BQ_ARG_FLOAT, &p.distill_alpha, "distillation: weight of the KL term", 0, 0, 1},
-        {"distill-temperature", BQ_ARG_FLOAT, &p.distill_temperature, "distillation: softmax temperature (> 0)", 0, 0,
+        {"distill-alpha", BQ_ARG_FLOAT, &p->distill_alpha, "distillation: weight of the KL term", 0, 0, 1},
+        {"distill-temperature", BQ_ARG_FLOAT, &p->distill_temperature, "distillation: softmax temperature (> 0)", 0, 0,
          1e6},
-        {"distill-hidden", BQ_ARG_FLOAT, &p.distill_hidden, "distillation: weight of the hidden-state MSE", 0, 0, 1e6},
+        {"distill-hidden", BQ_ARG_FLOAT, &p->distill_hidden, "distillation: weight of the hidden-state MSE", 0, 0, 1e6},
     };
     BqArgs args = {.cmd = "pipeline", .usage = "--model DIR --data PATH --out RUN_DIR [options]",
                    .summary = "Fine-tune in fp32, calibrate (PTQ, percentile 99.99), QAT fine-tune (classification: "
@@ -580,158 +646,166 @@ int bq_cmd_pipeline(int argc, char **argv) {
                               "same test reviews, time the QAT model (bench) and write RUN_DIR/report.md.",
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof specs[0])};
     int st = bq_args_parse(&args, argc, argv);
+    *help = args.help;
     if (st || args.help) return st;
-    if (strcmp(p.task, "cls") && strcmp(p.task, "qa"))
-        return bq_err(BQ_EINVAL, "pipeline: --task must be cls or qa, got '%s'", p.task);
-    p.qa = !strcmp(p.task, "qa");
-    if (p.qa && !strcmp(p.budget, "small")) {
-        /* about 30 minutes on 2 idle Zen 3 cores for MiniLM (docs/qa.md): 4,000 training questions and
-         * 1,000 dev questions at 256 tokens; batch 16, as the (B, heads, T, T) attention activations of a
-         * training step grow with T² (MiniLM at batch 32 and T 256 held 6.3 GB) */
-        p.train_samples = 4000, p.eval_samples = 1000, p.max_seq_len = 256, p.batch_size = 16;
-        p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
-        p.bench_rounds = 5;
-    } else if (p.qa && !strcmp(p.budget, "full")) {
-        /* one epoch on all 87,599 training questions, every dev question, run_qa.py's 384 tokens and its
-         * example's batch size 12 */
-        p.train_samples = 0, p.eval_samples = 0, p.max_seq_len = 384, p.batch_size = 12;
-        p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
-        p.bench_rounds = 10;
-    } else if (!strcmp(p.budget, "small")) {
-        p.train_samples = 4000, p.eval_samples = 2000, p.max_seq_len = 128, p.batch_size = 32;
-        p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
-        p.bench_rounds = 5;
-    } else if (!strcmp(p.budget, "full")) {
-        p.train_samples = 0, p.eval_samples = 0, p.max_seq_len = 128, p.batch_size = 32;
-        p.epochs = 1, p.qat_epochs = 1, p.lr = 5e-5, p.qat_lr = 2e-5, p.calib_samples = 128;
-        p.bench_rounds = 10;
-    } else {
-        return bq_err(BQ_EINVAL, "pipeline: --budget must be small or full, got '%s'", p.budget);
-    }
-    if (distill_on && distill_off) return bq_err(BQ_EINVAL, "pipeline: --distill and --no-distill exclude each other");
-    if (p.qa && (distill_on || p.keep_fp32))
-        return bq_err(BQ_EINVAL, "pipeline: --%s applies to --task cls only", distill_on ? "distill" : "keep-fp32");
-    /* Classification QAT distils from the fp32 stage unless --no-distill: on the full IMDB recipe (ort
-     * scheme, docs/results.md#accuracy-per-scheme-imdb) it ended 0.42 points above the same QAT without a teacher. */
-    p.distill = !p.qa && !distill_off;
-    static const char *const dflags[3] = {"distill-alpha", "distill-temperature", "distill-hidden"};
-    for (int k = 0; k < 3; k++)
-        if (!p.distill && bq_args_given(&args, dflags[k]))
-            return bq_err(BQ_EINVAL, "pipeline: --%s applies only when QAT distils (--task cls without --no-distill)",
-                          dflags[k]);
-    if (p.distill && !(p.distill_temperature > 0))
-        return bq_err(BQ_EINVAL, "pipeline: --distill-temperature must be > 0");
-    if (bq_args_given(&args, "max-drop") && !(p.keep_fp32 && !strcmp(p.keep_fp32, "auto")))
-        return bq_err(BQ_EINVAL, "pipeline: --max-drop applies only with --keep-fp32 auto");
-    BqScheme scheme;
-    if ((st = bq_scheme_parse(&scheme, p.scheme, "--scheme"))) return st;
-    if (strcmp(p.qat_ranges, "fixed") && strcmp(p.qat_ranges, "learn"))
-        return bq_err(BQ_EINVAL, "pipeline: --qat-ranges must be fixed or learn, got '%s'", p.qat_ranges);
-    if (bq_args_given(&args, "qat-range-lr") && (strcmp(p.qat_ranges, "learn") || !(p.qat_range_lr > 0)))
-        return bq_err(BQ_EINVAL, "pipeline: --qat-range-lr needs --qat-ranges learn and a value > 0");
-    BqPrecision prec;
-    if ((st = bq_cli_precision(p.precision, "pipeline", &prec))) return st;
-    int cpu_scheme = scheme == BQ_SCHEME_CPU;
-    if (o.train_samples >= 0) p.train_samples = o.train_samples;
-    if (o.eval_samples >= 0) p.eval_samples = o.eval_samples;
-    if (o.max_seq_len >= 0) p.max_seq_len = o.max_seq_len;
-    if (o.batch_size >= 0) p.batch_size = o.batch_size;
-    if (o.epochs >= 0) p.epochs = o.epochs;
-    if (o.qat_epochs >= 0) p.qat_epochs = o.qat_epochs;
-    if (o.lr >= 0) p.lr = o.lr;
-    if (o.qat_lr >= 0) p.qat_lr = o.qat_lr;
-    if (o.calib_samples >= 0) p.calib_samples = o.calib_samples;
-    if (o.bench_rounds >= 0) p.bench_rounds = o.bench_rounds;
-    if (!p.bench_batches[0] || strspn(p.bench_batches, "0123456789,") != strlen(p.bench_batches))
+    if (strcmp(p->task, "cls") && strcmp(p->task, "qa"))
+        return bq_err(BQ_EINVAL, "pipeline: --task must be cls or qa, got '%s'", p->task);
+    p->qa = !strcmp(p->task, "qa");
+    if ((st = pipeline_budget(p))) return st;
+    return pipeline_check_flags(p, &args, distill_on, distill_off, scheme, prec);
+}
+
+/* Applies the overrides in o (each < 0: the budget's value) to p, checks the resulting settings, that
+ * --model holds a config.json and that --data exists, and sets p->doc_stride, p->train_data and
+ * p->eval_data (for --task qa the SQuAD files in the --data folder). Returns BQ_OK, BQ_EINVAL for a
+ * setting out of range, or BQ_EIO for a missing model or data file. */
+static int pipeline_resolve(Pipeline *p, const Pipeline *o) {
+    if (o->train_samples >= 0) p->train_samples = o->train_samples;
+    if (o->eval_samples >= 0) p->eval_samples = o->eval_samples;
+    if (o->max_seq_len >= 0) p->max_seq_len = o->max_seq_len;
+    if (o->batch_size >= 0) p->batch_size = o->batch_size;
+    if (o->epochs >= 0) p->epochs = o->epochs;
+    if (o->qat_epochs >= 0) p->qat_epochs = o->qat_epochs;
+    if (o->lr >= 0) p->lr = o->lr;
+    if (o->qat_lr >= 0) p->qat_lr = o->qat_lr;
+    if (o->calib_samples >= 0) p->calib_samples = o->calib_samples;
+    if (o->bench_rounds >= 0) p->bench_rounds = o->bench_rounds;
+    if (!p->bench_batches[0] || strspn(p->bench_batches, "0123456789,") != strlen(p->bench_batches))
         return bq_err(BQ_EINVAL, "pipeline: --bench-batch-sizes '%s' is not a comma-separated list of batch sizes",
-                      p.bench_batches);
-    if (p.batch_size % bq_dist_size())
+                      p->bench_batches);
+    if (p->batch_size % bq_dist_size())
         return bq_err(BQ_EINVAL, "pipeline: --batch-size %d: the global batch must be a multiple of the %d MPI ranks",
-                      p.batch_size, bq_dist_size());
-    if (p.max_seq_len < 8 || p.batch_size < 1 || p.epochs <= 0 || p.qat_epochs <= 0 || p.lr <= 0 || p.qat_lr <= 0 ||
-        p.calib_samples < 1 || p.bench_rounds < 1)
+                      p->batch_size, bq_dist_size());
+    if (p->max_seq_len < 8 || p->batch_size < 1 || p->epochs <= 0 || p->qat_epochs <= 0 || p->lr <= 0 || p->qat_lr <= 0 ||
+        p->calib_samples < 1 || p->bench_rounds < 1)
         return bq_err(BQ_EINVAL, "pipeline: --max-seq-len >= 8, --batch-size >= 1, --epochs/--qat-epochs/--lr/--qat-lr "
                                  "> 0, --calib-samples >= 1 and --bench-rounds >= 1 are required");
     char cfg[4096];
-    snprintf(cfg, sizeof cfg, "%s/config.json", p.model);
-    if (!file_exists(cfg)) return bq_err(BQ_EIO, "pipeline: --model %s: no config.json there", p.model);
-    if (!file_exists(p.data)) return bq_err(BQ_EIO, "pipeline: --data %s: no such file or directory", p.data);
+    snprintf(cfg, sizeof cfg, "%s/config.json", p->model);
+    if (!file_exists(cfg)) return bq_err(BQ_EIO, "pipeline: --model %s: no config.json there", p->model);
+    if (!file_exists(p->data)) return bq_err(BQ_EIO, "pipeline: --data %s: no such file or directory", p->data);
     /* a window holds max_seq_len - 3 - (at most 64) question tokens of context; the stride must stay below */
-    p.doc_stride = p.max_seq_len - 67 > 2 * 128 ? 128 : (p.max_seq_len - 67) / 2;
-    if (p.qa && p.doc_stride < 1)
-        return bq_err(BQ_EINVAL, "pipeline: --max-seq-len %d is too short for question answering (>= 70)", p.max_seq_len);
-    snprintf(p.train_data, sizeof p.train_data, "%s", p.data);
-    snprintf(p.eval_data, sizeof p.eval_data, "%s", p.data);
-    if (p.qa) {
-        snprintf(p.train_data, sizeof p.train_data, "%s/train-v1.1.json", p.data);
-        if (!file_exists(p.train_data)) snprintf(p.train_data, sizeof p.train_data, "%s/train-v1.1-rebuilt.json", p.data);
-        snprintf(p.eval_data, sizeof p.eval_data, "%s/dev-v1.1.json", p.data);
-        if (!file_exists(p.train_data) || !file_exists(p.eval_data))
+    p->doc_stride = p->max_seq_len - 67 > 2 * 128 ? 128 : (p->max_seq_len - 67) / 2;
+    if (p->qa && p->doc_stride < 1)
+        return bq_err(BQ_EINVAL, "pipeline: --max-seq-len %d is too short for question answering (>= 70)", p->max_seq_len);
+    snprintf(p->train_data, sizeof p->train_data, "%s", p->data);
+    snprintf(p->eval_data, sizeof p->eval_data, "%s", p->data);
+    if (p->qa) {
+        snprintf(p->train_data, sizeof p->train_data, "%s/train-v1.1.json", p->data);
+        if (!file_exists(p->train_data)) snprintf(p->train_data, sizeof p->train_data, "%s/train-v1.1-rebuilt.json", p->data);
+        snprintf(p->eval_data, sizeof p->eval_data, "%s/dev-v1.1.json", p->data);
+        if (!file_exists(p->train_data) || !file_exists(p->eval_data))
             return bq_err(BQ_EIO, "pipeline: --data %s: --task qa needs a folder with train-v1.1.json (or "
-                          "train-v1.1-rebuilt.json) and dev-v1.1.json", p.data);
+                          "train-v1.1-rebuilt.json) and dev-v1.1.json", p->data);
     }
+    return BQ_OK;
+}
+
+/* Finds the Python of the ONNX Runtime stages into p->python (bq_cli_python_path) and, when it is
+ * executable (*have_python set), the evaluation script into p->eval_script and, for --task cls, checks
+ * that onnx_bench.py is there too. Writes nothing to disk. Returns BQ_OK, or the lookup's error, which
+ * names --python, BQ_PYTHON and the venvs, or the folders where the scripts were looked for. */
+static int pipeline_find_tools(Pipeline *p, int *have_python) {
+    int st;
     /* The ONNX Runtime stages' Python and scripts, found before anything is written (src/cmd_common.h): no
      * Python at all is an error naming where it looked; --python none, or one that is not executable, skips
      * those stages and the report says so; a Python without the scripts is an error naming their folders. */
-    if ((st = bq_cli_python_path(p.python, p.python_path, sizeof p.python_path))) return st;
-    p.python = p.python_path;
-    int have_python = strcmp(p.python, "none") && access(p.python, X_OK) == 0;
+    if ((st = bq_cli_python_path(p->python, p->python_path, sizeof p->python_path))) return st;
+    p->python = p->python_path;
+    *have_python = strcmp(p->python, "none") && access(p->python, X_OK) == 0;
     char bench_script[4200];
-    if (have_python && ((st = bq_cli_script_path(p.qa ? "onnx_eval_qa.py" : "onnx_eval.py", p.eval_script,
-                                                 sizeof p.eval_script)) ||
-                        (!p.qa && (st = bq_cli_script_path("onnx_bench.py", bench_script, sizeof bench_script)))))
+    if (*have_python && ((st = bq_cli_script_path(p->qa ? "onnx_eval_qa.py" : "onnx_eval.py", p->eval_script,
+                                                 sizeof p->eval_script)) ||
+                        (!p->qa && (st = bq_cli_script_path("onnx_bench.py", bench_script, sizeof bench_script)))))
         return st; /* the bench stage's own lookup finds the same onnx_bench.py: the same executable runs it */
-    if ((st = bq_mkdir_p(p.out))) return bq_err_ctx(st, "pipeline: --out");
+    return BQ_OK;
+}
+
+/* Makes the run folder p->out, exports BQ_PIPELINE_PID so that every stage dies with this process, sets
+ * p->self to this executable and p->threads (0: the runtime's count) as the runtime's thread count, and
+ * broadcasts *have_python from rank 0. Returns BQ_OK, or the error of mkdir (BQ_EIO, naming --out),
+ * setenv (BQ_ENOMEM) or readlink (BQ_EIO). */
+static int pipeline_start(Pipeline *p, int *have_python) {
+    int st;
+    if ((st = bq_mkdir_p(p->out))) return bq_err_ctx(st, "pipeline: --out");
     /* Every stage started from here dies with this process (src/main.c, follow_pipeline). */
     char pid[32];
     snprintf(pid, sizeof pid, "%ld", (long)getpid());
     if (setenv("BQ_PIPELINE_PID", pid, 1) != 0) return bq_err(BQ_ENOMEM, "pipeline: setenv: %s", strerror(errno));
-    ssize_t n = readlink("/proc/self/exe", p.self, sizeof p.self - 1);
+    ssize_t n = readlink("/proc/self/exe", p->self, sizeof p->self - 1);
     if (n <= 0) return bq_err(BQ_EIO, "pipeline: cannot locate the bertqat executable");
-    p.self[n] = '\0';
-    if (p.threads <= 0) p.threads = bq_runtime_threads();
-    bq_runtime_set_threads(p.threads); /* so the report's runtime line names the stages' thread count */
-    bq_dist_bcast(&have_python, sizeof have_python, 0); /* rank 0 runs the scripts: its Python decides */
-    double t0 = bq_now();
+    p->self[n] = '\0';
+    if (p->threads <= 0) p->threads = bq_runtime_threads();
+    bq_runtime_set_threads(p->threads); /* so the report's runtime line names the stages' thread count */
+    bq_dist_bcast(have_python, sizeof *have_python, 0); /* rank 0 runs the scripts: its Python decides */
+    return BQ_OK;
+}
 
-    if ((st = stage_train(&p, "fp32", "finetune", p.model))) return st;
-    if ((st = stage_calibrate(&p))) return st;
+/* Runs the stages in order, each through stage_run (skipped when done with the same settings): fp32
+ * fine-tune, calibration (PTQ), QAT, the ONNX exports (the default layout also when not cpu_scheme), the
+ * evaluations of every checkpoint (and as fake quant for cpu_scheme) and, with have_python, of every
+ * export in ONNX Runtime, then bench for --task cls. Returns BQ_OK, or the status of the first stage
+ * that failed. */
+static int pipeline_run_stages(Pipeline *p, int cpu_scheme, int have_python) {
+    int st;
+    if ((st = stage_train(p, "fp32", "finetune", p->model))) return st;
+    if ((st = stage_calibrate(p))) return st;
     char ptq_dir[4096];
-    snprintf(ptq_dir, sizeof ptq_dir, "%s/ptq", p.out);
-    if ((st = stage_train(&p, "qat", "qat", ptq_dir))) return st;
-    if ((st = stage_export(&p, "fp32", "fp32", 0))) return st;
+    snprintf(ptq_dir, sizeof ptq_dir, "%s/ptq", p->out);
+    if ((st = stage_train(p, "qat", "qat", ptq_dir))) return st;
+    if ((st = stage_export(p, "fp32", "fp32", 0))) return st;
     /* int8: the CPU layout for ONNX Runtime CPU (integer kernels, exact on CPUs without VNNI), and for
      * the ort/qdqbert schemes also the default layout that the transformer optimizer's QOrdered
      * fusions (CUDA) want */
-    if ((st = stage_export(&p, "qat", "qat-int8-cpu", 1))) return st;
-    if (!cpu_scheme && (st = stage_export(&p, "qat", "qat-int8", 0))) return st;
-    if ((st = stage_eval(&p, "fp32", "fp32", 0, NULL))) return st;
+    if ((st = stage_export(p, "qat", "qat-int8-cpu", 1))) return st;
+    if (!cpu_scheme && (st = stage_export(p, "qat", "qat-int8", 0))) return st;
+    if ((st = stage_eval(p, "fp32", "fp32", 0, NULL))) return st;
     /* PTQ and QAT run eval's default engine (auto: the integer engine where it accepts the checkpoint, as
      * for the cpu scheme); for the cpu scheme each is scored once more as fake quant, so the report shows
      * the integer engine against the forward QAT trained, review by review */
-    if ((st = stage_eval(&p, "ptq", "ptq", 0, NULL))) return st;
-    if (cpu_scheme && (st = stage_eval(&p, "ptq-fake-quant", "ptq", 0, "fake-quant"))) return st;
-    if ((st = stage_eval(&p, "qat", "qat", 0, NULL))) return st;
-    if (cpu_scheme && (st = stage_eval(&p, "qat-fake-quant", "qat", 0, "fake-quant"))) return st;
+    if ((st = stage_eval(p, "ptq", "ptq", 0, NULL))) return st;
+    if (cpu_scheme && (st = stage_eval(p, "ptq-fake-quant", "ptq", 0, "fake-quant"))) return st;
+    if ((st = stage_eval(p, "qat", "qat", 0, NULL))) return st;
+    if (cpu_scheme && (st = stage_eval(p, "qat-fake-quant", "qat", 0, "fake-quant"))) return st;
     if (have_python) {
-        if ((st = stage_eval(&p, "onnx-fp32", "fp32.onnx", 1, NULL))) return st;
-        if ((st = stage_eval(&p, "onnx-int8-cpu", "qat-int8-cpu.onnx", 1, NULL))) return st;
-        if (!cpu_scheme && (st = stage_eval(&p, "onnx-int8", "qat-int8.onnx", 1, NULL))) return st;
+        if ((st = stage_eval(p, "onnx-fp32", "fp32.onnx", 1, NULL))) return st;
+        if ((st = stage_eval(p, "onnx-int8-cpu", "qat-int8-cpu.onnx", 1, NULL))) return st;
+        if (!cpu_scheme && (st = stage_eval(p, "onnx-int8", "qat-int8.onnx", 1, NULL))) return st;
     } else {
-        fprintf(stderr, "[pipeline] --python %s: %s; ONNX Runtime evaluation skipped\n", p.python,
-                strcmp(p.python, "none") ? "not an executable" : "none asked for");
+        fprintf(stderr, "[pipeline] --python %s: %s; ONNX Runtime evaluation skipped\n", p->python,
+                strcmp(p->python, "none") ? "not an executable" : "none asked for");
     }
-    if (!p.qa && (st = stage_bench(&p, have_python))) return st;
+    if (!p->qa && (st = stage_bench(p, have_python))) return st;
+    return BQ_OK;
+}
 
-    if (bq_dist_rank() != 0) return BQ_OK; /* the report is rank 0's */
+/* Writes the report's runtime line into runtime (len bytes): the BLAS and thread count (per rank, with
+ * the number of MPI ranks, under mpirun) and the precision prec (with the bf16 GEMM in use). */
+static void pipeline_runtime(char *runtime, size_t len, BqPrecision prec) {
+    snprintf(runtime, len, "%s", bq_runtime_describe());
+    if (bq_dist_size() > 1) /* the thread count is per rank */
+        snprintf(runtime + strlen(runtime), len - strlen(runtime), " per rank, %d MPI ranks",
+                 bq_dist_size());
+    snprintf(runtime + strlen(runtime), len - strlen(runtime), "; precision %s%s%s",
+             bq_precision_name(prec), prec == BQ_PRECISION_BF16 ? " (" : "",
+             prec == BQ_PRECISION_BF16 ? bq_gemm_bf16_describe() : "");
+    if (prec == BQ_PRECISION_BF16) snprintf(runtime + strlen(runtime), len - strlen(runtime), ")");
+}
+
+/* Writes RUN_DIR/report.md and prints its table (bq_report_write): one row per evaluation of this run
+ * (labels naming scheme, the ONNX rows with have_python), the size of each row's artifact, the stages as
+ * run, the recipe, the runtime line for prec and the wall time since t0. Rank 0 alone calls it. Returns
+ * BQ_OK, or the error of bq_report_write. */
+static int pipeline_report(const Pipeline *p, BqScheme scheme, BqPrecision prec, int have_python, double t0) {
+    int cpu_scheme = scheme == BQ_SCHEME_CPU;
     /* Which runtime each export is for: the CPU layout is the ONNX Runtime CPU deployment (integer
      * kernels); the default layout of the ort scheme is what onnxruntime.transformers.optimizer fuses
      * into QOrdered (CUDA) kernels, that of the qdqbert scheme what TensorRT builds int8 engines from.
      * Every export is scored here on ONNX Runtime CPU. */
     const char *default_for = scheme == BQ_SCHEME_QDQBERT ? "TensorRT" : "ONNX Runtime QOrdered (CUDA)";
     char ptq_label[64], qat_label[64], int8_label[128], int8_note[1024];
-    snprintf(ptq_label, sizeof ptq_label, "PTQ (%s scheme, percentile 99.99)", p.scheme);
-    snprintf(qat_label, sizeof qat_label, "QAT (%s scheme)", p.scheme);
+    snprintf(ptq_label, sizeof ptq_label, "PTQ (%s scheme, percentile 99.99)", p->scheme);
+    snprintf(qat_label, sizeof qat_label, "QAT (%s scheme)", p->scheme);
     snprintf(int8_label, sizeof int8_label, "ONNX int8 QAT, default layout (for %s; ORT CPU here)", default_for);
     snprintf(int8_note, sizeof int8_note,
              "the layout for %s. ONNX Runtime CPU runs most of its Linears in fp32 behind dequantized weights, and "
@@ -745,22 +819,22 @@ int bq_cmd_pipeline(int argc, char **argv) {
 #define ROW(label_, json_, artifact_, log_, same_, note_, pred_)                                              \
     row_add(rows, &nrows, (BqReportRow){.label = label_, .eval_json = json_, .artifact = artifact_,            \
                                         .train_log = log_, .same_as = same_, .note = note_, .predictions = pred_})
-    r_fp32 = ROW("fp32", "eval-fp32.json", "fp32", "fp32/training_log.jsonl", -1, NULL, pred_file(&p, "fp32"));
-    r_ptq = ROW(ptq_label, "eval-ptq.json", "ptq", NULL, -1, NULL, pred_file(&p, "ptq"));
-    if (cpu_scheme) ROW(ptq_label, "eval-ptq-fake-quant.json", "ptq", NULL, r_ptq, NULL, pred_file(&p, "ptq-fake-quant"));
-    r_qat = ROW(qat_label, "eval-qat.json", "qat", "qat/training_log.jsonl", -1, NULL, pred_file(&p, "qat"));
-    if (cpu_scheme) ROW(qat_label, "eval-qat-fake-quant.json", "qat", NULL, r_qat, NULL, pred_file(&p, "qat-fake-quant"));
+    r_fp32 = ROW("fp32", "eval-fp32.json", "fp32", "fp32/training_log.jsonl", -1, NULL, pred_file(p, "fp32"));
+    r_ptq = ROW(ptq_label, "eval-ptq.json", "ptq", NULL, -1, NULL, pred_file(p, "ptq"));
+    if (cpu_scheme) ROW(ptq_label, "eval-ptq-fake-quant.json", "ptq", NULL, r_ptq, NULL, pred_file(p, "ptq-fake-quant"));
+    r_qat = ROW(qat_label, "eval-qat.json", "qat", "qat/training_log.jsonl", -1, NULL, pred_file(p, "qat"));
+    if (cpu_scheme) ROW(qat_label, "eval-qat-fake-quant.json", "qat", NULL, r_qat, NULL, pred_file(p, "qat-fake-quant"));
     if (have_python) {
-        ROW("ONNX fp32 (for ORT CPU)", "eval-onnx-fp32.json", "fp32.onnx", NULL, r_fp32, NULL, pred_file(&p, "onnx-fp32"));
+        ROW("ONNX fp32 (for ORT CPU)", "eval-onnx-fp32.json", "fp32.onnx", NULL, r_fp32, NULL, pred_file(p, "onnx-fp32"));
         ROW("ONNX int8 QAT, CPU layout (for ORT CPU)", "eval-onnx-int8-cpu.json", "qat-int8-cpu.onnx", NULL, r_qat,
-            NULL, pred_file(&p, "onnx-int8-cpu"));
+            NULL, pred_file(p, "onnx-int8-cpu"));
         if (!cpu_scheme)
-            ROW(int8_label, "eval-onnx-int8.json", "qat-int8.onnx", NULL, r_qat, int8_note, pred_file(&p, "onnx-int8"));
+            ROW(int8_label, "eval-onnx-int8.json", "qat-int8.onnx", NULL, r_qat, int8_note, pred_file(p, "onnx-int8"));
     }
 #undef ROW
     for (int i = 0; i < nrows; i++) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/%s", p.out, rows[i].artifact);
+        snprintf(path, sizeof path, "%s/%s", p->out, rows[i].artifact);
         rows[i].size_bytes = path_size(path);
     }
     /* the stages of this invocation, in order; the report lists the settings each one ran with */
@@ -775,8 +849,8 @@ int bq_cmd_pipeline(int argc, char **argv) {
         stages[nstages++] = "eval-onnx-fp32", stages[nstages++] = "eval-onnx-int8-cpu";
         if (!cpu_scheme) stages[nstages++] = "eval-onnx-int8";
     }
-    if (!p.qa) stages[nstages++] = "bench";
-    const char *recipe = p.qa ?
+    if (!p->qa) stages[nstages++] = "bench";
+    const char *recipe = p->qa ?
         "fp32 fine-tune of a new qa_outputs head and the encoder on the first training questions (no validation "
         "pass; the last step is kept) → PTQ (percentile 99.99) → QAT from the PTQ model with its ranges fixed → "
         "ONNX export → exact match and F1 of every stage on the same dev questions (official SQuAD v1.1 "
@@ -787,17 +861,29 @@ int bq_cmd_pipeline(int argc, char **argv) {
         "evaluation of every stage on the same test reviews → bench of the QAT model; the settings of each "
         "stage are listed under \"Stages as run\"";
     char runtime[800];
-    snprintf(runtime, sizeof runtime, "%s", bq_runtime_describe());
-    if (bq_dist_size() > 1) /* the thread count is per rank */
-        snprintf(runtime + strlen(runtime), sizeof runtime - strlen(runtime), " per rank, %d MPI ranks",
-                 bq_dist_size());
-    snprintf(runtime + strlen(runtime), sizeof runtime - strlen(runtime), "; precision %s%s%s",
-             bq_precision_name(prec), prec == BQ_PRECISION_BF16 ? " (" : "",
-             prec == BQ_PRECISION_BF16 ? bq_gemm_bf16_describe() : "");
-    if (prec == BQ_PRECISION_BF16) snprintf(runtime + strlen(runtime), sizeof runtime - strlen(runtime), ")");
-    BqReportInfo info = {.model = p.model, .data = p.data, .budget = p.budget, .seconds = bq_now() - t0,
+    pipeline_runtime(runtime, sizeof runtime, prec);
+    BqReportInfo info = {.model = p->model, .data = p->data, .budget = p->budget, .seconds = bq_now() - t0,
                          .runtime = runtime, .recipe = recipe, .onnx_skipped = !have_python,
-                         .stages = stages, .nstages = nstages, .bench_json = p.qa ? NULL : "bench.json",
-                         .qa = p.qa, .fallback_ckpt = p.qa ? NULL : "ptq", .distill_ckpt = p.qa ? NULL : "qat"};
-    return bq_report_write(p.out, rows, nrows, &info);
+                         .stages = stages, .nstages = nstages, .bench_json = p->qa ? NULL : "bench.json",
+                         .qa = p->qa, .fallback_ckpt = p->qa ? NULL : "ptq", .distill_ckpt = p->qa ? NULL : "qat"};
+    return bq_report_write(p->out, rows, nrows, &info);
+}
+
+int bq_cmd_pipeline(int argc, char **argv) {
+    Pipeline p = {0};
+    Pipeline o = {.train_samples = -1, .eval_samples = -1, .max_seq_len = -1, .batch_size = -1, .epochs = -1,
+                  .qat_epochs = -1, .lr = -1, .qat_lr = -1, .calib_samples = -1, .bench_rounds = -1};
+    BqScheme scheme = BQ_SCHEME_CPU;
+    BqPrecision prec = BQ_PRECISION_FP32;
+    int help = 0, have_python = 0, st;
+    if ((st = pipeline_parse(&p, &o, argc, argv, &scheme, &prec, &help)) || help) return st;
+    int cpu_scheme = scheme == BQ_SCHEME_CPU;
+    if ((st = pipeline_resolve(&p, &o))) return st;
+    if ((st = pipeline_find_tools(&p, &have_python))) return st;
+    if ((st = pipeline_start(&p, &have_python))) return st;
+    double t0 = bq_now();
+
+    if ((st = pipeline_run_stages(&p, cpu_scheme, have_python))) return st;
+    if (bq_dist_rank() != 0) return BQ_OK; /* the report is rank 0's */
+    return pipeline_report(&p, scheme, prec, have_python, t0);
 }
