@@ -56,13 +56,7 @@ static void run(const char *scheme, BqPrecision prec, Out *o) {
     float mask[B * T];
     BqRng drng;
     bq_rng_seed(&drng, 9);
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            int len = T - 2 * b, i = b * T + t;
-            ids[i] = t < len ? 1 + (int32_t)bq_rng_below(&drng, 59) : 0;
-            mask[i] = t < len ? 1.0f : 0.0f;
-            types[i] = t >= len / 2 && t < len;
-        }
+    bq_test_fill_padded(B, T, 60, &drng, ids, types, mask);
     BqBatch bt = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types, .labels = labels};
     BqArena act;
     BqTape tape;

@@ -46,13 +46,7 @@ static void run(const char *scheme, int plain, Out *o) {
     enum { B = 4, T = 9 };
     int32_t ids[B * T], types[B * T], labels[B] = {0, 2, 1, 2};
     float mask[B * T];
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            int len = T - 2 * b, i = b * T + t;
-            ids[i] = t < len ? 1 + (int32_t)bq_rng_below(&rng, 49) : 0;
-            mask[i] = t < len ? 1.0f : 0.0f;
-            types[i] = t >= len / 2 && t < len;
-        }
+    bq_test_fill_padded(B, T, 50, &rng, ids, types, mask);
     BqBatch bt = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types, .labels = labels};
     BqArena act;
     BqTape tape;

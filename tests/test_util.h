@@ -64,6 +64,20 @@ static inline void bq_test_padded_batch(int32_t *ids, int32_t *types, float *mas
  * hidden states and attention probabilities (the classifier follows the hidden dropout),
  * initializer range init, labels named LABEL_0, LABEL_1, ... (freed by bq_config_free or with the
  * model). */
+/* A padded batch of B examples of T tokens (ids, types, mask: B·T each): example b has T − 2b real tokens
+ * with ids drawn from rng in 1 … vocab − 1, then padding (id 0, mask 0); token type 1 on the second half
+ * of the real tokens. */
+static inline void bq_test_fill_padded(int B, int T, int vocab, BqRng *rng, int32_t *ids, int32_t *types,
+                                       float *mask) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            int len = T - 2 * b, i = b * T + t;
+            ids[i] = t < len ? 1 + (int32_t)bq_rng_below(rng, (uint64_t)(vocab - 1)) : 0;
+            mask[i] = t < len ? 1.0f : 0.0f;
+            types[i] = t >= len / 2 && t < len;
+        }
+}
+
 static inline BqBertConfig bq_test_config(int vocab, int hidden, int layers, int heads, int inter, int maxpos,
                                           int labels, float dropout, float init) {
     BqBertConfig c;
