@@ -331,7 +331,7 @@ static int pred_open(PredWriter *pw, const char *predictions, char *pred_tmp, si
  * order of the batches) into pred_tmp; then the file is closed and renamed to PREDICTIONS. Nothing when
  * pw has no file. Errors: BQ_EIO naming --predictions. */
 static int pred_finish(PredWriter *pw, const char *predictions, char *pred_tmp, size_t cap, char **pred_mem,
-                       size_t pred_len) {
+                       const size_t *pred_len) {
     int st;
     if (pw->f && bq_dist_size() > 1) {
         fclose(pw->f);
@@ -341,7 +341,7 @@ static int pred_finish(PredWriter *pw, const char *predictions, char *pred_tmp, 
             if (!(pw->f = fopen(pred_tmp, "w")))
                 return bq_err(BQ_EIO, "--predictions %s: %s", predictions, strerror(errno));
         }
-        bq_dist_gather_lines(*pred_mem, pred_len, pw->f);
+        bq_dist_gather_lines(*pred_mem, *pred_len, pw->f); /* the length open_memstream set at fclose */
         free(*pred_mem);
         *pred_mem = NULL;
     }
@@ -433,7 +433,7 @@ int bq_cmd_eval(int argc, char **argv) {
     double t0 = bq_now();
     if ((st = bq_evaluate_engine(&m, eng, &src, &act, &conf, 0, pw.f ? pred_write : NULL, &pw))) goto cleanup;
     double secs = bq_now() - t0;
-    if ((st = pred_finish(&pw, predictions, pred_tmp, sizeof pred_tmp, &pred_mem, pred_len))) goto cleanup;
+    if ((st = pred_finish(&pw, predictions, pred_tmp, sizeof pred_tmp, &pred_mem, &pred_len))) goto cleanup;
     eval_print(&m, &conf, &d, model, split, secs, batch_size, engine_name, json);
 
 cleanup:
