@@ -52,7 +52,7 @@ int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask
 
     /* BertSelfAttention: the query/key/value product and the attention block */
     BqFusedAct cx = act_new(ctx, M, H, !e->codes, e->codes);
-    BqFusedStep s = {.id = BQ_LIN_QKV, .epi = BQ_FUSED_ATTENTION, .rows = M, .N = H, .mask = mask, .B = B, .T = T,
+    BqFusedStep s = {.id = BQ_LIN_QKV, .rows = M, .N = H, .mask = mask, .B = B, .T = T,
                      .NH = NH, .d = d, .scale = 1.0f / sqrtf((float)d)};
     if ((st = e->linear(e->user, ctx, l, &in, &s, &cx))) goto cleanup;
     const float *xr = x->data;
@@ -64,18 +64,18 @@ int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask
 
     /* BertSelfOutput: LayerNorm(dense(context) + x) */
     BqFusedAct a = act_new(ctx, R, H, 1, e->codes);
-    s = (BqFusedStep){.id = BQ_LIN_AO, .epi = BQ_FUSED_RESIDUAL_LN, .rows = R, .N = H, .resid = xr,
+    s = (BqFusedStep){.id = BQ_LIN_AO, .rows = R, .N = H, .resid = xr,
                       .lnw = L->ln1_w.data, .lnb = L->ln1_b.data, .eps = c->layer_norm_eps};
     if ((st = e->linear(e->user, ctx, l, &cx, &s, &a))) goto cleanup;
 
     /* BertIntermediate: gelu(dense(a)) */
     BqFusedAct h = act_new(ctx, R, NI, !e->codes, e->codes);
-    s = (BqFusedStep){.id = BQ_LIN_I, .epi = BQ_FUSED_GELU, .rows = R, .N = NI};
+    s = (BqFusedStep){.id = BQ_LIN_I, .rows = R, .N = NI};
     if ((st = e->linear(e->user, ctx, l, &a, &s, &h))) goto cleanup;
 
     /* BertOutput: LayerNorm(dense(h) + a) */
     BqFusedAct out = {o->data, next_codes};
-    s = (BqFusedStep){.id = BQ_LIN_O, .epi = BQ_FUSED_RESIDUAL_LN, .rows = R, .N = H, .resid = a.f,
+    s = (BqFusedStep){.id = BQ_LIN_O, .rows = R, .N = H, .resid = a.f,
                       .lnw = L->ln2_w.data, .lnb = L->ln2_b.data, .eps = c->layer_norm_eps};
     st = e->linear(e->user, ctx, l, &h, &s, &out);
 cleanup:

@@ -32,20 +32,13 @@ typedef struct BqFusedAct {
     uint8_t *codes;
 } BqFusedAct;
 
-/* What follows the GEMM of one bracket. */
-typedef enum BqFusedEpilogue {
-    BQ_FUSED_ATTENTION,   /* QKV: +bias, per (batch, head) scores, masked softmax, context */
-    BQ_FUSED_RESIDUAL_LN, /* AO, O: +bias +resid, LayerNorm */
-    BQ_FUSED_GELU         /* I: +bias, GELU */
-} BqFusedEpilogue;
-
 /* One bracket: the Linear `id` (BQ_LIN_QKV, BQ_LIN_AO, BQ_LIN_I or BQ_LIN_O) of layer l on `rows` rows
- * of its input, then `epi`. The output act has its buffers allocated by the layer: f (rows, N) where
+ * of its input, then the epilogue that Linear has in the layer (QKV: +bias and the attention block; AO and
+ * O: +bias +resid, LayerNorm; I: +bias, GELU). The output act has its buffers allocated by the layer: f (rows, N) where
  * floats are wanted, codes (rows, N) where the next Linear reads codes (for BQ_LIN_O: the next layer's
  * query/key/value input), else NULL. */
 typedef struct BqFusedStep {
     BqLinearId id;
-    BqFusedEpilogue epi;
     int64_t rows, N;
     const float *mask;          /* attention: (B,T) or NULL */
     int64_t B, T, NH, d;        /* attention: batch, tokens, heads, head size */
