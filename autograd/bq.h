@@ -4,7 +4,7 @@
  *
  * Error contract: a bug (violated invariant) aborts through BQ_CHECK with file:line. Anything caused
  * by input (files, flags, data) returns a non-zero BqStatus and sets a one-line message through
- * bq_err(); only src/main.c prints it and exits. */
+ * bq_err(); only src/cli/main.c prints it and exits. */
 #ifndef BQ_H
 #define BQ_H
 

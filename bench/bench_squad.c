@@ -12,7 +12,7 @@
 
 #include "autograd/bq.h"
 #include "datasets/squad.h"
-#include "src/args.h"
+#include "src/cli/args.h"
 #include "tokenizer/tokenizer.h"
 
 static double cpu_s(void) {

@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "autograd/bq.h"
-#include "src/args.h"
+#include "src/cli/args.h"
 #include "tokenizer/tokenizer.h"
 
 static double now_s(void) {

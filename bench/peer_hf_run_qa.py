@@ -17,7 +17,7 @@ Same questions as bertqat: the first --train-samples training questions in file 
 Only the batch order, the dropout masks and the initial `qa_outputs` differ (each side draws them from
 the same seed with its own generator).
 
-The recipe is bertqat's, whose defaults are the Hugging Face Trainer's (src/train.h, src/cmd_common.h):
+The recipe is bertqat's, whose defaults are the Hugging Face Trainer's (src/train.h, src/cli/cmd_common.h):
 torch.optim.AdamW (betas 0.9/0.999, eps 1e-8, weight decay --weight-decay on every parameter but biases
 and LayerNorm weights), linear decay to 0 after ceil(warmup_ratio * steps) linear warmup steps, global
 gradient-norm clipping at --max-grad-norm, the config's dropout, batches shuffled each epoch and padded

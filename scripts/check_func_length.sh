@@ -20,7 +20,7 @@
 #   -l          list every function as FILE:LINE: FUNC N, longest first
 #   -w WARN     also list the functions over WARN lines (and within LIMIT), without failing
 #   -a FILE     allow list (default scripts/func_length_allow.txt): lines FILE:FUNC (e.g.
-#               src/cmd_bench.c:bq_cmd_bench), '#' starts a comment; a listed function over the
+#               src/cli/cmd_bench.c:bq_cmd_bench), '#' starts a comment; a listed function over the
 #               limit is reported as "allowed for now" and does not fail the check
 #   LIMIT       the most lines a function may have (default 120)
 #   ROOT        the checkout (default: the one containing this script)

@@ -1,74 +1,14 @@
-/* Question answering in the CLI (BertForQuestionAnswering, layers/bert.h BQ_HEAD_QA, on SQuAD v1.1
- * data, datasets/squad.h): the task choice shared by every command (--task, from the model's head by
- * default), the window and post-processing flags, a batch source over SQuAD windows for the trainer
- * and the calibrator, the inference pass that fills start/end logits per window, and EM/F1 scoring
- * through run_qa.py's post-processing. The commands themselves stay in src/cmd_*.c and call these. */
+/* Question answering on SQuAD v1.1 windows (BertForQuestionAnswering, layers/bert.h BQ_HEAD_QA;
+ * datasets/squad.h): a batch source over windows for the trainer and the calibrator, the inference
+ * pass that fills start/end logits per window, and EM/F1 scoring through run_qa.py's post-processing.
+ * The CLI's flags and loading live in src/cli/qa_setup.h. */
 #ifndef BQ_QA_H
 #define BQ_QA_H
 
 #include "datasets/squad.h"
 #include "layers/bert.h"
 #include "layers/bert_int8.h"
-#include "src/args.h"
-#include "src/cmd_common.h"
 #include "src/train.h"
-
-/* Defaults of the QA flags: run_qa.py's (max_seq_length 384, doc_stride 128, max query 64 pieces,
- * n_best_size 20, max_answer_length 30). A checkpoint records the windowing it was trained with, and
- * the flags left at 0 take it. */
-#define BQ_QA_MAX_SEQ_LEN 384
-#define BQ_QA_DOC_STRIDE 128
-#define BQ_QA_MAX_QUERY_LENGTH 64
-
-struct json_t; /* jansson's value type */
-
-typedef struct BqCliQa {
-    const char *task;     /* "qa", "cls", or NULL: the model's head decides */
-    int doc_stride, max_query_length; /* 0: the checkpoint's, else the defaults above */
-    int n_best, max_answer_len;
-    const struct json_t *doc; /* predict: the questions as a parsed SQuAD document; NULL: read --data */
-} BqCliQa;
-
-void bq_cli_qa_default(BqCliQa *q);
-
-#define BQ_CLI_TASK_SPEC(q)                                                                                     \
-    {"task", BQ_ARG_STR, &(q).task, "qa or cls (default: from the model's head; qa on a classification model "  \
-     "keeps the encoder and creates qa_outputs, as Hugging Face does)", 0, 0, 0}
-
-/* Windowing of SQuAD examples (commands that encode SQuAD data). */
-#define BQ_CLI_QA_WINDOW_SPECS(q)                                                                               \
-    {"doc-stride", BQ_ARG_INT, &(q).doc_stride, "QA: context tokens shared by consecutive windows (0: the "    \
-     "checkpoint's, else 128)", 0, 0, 8192},                                                                    \
-    {"max-query-length", BQ_ARG_INT, &(q).max_query_length, "QA: question tokens kept (0: the checkpoint's, "   \
-     "else 64)", 0, 0, 8192}
-
-/* Post-processing of start/end logits into answers (commands that answer questions). */
-#define BQ_CLI_QA_POST_SPECS(q)                                                                                 \
-    {"n-best", BQ_ARG_INT, &(q).n_best, "QA: start and end candidates per window", 0, 1, 1000},                 \
-    {"max-answer-len", BQ_ARG_INT, &(q).max_answer_len, "QA: longest answer in tokens", 0, 1, 8192}
-
-/* The task of a command on the model at dir: --task when given (qa or cls), else the head named by
- * DIR/config.json's architectures. *qa = 1 for question answering. Then checks the flags of the other
- * task were not given (a QA flag on a classification run, or --truncation/--text-column/
- * --text-pair-column/--label-column on a QA run): each is an error naming the flag. A classification
- * task on a question-answering checkpoint is an error (its encoder was trained for spans). */
-int bq_cli_task_resolve(const BqArgs *args, const BqCliQa *q, const char *dir, int *qa);
-/* For a classification task, data (may be NULL) must not be SQuAD JSON (a .json file whose first 64 KiB
- * hold "paragraphs"): an error naming the file and the flag to use instead. */
-int bq_cli_task_check_data(int qa, const char *data);
-
-/* Loads the model at dir (native checkpoint or Hugging Face directory) and its tokenizer (dir/vocab.txt)
- * and gives the model the QA head: a model with another head or none keeps its encoder and gets a
- * fresh qa_outputs drawn from seed (a note on stderr says so). */
-int bq_qa_model_load(BqBert *m, BqTokenizer **tok, const char *dir, uint64_t seed, const char *tag);
-
-/* Resolves the sequence length (--max-seq-len, else the checkpoint's, else 384), doc stride and query
- * length (flag, else the checkpoint's, else 128 and 64) into d->used and q, and loads the SQuAD file
- * d->path windowed with them; max_examples > 0 keeps the first questions. A
- * file that is not SQuAD JSON is an error naming the file (and saying the model answers questions).
- * "[tag] ..." lines on stderr say what was loaded. */
-int bq_qa_data_load(BqSquadSet **out, BqCliData *d, const BqBert *m, const BqTokenizer *tok, BqCliQa *q,
-                    int64_t max_examples, int threads, const char *tag);
 
 /* A BqBatchSource over the first n windows of a SQuAD set: batches of up to B windows, padded to the
  * longest window of the batch (dynamic padding, as run_qa.py without --pad_to_max_length), carrying
@@ -93,10 +33,10 @@ void bq_qa_source_free(BqQaSource *qs);
  * padded to its longest window. */
 int bq_qa_logits(BqBert *m, BqInt8Engine *e, const BqSquadSet *s, int64_t B, float *start, float *end);
 
-/* Answers of every question of s from its windows' logits (run_qa.py post-processing with q's n-best
- * and max answer length) and their official EM/F1. *answers (may be NULL) receives the texts (free
+/* Answers of every question of s from its windows' logits (run_qa.py post-processing keeping n_best
+ * start and end candidates per window and answers of at most max_answer_len tokens) and their official EM/F1. *answers (may be NULL) receives the texts (free
  * with bq_squad_answers_free(*answers, s->n_examples)). */
-int bq_qa_answer(BqBert *m, BqInt8Engine *e, const BqSquadSet *s, const BqCliQa *q, int64_t B, BqSquadScore *score,
-                 char ***answers, double *seconds);
+int bq_qa_answer(BqBert *m, BqInt8Engine *e, const BqSquadSet *s, int n_best, int max_answer_len, int64_t B,
+                 BqSquadScore *score, char ***answers, double *seconds);
 
 #endif

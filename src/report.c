@@ -266,7 +266,7 @@ static Agreement qa_agreement(const char *run_dir, const char *a_name, const cha
     return g;
 }
 
-/* "## Speed on this machine" from `bench --json` (src/cmd_bench.c): the CPU, its ISA line, ms per
+/* "## Speed on this machine" from `bench --json` (src/cli/cmd_bench.c): the CPU, its ISA line, ms per
  * forward of every path at each batch size, the ratios and the bench's verdict; "(no result)" when the
  * file is missing or unreadable. */
 static void speed_write(FILE *f, const char *run_dir, const char *name) {
@@ -520,7 +520,7 @@ static void agreement_write(FILE *f, const char *run_dir, const BqReportRow *row
     }
 }
 
-/* Each stage's settings, thread count and wall time from its marker (src/cmd_pipeline.c, stage_run:
+/* Each stage's settings, thread count and wall time from its marker (src/cli/cmd_pipeline.c, stage_run:
  * {"settings", "argv", "finished", "seconds"}), so the report shows what actually ran. Paths inside
  * RUN_DIR are printed relative to it. */
 static void stages_write(FILE *f, const char *run_dir, const BqReportInfo *info) {

@@ -1,4 +1,4 @@
-/* Core services (autograd/core.c, src/args.c): arena alignment, zeroing, rewind and capacity
+/* Core services (autograd/core.c, src/cli/args.c): arena alignment, zeroing, rewind and capacity
  * accounting; RNG determinism and ranges; the counter hash (fixed values for fixed inputs, so dropout
  * masks cannot drift silently, and uniform in [0,1)); tensor helpers; the flag parser (--name value,
  * --name=value, flags, ranges, unknown/missing/required errors). Prints the max error (of the
@@ -10,7 +10,7 @@
 
 #include "autograd/bq.h"
 #include "autograd/tensor.h"
-#include "src/args.h"
+#include "src/cli/args.h"
 
 static int fails = 0;
 #define EXPECT(c)                                                   \

@@ -2,7 +2,7 @@
  * naming the holder's pid and command (two open file descriptions of the lock file conflict within one
  * process as between two); a release removes the lock file; a lock file without a holder blocks
  * nothing; a missing folder is an error unless the command creates it; a BQ_ARG_OUT flag takes the lock
- * while parsing (src/args.h). Folder replacement (bq_replace_dir) swaps a complete folder in and hands
+ * while parsing (src/cli/args.h). Folder replacement (bq_replace_dir) swaps a complete folder in and hands
  * back the old contents. A stream whose writes failed is an error at its close (bq_fclose_written). */
 #include <stdio.h>
 #include <string.h>
@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "autograd/bq.h"
-#include "src/args.h"
+#include "src/cli/args.h"
 #include "tests/test_util.h"
 
 /* The first line of a small file, "" when it cannot be read. */

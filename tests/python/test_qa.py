@@ -1,4 +1,4 @@
-"""Question answering through the CLI (src/qa.h, layers/bert.h BQ_HEAD_QA) on a few hundred SQuAD v1.1
+"""Question answering through the CLI (src/cli/qa_setup.h, src/qa.h, layers/bert.h BQ_HEAD_QA) on a few hundred SQuAD v1.1
 questions with a tiny random BERT (2 layers, hidden 32, the bert-base-uncased vocabulary), written here
 as a Hugging Face directory whose config names no head (architectures BertModel):
 - finetune --task qa keeps the encoder and creates qa_outputs; the checkpoint is a

@@ -12,7 +12,7 @@
 #include "autograd/gemm.h"
 #include "autograd/qgemm.h"
 #include "export/h5sum.h"
-#include "src/cli.h"
+#include "src/cli/cli.h"
 #include "src/dist.h"
 
 typedef struct Command {
@@ -64,7 +64,7 @@ static int fail(const char *cmd, int code) {
     return code;
 }
 
-/* A stage of `bertqat pipeline` (which puts its pid in BQ_PIPELINE_PID, src/cmd_pipeline.c) dies with
+/* A stage of `bertqat pipeline` (which puts its pid in BQ_PIPELINE_PID, src/cli/cmd_pipeline.c) dies with
  * the pipeline: a pipeline killed with SIGKILL cannot stop its stage itself, and the stage would go on
  * writing into the run folder and holding its output lock against the rerun. Returns 0 when this
  * process may run: no pipeline above it, or the pipeline is its parent and alive. */
@@ -138,7 +138,7 @@ int main(int argc, char **argv) {
         }
         bq_err_clear();
         st = COMMANDS[i].run(argc - 1, argv + 1);
-        bq_out_unlock_to(0); /* the output locks its flags took (src/args.h) */
+        bq_out_unlock_to(0); /* the output locks its flags took (src/cli/args.h) */
         /* Results printed to a file (a pipeline stage's stdout is its JSON) must all have reached it. */
         if (!st && (fflush(stdout) != 0 || ferror(stdout)))
             st = bq_err(BQ_EIO, "<stdout>: write failed: %s", errno ? strerror(errno) : "I/O error");

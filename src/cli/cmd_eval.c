@@ -13,12 +13,12 @@
 #include "autograd/bq.h"
 #include "datasets/dataset.h"
 #include "export/ckpt.h"
-#include "src/args.h"
-#include "src/cli.h"
-#include "src/cmd_common.h"
+#include "src/cli/args.h"
+#include "src/cli/cli.h"
+#include "src/cli/cmd_common.h"
 #include "src/dist.h"
 #include "src/metrics.h"
-#include "src/qa.h"
+#include "src/cli/qa_setup.h"
 #include "src/train.h"
 
 #define ACT_RESERVE ((size_t)64 << 30)
@@ -123,7 +123,7 @@ static int eval_qa(const char *model, BqCliData *d, BqCliQa *q, int samples, int
     m.prec = prec;
     if ((st = bq_cli_engine_select(&eng, &m, engine, "--engine", "eval", &engine_name)) ||
         (st = bq_qa_data_load(&s, d, &m, tok, q, samples, threads, "eval")) ||
-        (st = bq_qa_answer(&m, eng, s, q, batch_size, &sc, &answers, &secs)))
+        (st = bq_qa_answer(&m, eng, s, q->n_best, q->max_answer_len, batch_size, &sc, &answers, &secs)))
         goto cleanup;
     if (predictions && (st = bq_squad_write_predictions(predictions, s, answers))) goto cleanup;
     double qps = (double)sc.n / (secs > 1e-9 ? secs : 1e-9);
@@ -263,7 +263,7 @@ static int predict_qa(const char *model, BqCliData *d, BqCliQa *q, const char *q
     m.prec = prec;
     if ((st = bq_cli_engine_select(&eng, &m, engine, "--engine", "predict", &engine_name)) ||
         (st = bq_qa_data_load(&s, d, &m, tok, q, 0, threads, "predict")) ||
-        (st = bq_qa_answer(&m, eng, s, q, 32, &sc, &answers, NULL)))
+        (st = bq_qa_answer(&m, eng, s, q->n_best, q->max_answer_len, 32, &sc, &answers, NULL)))
         goto cleanup;
     for (int64_t i = 0; i < s->n_examples; i++) {
         const BqSquadExample *x = &s->examples[i];

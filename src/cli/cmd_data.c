@@ -10,9 +10,9 @@
 
 #include "autograd/bq.h"
 #include "datasets/dataset.h"
-#include "src/args.h"
-#include "src/cli.h"
-#include "src/cmd_common.h"
+#include "src/cli/args.h"
+#include "src/cli/cli.h"
+#include "src/cli/cmd_common.h"
 #include "tokenizer/tokenizer.h"
 
 static int cmp_i32(const void *a, const void *b) {

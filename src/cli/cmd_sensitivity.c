@@ -13,9 +13,9 @@
 
 #include "autograd/bq.h"
 #include "datasets/dataset.h"
-#include "src/args.h"
-#include "src/cli.h"
-#include "src/cmd_common.h"
+#include "src/cli/args.h"
+#include "src/cli/cli.h"
+#include "src/cli/cmd_common.h"
 #include "src/dist.h"
 #include "src/sensitivity.h"
 

@@ -1,5 +1,5 @@
 /* Flag parsing for the subcommands (see args.h). */
-#include "src/args.h"
+#include "src/cli/args.h"
 
 #include <errno.h>
 #include <math.h>

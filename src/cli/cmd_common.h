@@ -10,7 +10,7 @@
 #include "datasets/dataset.h"
 #include "layers/bert.h"
 #include "layers/bert_int8.h"
-#include "src/args.h"
+#include "src/cli/args.h"
 #include "src/train.h"
 
 /* head, tail, head_tail (or head-tail); the error names `flag`. */

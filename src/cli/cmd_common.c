@@ -1,5 +1,5 @@
-/* Set-up shared by the subcommands (see src/cmd_common.h). */
-#include "src/cmd_common.h"
+/* Set-up shared by the subcommands (see src/cli/cmd_common.h). */
+#include "src/cli/cmd_common.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -283,7 +283,7 @@ int bq_cli_train_run_sources(BqBert *m, const BqCliTrain *t, BqBatchSource *trai
 
 /* ---- the Python helper scripts ---- */
 
-/* The two roots of the lookup (src/cmd_common.h): roots[0] the executable's folder, roots[1] its parent
+/* The two roots of the lookup (src/cli/cmd_common.h): roots[0] the executable's folder, roots[1] its parent
  * ("/" when the folder is "/"). */
 static int exe_roots(char roots[2][4096]) {
     char exe[4096];

@@ -25,7 +25,7 @@
  *
  * The ONNX Runtime stages run the helper scripts that bq_cli_script_path finds next to the executable
  * (build tree or install prefix) under the Python of bq_cli_python_path (--python, $BQ_PYTHON, a .venv);
- * both are looked up before the run folder is made (src/cmd_common.h). */
+ * both are looked up before the run folder is made (src/cli/cmd_common.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -42,10 +42,10 @@
 #include "autograd/bq.h"
 #include "autograd/gemm.h"
 #include "layers/quant.h"
-#include "src/args.h"
-#include "src/cli.h"
+#include "src/cli/args.h"
+#include "src/cli/cli.h"
 #include "src/dist.h"
-#include "src/cmd_common.h"
+#include "src/cli/cmd_common.h"
 #include "src/report.h"
 
 extern char **environ;
@@ -163,7 +163,7 @@ static int (*collective_cmd(const Pipeline *p, const Argv *a))(int, char **) {
 }
 
 /* Calls a subcommand's entry function with argv[1..] (argv[1] is its name, as main passes it), stdout to
- * out_path on rank 0 when given (the other ranks print nothing: src/main.c). Every rank calls it. */
+ * out_path on rank 0 when given (the other ranks print nothing: src/cli/main.c). Every rank calls it. */
 static int run_in_process(const char *stage, int (*fn)(int, char **), Argv *a, const char *out_path) {
     char tmp[4200];
     int saved = -1, st = BQ_OK;
@@ -186,7 +186,7 @@ static int run_in_process(const char *stage, int (*fn)(int, char **), Argv *a, c
     bq_err_clear();
     int locks = bq_out_lock_mark();
     if ((st = fn(a->n - 1, a->v + 1))) bq_err_ctx(st, "stage %s", stage);
-    bq_out_unlock_to(locks); /* the stage's output lock, as src/main.c releases a command's */
+    bq_out_unlock_to(locks); /* the stage's output lock, as src/cli/main.c releases a command's */
 
 cleanup:
     fflush(stdout);
@@ -707,7 +707,7 @@ static int pipeline_resolve(Pipeline *p, const Pipeline *o) {
  * names --python, BQ_PYTHON and the venvs, or the folders where the scripts were looked for. */
 static int pipeline_find_tools(Pipeline *p, int *have_python) {
     int st;
-    /* The ONNX Runtime stages' Python and scripts, found before anything is written (src/cmd_common.h): no
+    /* The ONNX Runtime stages' Python and scripts, found before anything is written (src/cli/cmd_common.h): no
      * Python at all is an error naming where it looked; --python none, or one that is not executable, skips
      * those stages and the report says so; a Python without the scripts is an error naming their folders. */
     if ((st = bq_cli_python_path(p->python, p->python_path, sizeof p->python_path))) return st;
@@ -728,7 +728,7 @@ static int pipeline_find_tools(Pipeline *p, int *have_python) {
 static int pipeline_start(Pipeline *p, int *have_python) {
     int st;
     if ((st = bq_mkdir_p(p->out))) return bq_err_ctx(st, "pipeline: --out");
-    /* Every stage started from here dies with this process (src/main.c, follow_pipeline). */
+    /* Every stage started from here dies with this process (src/cli/main.c, follow_pipeline). */
     char pid[32];
     snprintf(pid, sizeof pid, "%ld", (long)getpid());
     if (setenv("BQ_PIPELINE_PID", pid, 1) != 0) return bq_err(BQ_ENOMEM, "pipeline: setenv: %s", strerror(errno));

@@ -20,8 +20,8 @@
 #include "export/hf_load.h"
 #include "layers/config.h"
 #include "layers/quant.h"
-#include "src/args.h"
-#include "src/cli.h"
+#include "src/cli/args.h"
+#include "src/cli/cli.h"
 
 #define PATH_LEN 4096
 

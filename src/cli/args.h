@@ -11,7 +11,7 @@
 /* BQ_ARG_OUT is a string naming an output the command writes (a checkpoint folder, an ONNX file, ...):
  * once the whole line has parsed, bq_args_parse takes the output's lock (bq_out_lock, autograd/bq.h;
  * under mpirun on rank 0 alone, the one rank that writes), and the lock is held until the command
- * returns to src/main.c, which releases it. The output's folder must exist. BQ_ARG_OUT_MKDIR is the
+ * returns to src/cli/main.c, which releases it. The output's folder must exist. BQ_ARG_OUT_MKDIR is the
  * same for a command that creates the output's missing parent folders (finetune, pipeline): they are
  * created with the lock. */
 typedef enum BqArgKind { BQ_ARG_STR, BQ_ARG_INT, BQ_ARG_FLOAT, BQ_ARG_FLAG, BQ_ARG_OUT, BQ_ARG_OUT_MKDIR } BqArgKind;

@@ -16,9 +16,9 @@
 #include "export/onnx_bert.h"
 #include "layers/bert_int8.h"
 #include "layers/quant.h"
-#include "src/args.h"
-#include "src/cli.h"
-#include "src/cmd_common.h"
+#include "src/cli/args.h"
+#include "src/cli/cli.h"
+#include "src/cli/cmd_common.h"
 #include "src/train.h"
 
 #define ACT_RESERVE ((size_t)16 << 30)

@@ -3,15 +3,15 @@
  * (src/qa.h), HF Trainer semantics (see src/train.h). Defaults follow HF TrainingArguments where
  * they exist (lr 5e-5, 1 epoch, warmup 0, weight decay 0, max_grad_norm 1.0, seed 42) and the ONNX
  * Runtime IMDB example otherwise (batch 32, seq 128, 10% of the training reviews for validation); the
- * shared flags and set-up are in src/cmd_common.h. */
+ * shared flags and set-up are in src/cli/cmd_common.h. */
 #include <stdio.h>
 #include <string.h>
 
 #include "autograd/bq.h"
-#include "src/args.h"
-#include "src/cli.h"
-#include "src/cmd_common.h"
-#include "src/qa.h"
+#include "src/cli/args.h"
+#include "src/cli/cli.h"
+#include "src/cli/cmd_common.h"
+#include "src/cli/qa_setup.h"
 
 /* Question answering: the encoder (and qa_outputs when the model has them) trained on the SQuAD
  * windows of d->path, no validation pass (the final model is the last step; `eval` scores EM/F1). */

@@ -16,9 +16,9 @@
 #include "autograd/bq.h"
 #include "autograd/qgemm.h"
 #include "layers/bert_int8.h"
-#include "src/args.h"
-#include "src/cli.h"
-#include "src/cmd_common.h"
+#include "src/cli/args.h"
+#include "src/cli/cli.h"
+#include "src/cli/cmd_common.h"
 
 extern char **environ;
 

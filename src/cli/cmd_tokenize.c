@@ -10,9 +10,9 @@
 #include <string.h>
 
 #include "autograd/bq.h"
-#include "src/args.h"
-#include "src/cli.h"
-#include "src/cmd_common.h"
+#include "src/cli/args.h"
+#include "src/cli/cli.h"
+#include "src/cli/cmd_common.h"
 #include "tokenizer/tokenizer.h"
 
 static void print_ids(FILE *out, const BqTokenizer *tok, const int32_t *ids, const int32_t *types, int64_t n,
