@@ -125,6 +125,28 @@ int bq_args_given(const BqArgs *a, const char *name) {
     return a->given[s - a->specs];
 }
 
+const BqArgSpec *bq_args_find(const BqArgs *a, const char *name) { return find_spec(a, name, strlen(name)); }
+
+const char *bq_args_format(const BqArgSpec *s, char *buf, size_t n) {
+    switch (s->kind) {
+    case BQ_ARG_STR:
+    case BQ_ARG_OUT:
+    case BQ_ARG_OUT_MKDIR: {
+        const char *v = *(const char *const *)s->dst;
+        if (!v) return NULL;
+        snprintf(buf, n, "%s", v);
+        return buf;
+    }
+    case BQ_ARG_INT: snprintf(buf, n, "%d", *(const int *)s->dst); return buf;
+    case BQ_ARG_FLOAT: snprintf(buf, n, "%g", *(const double *)s->dst); return buf;
+    case BQ_ARG_FLAG:
+        if (!*(const int *)s->dst) return NULL;
+        buf[0] = '\0';
+        return buf;
+    }
+    return NULL;
+}
+
 void bq_args_usage(const BqArgs *a, FILE *out) {
     fprintf(out, "usage: bertqat %s %s\n", a->cmd, a->usage ? a->usage : "[options]");
     if (a->summary) fprintf(out, "\n%s\n", a->summary);

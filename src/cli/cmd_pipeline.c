@@ -56,20 +56,27 @@ typedef struct Pipeline {
     char eval_script[4200]; /* onnx_eval.py or onnx_eval_qa.py (bq_cli_script_path), with a Python */
     const char *precision; /* --precision as given, passed on to the training and eval stages; NULL: their auto */
     int force, threads, seed, bench_rounds;
-    int grad_accum; /* micro-batches per step of the training stages (passed on when > 1) */
+    int grad_accum; /* micro-batches per step of the training stages (passed on when given) */
     int qa;                                /* --task qa */
+    int cpu_scheme;                        /* --scheme cpu */
     int doc_stride;                        /* --task qa: 128, or half a window's context when that is shorter */
-    char train_data[4096], eval_data[4096]; /* the data of the training and evaluation stages */
+    const char *train_data, *eval_data;    /* the data of the training and evaluation stages */
+    char train_path[4096], eval_path[4096]; /* where train_data and eval_data point */
     const char *keep_fp32;  /* --keep-fp32 for the PTQ stage (the QAT stage inherits the list), or NULL */
     double max_drop;        /* with --keep-fp32 auto; < 0: calibrate's default */
     int distill;            /* QAT distils from RUN_DIR/fp32 */
     double distill_alpha, distill_temperature, distill_hidden;
     char ran[64]; /* the first stage that ran in this invocation: every later stage runs as well */
+    /* the budget's recipe; < 0 until pipeline_budget fills what the flags left */
     int train_samples, eval_samples, max_seq_len, batch_size, calib_samples;
     double epochs, qat_epochs, lr, qat_lr;
     const char *qat_ranges; /* qat --ranges: fixed or learn */
     double qat_range_lr;    /* qat --range-lr with learn; < 0: the QAT lr */
     char self[4096];
+    /* The flag table as parsed (the stages format their arguments from it) and the settings derived
+     * from the flags, as a table of the same kind: train-data, eval-data, doc-stride. */
+    BqArgSpec specs[40], derived_specs[3];
+    BqArgs args, derived;
 } Pipeline;
 
 static int file_exists(const char *p) {
@@ -136,12 +143,6 @@ static void av_add(Argv *a, const char *s) {
     BQ_CHECK(a->n < 63);
     a->v[a->n++] = bq_strdup(s);
     a->v[a->n] = NULL;
-}
-
-static void av_addf(Argv *a, const char *fmt, double x) {
-    char buf[64];
-    snprintf(buf, sizeof buf, fmt, x);
-    av_add(a, buf);
 }
 
 static void av_free(Argv *a) {
@@ -291,7 +292,7 @@ static int stage_run(Pipeline *p, const char *stage, Argv *a, int key_from, cons
             else if (p->ran[0]) snprintf(why, sizeof why, "the earlier stage %s ran again", p->ran);
             else if (!old) snprintf(why, sizeof why, "its marker records no settings");
             else if (!json_equal(old, cur)) settings_diff(old, cur, why, sizeof why);
-            else if (out_path && !file_exists(out_path)) snprintf(why, sizeof why, "%s is missing", out_path);
+            else if (out_path && !file_exists(out_path)) snprintf(why, sizeof why, "%.900s is missing", out_path);
             if (!why[0]) {
                 fprintf(stderr, "[pipeline] %s: done already with these settings (use --force to redo)\n", stage);
                 plan[1] = 0;
@@ -338,168 +339,189 @@ cleanup:
     return st;
 }
 
-static void av_common_train(Argv *a, const Pipeline *p, double epochs, double lr) {
-    av_add(a, "--data"), av_add(a, p->train_data);
-    av_add(a, "--train-samples"), av_addf(a, "%.0f", p->train_samples);
-    if (!p->qa) av_add(a, "--eval-samples"), av_addf(a, "%.0f", p->eval_samples);
-    av_add(a, "--max-seq-len"), av_addf(a, "%.0f", p->max_seq_len);
-    if (p->qa) av_add(a, "--doc-stride"), av_addf(a, "%.0f", p->doc_stride);
-    av_add(a, "--batch-size"), av_addf(a, "%.0f", p->batch_size);
-    if (p->grad_accum > 1) av_add(a, "--grad-accum"), av_addf(a, "%.0f", p->grad_accum);
-    av_add(a, "--epochs"), av_addf(a, "%g", epochs);
-    av_add(a, "--lr"), av_addf(a, "%g", lr);
-    av_add(a, "--seed"), av_addf(a, "%.0f", p->seed);
-    av_add(a, "--threads"), av_addf(a, "%.0f", p->threads);
-    if (p->precision) av_add(a, "--precision"), av_add(a, p->precision);
+/* ---- the stages ----
+ *
+ * The pipeline is the table STAGES below: each stage names the command it runs, its input and output
+ * under RUN_DIR, when it applies, and its command line as lists of StageArg. A stage's settings are not
+ * written out by hand: an argument's value "@NAME" is the pipeline's own setting NAME, formatted from
+ * the pipeline's flag table (bq_args_format) or, for the settings derived from the flags (train-data,
+ * eval-data, doc-stride), from the table pipeline_derived adds, so a stage passes on exactly what the
+ * pipeline parsed. */
+
+/* When a stage or an argument applies: every bit set must hold (0: always). */
+enum {
+    W_CLS = 1 << 0,     /* --task cls */
+    W_QA = 1 << 1,      /* --task qa */
+    W_CPU = 1 << 2,     /* --scheme cpu */
+    W_NOT_CPU = 1 << 3, /* --scheme ort or qdqbert */
+    W_PYTHON = 1 << 4,  /* a Python runs the ONNX Runtime stages */
+    W_DISTILL = 1 << 5, /* QAT distils from the fp32 stage */
+    W_GIVEN = 1 << 6,   /* the pipeline flag "@NAME" of the value was given on the command line */
+};
+
+/* One argument of a stage: `flag`, then its value unless the value is NULL (a flag without value). The
+ * value is "@NAME" (the pipeline's setting NAME), "$in" (the stage's input), "$out" (its output),
+ * "$pred" (its predictions file), "~/PATH" (RUN_DIR/PATH) or a literal. */
+typedef struct StageArg {
+    const char *flag, *value;
+    unsigned when;
+} StageArg;
+
+/* A stage: `cmd` is a bertqat subcommand, or "onnx" for the ONNX Runtime evaluation script. in and out
+ * are RUN_DIR-relative ("@model": the pretrained model of --model). The marker is RUN_DIR/.done-NAME. */
+typedef struct PipeStage {
+    const char *name, *cmd, *in, *out;
+    unsigned when;
+    const char *pred; /* evaluations: predictions into RUN_DIR/pred-PRED.tsv (.json for --task qa) */
+    int capture;      /* the command's stdout is its output (eval --json, bench --json) */
+    int resume;       /* a training stage, resumable from OUT/training_state.h5 */
+    const StageArg *args[4]; /* lists ending with {NULL}; unused entries NULL */
+} PipeStage;
+
+static const StageArg A_TRAIN[] = {
+    {"--model", "$in", 0}, {"--out", "$out", 0}, {"--data", "@train-data", 0}, {"--train-samples", "@train-samples", 0},
+    {"--eval-samples", "@eval-samples", W_CLS}, {"--max-seq-len", "@max-seq-len", 0},
+    {"--doc-stride", "@doc-stride", W_QA}, {"--batch-size", "@batch-size", 0}, {"--grad-accum", "@grad-accum", W_GIVEN},
+    {"--seed", "@seed", 0}, {"--threads", "@threads", 0}, {"--precision", "@precision", W_GIVEN},
+    {"--task", "qa", W_QA}, /* QA trains without validation passes */
+    {"--evals-per-epoch", "5", W_CLS}, {NULL, NULL, 0}};
+static const StageArg A_FP32[] = {{"--epochs", "@epochs", 0}, {"--lr", "@lr", 0}, {"--logdir", "~/tb/fp32", 0}, {NULL, NULL, 0}};
+/* QAT starts from the PTQ checkpoint and keeps its percentile ranges fixed while the weights learn
+ * (pytorch-quantization's recipe): on IMDB the moving-average observers started from max calibration
+ * lost 4-6 points of validation accuracy against fp32 (docs/training.md, QAT recipe). */
+static const StageArg A_QAT[] = {
+    {"--epochs", "@qat-epochs", 0}, {"--lr", "@qat-lr", 0}, {"--logdir", "~/tb/qat", 0}, {"--ranges", "@qat-ranges", 0},
+    {"--range-lr", "@qat-range-lr", W_GIVEN}, {"--scheme", "@scheme", 0}, {"--teacher", "~/fp32", W_DISTILL},
+    {"--distill-alpha", "@distill-alpha", W_DISTILL}, {"--distill-temperature", "@distill-temperature", W_DISTILL},
+    {"--distill-hidden", "@distill-hidden", W_DISTILL}, {NULL, NULL, 0}};
+static const StageArg A_CALIBRATE[] = {
+    {"--model", "$in", 0}, {"--data", "@train-data", 0}, {"--out", "$out", 0}, {"--scheme", "@scheme", 0},
+    {"--calibrator", "percentile", 0}, {"--percentile", "99.99", 0}, {"--calib-samples", "@calib-samples", 0},
+    {"--max-seq-len", "@max-seq-len", 0}, {"--precision", "@precision", W_GIVEN}, {"--doc-stride", "@doc-stride", W_QA},
+    {"--seed", "@seed", 0}, {"--threads", "@threads", 0}, {"--keep-fp32", "@keep-fp32", W_GIVEN},
+    {"--max-drop", "@max-drop", W_GIVEN}, {NULL, NULL, 0}};
+static const StageArg A_EXPORT[] = {{"--model", "$in", 0}, {"--out", "$out", 0}, {NULL, NULL, 0}};
+static const StageArg A_CPU_LAYOUT[] = {{"--cpu-layout", NULL, 0}, {NULL, NULL, 0}};
+static const StageArg A_EVAL[] = {
+    {"--model", "$in", 0}, {"--threads", "@threads", 0}, {"--precision", "@precision", W_GIVEN}, {NULL, NULL, 0}};
+static const StageArg A_FAKE_QUANT[] = {{"--engine", "fake-quant", 0}, {NULL, NULL, 0}};
+static const StageArg A_ONNX[] = {{"--onnx", "$in", 0}, {"--tokenizer", "~/fp32", 0}, {"--threads", "@threads", 0}, {NULL, NULL, 0}};
+static const StageArg A_EVAL_DATA[] = {
+    {"--data", "@eval-data", 0}, {"--split", "test", W_CLS}, {"--samples", "@eval-samples", 0},
+    {"--max-seq-len", "@max-seq-len", 0}, {"--doc-stride", "@doc-stride", W_QA}, {"--seed", "@seed", W_CLS},
+    {"--predictions", "$pred", 0}, {"--json", NULL, 0}, {NULL, NULL, 0}};
+/* bench runs last, so that a change of --bench-rounds or --bench-batch-sizes re-runs only this stage */
+static const StageArg A_BENCH[] = {
+    {"--model", "$in", 0}, {"--onnx", "~/qat-int8-cpu.onnx", W_PYTHON}, {"--python", "@python", W_PYTHON},
+    {"--batch-sizes", "@bench-batch-sizes", 0}, {"--rounds", "@bench-rounds", 0}, {"--threads", "@threads", 0},
+    {"--json", NULL, 0}, {NULL, NULL, 0}};
+
+/* The pipeline in order. int8 exports: the CPU layout for ONNX Runtime CPU (integer kernels, exact on
+ * CPUs without VNNI), and for the ort/qdqbert schemes also the default layout that the transformer
+ * optimizer's QOrdered fusions (CUDA) want. PTQ and QAT are evaluated with eval's default engine (auto:
+ * the integer engine where it accepts the checkpoint); for the cpu scheme each is scored once more as
+ * fake quant, so the report shows the integer engine against the forward QAT trained, review by
+ * review. */
+static const PipeStage STAGES[] = {
+    {"fp32", "finetune", "@model", "fp32", 0, NULL, 0, 1, {A_TRAIN, A_FP32}},
+    {"ptq", "calibrate", "fp32", "ptq", 0, NULL, 0, 0, {A_CALIBRATE}},
+    {"qat", "qat", "ptq", "qat", 0, NULL, 0, 1, {A_TRAIN, A_QAT}},
+    {"export-fp32", "export", "fp32", "fp32.onnx", 0, NULL, 0, 0, {A_EXPORT}},
+    {"export-qat-int8-cpu", "export", "qat", "qat-int8-cpu.onnx", 0, NULL, 0, 0, {A_EXPORT, A_CPU_LAYOUT}},
+    {"export-qat-int8", "export", "qat", "qat-int8.onnx", W_NOT_CPU, NULL, 0, 0, {A_EXPORT}},
+    {"eval-fp32", "eval", "fp32", "eval-fp32.json", 0, "fp32", 1, 0, {A_EVAL, A_EVAL_DATA}},
+    {"eval-ptq", "eval", "ptq", "eval-ptq.json", 0, "ptq", 1, 0, {A_EVAL, A_EVAL_DATA}},
+    {"eval-ptq-fake-quant", "eval", "ptq", "eval-ptq-fake-quant.json", W_CPU, "ptq-fake-quant", 1, 0,
+     {A_EVAL, A_FAKE_QUANT, A_EVAL_DATA}},
+    {"eval-qat", "eval", "qat", "eval-qat.json", 0, "qat", 1, 0, {A_EVAL, A_EVAL_DATA}},
+    {"eval-qat-fake-quant", "eval", "qat", "eval-qat-fake-quant.json", W_CPU, "qat-fake-quant", 1, 0,
+     {A_EVAL, A_FAKE_QUANT, A_EVAL_DATA}},
+    {"eval-onnx-fp32", "onnx", "fp32.onnx", "eval-onnx-fp32.json", W_PYTHON, "onnx-fp32", 1, 0, {A_ONNX, A_EVAL_DATA}},
+    {"eval-onnx-int8-cpu", "onnx", "qat-int8-cpu.onnx", "eval-onnx-int8-cpu.json", W_PYTHON, "onnx-int8-cpu", 1, 0,
+     {A_ONNX, A_EVAL_DATA}},
+    {"eval-onnx-int8", "onnx", "qat-int8.onnx", "eval-onnx-int8.json", W_PYTHON | W_NOT_CPU, "onnx-int8", 1, 0,
+     {A_ONNX, A_EVAL_DATA}},
+    {"bench", "bench", "qat", "bench.json", W_CLS, NULL, 1, 0, {A_BENCH}},
+};
+#define NSTAGES ((int)(sizeof STAGES / sizeof STAGES[0]))
+
+/* The conditions that hold for this run (W_* bits, W_GIVEN aside). */
+static unsigned pipeline_conditions(const Pipeline *p, int have_python) {
+    return (p->qa ? W_QA : W_CLS) | (p->cpu_scheme ? W_CPU : W_NOT_CPU) | (have_python ? W_PYTHON : 0) |
+           (p->distill ? W_DISTILL : 0);
 }
 
-static int stage_train(Pipeline *p, const char *stage, const char *cmd, const char *from) {
-    char out[4096], state[4200], logdir[4200];
-    snprintf(out, sizeof out, "%s/%s", p->out, stage);
+/* The predictions file of evaluation `pred`: pred-PRED.tsv, or pred-PRED.json (official SQuAD
+ * {id: answer}) for --task qa, into buf (n bytes). */
+static const char *pred_name(const Pipeline *p, const char *pred, char *buf, size_t n) {
+    snprintf(buf, n, "pred-%s.%s", pred, p->qa ? "json" : "tsv");
+    return buf;
+}
+
+/* The value of argument v of stage s into buf (n bytes), or NULL when it is a setting with no value. */
+static const char *arg_value(const Pipeline *p, const PipeStage *s, const char *v, char *buf, size_t n) {
+    char name[96];
+    if (v[0] == '@') {
+        const BqArgSpec *spec = bq_args_find(&p->args, v + 1);
+        if (!spec) spec = bq_args_find(&p->derived, v + 1);
+        BQ_CHECK(spec != NULL); /* a StageArg names a setting the pipeline does not have */
+        return bq_args_format(spec, buf, n);
+    }
+    if (!strcmp(v, "$in") && !strcmp(s->in, "@model")) return arg_value(p, s, s->in, buf, n);
+    if (!strcmp(v, "$in")) snprintf(buf, n, "%s/%s", p->out, s->in);
+    else if (!strcmp(v, "$out")) snprintf(buf, n, "%s/%s", p->out, s->out);
+    else if (!strcmp(v, "$pred")) snprintf(buf, n, "%s/%s", p->out, pred_name(p, s->pred, name, sizeof name));
+    else if (!strncmp(v, "~/", 2)) snprintf(buf, n, "%s/%s", p->out, v + 2);
+    else snprintf(buf, n, "%s", v);
+    return buf;
+}
+
+/* The command line of stage s under the conditions `cond` into a: this executable and the subcommand,
+ * or the Python and the evaluation script, then every argument that applies. */
+static void stage_argv(const Pipeline *p, const PipeStage *s, unsigned cond, Argv *a) {
+    if (!strcmp(s->cmd, "onnx")) av_add(a, p->python), av_add(a, p->eval_script);
+    else av_add(a, p->self), av_add(a, s->cmd);
+    for (int l = 0; l < 4 && s->args[l]; l++) {
+        for (const StageArg *g = s->args[l]; g->flag; g++) {
+            unsigned need = g->when & ~(unsigned)W_GIVEN;
+            if ((cond & need) != need) continue;
+            if ((g->when & W_GIVEN) && !bq_args_given(&p->args, g->value + 1)) continue;
+            char buf[4200];
+            const char *v = g->value ? arg_value(p, s, g->value, buf, sizeof buf) : NULL;
+            if (g->value && !v) continue;
+            av_add(a, g->flag);
+            if (v) av_add(a, v);
+        }
+    }
+}
+
+/* Runs stage s through stage_run (skipped when done with the same settings). An evaluation whose
+ * predictions file is missing runs again: the predictions are an output as well. */
+static int stage_exec(Pipeline *p, const PipeStage *s, unsigned cond) {
+    char out[4096], state[4200], marker[4200], pred[4200], name[96];
+    snprintf(out, sizeof out, "%s/%s", p->out, s->out);
     snprintf(state, sizeof state, "%s/training_state.h5", out);
-    snprintf(logdir, sizeof logdir, "%s/tb/%s", p->out, stage);
-    Argv a = {0};
-    av_add(&a, p->self), av_add(&a, cmd);
-    av_add(&a, "--model"), av_add(&a, from);
-    av_add(&a, "--out"), av_add(&a, out);
-    int is_qat = !strcmp(cmd, "qat");
-    av_common_train(&a, p, is_qat ? p->qat_epochs : p->epochs, is_qat ? p->qat_lr : p->lr);
-    av_add(&a, "--logdir"), av_add(&a, logdir);
-    if (p->qa) av_add(&a, "--task"), av_add(&a, "qa"); /* QA trains without validation passes */
-    else av_add(&a, "--evals-per-epoch"), av_add(&a, "5");
-    /* QAT starts from the PTQ checkpoint and keeps its percentile ranges fixed while the weights
-     * learn (pytorch-quantization's recipe): on IMDB the moving-average observers started from max
-     * calibration lost 4-6 points of validation accuracy against fp32 (README, "QAT recipe"). */
-    if (is_qat) av_add(&a, "--ranges"), av_add(&a, p->qat_ranges);
-    if (is_qat && p->qat_range_lr > 0) av_add(&a, "--range-lr"), av_addf(&a, "%g", p->qat_range_lr);
-    if (is_qat) av_add(&a, "--scheme"), av_add(&a, p->scheme);
-    if (is_qat && p->distill) {
-        char teacher[4200];
-        snprintf(teacher, sizeof teacher, "%s/fp32", p->out);
-        av_add(&a, "--teacher"), av_add(&a, teacher);
-        av_add(&a, "--distill-alpha"), av_addf(&a, "%g", p->distill_alpha);
-        av_add(&a, "--distill-temperature"), av_addf(&a, "%g", p->distill_temperature);
-        av_add(&a, "--distill-hidden"), av_addf(&a, "%g", p->distill_hidden);
-    }
-    int st = stage_run(p, stage, &a, 1, NULL, state);
-    av_free(&a);
-    return st;
-}
-
-static int stage_calibrate(Pipeline *p) {
-    char from[4096], out[4096];
-    snprintf(from, sizeof from, "%s/fp32", p->out);
-    snprintf(out, sizeof out, "%s/ptq", p->out);
-    Argv a = {0};
-    av_add(&a, p->self), av_add(&a, "calibrate");
-    av_add(&a, "--model"), av_add(&a, from);
-    av_add(&a, "--data"), av_add(&a, p->train_data);
-    av_add(&a, "--out"), av_add(&a, out);
-    av_add(&a, "--scheme"), av_add(&a, p->scheme);
-    av_add(&a, "--calibrator"), av_add(&a, "percentile");
-    av_add(&a, "--percentile"), av_add(&a, "99.99");
-    av_add(&a, "--calib-samples"), av_addf(&a, "%.0f", p->calib_samples);
-    av_add(&a, "--max-seq-len"), av_addf(&a, "%.0f", p->max_seq_len);
-    if (p->precision) av_add(&a, "--precision"), av_add(&a, p->precision);
-    if (p->qa) av_add(&a, "--doc-stride"), av_addf(&a, "%.0f", p->doc_stride);
-    av_add(&a, "--seed"), av_addf(&a, "%.0f", p->seed);
-    av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
-    if (p->keep_fp32) {
-        av_add(&a, "--keep-fp32"), av_add(&a, p->keep_fp32);
-        if (!strcmp(p->keep_fp32, "auto") && p->max_drop >= 0) av_add(&a, "--max-drop"), av_addf(&a, "%g", p->max_drop);
-    }
-    int st = stage_run(p, "ptq", &a, 1, NULL, NULL);
-    av_free(&a);
-    return st;
-}
-
-static int stage_export(Pipeline *p, const char *ckpt, const char *name, int cpu_layout) {
-    char stage[64], from[4096], out[4096];
-    snprintf(stage, sizeof stage, "export-%s", name);
-    snprintf(from, sizeof from, "%s/%s", p->out, ckpt);
-    snprintf(out, sizeof out, "%s/%s.onnx", p->out, name);
-    Argv a = {0};
-    av_add(&a, p->self), av_add(&a, "export");
-    av_add(&a, "--model"), av_add(&a, from);
-    av_add(&a, "--out"), av_add(&a, out);
-    if (cpu_layout) av_add(&a, "--cpu-layout");
-    int st = stage_run(p, stage, &a, 1, NULL, NULL);
-    av_free(&a);
-    return st;
-}
-
-/* Evaluates RUN_DIR/target as stage eval-<name>: RUN_DIR/eval-<name>.json (metrics) and
- * RUN_DIR/pred-<name>.tsv (one line per review, read by the report's review-by-review agreement).
- * engine, for a checkpoint, is passed as --engine (NULL: eval's default, auto). */
-static int stage_eval(Pipeline *p, const char *name, const char *target, int onnx, const char *engine) {
-    char stage[64], json[4096], path[4096], pred[4096], marker[4200];
-    snprintf(stage, sizeof stage, "eval-%s", name);
-    snprintf(json, sizeof json, "%s/eval-%s.json", p->out, name);
-    snprintf(pred, sizeof pred, "%s/pred-%s.%s", p->out, name, p->qa ? "json" : "tsv");
-    snprintf(path, sizeof path, "%s/%s", p->out, target);
-    snprintf(marker, sizeof marker, "%s/.done-%s", p->out, stage);
-    /* the predictions are an output as well: a stage done without them runs again */
-    if (bq_dist_rank() == 0 && file_exists(marker) && !file_exists(pred)) {
-        fprintf(stderr, "[pipeline] %s: running again (%s is missing)\n", stage, pred);
-        if (remove(marker) != 0) return bq_err(BQ_EIO, "%s: cannot remove: %s", marker, strerror(errno));
+    snprintf(marker, sizeof marker, "%s/.done-%s", p->out, s->name);
+    if (s->pred) {
+        snprintf(pred, sizeof pred, "%s/%s", p->out, pred_name(p, s->pred, name, sizeof name));
+        if (bq_dist_rank() == 0 && file_exists(marker) && !file_exists(pred)) {
+            fprintf(stderr, "[pipeline] %s: running again (%s is missing)\n", s->name, pred);
+            if (remove(marker) != 0) return bq_err(BQ_EIO, "%s: cannot remove: %s", marker, strerror(errno));
+        }
     }
     Argv a = {0};
-    if (onnx) {
-        char tokdir[4096];
-        snprintf(tokdir, sizeof tokdir, "%s/fp32", p->out);
-        av_add(&a, p->python), av_add(&a, p->eval_script);
-        av_add(&a, "--onnx"), av_add(&a, path);
-        av_add(&a, "--tokenizer"), av_add(&a, tokdir);
-        if (p->threads > 0) av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
-    } else {
-        av_add(&a, p->self), av_add(&a, "eval");
-        av_add(&a, "--model"), av_add(&a, path);
-        av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
-        if (engine) av_add(&a, "--engine"), av_add(&a, engine);
-        if (p->precision) av_add(&a, "--precision"), av_add(&a, p->precision);
-    }
-    av_add(&a, "--data"), av_add(&a, p->eval_data);
-    if (!p->qa) av_add(&a, "--split"), av_add(&a, "test");
-    av_add(&a, "--samples"), av_addf(&a, "%.0f", p->eval_samples);
-    av_add(&a, "--max-seq-len"), av_addf(&a, "%.0f", p->max_seq_len);
-    if (p->qa) av_add(&a, "--doc-stride"), av_addf(&a, "%.0f", p->doc_stride);
-    if (!p->qa) av_add(&a, "--seed"), av_addf(&a, "%.0f", p->seed);
-    av_add(&a, "--predictions"), av_add(&a, pred);
-    av_add(&a, "--json");
-    int st = stage_run(p, stage, &a, 1, json, NULL);
+    stage_argv(p, s, cond, &a);
+    int st = stage_run(p, s->name, &a, 1, s->capture ? out : NULL, s->resume ? state : NULL);
     av_free(&a);
     return st;
 }
 
-/* `bench` of the QAT checkpoint (fp32, fake quant, the integer engine) and, with a Python, of its CPU-layout
- * export in ONNX Runtime, into RUN_DIR/bench.json for the report's speed table. It runs last, so that a
- * change of --bench-rounds or --bench-batch-sizes re-runs only this stage. */
-static int stage_bench(Pipeline *p, int have_python) {
-    char json[4096], ckpt[4096], onnx[4096];
-    snprintf(json, sizeof json, "%s/bench.json", p->out);
-    snprintf(ckpt, sizeof ckpt, "%s/qat", p->out);
-    snprintf(onnx, sizeof onnx, "%s/qat-int8-cpu.onnx", p->out);
-    Argv a = {0};
-    av_add(&a, p->self), av_add(&a, "bench");
-    av_add(&a, "--model"), av_add(&a, ckpt);
-    if (have_python) av_add(&a, "--onnx"), av_add(&a, onnx), av_add(&a, "--python"), av_add(&a, p->python);
-    av_add(&a, "--batch-sizes"), av_add(&a, p->bench_batches);
-    av_add(&a, "--rounds"), av_addf(&a, "%.0f", p->bench_rounds);
-    av_add(&a, "--threads"), av_addf(&a, "%.0f", p->threads);
-    av_add(&a, "--json");
-    int st = stage_run(p, "bench", &a, 1, json, NULL);
-    av_free(&a);
-    return st;
-}
-
-/* The predictions file of eval stage `name`: pred-<name>.tsv, or pred-<name>.json (official SQuAD
- * {id: answer}) for --task qa. The string lives until the process ends (at most 16 per run). */
+/* pred_name for the report's rows: the string lives until the process ends (at most 16 per run). */
 static const char *pred_file(const Pipeline *p, const char *name) {
     static char buf[16][96];
     static int k;
     BQ_CHECK(k < 16);
-    snprintf(buf[k], sizeof buf[k], "pred-%s.%s", name, p->qa ? "json" : "tsv");
-    return buf[k++];
+    return pred_name(p, name, buf[k++], sizeof buf[0]);
 }
 
 /* Appends row to rows (at most 8) and returns its index, for the same_as of later rows. */
@@ -510,9 +532,9 @@ static int row_add(BqReportRow *rows, int *nrows, BqReportRow row) {
 }
 
 /* Sets the recipe of p->budget (small or full, for --task cls or qa) into p: the sample counts, sequence
- * length, batch size, epochs, learning rates, calibration examples and bench rounds that the flags in
- * the overrides may change later (pipeline_resolve). Returns BQ_OK, or BQ_EINVAL naming --budget when it
- * is neither small nor full. */
+ * length, batch size, epochs, learning rates, calibration examples and bench rounds, of which
+ * pipeline_resolve keeps those the flags did not set. Returns BQ_OK, or BQ_EINVAL naming --budget when
+ * it is neither small nor full. */
 static int pipeline_budget(Pipeline *p) {
     if (p->qa && !strcmp(p->budget, "small")) {
         /* about 30 minutes on 2 idle Zen 3 cores for MiniLM (docs/qa.md): 4,000 training questions and
@@ -572,13 +594,12 @@ static int pipeline_check_flags(Pipeline *p, const BqArgs *args, int distill_on,
     return BQ_OK;
 }
 
-/* Parses the command line into p (zeroed by the caller) and the budget overrides into o (each -1 unless
- * given): sets the defaults, parses argv, checks --task, applies --budget (pipeline_budget) and checks the
- * flags that depend on each other (pipeline_check_flags), which also parse --scheme into *scheme and
- * --precision into *prec. *help is set when --help printed the usage, and nothing else is then done.
- * Returns BQ_OK, or the status of the first error (BQ_EINVAL for a bad flag or value). */
-static int pipeline_parse(Pipeline *p, Pipeline *o, int argc, char **argv, BqScheme *scheme, BqPrecision *prec,
-                          int *help) {
+/* Parses the command line into p (zeroed by the caller), the budget's settings left at -1 unless given:
+ * sets the defaults, parses argv with the table p->specs (kept in p->args for the stages), checks --task
+ * and checks the flags that depend on each other (pipeline_check_flags), which also parse --scheme into
+ * *scheme and --precision into *prec. *help is set when --help printed the usage, and nothing else is
+ * then done. Returns BQ_OK, or the status of the first error (BQ_EINVAL for a bad flag or value). */
+static int pipeline_parse(Pipeline *p, int argc, char **argv, BqScheme *scheme, BqPrecision *prec, int *help) {
     p->budget = "small";
     /* cpu: its int8 export is faster than fp32 on ONNX Runtime CPU (on an AMX Xeon, 2 threads, seq 128:
      * 1.67x at batch 1 and 2.47x at batch 32, where the ort scheme's ran at 0.87x and 0.81x) */
@@ -592,6 +613,8 @@ static int pipeline_parse(Pipeline *p, Pipeline *o, int argc, char **argv, BqSch
     p->qat_range_lr = -1;
     p->max_drop = -1;
     p->distill_alpha = 0.5, p->distill_temperature = 2.0, p->distill_hidden = 0.0;
+    p->train_samples = p->eval_samples = p->max_seq_len = p->batch_size = p->calib_samples = p->bench_rounds = -1;
+    p->epochs = p->qat_epochs = p->lr = p->qat_lr = -1;
     int distill_on = 0, distill_off = 0;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &p->model, "pretrained Hugging Face BERT directory", 1, 0, 0},
@@ -608,23 +631,23 @@ static int pipeline_parse(Pipeline *p, Pipeline *o, int argc, char **argv, BqSch
         {"force", BQ_ARG_FLAG, &p->force, "redo stages whose outputs exist", 0, 0, 0},
         {"scheme", BQ_ARG_STR, &p->scheme, "quantization scheme of PTQ and QAT: cpu (for ONNX Runtime CPU), ort (ONNX Runtime QOrdered, CUDA) or qdqbert (TensorRT)", 0, 0, 0},
         /* overrides of the budget's recipe (< 0: the budget's value) */
-        {"train-samples", BQ_ARG_INT, &o->train_samples, "training reviews incl. validation (0: all; -1: from --budget)", 0, -1, 1e9},
-        {"eval-samples", BQ_ARG_INT, &o->eval_samples, "test reviews evaluated (0: all; -1: from --budget)", 0, -1, 1e9},
-        {"max-seq-len", BQ_ARG_INT, &o->max_seq_len, "tokens per review (-1: from --budget)", 0, -1, 8192},
-        {"batch-size", BQ_ARG_INT, &o->batch_size, "batch size of the training stages, global under mpirun (each rank "
+        {"train-samples", BQ_ARG_INT, &p->train_samples, "training reviews incl. validation (0: all; -1: from --budget)", 0, -1, 1e9},
+        {"eval-samples", BQ_ARG_INT, &p->eval_samples, "test reviews evaluated (0: all; -1: from --budget)", 0, -1, 1e9},
+        {"max-seq-len", BQ_ARG_INT, &p->max_seq_len, "tokens per review (-1: from --budget)", 0, -1, 8192},
+        {"batch-size", BQ_ARG_INT, &p->batch_size, "batch size of the training stages, global under mpirun (each rank "
          "takes its share); with --grad-accum the micro-batch (-1: from --budget)", 0, -1, 65536},
         {"grad-accum", BQ_ARG_INT, &p->grad_accum, "micro-batches per optimizer step of the training stages (1 process "
          "with --batch-size B --grad-accum N computes the steps of N MPI ranks with --batch-size N*B)", 0, 1, 65536},
-        {"epochs", BQ_ARG_FLOAT, &o->epochs, "fp32 epochs (-1: from --budget)", 0, -1, 1000},
-        {"qat-epochs", BQ_ARG_FLOAT, &o->qat_epochs, "QAT epochs (-1: from --budget)", 0, -1, 1000},
-        {"lr", BQ_ARG_FLOAT, &o->lr, "fp32 learning rate (-1: from --budget)", 0, -1, 1},
-        {"qat-lr", BQ_ARG_FLOAT, &o->qat_lr, "QAT learning rate (-1: from --budget)", 0, -1, 1},
+        {"epochs", BQ_ARG_FLOAT, &p->epochs, "fp32 epochs (-1: from --budget)", 0, -1, 1000},
+        {"qat-epochs", BQ_ARG_FLOAT, &p->qat_epochs, "QAT epochs (-1: from --budget)", 0, -1, 1000},
+        {"lr", BQ_ARG_FLOAT, &p->lr, "fp32 learning rate (-1: from --budget)", 0, -1, 1},
+        {"qat-lr", BQ_ARG_FLOAT, &p->qat_lr, "QAT learning rate (-1: from --budget)", 0, -1, 1},
         {"qat-ranges", BQ_ARG_STR, &p->qat_ranges, "QAT ranges: fixed (the PTQ ranges stay) or learn (each scale "
          "trained from its PTQ value, LSQ)", 0, 0, 0},
         {"qat-range-lr", BQ_ARG_FLOAT, &p->qat_range_lr, "--qat-ranges learn: learning rate of the scales (-1: the QAT "
          "learning rate)", 0, -1, 1},
-        {"calib-samples", BQ_ARG_INT, &o->calib_samples, "calibration examples (-1: from --budget)", 0, -1, 1e9},
-        {"bench-rounds", BQ_ARG_INT, &o->bench_rounds, "timed forwards per path and batch size of the bench stage (-1: "
+        {"calib-samples", BQ_ARG_INT, &p->calib_samples, "calibration examples (-1: from --budget)", 0, -1, 1e9},
+        {"bench-rounds", BQ_ARG_INT, &p->bench_rounds, "timed forwards per path and batch size of the bench stage (-1: "
          "from --budget: small 5, full 10)", 0, -1, 1000},
         {"bench-batch-sizes", BQ_ARG_STR, &p->bench_batches, "comma-separated batch sizes of the bench stage", 0, 0, 0},
         BQ_CLI_PRECISION_SPEC(p->precision),
@@ -640,36 +663,48 @@ static int pipeline_parse(Pipeline *p, Pipeline *o, int argc, char **argv, BqSch
          1e6},
         {"distill-hidden", BQ_ARG_FLOAT, &p->distill_hidden, "distillation: weight of the hidden-state MSE", 0, 0, 1e6},
     };
+    BQ_CHECK(sizeof specs <= sizeof p->specs);
+    memcpy(p->specs, specs, sizeof specs);
     BqArgs args = {.cmd = "pipeline", .usage = "--model DIR --data PATH --out RUN_DIR [options]",
                    .summary = "Fine-tune in fp32, calibrate (PTQ, percentile 99.99), QAT fine-tune (classification: "
                               "distilling from the fp32 model), export fp32 and Q/DQ ONNX, evaluate every stage on the "
                               "same test reviews, time the QAT model (bench) and write RUN_DIR/report.md.",
-                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof specs[0])};
-    int st = bq_args_parse(&args, argc, argv);
-    *help = args.help;
-    if (st || args.help) return st;
+                   .specs = p->specs, .nspecs = (int)(sizeof specs / sizeof specs[0])};
+    p->args = args;
+    int st = bq_args_parse(&p->args, argc, argv);
+    *help = p->args.help;
+    if (st || p->args.help) return st;
     if (strcmp(p->task, "cls") && strcmp(p->task, "qa"))
         return bq_err(BQ_EINVAL, "pipeline: --task must be cls or qa, got '%s'", p->task);
     p->qa = !strcmp(p->task, "qa");
-    if ((st = pipeline_budget(p))) return st;
-    return pipeline_check_flags(p, &args, distill_on, distill_off, scheme, prec);
+    if ((st = pipeline_check_flags(p, &p->args, distill_on, distill_off, scheme, prec))) return st;
+    p->cpu_scheme = *scheme == BQ_SCHEME_CPU;
+    return BQ_OK;
 }
 
-/* Applies the overrides in o (each < 0: the budget's value) to p, checks the resulting settings, that
- * --model holds a config.json and that --data exists, and sets p->doc_stride, p->train_data and
- * p->eval_data (for --task qa the SQuAD files in the --data folder). Returns BQ_OK, BQ_EINVAL for a
- * setting out of range, or BQ_EIO for a missing model or data file. */
-static int pipeline_resolve(Pipeline *p, const Pipeline *o) {
-    if (o->train_samples >= 0) p->train_samples = o->train_samples;
-    if (o->eval_samples >= 0) p->eval_samples = o->eval_samples;
-    if (o->max_seq_len >= 0) p->max_seq_len = o->max_seq_len;
-    if (o->batch_size >= 0) p->batch_size = o->batch_size;
-    if (o->epochs >= 0) p->epochs = o->epochs;
-    if (o->qat_epochs >= 0) p->qat_epochs = o->qat_epochs;
-    if (o->lr >= 0) p->lr = o->lr;
-    if (o->qat_lr >= 0) p->qat_lr = o->qat_lr;
-    if (o->calib_samples >= 0) p->calib_samples = o->calib_samples;
-    if (o->bench_rounds >= 0) p->bench_rounds = o->bench_rounds;
+/* Fills the settings the flags left at -1 from the recipe of --budget (pipeline_budget), checks the
+ * resulting settings, that --model holds a config.json and that --data exists, and sets p->doc_stride,
+ * p->train_data and p->eval_data (for --task qa the SQuAD files in the --data folder) and the table of
+ * these derived settings (p->derived). Returns BQ_OK, BQ_EINVAL for --budget or a setting out of range,
+ * or BQ_EIO for a missing model or data file. */
+static int pipeline_resolve(Pipeline *p) {
+    Pipeline *b = bq_malloc(sizeof *b); /* the budget's recipe */
+    b->qa = p->qa, b->budget = p->budget;
+    int st = pipeline_budget(b);
+    if (!st) {
+        if (p->train_samples < 0) p->train_samples = b->train_samples;
+        if (p->eval_samples < 0) p->eval_samples = b->eval_samples;
+        if (p->max_seq_len < 0) p->max_seq_len = b->max_seq_len;
+        if (p->batch_size < 0) p->batch_size = b->batch_size;
+        if (p->epochs < 0) p->epochs = b->epochs;
+        if (p->qat_epochs < 0) p->qat_epochs = b->qat_epochs;
+        if (p->lr < 0) p->lr = b->lr;
+        if (p->qat_lr < 0) p->qat_lr = b->qat_lr;
+        if (p->calib_samples < 0) p->calib_samples = b->calib_samples;
+        if (p->bench_rounds < 0) p->bench_rounds = b->bench_rounds;
+    }
+    free(b);
+    if (st) return st;
     if (!p->bench_batches[0] || strspn(p->bench_batches, "0123456789,") != strlen(p->bench_batches))
         return bq_err(BQ_EINVAL, "pipeline: --bench-batch-sizes '%s' is not a comma-separated list of batch sizes",
                       p->bench_batches);
@@ -688,16 +723,25 @@ static int pipeline_resolve(Pipeline *p, const Pipeline *o) {
     p->doc_stride = p->max_seq_len - 67 > 2 * 128 ? 128 : (p->max_seq_len - 67) / 2;
     if (p->qa && p->doc_stride < 1)
         return bq_err(BQ_EINVAL, "pipeline: --max-seq-len %d is too short for question answering (>= 70)", p->max_seq_len);
-    snprintf(p->train_data, sizeof p->train_data, "%s", p->data);
-    snprintf(p->eval_data, sizeof p->eval_data, "%s", p->data);
+    p->train_data = p->train_path, p->eval_data = p->eval_path;
+    snprintf(p->train_path, sizeof p->train_path, "%s", p->data);
+    snprintf(p->eval_path, sizeof p->eval_path, "%s", p->data);
     if (p->qa) {
-        snprintf(p->train_data, sizeof p->train_data, "%s/train-v1.1.json", p->data);
-        if (!file_exists(p->train_data)) snprintf(p->train_data, sizeof p->train_data, "%s/train-v1.1-rebuilt.json", p->data);
-        snprintf(p->eval_data, sizeof p->eval_data, "%s/dev-v1.1.json", p->data);
-        if (!file_exists(p->train_data) || !file_exists(p->eval_data))
+        snprintf(p->train_path, sizeof p->train_path, "%s/train-v1.1.json", p->data);
+        if (!file_exists(p->train_path)) snprintf(p->train_path, sizeof p->train_path, "%s/train-v1.1-rebuilt.json", p->data);
+        snprintf(p->eval_path, sizeof p->eval_path, "%s/dev-v1.1.json", p->data);
+        if (!file_exists(p->train_path) || !file_exists(p->eval_path))
             return bq_err(BQ_EIO, "pipeline: --data %s: --task qa needs a folder with train-v1.1.json (or "
                           "train-v1.1-rebuilt.json) and dev-v1.1.json", p->data);
     }
+    const BqArgSpec derived[] = {
+        {"train-data", BQ_ARG_STR, &p->train_data, "data of the training and calibration stages", 0, 0, 0},
+        {"eval-data", BQ_ARG_STR, &p->eval_data, "data of the evaluation stages", 0, 0, 0},
+        {"doc-stride", BQ_ARG_INT, &p->doc_stride, "--task qa: context tokens shared by two windows", 0, 0, 0},
+    };
+    BQ_CHECK(sizeof derived == sizeof p->derived_specs);
+    memcpy(p->derived_specs, derived, sizeof derived);
+    p->derived = (BqArgs){.cmd = "pipeline", .specs = p->derived_specs, .nspecs = 3};
     return BQ_OK;
 }
 
@@ -741,41 +785,18 @@ static int pipeline_start(Pipeline *p, int *have_python) {
     return BQ_OK;
 }
 
-/* Runs the stages in order, each through stage_run (skipped when done with the same settings): fp32
- * fine-tune, calibration (PTQ), QAT, the ONNX exports (the default layout also when not cpu_scheme), the
- * evaluations of every checkpoint (and as fake quant for cpu_scheme) and, with have_python, of every
- * export in ONNX Runtime, then bench for --task cls. Returns BQ_OK, or the status of the first stage
- * that failed. */
-static int pipeline_run_stages(Pipeline *p, int cpu_scheme, int have_python) {
-    int st;
-    if ((st = stage_train(p, "fp32", "finetune", p->model))) return st;
-    if ((st = stage_calibrate(p))) return st;
-    char ptq_dir[4096];
-    snprintf(ptq_dir, sizeof ptq_dir, "%s/ptq", p->out);
-    if ((st = stage_train(p, "qat", "qat", ptq_dir))) return st;
-    if ((st = stage_export(p, "fp32", "fp32", 0))) return st;
-    /* int8: the CPU layout for ONNX Runtime CPU (integer kernels, exact on CPUs without VNNI), and for
-     * the ort/qdqbert schemes also the default layout that the transformer optimizer's QOrdered
-     * fusions (CUDA) want */
-    if ((st = stage_export(p, "qat", "qat-int8-cpu", 1))) return st;
-    if (!cpu_scheme && (st = stage_export(p, "qat", "qat-int8", 0))) return st;
-    if ((st = stage_eval(p, "fp32", "fp32", 0, NULL))) return st;
-    /* PTQ and QAT run eval's default engine (auto: the integer engine where it accepts the checkpoint, as
-     * for the cpu scheme); for the cpu scheme each is scored once more as fake quant, so the report shows
-     * the integer engine against the forward QAT trained, review by review */
-    if ((st = stage_eval(p, "ptq", "ptq", 0, NULL))) return st;
-    if (cpu_scheme && (st = stage_eval(p, "ptq-fake-quant", "ptq", 0, "fake-quant"))) return st;
-    if ((st = stage_eval(p, "qat", "qat", 0, NULL))) return st;
-    if (cpu_scheme && (st = stage_eval(p, "qat-fake-quant", "qat", 0, "fake-quant"))) return st;
-    if (have_python) {
-        if ((st = stage_eval(p, "onnx-fp32", "fp32.onnx", 1, NULL))) return st;
-        if ((st = stage_eval(p, "onnx-int8-cpu", "qat-int8-cpu.onnx", 1, NULL))) return st;
-        if (!cpu_scheme && (st = stage_eval(p, "onnx-int8", "qat-int8.onnx", 1, NULL))) return st;
-    } else {
+/* Runs the stages of STAGES that apply, in order, each through stage_exec (skipped when done with the
+ * same settings). Returns BQ_OK, or the status of the first stage that failed. */
+static int pipeline_run_stages(Pipeline *p, int have_python) {
+    unsigned cond = pipeline_conditions(p, have_python);
+    if (!have_python)
         fprintf(stderr, "[pipeline] --python %s: %s; ONNX Runtime evaluation skipped\n", p->python,
                 strcmp(p->python, "none") ? "not an executable" : "none asked for");
+    for (int i = 0; i < NSTAGES; i++) {
+        if ((cond & STAGES[i].when) != STAGES[i].when) continue;
+        int st = stage_exec(p, &STAGES[i], cond);
+        if (st) return st;
     }
-    if (!p->qa && (st = stage_bench(p, have_python))) return st;
     return BQ_OK;
 }
 
@@ -838,18 +859,11 @@ static int pipeline_report(const Pipeline *p, BqScheme scheme, BqPrecision prec,
         rows[i].size_bytes = path_size(path);
     }
     /* the stages of this invocation, in order; the report lists the settings each one ran with */
-    const char *stages[16] = {"fp32", "ptq", "qat", "export-fp32", "export-qat-int8-cpu"};
-    int nstages = 5;
-    if (!cpu_scheme) stages[nstages++] = "export-qat-int8";
-    stages[nstages++] = "eval-fp32", stages[nstages++] = "eval-ptq";
-    if (cpu_scheme) stages[nstages++] = "eval-ptq-fake-quant";
-    stages[nstages++] = "eval-qat";
-    if (cpu_scheme) stages[nstages++] = "eval-qat-fake-quant";
-    if (have_python) {
-        stages[nstages++] = "eval-onnx-fp32", stages[nstages++] = "eval-onnx-int8-cpu";
-        if (!cpu_scheme) stages[nstages++] = "eval-onnx-int8";
-    }
-    if (!p->qa) stages[nstages++] = "bench";
+    const char *stages[NSTAGES];
+    int nstages = 0;
+    unsigned cond = pipeline_conditions(p, have_python);
+    for (int i = 0; i < NSTAGES; i++)
+        if ((cond & STAGES[i].when) == STAGES[i].when) stages[nstages++] = STAGES[i].name;
     const char *recipe = p->qa ?
         "fp32 fine-tune of a new qa_outputs head and the encoder on the first training questions (no validation "
         "pass; the last step is kept) → PTQ (percentile 99.99) → QAT from the PTQ model with its ranges fixed → "
@@ -870,20 +884,18 @@ static int pipeline_report(const Pipeline *p, BqScheme scheme, BqPrecision prec,
 }
 
 int bq_cmd_pipeline(int argc, char **argv) {
-    Pipeline p = {0};
-    Pipeline o = {.train_samples = -1, .eval_samples = -1, .max_seq_len = -1, .batch_size = -1, .epochs = -1,
-                  .qat_epochs = -1, .lr = -1, .qat_lr = -1, .calib_samples = -1, .bench_rounds = -1};
+    Pipeline *p = bq_calloc(1, sizeof *p); /* the flag tables make it large for the stack */
     BqScheme scheme = BQ_SCHEME_CPU;
     BqPrecision prec = BQ_PRECISION_FP32;
     int help = 0, have_python = 0, st;
-    if ((st = pipeline_parse(&p, &o, argc, argv, &scheme, &prec, &help)) || help) return st;
-    int cpu_scheme = scheme == BQ_SCHEME_CPU;
-    if ((st = pipeline_resolve(&p, &o))) return st;
-    if ((st = pipeline_find_tools(&p, &have_python))) return st;
-    if ((st = pipeline_start(&p, &have_python))) return st;
+    if ((st = pipeline_parse(p, argc, argv, &scheme, &prec, &help)) || help || (st = pipeline_resolve(p)) ||
+        (st = pipeline_find_tools(p, &have_python)) || (st = pipeline_start(p, &have_python)))
+        goto cleanup;
     double t0 = bq_now();
+    if ((st = pipeline_run_stages(p, have_python))) goto cleanup;
+    if (bq_dist_rank() == 0) st = pipeline_report(p, scheme, prec, have_python, t0); /* the report is rank 0's */
 
-    if ((st = pipeline_run_stages(&p, cpu_scheme, have_python))) return st;
-    if (bq_dist_rank() != 0) return BQ_OK; /* the report is rank 0's */
-    return pipeline_report(&p, scheme, prec, have_python, t0);
+cleanup:
+    free(p);
+    return st;
 }
