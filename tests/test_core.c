@@ -142,6 +142,21 @@ int main(void) {
     EXPECT(bq_args_parse(&args, 8, argv1) == BQ_OK);
     EXPECT(!strcmp(s, "abc") && n == 7 && f == 0.25 && flag == 1 && args.npositional == 1 &&
            !strcmp(args.positional[0], "pos"));
+    /* bq_args_format writes each value so that the parser reads it back unchanged (the pipeline passes
+     * its settings on to its stages so): the shortest exact form of a double, and a flag only when set */
+    char fbuf[64];
+    EXPECT(!strcmp(bq_args_format(&specs[0], fbuf, sizeof fbuf), "abc"));
+    EXPECT(!strcmp(bq_args_format(&specs[1], fbuf, sizeof fbuf), "7"));
+    EXPECT(!strcmp(bq_args_format(&specs[2], fbuf, sizeof fbuf), "0.25"));
+    EXPECT(bq_args_format(&specs[3], fbuf, sizeof fbuf) != NULL);
+    f = 0.1 + 0.2; /* 0.30000000000000004: "%g" alone would write 0.3 */
+    const char *fv = bq_args_format(&specs[2], fbuf, sizeof fbuf);
+    EXPECT(fv && strtod(fv, NULL) == 0.1 + 0.2);
+    char *argv7[] = {"test", "--rate", fbuf};
+    f = 0;
+    EXPECT(bq_args_parse(&args, 3, argv7) == BQ_OK && f == 0.1 + 0.2);
+    flag = 0;
+    EXPECT(bq_args_format(&specs[3], fbuf, sizeof fbuf) == NULL);
     char *argv2[] = {"test", "--count", "11"};
     EXPECT(bq_args_parse(&args, 3, argv2) == BQ_EINVAL && strstr(bq_errmsg(), "--count"));
     char *argv3[] = {"test", "--bogus", "1"};

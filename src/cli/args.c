@@ -138,7 +138,14 @@ const char *bq_args_format(const BqArgSpec *s, char *buf, size_t n) {
         return buf;
     }
     case BQ_ARG_INT: snprintf(buf, n, "%d", *(const int *)s->dst); return buf;
-    case BQ_ARG_FLOAT: snprintf(buf, n, "%g", *(const double *)s->dst); return buf;
+    case BQ_ARG_FLOAT: { /* the shortest "%g" form that reads back to the same double */
+        double x = *(const double *)s->dst;
+        for (int prec = 6; prec <= 17; prec++) {
+            snprintf(buf, n, "%.*g", prec, x);
+            if (strtod(buf, NULL) == x) break;
+        }
+        return buf;
+    }
     case BQ_ARG_FLAG:
         if (!*(const int *)s->dst) return NULL;
         buf[0] = '\0';

@@ -48,8 +48,9 @@ void bq_args_usage(const BqArgs *a, FILE *out);
 int bq_args_given(const BqArgs *a, const char *name);
 /* The spec named `name` (without "--") in a's table, or NULL. */
 const BqArgSpec *bq_args_find(const BqArgs *a, const char *name);
-/* The current value of s's destination as the parser reads it back ("%d" for INT, "%g" for FLOAT, the
- * string for STR/OUT, NULL unset), into buf (n bytes); a FLAG gives "" when set and NULL when not.
+/* The current value of s's destination as the parser reads it back ("%d" for INT; for FLOAT the
+ * shortest "%g" form that parses to the same double; the string for STR/OUT, NULL unset), into buf (n
+ * bytes); a FLAG gives "" when set and NULL when not.
  * Returns buf, or NULL when there is no value to write. A command that runs another (the pipeline
  * runs each stage as a subcommand) writes the other's flags from its own table with it. */
 const char *bq_args_format(const BqArgSpec *s, char *buf, size_t n);
