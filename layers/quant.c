@@ -32,12 +32,12 @@ const BqQPointDef bq_qpoint_defs[BQ_QP_LAYER_COUNT] = {
 #undef BQ_QP_DEF_
 };
 
-static const char *const scheme_names[BQ_SCHEME_COUNT] = {
-    [BQ_SCHEME_ORT] = "ort", [BQ_SCHEME_QDQBERT] = "qdqbert", [BQ_SCHEME_CPU] = "cpu"};
+const char *const bq_scheme_names[BQ_SCHEME_COUNT + 1] = {
+    [BQ_SCHEME_ORT] = "ort", [BQ_SCHEME_QDQBERT] = "qdqbert", [BQ_SCHEME_CPU] = "cpu", [BQ_SCHEME_COUNT] = NULL};
 
 int bq_scheme_parse(BqScheme *out, const char *s, const char *flag_or_key) {
     for (int i = 0; i < BQ_SCHEME_COUNT; i++)
-        if (strcmp(s, scheme_names[i]) == 0) {
+        if (strcmp(s, bq_scheme_names[i]) == 0) {
             *out = (BqScheme)i;
             return BQ_OK;
         }
@@ -46,7 +46,7 @@ int bq_scheme_parse(BqScheme *out, const char *s, const char *flag_or_key) {
 
 const char *bq_scheme_name(BqScheme s) {
     BQ_CHECK((unsigned)s < BQ_SCHEME_COUNT);
-    return scheme_names[s];
+    return bq_scheme_names[s];
 }
 
 int bq_quant_scheme_weight_bits(BqScheme s) { return s == BQ_SCHEME_CPU ? 7 : 8; }
@@ -275,18 +275,18 @@ void bq_quant_config_default(BqQuantConfig *cfg) {
     strcpy(cfg->exclude, "classifier,pooler");
 }
 
-static const char *const calib_names[] = {"max", "percentile", "mse", "entropy"};
+const char *const bq_calibrator_names[5] = {"max", "percentile", "mse", "entropy", NULL};
 
 int bq_calibrator_parse(BqCalibrator *out, const char *s) {
     for (int i = 0; i < 4; i++)
-        if (strcmp(s, calib_names[i]) == 0) {
+        if (strcmp(s, bq_calibrator_names[i]) == 0) {
             *out = (BqCalibrator)i;
             return BQ_OK;
         }
     return bq_err(BQ_EINVAL, "--calibrator: '%s' is not one of max, percentile, mse, entropy", s);
 }
 
-const char *bq_calibrator_name(BqCalibrator c) { return (unsigned)c < 4 ? calib_names[c] : "?"; }
+const char *bq_calibrator_name(BqCalibrator c) { return (unsigned)c < 4 ? bq_calibrator_names[c] : "?"; }
 
 /* ---- --ranges learn: the scale block (its state in training_state.h5: export/quant_io.c) ---- */
 

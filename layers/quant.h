@@ -188,6 +188,9 @@ typedef struct BqQuantState {
 static inline int bq_quant_qmax(const BqQuantizer *q) { return (1 << (q->bits - 1)) - 1; }
 static inline int bq_quant_qmin(const BqQuantizer *q) { return -(1 << (q->bits - 1)); }
 
+/* The scheme names in BqScheme's order, NULL-terminated: the one list bq_scheme_parse, bq_scheme_name
+ * and the CLI's --scheme (src/cli/args.h, BQ_ARG_ENUM) read. */
+extern const char *const bq_scheme_names[BQ_SCHEME_COUNT + 1];
 /* Parses a scheme name ("ort", "qdqbert", "cpu"); anything else is a BQ_EINVAL error naming
  * flag_or_key and listing the valid names. */
 int bq_scheme_parse(BqScheme *out, const char *s, const char *flag_or_key);
@@ -237,6 +240,8 @@ typedef enum BqCalibrator {
 /* Defaults: scheme ort, per-channel weights, no fusion, no clip, averaging 0.01,
  * exclude "classifier,pooler", freeze_after 0. */
 void bq_quant_config_default(BqQuantConfig *cfg);
+/* The calibrator names in BqCalibrator's order, NULL-terminated (as bq_scheme_names). */
+extern const char *const bq_calibrator_names[5];
 /* Parses "max|percentile|mse|entropy"; errors name the flag value. */
 int bq_calibrator_parse(BqCalibrator *out, const char *s);
 const char *bq_calibrator_name(BqCalibrator c);

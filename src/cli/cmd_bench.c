@@ -76,7 +76,8 @@ static double cpu_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int g_cpu_clock; /* --clock cpu */
+static const char *const CLOCK_NAMES[] = {"wall", "cpu", NULL};
+static int g_cpu_clock; /* --clock: 0 wall, 1 cpu (an index into CLOCK_NAMES) */
 
 /* OMP_WAIT_POLICY as libgomp read it at start: idle threads spin (active, the default) or sleep
  * (passive), which decides the latency on a machine whose cores other jobs also use. */
@@ -201,8 +202,8 @@ cleanup:
 
 /* The settings of one bench run, as bench_parse reads them from the command line. */
 typedef struct BenchOpts {
-    const char *model, *onnx, *batch_arg, *paths_arg, *python, *clock_arg, *precision;
-    int seq, threads, rounds, json;
+    const char *model, *onnx, *batch_arg, *paths_arg, *python;
+    int seq, rounds, json;
     int bs[MAX_BATCHES], nb; /* --batch-sizes */
     unsigned paths;          /* --paths: bit p set when path p is timed */
     char python_path[4200], script[4200]; /* with --onnx: who times it in ONNX Runtime */
@@ -220,14 +221,13 @@ typedef struct BenchResult {
 } BenchResult;
 
 /* Parses the command line into o (zeroed by the caller): sets the defaults, parses argv, then
- * --batch-sizes, --paths and --clock (which sets g_cpu_clock), checks that --onnx exists and looks up
- * its Python and onnx_bench.py, sets the runtime's thread count and parses --precision. *help is set
+ * --batch-sizes and --paths (--clock sets g_cpu_clock), checks that --onnx exists and looks up
+ * its Python and onnx_bench.py, and prints the precision header (the parser resolved it into o->prec,
+ * and set the runtime's thread count). *help is set
  * when --help printed the usage, and nothing else is then done. Returns BQ_OK, or the status of the
  * first error (BQ_EINVAL for a bad flag or value, or the lookup's error naming --python). */
 static int bench_parse(BenchOpts *o, int argc, char **argv, int *help) {
     o->batch_arg = "1,32", o->paths_arg = "fp32,fake-quant,int8";
-    o->clock_arg = "wall";
-    o->precision = "auto";
     o->rounds = 10;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &o->model, "quantized checkpoint (PTQ or QAT)", 1, 0, 0},
@@ -235,32 +235,30 @@ static int bench_parse(BenchOpts *o, int argc, char **argv, int *help) {
         {"batch-sizes", BQ_ARG_STR, &o->batch_arg, "comma-separated batch sizes", 0, 0, 0},
         {"paths", BQ_ARG_STR, &o->paths_arg, "comma-separated bertqat forwards to time: fp32, fake-quant, int8", 0, 0, 0},
         {"seq", BQ_ARG_INT, &o->seq, "tokens per example (0: the checkpoint's max_seq_len, else 128)", 0, 0, 8192},
-        {"threads", BQ_ARG_INT, &o->threads, "threads, for bertqat and ONNX Runtime alike (0: all cores)", 0, 0, 4096},
         {"rounds", BQ_ARG_INT, &o->rounds, "timed forwards per path and batch size, after one warm-up", 0, 1, MAX_ROUNDS},
         {"python", BQ_ARG_STR, &o->python, "Python with onnxruntime for --onnx " BQ_CLI_PYTHON_HELP, 0, 0, 0},
-        {"clock", BQ_ARG_STR, &o->clock_arg, "wall (latency) or cpu (process CPU time of all threads, spin-waits "
-         "included: a measure that a loaded machine disturbs less, meant for --threads 1)", 0, 0, 0},
+        {"clock", BQ_ARG_ENUM, &g_cpu_clock, "wall (latency) or cpu (process CPU time of all threads, spin-waits "
+         "included: a measure that a loaded machine disturbs less, meant for --threads 1)", 0, 0, 0, CLOCK_NAMES},
         {"json", BQ_ARG_FLAG, &o->json, "print the results as one JSON object instead of a table", 0, 0, 0},
-        BQ_CLI_PRECISION_SPEC(o->precision),
     };
     BqArgs args = {.cmd = "bench", .usage = "--model CKPT [--onnx FILE] [options]",
                    .summary = "Forward latency (median ms) of a quantized checkpoint as fp32, fake quant and integer "
                               "(int8) on this CPU, and of an ONNX file in ONNX Runtime; says whether int8 pays off.",
-                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
+                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs),
+                   .common = BQ_ARGS_THREADS | BQ_ARGS_PRECISION,
+                   .threads_help = "threads, for bertqat and ONNX Runtime alike (0: all cores)"};
     int st = bq_args_parse(&args, argc, argv);
     *help = args.help;
     if (st || args.help) return st;
     if ((st = parse_batches(o->batch_arg, o->bs, &o->nb))) return st;
     if ((st = parse_paths(o->paths_arg, &o->paths))) return st;
-    if (strcmp(o->clock_arg, "wall") && strcmp(o->clock_arg, "cpu"))
-        return bq_err(BQ_EINVAL, "--clock: '%s' is neither wall nor cpu", o->clock_arg);
-    g_cpu_clock = !strcmp(o->clock_arg, "cpu");
     if (o->onnx && !bq_is_file(o->onnx)) return bq_err(BQ_EINVAL, "--onnx %s: no such file", o->onnx);
     if (o->onnx && ((st = bq_cli_python_path(o->python, o->python_path, sizeof o->python_path)) ||
                     (st = bq_cli_script_path("onnx_bench.py", o->script, sizeof o->script))))
         return st;
-    bq_runtime_set_threads(o->threads);
-    return bq_cli_precision(o->precision, "bench", &o->prec);
+    o->prec = args.prec;
+    bq_args_header(&args);
+    return BQ_OK;
 }
 
 /* Loads the checkpoint o->model into m and *tok (freed by the caller, also after an error) at
@@ -343,7 +341,7 @@ static void bench_print_json(const BenchOpts *o, const BenchResult *r) {
     json_object_set_new(j, "precision", json_string(bq_precision_name(o->prec)));
     json_object_set_new(j, "seq", json_integer(r->T));
     json_object_set_new(j, "rounds", json_integer(o->rounds));
-    json_object_set_new(j, "clock", json_string(o->clock_arg));
+    json_object_set_new(j, "clock", json_string(CLOCK_NAMES[g_cpu_clock]));
     json_object_set_new(j, "omp_wait_policy", json_string(wait_policy()));
     json_object_set_new(j, "int8_available", json_boolean(r->eng != NULL));
     if (!r->eng) json_object_set_new(j, "int8_refused", json_string(r->reason));

@@ -7,27 +7,14 @@
 #include <unistd.h>
 
 #include "autograd/bq.h"
-#include "autograd/gemm.h"
 #include "export/ckpt.h"
 #include "layers/quant.h"
 #include "src/dist.h"
 
-static const char *const TRUNC_NAMES[] = {"head", "tail", "head_tail"};
+const char *const bq_truncation_names[5] = {"head", "tail", "head_tail", "head-tail", NULL};
+const int bq_truncation_values[4] = {BQ_TRUNC_HEAD, BQ_TRUNC_TAIL, BQ_TRUNC_HEAD_TAIL, BQ_TRUNC_HEAD_TAIL};
 
-int bq_truncation_parse(const char *s, const char *flag, BqTruncation *t) {
-    for (int k = 0; k < 3; k++)
-        if (!strcmp(s, TRUNC_NAMES[k])) {
-            *t = (BqTruncation)k;
-            return BQ_OK;
-        }
-    if (!strcmp(s, "head-tail")) {
-        *t = BQ_TRUNC_HEAD_TAIL;
-        return BQ_OK;
-    }
-    return bq_err(BQ_EINVAL, "%s: '%s' is not head, tail or head_tail", flag, s);
-}
-
-const char *bq_truncation_name(BqTruncation t) { return TRUNC_NAMES[t]; }
+const char *bq_truncation_name(BqTruncation t) { return bq_truncation_names[t]; }
 
 int bq_cli_model_load(BqBert *m, BqTokenizer **tok, const char *dir, int num_labels, uint64_t seed, const char *tag) {
     char vocab[4200], *report = NULL;
@@ -44,12 +31,12 @@ int bq_cli_model_load(BqBert *m, BqTokenizer **tok, const char *dir, int num_lab
 
 /* ---- inference engine ---- */
 
-int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine, const char *flag, const char *tag,
+const char *const bq_cli_engine_names[4] = {"auto", "int8", "fake-quant", NULL};
+
+int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, BqCliEngine engine, const char *flag, const char *tag,
                          const char **name) {
     *out = NULL;
-    int want_int8 = !strcmp(engine, "int8");
-    if (!want_int8 && strcmp(engine, "auto") && strcmp(engine, "fake-quant"))
-        return bq_err(BQ_EINVAL, "%s: '%s' is not auto, int8 or fake-quant", flag, engine);
+    int want_int8 = engine == BQ_CLI_ENGINE_INT8;
     if (!m->quant) {
         if (want_int8)
             return bq_err(BQ_EINVAL, "%s int8: the model has no quantizers (a fp32 checkpoint); the integer "
@@ -58,7 +45,7 @@ int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine
         fprintf(stderr, "[%s] engine: fp32 (the model has no quantizers)\n", tag);
         return BQ_OK;
     }
-    if (!strcmp(engine, "fake-quant")) {
+    if (engine == BQ_CLI_ENGINE_FAKE_QUANT) {
         *name = "fake-quant";
         fprintf(stderr, "[%s] engine: fake-quant (quantized Linears on integers, the rest fp32 on quantized values)\n", tag);
         return BQ_OK;
@@ -88,17 +75,6 @@ int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine
     return BQ_OK;
 }
 
-/* ---- precision ---- */
-
-int bq_cli_precision(const char *value, const char *tag, BqPrecision *out) {
-    const char *why = NULL;
-    int st = bq_precision_resolve(value, bq_cpu_features(), out, &why);
-    if (st) return st;
-    if (tag) fprintf(stderr, "[%s] precision: %s (%s)\n", tag, bq_precision_name(*out), why);
-    if (tag && *out == BQ_PRECISION_BF16) fprintf(stderr, "[%s] %s\n", tag, bq_gemm_bf16_describe());
-    return BQ_OK;
-}
-
 /* ---- data flags ---- */
 
 /* One column setting: the flag, else the record; *from names where it came from. */
@@ -123,9 +99,9 @@ int bq_cli_data_resolve(BqCliData *d, const BqBert *m, const char *tag) {
     u->max_seq_len = d->max_seq_len > 0 ? d->max_seq_len : rec->max_seq_len > 0 ? rec->max_seq_len : 128;
     f_len = d->max_seq_len > 0 ? "flag" : rec->max_seq_len > 0 ? "checkpoint" : "default";
     u->truncation = rec->max_seq_len > 0 ? rec->truncation : BQ_TRUNC_HEAD;
-    f_trunc = d->truncation ? "flag" : rec->max_seq_len > 0 ? "checkpoint" : "default";
+    f_trunc = d->truncation >= 0 ? "flag" : rec->max_seq_len > 0 ? "checkpoint" : "default";
+    if (d->truncation >= 0) u->truncation = (BqTruncation)d->truncation;
     int st;
-    if (d->truncation && (st = bq_truncation_parse(d->truncation, "--truncation", &u->truncation))) return st;
     if ((st = resolve_column(u->text_column, d->text_column, rec, rec->text_column, "text-column", &f_text)) ||
         (st = resolve_column(u->text_pair_column, d->text_pair_column, rec, rec->text_pair_column, "text-pair-column",
                              &f_pair)) ||
@@ -142,7 +118,7 @@ int bq_cli_data_resolve(BqCliData *d, const BqBert *m, const char *tag) {
     return BQ_OK;
 }
 
-void bq_cli_data_spec(BqDataSpec *spec, const BqCliData *d, const char *split, int seed, int threads) {
+void bq_cli_data_spec(BqDataSpec *spec, const BqCliData *d, const char *split, uint64_t seed) {
     bq_data_spec_default(spec);
     spec->path = d->path;
     spec->split = split;
@@ -152,8 +128,7 @@ void bq_cli_data_spec(BqDataSpec *spec, const BqCliData *d, const char *split, i
     spec->text_pair_column = d->used.text_pair_column[0] ? d->used.text_pair_column : NULL;
     spec->label_column = d->used.label_column[0] ? d->used.label_column : NULL;
     spec->cache_dir = d->no_cache ? "" : d->cache_dir;
-    spec->seed = (uint64_t)seed;
-    spec->threads = threads;
+    spec->seed = seed;
 }
 
 int bq_cli_model_fit(BqBert *m, const char *dir, const BqDataset *ds, uint64_t seed, const char *tag) {
@@ -187,45 +162,40 @@ int bq_cli_model_fit(BqBert *m, const char *dir, const BqDataset *ds, uint64_t s
 
 /* ---- training flags ---- */
 
-void bq_cli_train_default(BqCliTrain *t, double lr) {
-    memset(t, 0, sizeof *t);
-    t->epochs = 1, t->lr = lr, t->max_grad_norm = 1.0, t->val_fraction = 0.1, t->dropout = -1;
-    t->batch_size = 32, t->grad_accum = 1, t->seed = 42, t->log_every = 10;
-    t->precision = "auto";
+void bq_cli_splits_default(BqCliSplits *s) {
+    memset(s, 0, sizeof *s);
+    s->batch_size = 32, s->val_fraction = 0.1, s->dropout = -1;
 }
 
-int bq_cli_splits_load(BqCliSplits *s, BqBert *m, const char *dir, BqCliData *d, BqCliTrain *t,
+int bq_cli_splits_load(BqCliSplits *s, BqBert *m, const char *dir, BqCliData *d, uint64_t seed,
                        const BqTokenizer *tok, const char *tag) {
-    if (t->batch_size % bq_dist_size())
+    if (s->batch_size % bq_dist_size())
         return bq_err(BQ_EINVAL, "--batch-size %d: the global batch must be a multiple of the %d MPI ranks",
-                      t->batch_size, bq_dist_size());
-    int st = bq_cli_precision(t->precision, tag, &t->prec);
-    if (st) return st;
-    t->prec_resolved = 1;
-    st = bq_cli_data_resolve(d, m, tag);
+                      s->batch_size, bq_dist_size());
+    int st = bq_cli_data_resolve(d, m, tag);
     if (st) return st;
     BqDataSpec spec;
-    bq_cli_data_spec(&spec, d, "train", t->seed, t->threads);
-    spec.val_fraction = t->val_fraction;
-    spec.train_samples = t->train_samples;
+    bq_cli_data_spec(&spec, d, "train", seed);
+    spec.val_fraction = s->val_fraction;
+    spec.train_samples = s->train_samples;
     if ((st = bq_dataset_load(&s->train, &spec, tok))) return st;
     if (s->train->nlabels < 2)
         return bq_err(BQ_EINVAL, "%s: training data needs labels of at least 2 classes (found %d)", d->path,
                       s->train->nlabels);
-    if (t->val_fraction > 0) {
+    if (s->val_fraction > 0) {
         spec.split = "val";
         if ((st = bq_dataset_load(&s->val, &spec, tok))) return st;
-        if (t->eval_samples > 0 && s->val->n > t->eval_samples) s->val->n = t->eval_samples; /* prefix stays valid */
+        if (s->eval_samples > 0 && s->val->n > s->eval_samples) s->val->n = s->eval_samples; /* prefix stays valid */
         if (s->val->n == 0) bq_dataset_free(s->val), s->val = NULL;
     }
     fprintf(stderr, "[%s] %lld training, %lld validation examples (%s); %s\n", tag, (long long)s->train->n,
             (long long)(s->val ? s->val->n : 0), d->path, bq_runtime_describe());
-    if ((st = bq_cli_model_fit(m, dir, s->train, (uint64_t)t->seed, tag))) return st;
-    if (t->dropout >= 0) m->cfg.hidden_dropout_prob = m->cfg.attention_probs_dropout_prob = (float)t->dropout;
-    if ((st = bq_batcher_init(&s->btrain, s->train, t->batch_size, 1, (uint64_t)t->seed, t->bucket))) return st;
+    if ((st = bq_cli_model_fit(m, dir, s->train, seed, tag))) return st;
+    if (s->dropout >= 0) m->cfg.hidden_dropout_prob = m->cfg.attention_probs_dropout_prob = (float)s->dropout;
+    if ((st = bq_batcher_init(&s->btrain, s->train, s->batch_size, 1, seed, s->bucket))) return st;
     bq_batch_source_batcher(&s->strain, &s->bs_train, &s->btrain);
     if (s->val) {
-        if ((st = bq_batcher_init(&s->bval, s->val, t->batch_size, 0, (uint64_t)t->seed, 1))) return st;
+        if ((st = bq_batcher_init(&s->bval, s->val, s->batch_size, 0, seed, 1))) return st;
         bq_batch_source_batcher(&s->sval, &s->bs_val, &s->bval);
     }
     return BQ_OK;
@@ -239,42 +209,14 @@ void bq_cli_splits_free(BqCliSplits *s) {
     memset(s, 0, sizeof *s);
 }
 
-int bq_cli_train_run(BqBert *m, const BqCliTrain *t, BqCliSplits *s, const BqCliData *d, const char *dir,
-                     const char *out, const char *tag, BqTrainResult *res) {
-    return bq_cli_train_run_sources(m, t, &s->strain, s->val ? &s->sval : NULL, d, dir, out, tag, res);
-}
-
-int bq_cli_train_run_sources(BqBert *m, const BqCliTrain *t, BqBatchSource *train, BqBatchSource *val,
-                             const BqCliData *d, const char *dir, const char *out, const char *tag,
-                             BqTrainResult *res) {
-    BqPrecision prec = t->prec;
-    int st = t->prec_resolved ? BQ_OK : bq_cli_precision(t->precision, tag, &prec);
-    if (st) return st;
+int bq_cli_train_run(BqBert *m, const BqTrainConfig *tc, BqPrecision prec, BqBatchSource *train,
+                     BqBatchSource *val, const BqCliData *d, const char *out, BqTrainResult *res) {
     m->prec = prec;
     m->data = d->used;
-    BqTrainConfig tc;
-    bq_train_config_default(&tc);
-    tc.epochs = t->epochs;
-    tc.max_steps = t->max_steps;
-    tc.lr = t->lr;
-    tc.weight_decay = t->weight_decay;
-    tc.warmup_ratio = t->warmup_ratio;
-    tc.max_grad_norm = t->max_grad_norm;
-    tc.grad_accum = t->grad_accum;
-    tc.seed = (uint64_t)t->seed;
-    tc.eval_every = t->eval_every;
-    tc.evals_per_epoch = t->evals_per_epoch;
-    tc.save_best = !t->no_save_best;
-    tc.log_every = t->log_every;
-    tc.resume = t->resume;
-    tc.vocab_dir = dir;
-    tc.logdir = t->logdir;
-    tc.tag = tag;
-    tc.distill = t->distill;
     memset(res, 0, sizeof *res);
-    st = bq_train(m, &tc, train, val, out, res);
+    int st = bq_train(m, tc, train, val, out, res);
     if (st) return st;
-    printf("%s: %lld steps in %.1fs (%.3f s/step), last loss %.4f", tag, (long long)res->steps, res->seconds,
+    printf("%s: %lld steps in %.1fs (%.3f s/step), last loss %.4f", tc->tag, (long long)res->steps, res->seconds,
            res->steps > 0 ? res->seconds / (double)res->steps : 0.0, res->last_loss);
     if (res->best_accuracy >= 0)
         printf(", best validation accuracy %.4f (step %lld)", res->best_accuracy, (long long)res->best_step);

@@ -13,8 +13,11 @@
 #include "src/cli/args.h"
 #include "src/train.h"
 
-/* head, tail, head_tail (or head-tail); the error names `flag`. */
-int bq_truncation_parse(const char *s, const char *flag, BqTruncation *t);
+/* --truncation's names, BqTruncation's in order and then the alias head-tail (NULL-terminated), with
+ * the value of each (for BQ_ARG_ENUM). */
+extern const char *const bq_truncation_names[5];
+extern const int bq_truncation_values[4];
+/* "head", "tail" or "head_tail". */
 const char *bq_truncation_name(BqTruncation t);
 
 /* Loads the tokenizer DIR/vocab.txt (the vocabulary travels with every model directory) and the model
@@ -24,7 +27,11 @@ int bq_cli_model_load(BqBert *m, BqTokenizer **tok, const char *dir, int num_lab
 
 /* ---- inference engine (eval, predict) ---- */
 
-/* The forward eval and predict run, chosen by --engine `engine` (auto, int8 or fake-quant) for m:
+/* --engine's values, and its names in their order (NULL-terminated, for BQ_ARG_ENUM). */
+typedef enum BqCliEngine { BQ_CLI_ENGINE_AUTO, BQ_CLI_ENGINE_INT8, BQ_CLI_ENGINE_FAKE_QUANT } BqCliEngine;
+extern const char *const bq_cli_engine_names[4];
+
+/* The forward eval and predict run, chosen by --engine `engine` for m:
  *   m without quantizers (fp32): *out NULL, *name "fp32"; `int8` is an error naming the flag;
  *   int8: the integer engine (layers/bert_int8.h) packed now, or an error naming the flag and why the
  *         engine refuses the model;
@@ -33,34 +40,26 @@ int bq_cli_model_load(BqBert *m, BqTokenizer **tok, const char *dir, int num_lab
  *   fake-quant: *out NULL (bq_bert_forward with m->quant).
  * *name receives "int8", "fake-quant" or "fp32", and "[tag] engine: NAME ..." goes to stderr. The
  * caller frees *out with bq_int8_free. Errors: BQ_EINVAL naming flag ("--engine"); the engine's other failures. */
-int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, const char *engine, const char *flag, const char *tag,
+int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, BqCliEngine engine, const char *flag, const char *tag,
                          const char **name);
 
-#define BQ_CLI_ENGINE_HELP "auto, int8 or fake-quant: the forward of a quantized checkpoint (auto: the integer " \
+#define BQ_CLI_ENGINE_HELP "the forward of a quantized checkpoint (auto: the integer " \
     "engine where it accepts the model, else fake quant; fp32 checkpoints run fp32)"
-
-/* ---- precision (finetune, qat, eval, predict, pipeline, bench) ---- */
-
-#define BQ_CLI_PRECISION_HELP "fp32, bf16 or auto: arithmetic of the GEMMs (auto: bf16 where the CPU has "      \
-    "AVX512-BF16 or AMX-BF16 and this build has bf16 GEMMs, else fp32; this build has none, so auto is fp32)"
-#define BQ_CLI_PRECISION_SPEC(v) {"precision", BQ_ARG_STR, &(v), BQ_CLI_PRECISION_HELP, 0, 0, 0}
-
-/* Resolves --precision `value` (NULL: auto) on this CPU (bq_precision_resolve, autograd/bq.h) and, tag not
- * NULL, prints "[tag] precision: fp32 (auto: ...)" to stderr. Errors: BQ_EINVAL naming the flag and the
- * missing ISA, or that this build has no bf16 GEMMs. */
-int bq_cli_precision(const char *value, const char *tag, BqPrecision *out);
 
 /* ---- data flags ---- */
 
 typedef struct BqCliData {
     const char *path;                /* --data (NULL: none, e.g. predict reading stdin) */
-    const char *truncation;          /* NULL: the checkpoint's, else head */
+    int truncation;                  /* a BqTruncation; -1: the checkpoint's, else head */
     const char *text_column, *text_pair_column, *label_column; /* NULL: the checkpoint's, else automatic */
     const char *cache_dir;           /* NULL: the default cache folder */
     int max_seq_len;                 /* 0: the checkpoint's, else 128 */
     int no_cache;
     BqDataMeta used;                 /* filled by bq_cli_data_resolve: what the command encodes with */
 } BqCliData;
+
+/* The flags' defaults: every field 0 (none given) but truncation, -1. */
+#define BQ_CLI_DATA_INIT {.truncation = -1}
 
 /* Columns and cache, for every command that reads a data source. */
 #define BQ_CLI_COLUMN_SPECS(d)                                                                                  \
@@ -78,8 +77,8 @@ typedef struct BqCliData {
 #define BQ_CLI_DATA_SPECS(d)                                                                                    \
     {"max-seq-len", BQ_ARG_INT, &(d).max_seq_len, "tokens per example incl. [CLS]/[SEP] (0: the checkpoint's " \
      "training length, else 128)", 0, 0, 8192},                                                                \
-    {"truncation", BQ_ARG_STR, &(d).truncation, "head, tail or head_tail (default: the checkpoint's, else head)", \
-     0, 0, 0},                                                                                                  \
+    {"truncation", BQ_ARG_ENUM, &(d).truncation, "tokens kept of a longer text (default: the checkpoint's, else " \
+     "head)", 0, 0, 0, bq_truncation_names, bq_truncation_values},                                             \
     BQ_CLI_COLUMN_SPECS(d)
 
 /* Fills d->used from the flags given, else from m->data (the checkpoint's record; m NULL: none), else
@@ -88,9 +87,10 @@ typedef struct BqCliData {
  * "[tag] encoding: ...". */
 int bq_cli_data_resolve(BqCliData *d, const BqBert *m, const char *tag);
 
-/* A BqDataSpec for `split` of d->path encoded as d->used, with d's cache choice, seed and threads; the
- * sample selection (train/eval samples, val fraction) is left at "all" for the caller. */
-void bq_cli_data_spec(BqDataSpec *spec, const BqCliData *d, const char *split, int seed, int threads);
+/* A BqDataSpec for `split` of d->path encoded as d->used, with d's cache choice and seed, encoded on the
+ * runtime's threads; the sample selection (train/eval samples, val fraction) is left at "all" for the
+ * caller. */
+void bq_cli_data_spec(BqDataSpec *spec, const BqCliData *d, const char *split, uint64_t seed);
 
 /* For commands that write a checkpoint from data: makes m's classifier fit ds's labels (a Hugging Face
  * model is loaded again with a fresh classifier of ds->nlabels outputs drawn from `seed`; a native
@@ -121,78 +121,72 @@ int bq_cli_python_path(const char *flag, char *out, size_t n);
 
 /* ---- training flags (finetune, qat) ---- */
 
-typedef struct BqCliTrain {
-    double epochs, lr, warmup_ratio, weight_decay, max_grad_norm, val_fraction, dropout;
-    int max_steps, batch_size, grad_accum, seed, eval_every, evals_per_epoch, no_save_best, threads,
-        train_samples, eval_samples, log_every, resume, bucket;
-    const char *logdir;
-    const char *precision;  /* --precision as given (default "auto") */
-    BqPrecision prec;       /* resolved by bq_cli_splits_load (prec_resolved 1), else by the training run */
-    int prec_resolved;
-    const BqDistill *distill;        /* qat --teacher; NULL: none (not a flag of its own) */
-} BqCliTrain;
-
-/* HF TrainingArguments defaults where they exist (1 epoch, warmup 0, weight decay 0, max_grad_norm 1,
- * seed 42), the ONNX Runtime IMDB example otherwise (batch 32, 10% of the training examples for
- * validation); lr is the command's. */
-void bq_cli_train_default(BqCliTrain *t, double lr);
-
-#define BQ_CLI_TRAIN_SPECS(t)                                                                                   \
-    {"epochs", BQ_ARG_FLOAT, &(t).epochs, "training epochs (fractional allowed)", 0, 0.001, 1000},             \
-    {"max-steps", BQ_ARG_INT, &(t).max_steps, "optimizer steps (> 0 overrides --epochs)", 0, 0, 1e9},          \
-    {"lr", BQ_ARG_FLOAT, &(t).lr, "peak learning rate (AdamW)", 0, 0, 1},                                     \
-    {"batch-size", BQ_ARG_INT, &(t).batch_size, "examples per micro-batch", 0, 1, 65536},                      \
-    {"grad-accum", BQ_ARG_INT, &(t).grad_accum, "micro-batches per optimizer step", 0, 1, 65536},              \
-    {"warmup-ratio", BQ_ARG_FLOAT, &(t).warmup_ratio, "fraction of steps with linear warmup", 0, 0, 1},        \
-    {"weight-decay", BQ_ARG_FLOAT, &(t).weight_decay, "AdamW decoupled weight decay (not biases/LayerNorm)", 0, \
-     0, 10},                                                                                                    \
-    {"max-grad-norm", BQ_ARG_FLOAT, &(t).max_grad_norm, "global gradient-norm clip (0: off)", 0, 0, 1e9},      \
-    {"seed", BQ_ARG_INT, &(t).seed, "seed for data selection, shuffling, dropout, classifier init and "        \
-     "calibration", 0, 0, 2147483647},                                                                         \
-    {"eval-every", BQ_ARG_INT, &(t).eval_every, "evaluate every N optimizer steps (0: each epoch end)", 0, 0,  \
-     1e9},                                                                                                      \
-    {"evals-per-epoch", BQ_ARG_INT, &(t).evals_per_epoch, "without --eval-every: evaluations per epoch (0: 1)", \
-     0, 0, 1e6},                                                                                                \
-    {"no-save-best", BQ_ARG_FLAG, &(t).no_save_best, "final model = last step (default: the parameters of the " \
-     "best validation accuracy)", 0, 0, 0},                                                                     \
-    {"threads", BQ_ARG_INT, &(t).threads, "threads (0: all cores)", 0, 0, 4096},                               \
-    {"train-samples", BQ_ARG_INT, &(t).train_samples, "training examples to use, incl. validation (0: all)",  \
-     0, 0, 1e9},                                                                                                \
-    {"eval-samples", BQ_ARG_INT, &(t).eval_samples, "cap on validation examples (0: all)", 0, 0, 1e9},        \
-    {"val-fraction", BQ_ARG_FLOAT, &(t).val_fraction, "fraction of the training examples held out for "       \
-     "validation", 0, 0, 0.9},                                                                                  \
-    {"dropout", BQ_ARG_FLOAT, &(t).dropout, "override hidden and attention dropout (< 0: from config)", 0, -1, \
-     0.99},                                                                                                     \
-    {"log-every", BQ_ARG_INT, &(t).log_every, "optimizer steps between log lines", 0, 1, 1e9},                 \
-    {"resume", BQ_ARG_FLAG, &(t).resume, "continue from OUT/training_state.h5", 0, 0, 0},                      \
-    {"bucket", BQ_ARG_FLAG, &(t).bucket, "length bucketing of training batches (less padding)", 0, 0, 0},      \
-    {"logdir", BQ_ARG_STR, &(t).logdir, "TensorBoard event directory", 0, 0, 0},                            \
-    BQ_CLI_PRECISION_SPEC((t).precision)
-
-/* The training split and (val_fraction > 0) the validation split of a training run, with their
- * batchers and batch sources. Not movable once loaded (the sources point into it). */
+/* The training and validation splits of a training run, with their batchers and batch sources: the
+ * selection and batching flags first (set by BQ_CLI_TRAIN_SPECS, defaults from bq_cli_splits_default),
+ * then what bq_cli_splits_load fills. Not movable once loaded (the sources point into it). */
 typedef struct BqCliSplits {
+    int batch_size;        /* examples per micro-batch (global under mpirun) */
+    int64_t train_samples; /* training examples to use, incl. validation (0: all) */
+    int64_t eval_samples;  /* cap on validation examples (0: all) */
+    double val_fraction;   /* fraction of the training examples held out for validation */
+    double dropout;        /* < 0: the model's; else its hidden and attention dropout */
+    int bucket;            /* length bucketing of the training batches */
     BqDataset *train, *val;
     BqBatcher btrain, bval;
     BqBatcherSource bs_train, bs_val;
     BqBatchSource strain, sval;
 } BqCliSplits;
 
-/* Resolves t->precision (the run header's "[tag] precision: ..." line) and d against m, loads the splits
- * with t's selection, fits m to the training labels
- * (bq_cli_model_fit on the model directory `dir`), applies --dropout and builds the batchers. */
-int bq_cli_splits_load(BqCliSplits *s, BqBert *m, const char *dir, BqCliData *d, BqCliTrain *t,
+/* The ONNX Runtime IMDB example's selection: batch 32, 10% of the training examples for validation,
+ * the model's dropout, no bucketing. */
+void bq_cli_splits_default(BqCliSplits *s);
+
+/* The flags `finetune` and `qat` share. Each row writes the field it sets: the trainer's settings
+ * straight into the BqTrainConfig tc (defaults: bq_train_config_default, then the command's lr), the
+ * selection and batching into the BqCliSplits s (bq_cli_splits_default). Threads and precision are the
+ * parser's (BqArgs.common). */
+#define BQ_CLI_TRAIN_SPECS(tc, s)                                                                               \
+    {"epochs", BQ_ARG_FLOAT, &(tc).epochs, "training epochs (fractional allowed)", 0, 0.001, 1000},            \
+    {"max-steps", BQ_ARG_I64, &(tc).max_steps, "optimizer steps (> 0 overrides --epochs)", 0, 0, 1e9},         \
+    {"lr", BQ_ARG_FLOAT, &(tc).lr, "peak learning rate (AdamW)", 0, 0, 1},                                    \
+    {"batch-size", BQ_ARG_INT, &(s).batch_size, "examples per micro-batch", 0, 1, 65536},                      \
+    {"grad-accum", BQ_ARG_INT, &(tc).grad_accum, "micro-batches per optimizer step", 0, 1, 65536},             \
+    {"warmup-ratio", BQ_ARG_FLOAT, &(tc).warmup_ratio, "fraction of steps with linear warmup", 0, 0, 1},       \
+    {"weight-decay", BQ_ARG_FLOAT, &(tc).weight_decay, "AdamW decoupled weight decay (not biases/LayerNorm)", \
+     0, 0, 10},                                                                                                 \
+    {"max-grad-norm", BQ_ARG_FLOAT, &(tc).max_grad_norm, "global gradient-norm clip (0: off)", 0, 0, 1e9},     \
+    {"seed", BQ_ARG_U64, &(tc).seed, "seed for data selection, shuffling, dropout, classifier init and "       \
+     "calibration", 0, 0, 2147483647},                                                                         \
+    {"eval-every", BQ_ARG_I64, &(tc).eval_every, "evaluate every N optimizer steps (0: each epoch end)", 0, 0, \
+     1e9},                                                                                                      \
+    {"evals-per-epoch", BQ_ARG_INT, &(tc).evals_per_epoch, "without --eval-every: evaluations per epoch (0: 1)",\
+     0, 0, 1e6},                                                                                                \
+    {"no-save-best", BQ_ARG_OFF, &(tc).save_best, "final model = last step (default: the parameters of the "   \
+     "best validation accuracy)", 0, 0, 0},                                                                     \
+    {"train-samples", BQ_ARG_I64, &(s).train_samples, "training examples to use, incl. validation (0: all)",  \
+     0, 0, 1e9},                                                                                                \
+    {"eval-samples", BQ_ARG_I64, &(s).eval_samples, "cap on validation examples (0: all)", 0, 0, 1e9},        \
+    {"val-fraction", BQ_ARG_FLOAT, &(s).val_fraction, "fraction of the training examples held out for "       \
+     "validation", 0, 0, 0.9},                                                                                  \
+    {"dropout", BQ_ARG_FLOAT, &(s).dropout, "override hidden and attention dropout (< 0: from config)", 0, -1, \
+     0.99},                                                                                                     \
+    {"log-every", BQ_ARG_I64, &(tc).log_every, "optimizer steps between log lines", 0, 1, 1e9},                \
+    {"resume", BQ_ARG_FLAG, &(tc).resume, "continue from OUT/training_state.h5", 0, 0, 0},                     \
+    {"bucket", BQ_ARG_FLAG, &(s).bucket, "length bucketing of training batches (less padding)", 0, 0, 0},      \
+    {"logdir", BQ_ARG_STR, &(tc).logdir, "TensorBoard event directory", 0, 0, 0}
+
+/* Resolves d against m, loads the splits with s's selection, fits m to the training labels
+ * (bq_cli_model_fit on the model directory `dir`, a classifier drawn from seed), applies s->dropout
+ * and builds the batchers (shuffled by seed). */
+int bq_cli_splits_load(BqCliSplits *s, BqBert *m, const char *dir, BqCliData *d, uint64_t seed,
                        const BqTokenizer *tok, const char *tag);
 void bq_cli_splits_free(BqCliSplits *s);
 
-/* Records d->used in m->data, fills a BqTrainConfig from t (with the resolved precision, which the
- * checkpoint's training_state.h5 records) and trains m into `out` (src/train.h). */
-int bq_cli_train_run(BqBert *m, const BqCliTrain *t, BqCliSplits *s, const BqCliData *d, const char *dir,
-                     const char *out, const char *tag, BqTrainResult *res);
-/* The same on any batch sources (val may be NULL: no evaluation, the final model is the last step);
- * question answering trains through it (src/qa.h). */
-int bq_cli_train_run_sources(BqBert *m, const BqCliTrain *t, BqBatchSource *train, BqBatchSource *val,
-                             const BqCliData *d, const char *dir, const char *out, const char *tag,
-                             BqTrainResult *res);
+/* Records d->used and the precision prec (the command's --precision, BqArgs.prec, which the
+ * checkpoint's training_state.h5 records) in m and trains m with tc into `out` (src/train.h); tc->tag
+ * prefixes the progress and the summary printed to stdout. val may be NULL: no evaluation, the final
+ * model is the last step (question answering trains so, src/qa.h). */
+int bq_cli_train_run(BqBert *m, const BqTrainConfig *tc, BqPrecision prec, BqBatchSource *train,
+                     BqBatchSource *val, const BqCliData *d, const char *out, BqTrainResult *res);
 
 #endif

@@ -109,22 +109,23 @@ static int dump_batches(BqDataset *const ds[3], const char *dump_split, int n, i
 }
 
 int bq_cmd_data_stats(int argc, char **argv) {
-    const char *vocab = NULL, *trunc_s = "head", *dump_split = "train";
-    int max_seq_len = 512, seed = 42, train_samples = 0, eval_samples = 0, threads = 0, dump = 0, batch_size = 32,
+    const char *vocab = NULL, *dump_split = "train";
+    int max_seq_len = 512, seed = 42, train_samples = 0, eval_samples = 0, dump = 0, batch_size = 32,
         bucket = 0;
     double val_fraction = 0.0;
-    BqCliData d = {0};
+    BqCliData d = BQ_CLI_DATA_INIT;
+    d.truncation = BQ_TRUNC_HEAD; /* no checkpoint here to take it from */
     const BqArgSpec specs[] = {
         {"data", BQ_ARG_STR, &d.path, "IMDB archive/aclImdb folder, CSV, TSV, JSONL, or folder with train/test files", 1, 0, 0},
         {"vocab", BQ_ARG_STR, &vocab, "vocab.txt (or the folder holding it)", 1, 0, 0},
         {"max-seq-len", BQ_ARG_INT, &max_seq_len, "encoded length cap incl. [CLS]/[SEP] (0: none)", 0, 0, 1 << 20},
-        {"truncation", BQ_ARG_STR, &trunc_s, "head, tail or head_tail", 0, 0, 0},
+        {"truncation", BQ_ARG_ENUM, &d.truncation, "tokens kept of a longer text", 0, 0, 0, bq_truncation_names,
+         bq_truncation_values},
         BQ_CLI_COLUMN_SPECS(d),
         {"val-fraction", BQ_ARG_FLOAT, &val_fraction, "fraction of the kept train samples used as val", 0, 0, 0.99},
         {"seed", BQ_ARG_INT, &seed, "selection and shuffling seed", 0, 0, 2147483647.0},
         {"train-samples", BQ_ARG_INT, &train_samples, "train samples kept after the seeded shuffle (0: all)", 0, 0, 2147483647.0},
         {"eval-samples", BQ_ARG_INT, &eval_samples, "test samples kept after the seeded shuffle (0: all)", 0, 0, 2147483647.0},
-        {"threads", BQ_ARG_INT, &threads, "encoding threads (0: all CPUs)", 0, 0, 1024},
         {"batch-size", BQ_ARG_INT, &batch_size, "batch size for the padding figures and --dump-batches", 0, 1, 1 << 16},
         {"bucket", BQ_ARG_FLAG, &bucket, "length bucketing for --dump-batches", 0, 0, 0},
         {"dump-batches", BQ_ARG_INT, &dump, "print checksums of the first N shuffled batches", 0, 0, 2147483647.0},
@@ -132,12 +133,11 @@ int bq_cmd_data_stats(int argc, char **argv) {
     };
     BqArgs args = {.cmd = "data-stats", .usage = "--data PATH --vocab PATH [options]",
                    .summary = "Counts per split and label, token-length percentiles and padding of a data source.",
-                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof specs[0])};
+                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof specs[0]), .common = BQ_ARGS_THREADS,
+                   .threads_help = "encoding threads (0: all CPUs)"};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
-    d.truncation = trunc_s;
     if ((st = bq_cli_data_resolve(&d, NULL, NULL))) return st;
-    bq_runtime_set_threads(threads);
 
     BqTokenizer *tok = NULL;
     BqDataset *ds[3] = {NULL, NULL, NULL};
@@ -152,7 +152,7 @@ int bq_cmd_data_stats(int argc, char **argv) {
 
     const char *splits[3] = {"train", "val", "test"};
     BqDataSpec spec;
-    bq_cli_data_spec(&spec, &d, "train", seed, threads);
+    bq_cli_data_spec(&spec, &d, "train", (uint64_t)seed);
     spec.max_seq_len = max_seq_len;
     spec.val_fraction = val_fraction;
     spec.train_samples = train_samples;
@@ -168,7 +168,7 @@ int bq_cmd_data_stats(int argc, char **argv) {
         printf("%s: %s%s", splits[s], d->from_cache ? "loaded from cache" : "encoded", d->cache_rejected ? " (stale/corrupt cache rebuilt)" : "");
         if (!d->from_cache)
             printf(" in %.2f s (read %.2f s, encode %.2f s with %d thread(s))", d->encode_seconds, d->read_seconds,
-                   d->encode_seconds - d->read_seconds, threads > 0 ? threads : bq_runtime_threads());
+                   d->encode_seconds - d->read_seconds, bq_runtime_threads());
         if (d->cache_path) printf("%s %s", d->cache_write_failed ? "; cache NOT written:" : "; cache", d->cache_path);
         printf("\n");
     }

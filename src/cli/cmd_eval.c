@@ -107,8 +107,7 @@ static void eval_print(const BqBert *m, const BqConfusion *conf, const BqCliData
 
 /* ---- question answering ---- */
 
-static int eval_qa(const char *model, BqCliData *d, BqCliQa *q, int samples, int batch_size, int threads,
-                   int json, const char *engine, const char *predictions, BqPrecision prec) {
+static int eval_qa(const char *model, BqCliData *d, BqCliQa *q, int samples, int batch_size, int json, BqCliEngine engine, const char *predictions, BqPrecision prec) {
     BqTokenizer *tok = NULL;
     BqBert m;
     memset(&m, 0, sizeof m);
@@ -122,7 +121,7 @@ static int eval_qa(const char *model, BqCliData *d, BqCliQa *q, int samples, int
     if ((st = bq_qa_model_load(&m, &tok, model, 0, "eval"))) goto cleanup;
     m.prec = prec;
     if ((st = bq_cli_engine_select(&eng, &m, engine, "--engine", "eval", &engine_name)) ||
-        (st = bq_qa_data_load(&s, d, &m, tok, q, samples, threads, "eval")) ||
+        (st = bq_qa_data_load(&s, d, &m, tok, q, samples, "eval")) ||
         (st = bq_qa_answer(&m, eng, s, q->n_best, q->max_answer_len, batch_size, &sc, &answers, &secs)))
         goto cleanup;
     if (predictions && (st = bq_squad_write_predictions(predictions, s, answers))) goto cleanup;
@@ -239,7 +238,7 @@ cleanup:
 /* predict for a question-answering model: one line per question, "id<TAB>answer" (--json: an object
  * with id, question and answer). A .json --data is read as SQuAD v1.1 itself. */
 static int predict_qa(const char *model, BqCliData *d, BqCliQa *q, const char *question, const char *context,
-                      int threads, int json, const char *engine, BqPrecision prec) {
+                      int json, BqCliEngine engine, BqPrecision prec) {
     BqTokenizer *tok = NULL;
     BqBert m;
     memset(&m, 0, sizeof m);
@@ -262,7 +261,7 @@ static int predict_qa(const char *model, BqCliData *d, BqCliQa *q, const char *q
     if ((st = bq_qa_model_load(&m, &tok, model, 0, "predict"))) goto cleanup;
     m.prec = prec;
     if ((st = bq_cli_engine_select(&eng, &m, engine, "--engine", "predict", &engine_name)) ||
-        (st = bq_qa_data_load(&s, d, &m, tok, q, 0, threads, "predict")) ||
+        (st = bq_qa_data_load(&s, d, &m, tok, q, 0, "predict")) ||
         (st = bq_qa_answer(&m, eng, s, q->n_best, q->max_answer_len, 32, &sc, &answers, NULL)))
         goto cleanup;
     for (int64_t i = 0; i < s->n_examples; i++) {
@@ -293,9 +292,9 @@ cleanup:
  * kept; val and train are selected as finetune selects them). Errors: loading, a split without labels,
  * more labels in the data than the model has (BQ_EINVAL naming the data). */
 static int eval_data_load(BqDataset **out, const BqCliData *d, const BqBert *m, const BqTokenizer *tok,
-                          const char *split, int seed, int threads, int samples, int train_samples, double val_fraction) {
+                          const char *split, int seed, int samples, int train_samples, double val_fraction) {
     BqDataSpec spec;
-    bq_cli_data_spec(&spec, d, split, seed, threads);
+    bq_cli_data_spec(&spec, d, split, (uint64_t)seed);
     spec.eval_samples = !strcmp(split, "test") ? samples : 0;
     spec.train_samples = train_samples;
     spec.val_fraction = val_fraction;
@@ -358,13 +357,12 @@ static int pred_finish(PredWriter *pw, const char *predictions, char *pred_tmp, 
 }
 
 int bq_cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *split = "test", *predictions = NULL, *engine = "auto", *engine_name = NULL;
-    const char *precision = "auto";
-    BqPrecision prec;
-    int samples = 0, batch_size = 64, threads = 0, json = 0, seed = 42;
+    const char *model = NULL, *split = "test", *predictions = NULL, *engine_name = NULL;
+    BqCliEngine engine = BQ_CLI_ENGINE_AUTO;
+    int samples = 0, batch_size = 64, json = 0, seed = 42;
     double val_fraction = 0.1;
     int train_samples = 0;
-    BqCliData d = {0};
+    BqCliData d = BQ_CLI_DATA_INIT;
     BqCliQa q;
     bq_cli_qa_default(&q);
     const BqArgSpec specs[] = {
@@ -375,13 +373,11 @@ int bq_cmd_eval(int argc, char **argv) {
         {"samples", BQ_ARG_INT, &samples, "examples to evaluate (0: all; test: seeded selection)", 0, 0, 1e9},
         BQ_CLI_DATA_SPECS(d),
         {"batch-size", BQ_ARG_INT, &batch_size, "examples per forward", 0, 1, 65536},
-        {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
         {"seed", BQ_ARG_INT, &seed, "seed of the example selection (as in finetune)", 0, 0, 2147483647},
         {"val-fraction", BQ_ARG_FLOAT, &val_fraction, "for --split val: as in finetune", 0, 0, 0.9},
         {"train-samples", BQ_ARG_INT, &train_samples, "for --split val/train: as in finetune", 0, 0, 1e9},
         {"json", BQ_ARG_FLAG, &json, "print one JSON object instead of a table", 0, 0, 0},
-        {"engine", BQ_ARG_STR, &engine, BQ_CLI_ENGINE_HELP, 0, 0, 0},
-        BQ_CLI_PRECISION_SPEC(precision),
+        {"engine", BQ_ARG_ENUM, BQ_ARG_ENUM_DST(&engine), BQ_CLI_ENGINE_HELP, 0, 0, 0, bq_cli_engine_names},
         {"predictions", BQ_ARG_OUT, &predictions, "write index, label, predicted label, its probability per example "
          "(TSV) to this file; question answering: the official {id: answer} JSON", 0, 0, 0},
         BQ_CLI_TASK_SPEC(q),
@@ -391,17 +387,17 @@ int bq_cmd_eval(int argc, char **argv) {
     BqArgs args = {.cmd = "eval", .usage = "--model CKPT --data PATH [options]",
                    .summary = "Evaluate a checkpoint: accuracy, precision, recall, F1, confusion matrix, examples/s; a "
                               "question-answering model: SQuAD exact match and F1.",
-                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
+                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs),
+                   .common = BQ_ARGS_THREADS | BQ_ARGS_PRECISION};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
     if (strcmp(split, "test") && strcmp(split, "val") && strcmp(split, "train"))
         return bq_err(BQ_EINVAL, "--split: '%s' is not test, val or train", split);
     if (predictions && (st = bq_check_writable_parent(predictions))) return bq_err_ctx(st, "--predictions");
-    bq_runtime_set_threads(threads);
-    if ((st = bq_cli_precision(precision, "eval", &prec))) return st;
+    bq_args_header(&args);
     int qa = 0;
     if ((st = bq_cli_task_resolve(&args, &q, model, &qa)) || (st = bq_cli_task_check_data(qa, d.path))) return st;
-    if (qa) return eval_qa(model, &d, &q, samples, batch_size, threads, json, engine, predictions, prec);
+    if (qa) return eval_qa(model, &d, &q, samples, batch_size, json, engine, predictions, args.prec);
 
     BqTokenizer *tok = NULL;
     BqDataset *ds = NULL;
@@ -416,8 +412,8 @@ int bq_cmd_eval(int argc, char **argv) {
     if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "eval")) || (st = bq_cli_data_resolve(&d, &m, "eval")) ||
         (st = bq_cli_engine_select(&eng, &m, engine, "--engine", "eval", &engine_name)))
         goto cleanup;
-    m.prec = prec;
-    if ((st = eval_data_load(&ds, &d, &m, tok, split, seed, threads, samples, train_samples, val_fraction)))
+    m.prec = args.prec;
+    if ((st = eval_data_load(&ds, &d, &m, tok, split, seed, samples, train_samples, val_fraction)))
         goto cleanup;
     if ((st = bq_arena_init(&act, ACT_RESERVE, "activations"))) goto cleanup;
     if ((st = bq_batcher_init(&bt, ds, batch_size, 0, (uint64_t)seed, 1))) goto cleanup;
@@ -584,10 +580,10 @@ static int predict_texts(BqBert *m, BqInt8Engine *e, BqArena *act, const BqToken
 }
 
 int bq_cmd_predict(int argc, char **argv) {
-    const char *model = NULL, *split = "test", *engine = "auto", *engine_name = NULL, *precision = "auto";
-    BqPrecision prec;
-    int threads = 0, json = 0, seed = 42;
-    BqCliData d = {0};
+    const char *model = NULL, *split = "test", *engine_name = NULL;
+    BqCliEngine engine = BQ_CLI_ENGINE_AUTO;
+    int json = 0, seed = 42;
+    BqCliData d = BQ_CLI_DATA_INIT;
     BqCliQa q;
     bq_cli_qa_default(&q);
     const char *question = NULL, *context = NULL;
@@ -598,16 +594,14 @@ int bq_cmd_predict(int argc, char **argv) {
          "TEXT/stdin; prints index (position in the source), label, probability and the true label if any", 0, 0, 0},
         {"split", BQ_ARG_STR, &split, "with --data: test, val or train (as in eval)", 0, 0, 0},
         {"seed", BQ_ARG_INT, &seed, "with --data: seed of the split selection (as in finetune)", 0, 0, 2147483647},
-        {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
         {"json", BQ_ARG_FLAG, &json, "one JSON object per line", 0, 0, 0},
-        {"engine", BQ_ARG_STR, &engine, BQ_CLI_ENGINE_HELP, 0, 0, 0},
+        {"engine", BQ_ARG_ENUM, BQ_ARG_ENUM_DST(&engine), BQ_CLI_ENGINE_HELP, 0, 0, 0, bq_cli_engine_names},
         BQ_CLI_TASK_SPEC(q),
         {"question", BQ_ARG_STR, &question, "QA: the question (with --context)", 0, 0, 0},
         {"context", BQ_ARG_STR, &context, "QA: the text holding the answer (with --question); or --data FILE.jsonl "
          "with question/context (and optional id) fields, or a SQuAD .json; prints id<TAB>answer", 0, 0, 0},
         BQ_CLI_QA_WINDOW_SPECS(q),
         BQ_CLI_QA_POST_SPECS(q),
-        BQ_CLI_PRECISION_SPEC(precision),
     };
     BqArgs args = {.cmd = "predict", .usage = "--model CKPT [TEXT...]   (no TEXT: one text per stdin line; QA: --question Q --context C)",
                    .summary = "Classify texts: prints the label and its probability per text, as label<TAB>probability"
@@ -615,7 +609,7 @@ int bq_cmd_predict(int argc, char **argv) {
                               "stdin line as text<TAB>pair. Length, truncation and columns default to the checkpoint's "
                               "training settings; the settings used go to stderr.",
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs), .max_positional = 1 << 20,
-                   .positional_name = "TEXT"};
+                   .positional_name = "TEXT", .common = BQ_ARGS_THREADS | BQ_ARGS_PRECISION};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
     if (d.path && args.npositional) return bq_err(BQ_EINVAL, "predict: --data and TEXT arguments exclude each other");
@@ -624,9 +618,8 @@ int bq_cmd_predict(int argc, char **argv) {
     if (qa && args.npositional) return bq_err(BQ_EINVAL, "predict: a question-answering model takes --question and --context, not TEXT");
     if (!qa && strcmp(split, "test") && strcmp(split, "val") && strcmp(split, "train"))
         return bq_err(BQ_EINVAL, "--split: '%s' is not test, val or train", split);
-    bq_runtime_set_threads(threads);
-    if ((st = bq_cli_precision(precision, "predict", &prec))) return st;
-    if (qa) return predict_qa(model, &d, &q, question, context, threads, json, engine, prec);
+    bq_args_header(&args);
+    if (qa) return predict_qa(model, &d, &q, question, context, json, engine, args.prec);
 
     BqTokenizer *tok = NULL;
     BqDataset *ds = NULL;
@@ -639,10 +632,10 @@ int bq_cmd_predict(int argc, char **argv) {
         (st = bq_cli_engine_select(&eng, &m, engine, "--engine", "predict", &engine_name)) ||
         (st = bq_arena_init(&act, ACT_RESERVE, "activations")))
         goto cleanup;
-    m.prec = prec;
+    m.prec = args.prec;
     if (d.path) {
         BqDataSpec spec;
-        bq_cli_data_spec(&spec, &d, split, seed, threads);
+        bq_cli_data_spec(&spec, &d, split, (uint64_t)seed);
         if ((st = bq_dataset_load(&ds, &spec, tok))) goto cleanup;
         st = predict_dataset(&m, eng, &act, ds, &o);
     } else {

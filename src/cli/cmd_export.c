@@ -19,6 +19,7 @@
 #include "src/cli/args.h"
 #include "src/cli/cli.h"
 #include "src/cli/cmd_common.h"
+#include "src/cli/qa_setup.h"
 #include "src/train.h"
 
 #define ACT_RESERVE ((size_t)16 << 30)
@@ -180,10 +181,10 @@ cleanup:
 /* --task on the loaded model: cls refuses a question-answering model; qa on a classification model
  * keeps the encoder and creates qa_outputs from rng (with no --num-labels). Errors: BQ_EINVAL naming
  * the flag. */
-static int export_task(BqBert *m, const char *task, const char *model, int num_labels, BqRng *rng) {
-    if (task && !strcmp(task, "cls") && m->cfg.head == BQ_HEAD_QA)
+static int export_task(BqBert *m, int task, const char *model, int num_labels, BqRng *rng) {
+    if (task == BQ_CLI_TASK_CLS && m->cfg.head == BQ_HEAD_QA)
         return bq_err(BQ_EINVAL, "--task cls: %s is a question-answering model (BertForQuestionAnswering)", model);
-    if (task && !strcmp(task, "qa") && m->cfg.head != BQ_HEAD_QA) {
+    if (task == BQ_CLI_TASK_QA && m->cfg.head != BQ_HEAD_QA) {
         if (num_labels > 0)
             return bq_err(BQ_EINVAL, "--num-labels: a question-answering model has start and end outputs only");
         fprintf(stderr, "[export] %s: encoder kept, qa_outputs newly initialized (seed 0)\n", model);
@@ -193,14 +194,16 @@ static int export_task(BqBert *m, const char *task, const char *model, int num_l
 }
 
 int bq_cmd_export(int argc, char **argv) {
-    const char *model = NULL, *out = NULL, *qdq = "auto", *dump = NULL, *dump_in = NULL, *task = NULL;
-    const char *dump_engine = "fake-quant", *engine_name = NULL;
+    static const char *const QDQ_NAMES[] = {"on", "off", "auto", NULL};
+    static const int QDQ_VALUES[] = {1, 0, -1}; /* want: Q/DQ on, off, or as the checkpoint (quantized: on) */
+    const char *model = NULL, *out = NULL, *dump = NULL, *dump_in = NULL, *engine_name = NULL;
+    BqCliEngine dump_engine = BQ_CLI_ENGINE_FAKE_QUANT;
     BqInt8Engine *eng = NULL;
-    int opset = 13, no_types = 0, int32 = 0, cpu = 0, num_labels = 0, dump_b = 4, dump_t = 0, dump_seed = 1;
+    int want = -1, task = -1, opset = 13, no_types = 0, int32 = 0, cpu = 0, num_labels = 0, dump_b = 4, dump_t = 0, dump_seed = 1;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "native checkpoint (or HF directory: fresh classifier)", 1, 0, 0},
         {"out", BQ_ARG_OUT, &out, "output .onnx file (written atomically)", 1, 0, 0},
-        {"qdq", BQ_ARG_STR, &qdq, "on|off|auto: Q/DQ nodes (auto: on for a quantized checkpoint)", 0, 0, 0},
+        {"qdq", BQ_ARG_ENUM, &want, "Q/DQ nodes (auto: on for a quantized checkpoint)", 0, 0, 0, QDQ_NAMES, QDQ_VALUES},
         {"opset", BQ_ARG_INT, &opset, "ONNX opset (LayerNormalization op from 17)", 0, 13, 21},
         {"no-token-type-ids", BQ_ARG_FLAG, &no_types, "no token_type_ids input (all type 0)", 0, 0, 0},
         {"input-int32", BQ_ARG_FLAG, &int32, "int32 inputs instead of int64", 0, 0, 0},
@@ -212,31 +215,25 @@ int bq_cmd_export(int argc, char **argv) {
          "length, else 32)", 0, 0, 8192},
         {"dump-seed", BQ_ARG_INT, &dump_seed, "seed of the --dump-logits batch", 0, 0, 1 << 30},
         {"dump-inputs", BQ_ARG_STR, &dump_in, "--dump-logits on this JSON batch {input_ids, attention_mask, token_type_ids}", 0, 0, 0},
-        {"dump-engine", BQ_ARG_STR, &dump_engine, "forward of a quantized checkpoint for --dump-logits: fake-quant, int8 "
-         "or auto, as eval's --engine (default: fake-quant)", 0, 0, 0},
-        {"task", BQ_ARG_STR, &task, "qa or cls (default: from the model's head; qa on a classification model keeps "
-         "the encoder and creates qa_outputs, seed 0)", 0, 0, 0},
+        {"dump-engine", BQ_ARG_ENUM, BQ_ARG_ENUM_DST(&dump_engine), "forward of a quantized checkpoint for "
+         "--dump-logits, as eval's --engine", 0, 0, 0, bq_cli_engine_names},
+        {"task", BQ_ARG_ENUM, &task, "the task (default: from the model's head; qa on a classification model "
+         "keeps the encoder and creates qa_outputs, seed 0)", 0, 0, 0, bq_cli_task_names},
     };
     BqArgs args = {.cmd = "export", .usage = "--model CKPT --out FILE.onnx [options]",
                    .summary = "Export a checkpoint to ONNX (fp32, or Q/DQ for a quantized checkpoint).",
                    .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
-    int want;
-    if (!strcmp(qdq, "on")) want = 1;
-    else if (!strcmp(qdq, "off")) want = 0;
-    else if (!strcmp(qdq, "auto")) want = -1;
-    else return bq_err(BQ_EINVAL, "--qdq: '%s' is not on, off or auto", qdq);
     if ((st = bq_check_writable_parent(out))) return st;
     if (dump && (st = bq_check_writable_parent(dump))) return st;
-    if (!dump && strcmp(dump_engine, "fake-quant")) return bq_err(BQ_EINVAL, "--dump-engine: only with --dump-logits");
+    if (!dump && dump_engine != BQ_CLI_ENGINE_FAKE_QUANT) return bq_err(BQ_EINVAL, "--dump-engine: only with --dump-logits");
 
     BqBert m;
     memset(&m, 0, sizeof m);
     char *report = NULL;
     BqRng rng;
     bq_rng_seed(&rng, 0);
-    if (task && strcmp(task, "qa") && strcmp(task, "cls")) return bq_err(BQ_EINVAL, "--task: '%s' is not qa or cls", task);
     if ((st = bq_model_load_any(&m, model, num_labels, &rng, &report))) goto cleanup;
     if (report) fprintf(stderr, "[export] %s\n", report);
     if ((st = export_task(&m, task, model, num_labels, &rng))) goto cleanup;
@@ -247,7 +244,7 @@ int bq_cmd_export(int argc, char **argv) {
     /* the engine is chosen (and the integer engine prepared) before anything is written: a model it
      * refuses leaves no file. --qdq off of a quantized checkpoint dumps the fp32 forward. */
     if (dump && m.quant && want == 0) {
-        if (!strcmp(dump_engine, "int8")) {
+        if (dump_engine == BQ_CLI_ENGINE_INT8) {
             st = bq_err(BQ_EINVAL, "--dump-engine int8: --qdq off dumps the fp32 forward");
             goto cleanup;
         }

@@ -54,7 +54,6 @@ typedef struct Pipeline {
     const char *model, *data, *out, *budget, *python, *vocab, *scheme, *bench_batches, *task;
     char python_path[4200]; /* the Python of the ONNX Runtime stages (bq_cli_python_path); p.python points here */
     char eval_script[4200]; /* onnx_eval.py or onnx_eval_qa.py (bq_cli_script_path), with a Python */
-    const char *precision; /* --precision as given, passed on to the training and eval stages; NULL: their auto */
     int force, threads, seed, bench_rounds;
     int grad_accum; /* micro-batches per step of the training stages (passed on when given) */
     int qa;                                /* --task qa */
@@ -74,8 +73,9 @@ typedef struct Pipeline {
     double qat_range_lr;    /* qat --range-lr with learn; < 0: the QAT lr */
     char self[4096];
     /* The flag table as parsed (the stages format their arguments from it) and the settings derived
-     * from the flags, as a table of the same kind: train-data, eval-data, doc-stride. */
-    BqArgSpec specs[40], derived_specs[3];
+     * from the flags, as a table of the same kind: train-data, eval-data, doc-stride, and threads (the
+     * count the parser applied, which --threads 0 leaves to the runtime). */
+    BqArgSpec specs[40], derived_specs[4];
     BqArgs args, derived;
 } Pipeline;
 
@@ -345,7 +345,7 @@ cleanup:
  * under RUN_DIR, when it applies, and its command line as lists of StageArg. A stage's settings are not
  * written out by hand: an argument's value "@NAME" is the pipeline's own setting NAME, formatted from
  * the pipeline's flag table (bq_args_format) or, for the settings derived from the flags (train-data,
- * eval-data, doc-stride), from the table pipeline_derived adds, so a stage passes on exactly what the
+ * eval-data, doc-stride, threads), from the table p->derived, so a stage passes on exactly what the
  * pipeline parsed. */
 
 /* When a stage or an argument applies: every bit set must hold (0: always). */
@@ -462,8 +462,8 @@ static const char *pred_name(const Pipeline *p, const char *pred, char *buf, siz
 static const char *arg_value(const Pipeline *p, const PipeStage *s, const char *v, char *buf, size_t n) {
     char name[96];
     if (v[0] == '@') {
-        const BqArgSpec *spec = bq_args_find(&p->args, v + 1);
-        if (!spec) spec = bq_args_find(&p->derived, v + 1);
+        const BqArgSpec *spec = bq_args_find(&p->derived, v + 1);
+        if (!spec) spec = bq_args_find(&p->args, v + 1);
         BQ_CHECK(spec != NULL); /* a StageArg names a setting the pipeline does not have */
         return bq_args_format(spec, buf, n);
     }
@@ -590,7 +590,8 @@ static int pipeline_check_flags(Pipeline *p, const BqArgs *args, int distill_on,
         return bq_err(BQ_EINVAL, "pipeline: --qat-ranges must be fixed or learn, got '%s'", p->qat_ranges);
     if (bq_args_given(args, "qat-range-lr") && (strcmp(p->qat_ranges, "learn") || !(p->qat_range_lr > 0)))
         return bq_err(BQ_EINVAL, "pipeline: --qat-range-lr needs --qat-ranges learn and a value > 0");
-    if ((st = bq_cli_precision(p->precision, "pipeline", prec))) return st;
+    *prec = args->prec;
+    bq_args_header(args);
     return BQ_OK;
 }
 
@@ -605,7 +606,6 @@ static int pipeline_parse(Pipeline *p, int argc, char **argv, BqScheme *scheme, 
      * 1.67x at batch 1 and 2.47x at batch 32, where the ort scheme's ran at 0.87x and 0.81x) */
     p->scheme = "cpu";
     p->seed = 42;
-    p->threads = 0;
     p->grad_accum = 1;
     p->bench_batches = "1,32";
     p->task = "cls";
@@ -627,7 +627,6 @@ static int pipeline_parse(Pipeline *p, int argc, char **argv, BqScheme *scheme, 
         {"python", BQ_ARG_STR, &p->python, "Python with onnxruntime for the ONNX Runtime stages; none (or a path that "
          "is not executable) skips them " BQ_CLI_PYTHON_HELP, 0, 0, 0},
         {"seed", BQ_ARG_INT, &p->seed, "seed for every stage", 0, 0, 2147483647.0},
-        {"threads", BQ_ARG_INT, &p->threads, "threads (0: all CPUs)", 0, 0, 1024},
         {"force", BQ_ARG_FLAG, &p->force, "redo stages whose outputs exist", 0, 0, 0},
         {"scheme", BQ_ARG_STR, &p->scheme, "quantization scheme of PTQ and QAT: cpu (for ONNX Runtime CPU), ort (ONNX Runtime QOrdered, CUDA) or qdqbert (TensorRT)", 0, 0, 0},
         /* overrides of the budget's recipe (< 0: the budget's value) */
@@ -650,7 +649,6 @@ static int pipeline_parse(Pipeline *p, int argc, char **argv, BqScheme *scheme, 
         {"bench-rounds", BQ_ARG_INT, &p->bench_rounds, "timed forwards per path and batch size of the bench stage (-1: "
          "from --budget: small 5, full 10)", 0, -1, 1000},
         {"bench-batch-sizes", BQ_ARG_STR, &p->bench_batches, "comma-separated batch sizes of the bench stage", 0, 0, 0},
-        BQ_CLI_PRECISION_SPEC(p->precision),
         {"keep-fp32", BQ_ARG_STR, &p->keep_fp32, "NAME,...|auto: modules PTQ leaves in fp32 (calibrate --keep-fp32); "
          "QAT starts from that checkpoint and keeps the list", 0, 0, 0},
         {"max-drop", BQ_ARG_FLOAT, &p->max_drop, "--keep-fp32 auto: accuracy budget in points (-1: calibrate's 0.5)", 0,
@@ -669,7 +667,8 @@ static int pipeline_parse(Pipeline *p, int argc, char **argv, BqScheme *scheme, 
                    .summary = "Fine-tune in fp32, calibrate (PTQ, percentile 99.99), QAT fine-tune (classification: "
                               "distilling from the fp32 model), export fp32 and Q/DQ ONNX, evaluate every stage on the "
                               "same test reviews, time the QAT model (bench) and write RUN_DIR/report.md.",
-                   .specs = p->specs, .nspecs = (int)(sizeof specs / sizeof specs[0])};
+                   .specs = p->specs, .nspecs = (int)(sizeof specs / sizeof specs[0]),
+                   .common = BQ_ARGS_THREADS | BQ_ARGS_PRECISION, .threads_help = "threads (0: all CPUs)"};
     p->args = args;
     int st = bq_args_parse(&p->args, argc, argv);
     *help = p->args.help;
@@ -738,10 +737,11 @@ static int pipeline_resolve(Pipeline *p) {
         {"train-data", BQ_ARG_STR, &p->train_data, "data of the training and calibration stages", 0, 0, 0},
         {"eval-data", BQ_ARG_STR, &p->eval_data, "data of the evaluation stages", 0, 0, 0},
         {"doc-stride", BQ_ARG_INT, &p->doc_stride, "--task qa: context tokens shared by two windows", 0, 0, 0},
+        {"threads", BQ_ARG_INT, &p->threads, "threads of every stage (set by pipeline_start)", 0, 0, 0},
     };
     BQ_CHECK(sizeof derived == sizeof p->derived_specs);
     memcpy(p->derived_specs, derived, sizeof derived);
-    p->derived = (BqArgs){.cmd = "pipeline", .specs = p->derived_specs, .nspecs = 3};
+    p->derived = (BqArgs){.cmd = "pipeline", .specs = p->derived_specs, .nspecs = 4};
     return BQ_OK;
 }
 
@@ -766,7 +766,7 @@ static int pipeline_find_tools(Pipeline *p, int *have_python) {
 }
 
 /* Makes the run folder p->out, exports BQ_PIPELINE_PID so that every stage dies with this process, sets
- * p->self to this executable and p->threads (0: the runtime's count) as the runtime's thread count, and
+ * p->self to this executable and p->threads to the runtime's thread count (--threads, applied by the parser), and
  * broadcasts *have_python from rank 0. Returns BQ_OK, or the error of mkdir (BQ_EIO, naming --out),
  * setenv (BQ_ENOMEM) or readlink (BQ_EIO). */
 static int pipeline_start(Pipeline *p, int *have_python) {
@@ -779,8 +779,7 @@ static int pipeline_start(Pipeline *p, int *have_python) {
     ssize_t n = readlink("/proc/self/exe", p->self, sizeof p->self - 1);
     if (n <= 0) return bq_err(BQ_EIO, "pipeline: cannot locate the bertqat executable");
     p->self[n] = '\0';
-    if (p->threads <= 0) p->threads = bq_runtime_threads();
-    bq_runtime_set_threads(p->threads); /* so the report's runtime line names the stages' thread count */
+    p->threads = bq_runtime_threads(); /* the stages' thread count, which the report's runtime line names */
     bq_dist_bcast(have_python, sizeof *have_python, 0); /* rank 0 runs the scripts: its Python decides */
     return BQ_OK;
 }

@@ -37,13 +37,15 @@
 
 /* Quantization flags shared by calibrate and qat. */
 typedef struct QuantOpts {
-    const char *scheme, *exclude, *calibrator;
+    BqScheme scheme;
+    BqCalibrator calibrator;
+    const char *exclude;
     int per_tensor, fuse_qkv, calib_samples, freeze_after;
     double clip_gelu, percentile;
 } QuantOpts;
 
-static void quant_opts_default(QuantOpts *q, const char *calibrator) {
-    q->scheme = "ort";
+static void quant_opts_default(QuantOpts *q, BqCalibrator calibrator) {
+    q->scheme = BQ_SCHEME_ORT;
     q->exclude = "classifier,pooler";
     q->calibrator = calibrator;
     q->per_tensor = q->fuse_qkv = q->freeze_after = 0;
@@ -53,8 +55,10 @@ static void quant_opts_default(QuantOpts *q, const char *calibrator) {
 }
 
 #define QUANT_SPECS(q)                                                                                          \
-    {"scheme", BQ_ARG_STR, &(q).scheme, "quantizer placement: ort (ONNX Runtime example), qdqbert or cpu (ORT CPU integer kernels)", 0, 0, 0}, \
-    {"calibrator", BQ_ARG_STR, &(q).calibrator, "max, percentile, mse or entropy", 0, 0, 0},                     \
+    {"scheme", BQ_ARG_ENUM, BQ_ARG_ENUM_DST(&(q).scheme), "quantizer placement: ort (ONNX Runtime example), "  \
+     "qdqbert or cpu (ORT CPU integer kernels)", 0, 0, 0, bq_scheme_names},                                   \
+    {"calibrator", BQ_ARG_ENUM, BQ_ARG_ENUM_DST(&(q).calibrator), "range calibrator of the activations", 0, 0, 0, \
+     bq_calibrator_names},                                                                                      \
     {"percentile", BQ_ARG_FLOAT, &(q).percentile, "percentile calibrator: percent of |x| kept", 0, 50, 100},     \
     {"calib-samples", BQ_ARG_INT, &(q).calib_samples, "training examples for calibration", 0, 1, 1e9},         \
     {"per-tensor", BQ_ARG_FLAG, &(q).per_tensor, "per-tensor weight ranges (default per output channel)", 0, 0, 0}, \
@@ -64,8 +68,7 @@ static void quant_opts_default(QuantOpts *q, const char *calibrator) {
 
 static int quant_config_from_opts(BqQuantConfig *cfg, const QuantOpts *o) {
     bq_quant_config_default(cfg);
-    int st = bq_scheme_parse(&cfg->scheme, o->scheme, "--scheme");
-    if (st) return st;
+    cfg->scheme = o->scheme;
     if (strlen(o->exclude) >= sizeof cfg->exclude) return bq_err(BQ_EINVAL, "--exclude: list is too long");
     strcpy(cfg->exclude, o->exclude);
     cfg->per_tensor_weights = o->per_tensor;
@@ -138,7 +141,7 @@ static int accuracy(BqBert *m, BqBatcher *b, double *acc) {
 /* --keep-fp32 auto: measures every group's sensitivity on up to `samples` validation examples (the last
  * 10 % of the training examples, as in finetune) and keeps in fp32 the most harmful groups until the
  * accuracy is within max_drop points of fp32 (src/sensitivity.h), without recalibrating. */
-static int keep_fp32_auto(BqBert *m, BqCliData *d, const BqTokenizer *tok, int seed, int threads, int batch_size,
+static int keep_fp32_auto(BqBert *m, BqCliData *d, const BqTokenizer *tok, uint64_t seed, int batch_size,
                           int samples, double max_drop, const char *tag) {
     BqDataset *ds = NULL;
     BqBatcher bt = {0};
@@ -147,11 +150,11 @@ static int keep_fp32_auto(BqBert *m, BqCliData *d, const BqTokenizer *tok, int s
     unsigned char *keep = NULL;
     char *entries = NULL;
     BqDataSpec spec;
-    bq_cli_data_spec(&spec, d, "val", seed, threads);
+    bq_cli_data_spec(&spec, d, "val", seed);
     spec.val_fraction = 0.1;
     int st = bq_dataset_load(&ds, &spec, tok);
     if (st) goto cleanup;
-    if ((st = bq_batcher_init(&bt, ds, batch_size, 0, (uint64_t)seed, 0))) goto cleanup;
+    if ((st = bq_batcher_init(&bt, ds, batch_size, 0, seed, 0))) goto cleanup;
     if ((st = bq_sens_init(&s, m, &bt, samples))) goto cleanup;
     fprintf(stderr, "[%s] --keep-fp32 auto: %d groups on %lld validation examples\n", tag, s.ng, (long long)s.n);
     if ((st = bq_sens_run_groups(&s, 0))) goto cleanup;
@@ -196,11 +199,11 @@ typedef struct QaTrainData {
 } QaTrainData;
 
 static int qa_train_data(QaTrainData *q, BqBert *m, const char *model, BqCliData *d, BqCliQa *qa,
-                         int64_t questions, int batch_size, int seed, int threads, const char *tag) {
+                         int64_t questions, int batch_size, uint64_t seed, const char *tag) {
     memset(q, 0, sizeof *q);
-    int st = bq_qa_model_load(m, &q->tok, model, (uint64_t)seed, tag);
-    if (!st) st = bq_qa_data_load(&q->s, d, m, q->tok, qa, questions, threads, tag);
-    if (!st) bq_qa_source_init(&q->qs, &q->src, q->s, q->s->n, batch_size, 1, (uint64_t)seed);
+    int st = bq_qa_model_load(m, &q->tok, model, seed, tag);
+    if (!st) st = bq_qa_data_load(&q->s, d, m, q->tok, qa, questions, tag);
+    if (!st) bq_qa_source_init(&q->qs, &q->src, q->s, q->s->n, batch_size, 1, seed);
     return st;
 }
 
@@ -212,13 +215,12 @@ static void qa_train_data_free(QaTrainData *q) {
 }
 
 static int calibrate_qa(const char *model, const char *out, BqCliData *d, BqCliQa *qa, const QuantOpts *q,
-                        BqCalibrator method, const BqQuantConfig *qcfg, int batch_size, int seed, int threads,
-                        BqPrecision prec) {
+                        BqCalibrator method, const BqQuantConfig *qcfg, int batch_size, int seed, BqPrecision prec) {
     BqBert m;
     memset(&m, 0, sizeof m);
     QaTrainData td;
     /* calib_samples counts windows; a question gives at least one */
-    int st = qa_train_data(&td, &m, model, d, qa, q->calib_samples, batch_size, seed, threads, "calibrate");
+    int st = qa_train_data(&td, &m, model, d, qa, q->calib_samples, batch_size, (uint64_t)seed, "calibrate");
     m.prec = prec;
     if (!st) st = calibrate_model(&m, qcfg, method, q->percentile, &td.src, q->calib_samples, "calibrate");
     if (!st && bq_dist_rank() == 0) { /* rank 0 writes */
@@ -256,13 +258,11 @@ static int calibrate_test_fp32(BqBert *m, BqDataSpec *spec, int eval_samples, co
 
 int bq_cmd_calibrate(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *keep_fp32 = NULL;
-    int batch_size = 32, seed = 42, threads = 0, eval_samples = 0, keep_samples = 512;
+    int batch_size = 32, seed = 42, eval_samples = 0, keep_samples = 512;
     double max_drop = 0.5;
-    const char *precision = "auto";
-    BqPrecision prec;
-    BqCliData d = {0};
+    BqCliData d = BQ_CLI_DATA_INIT;
     QuantOpts q;
-    quant_opts_default(&q, "percentile");
+    quant_opts_default(&q, BQ_CALIBRATOR_PERCENTILE);
     BqCliQa qa;
     bq_cli_qa_default(&qa);
     const BqArgSpec specs[] = {
@@ -274,8 +274,6 @@ int bq_cmd_calibrate(int argc, char **argv) {
         {"batch-size", BQ_ARG_INT, &batch_size, "examples per calibration forward", 0, 1, 65536},
         BQ_CLI_DATA_SPECS(d),
         {"seed", BQ_ARG_INT, &seed, "seed of the calibration sample", 0, 0, 2147483647},
-        {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
-        BQ_CLI_PRECISION_SPEC(precision),
         {"eval-samples", BQ_ARG_INT, &eval_samples,
          "also report fp32 and PTQ accuracy on this many test examples (0: skip)", 0, 0, 1e9},
         {"keep-fp32", BQ_ARG_STR, &keep_fp32, "NAME,...: module prefixes left in fp32 (added to the exclude list); "
@@ -288,7 +286,8 @@ int bq_cmd_calibrate(int argc, char **argv) {
     };
     BqArgs args = {.cmd = "calibrate", .usage = "--model DIR --data PATH --out DIR [options]",
                    .summary = "Post-training quantization: place fake-quant modules and calibrate their ranges.",
-                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
+                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs),
+                   .common = BQ_ARGS_THREADS | BQ_ARGS_PRECISION};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
     if ((st = bq_check_writable_parent(out))) return st;
@@ -301,21 +300,21 @@ int bq_cmd_calibrate(int argc, char **argv) {
     BqBatcher bcal = {0}, btest = {0};
     BqBert m;
     memset(&m, 0, sizeof m);
-    BqCalibrator method;
+    BqCalibrator method = q.calibrator;
     BqQuantConfig qcfg;
-    if ((st = bq_calibrator_parse(&method, q.calibrator)) || (st = quant_config_from_opts(&qcfg, &q))) return st;
-    bq_runtime_set_threads(threads);
-    if ((st = bq_cli_precision(precision, "calibrate", &prec))) return st;
+    if ((st = quant_config_from_opts(&qcfg, &q))) return st;
+    BqPrecision prec = args.prec;
+    bq_args_header(&args);
     int is_qa = 0;
     if ((st = bq_cli_task_resolve(&args, &qa, model, &is_qa)) || (st = bq_cli_task_check_data(is_qa, d.path))) return st;
     if (is_qa && eval_samples > 0)
         return bq_err(BQ_EINVAL, "--eval-samples: question answering is scored by `bertqat eval` on the dev set");
-    if (is_qa) return calibrate_qa(model, out, &d, &qa, &q, method, &qcfg, batch_size, seed, threads, prec);
+    if (is_qa) return calibrate_qa(model, out, &d, &qa, &q, method, &qcfg, batch_size, seed, prec);
     BqDataSpec spec;
     if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)seed, "calibrate")) ||
         (st = bq_cli_data_resolve(&d, &m, "calibrate")))
         goto cleanup;
-    bq_cli_data_spec(&spec, &d, "train", seed, threads);
+    bq_cli_data_spec(&spec, &d, "train", (uint64_t)seed);
     spec.train_samples = q.calib_samples;
     if ((st = bq_dataset_load(&dcal, &spec, tok)) || (st = bq_cli_model_fit(&m, model, dcal, (uint64_t)seed, "calibrate")) ||
         (st = bq_batcher_init(&bcal, dcal, batch_size, 1, (uint64_t)seed, 0)))
@@ -330,7 +329,7 @@ int bq_cmd_calibrate(int argc, char **argv) {
     bq_batch_source_batcher(&scal, &bscal, &bcal);
     if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &scal, q.calib_samples, "calibrate"))) goto cleanup;
     if (keep_fp32 && !strcmp(keep_fp32, "auto")) {
-        if ((st = keep_fp32_auto(&m, &d, tok, seed, threads, batch_size, keep_samples, max_drop, "calibrate")))
+        if ((st = keep_fp32_auto(&m, &d, tok, (uint64_t)seed, batch_size, keep_samples, max_drop, "calibrate")))
             goto cleanup;
     } else if (keep_fp32 && (st = bq_sens_exclude(&m, keep_fp32, "--keep-fp32"))) {
         goto cleanup;
@@ -419,16 +418,28 @@ static int distill_setup(const BqArgs *a, BqDistill *dist, BqBert *teacher, BqDi
     return BQ_OK;
 }
 
-/* qat's checks of its own flags after parsing: --ranges is observe, fixed or learn (*fixed and *learn
- * say which); --range-lr only with learn and > 0 (default: lr, written to *range_lr);
+/* qat's distillation flags: the teacher's folder into teacher_dir, the loss weights into the BqDistill
+ * dist (src/distill.h; checked by bq_distill_check_flags once parsed). */
+#define DISTILL_SPECS(teacher_dir, dist)                                                                        \
+    {"teacher", BQ_ARG_STR, &(teacher_dir), "distill from this checkpoint (same vocabulary and labels): loss = " \
+     "(1-A)·CE + A·T²·KL + W·Σ hidden MSE", 0, 0, 0},                                                           \
+    {"distill-alpha", BQ_ARG_FLOAT, &(dist).alpha, "--teacher: weight A of the KL term, in [0, 1]", 0, 0, 0},   \
+    {"distill-temperature", BQ_ARG_FLOAT, &(dist).temperature, "--teacher: softmax temperature T (> 0)", 0, 0,  \
+     0},                                                                                                        \
+    {"distill-hidden", BQ_ARG_FLOAT, &(dist).hidden_weight, "--teacher: weight W of the summed per-layer "     \
+     "hidden-state MSE (>= 0; > 0 needs the same layers and hidden size)", 0, 0, 0}
+
+/* qat --ranges: how the ranges move while QAT trains (qat_ranges_mode). */
+static const char *const RANGES_NAMES[] = {"observe", "fixed", "learn", NULL};
+enum { RANGES_OBSERVE, RANGES_FIXED, RANGES_LEARN };
+
+/* qat's checks of its own flags after parsing: *fixed and *learn say which --ranges; --range-lr only with learn and > 0 (default: lr, written to *range_lr);
  * --freeze-ranges-after not with learn; --max-drop and --keep-fp32-samples only with --keep-fp32 auto;
  * the distillation settings when --teacher is given. Errors: BQ_EINVAL naming the flag. */
-static int qat_check_flags(const BqArgs *args, const char *ranges, double *range_lr, int freeze_after, double lr,
+static int qat_check_flags(const BqArgs *args, int ranges, double *range_lr, int freeze_after, double lr,
                            const char *keep_fp32, const char *teacher_dir, const BqDistill *dist, int *fixed,
                            int *learn) {
-    if (strcmp(ranges, "observe") && strcmp(ranges, "fixed") && strcmp(ranges, "learn"))
-        return bq_err(BQ_EINVAL, "--ranges: '%s' is not observe, fixed or learn", ranges);
-    *fixed = !strcmp(ranges, "fixed"), *learn = !strcmp(ranges, "learn");
+    *fixed = ranges == RANGES_FIXED, *learn = ranges == RANGES_LEARN;
     if (bq_args_given(args, "range-lr") && !*learn)
         return bq_err(BQ_EINVAL, "--range-lr applies only with --ranges learn");
     if (*learn && bq_args_given(args, "range-lr") && !(*range_lr > 0.0))
@@ -450,7 +461,8 @@ static int qat_check_flags(const BqArgs *args, const char *ranges, double *range
  * of calibration and of the fallback. */
 static int qat_start_ranges(BqBert *m, int calibrated, const BqQuantConfig *qcfg, BqCalibrator method,
                             const QuantOpts *q, BqBatchSource *strain, const char *keep_fp32, BqCliData *d,
-                            const BqTokenizer *tok, const BqCliTrain *t, int keep_samples, double max_drop) {
+                            const BqTokenizer *tok, uint64_t seed, int batch_size, int keep_samples,
+                            double max_drop) {
     int st;
     if (calibrated) {
         fprintf(stderr, "[qat] starting from the input's %d calibrated quantizers (scheme %s)\n", m->quant->n,
@@ -460,7 +472,7 @@ static int qat_start_ranges(BqBert *m, int calibrated, const BqQuantConfig *qcfg
         return st;
     }
     if (keep_fp32 && !strcmp(keep_fp32, "auto")) {
-        if ((st = keep_fp32_auto(m, d, tok, t->seed, t->threads, t->batch_size, keep_samples, max_drop, "qat")))
+        if ((st = keep_fp32_auto(m, d, tok, seed, batch_size, keep_samples, max_drop, "qat")))
             return st;
     } else if (keep_fp32 && (st = bq_sens_exclude(m, keep_fp32, "--keep-fp32"))) {
         return st;
@@ -488,39 +500,41 @@ static void qat_ranges_mode(BqQuantState *qs, int fixed, int learn, double range
 }
 
 /* Loads qat's input model into m: a question-answering model with its SQuAD training windows in td
- * (*strain = &td->src; --dropout applied), else the model and its tokenizer (*tok). Errors: --teacher
+ * (sel's selection and batching, shuffled by seed; *strain = &td->src; --dropout applied), else the
+ * model and its tokenizer (*tok). Errors: --teacher
  * or --keep-fp32 (teacher_dir, keep_fp32 given) with a question-answering model (BQ_EINVAL), those of
  * loading. */
 static int qat_load_model(BqBert *m, BqTokenizer **tok, QaTrainData *td, BqBatchSource **strain, int is_qa,
-                          const char *model, BqCliData *d, BqCliQa *qa, const BqCliTrain *t, const char *teacher_dir,
-                          const char *keep_fp32) {
+                          const char *model, BqCliData *d, BqCliQa *qa, const BqCliSplits *sel, uint64_t seed,
+                          const char *teacher_dir, const char *keep_fp32) {
     int st;
     if (is_qa && (teacher_dir || keep_fp32))
         return bq_err(BQ_EINVAL, "--%s: applies to sequence-classification models only", teacher_dir ? "teacher" : "keep-fp32");
     if (is_qa) {
-        if ((st = qa_train_data(td, m, model, d, qa, t->train_samples, t->batch_size, t->seed, t->threads, "qat")))
-            return st;
-        if (t->dropout >= 0) m->cfg.hidden_dropout_prob = m->cfg.attention_probs_dropout_prob = (float)t->dropout;
+        if ((st = qa_train_data(td, m, model, d, qa, sel->train_samples, sel->batch_size, seed, "qat"))) return st;
+        if (sel->dropout >= 0) m->cfg.hidden_dropout_prob = m->cfg.attention_probs_dropout_prob = (float)sel->dropout;
         *strain = &td->src;
-    } else if ((st = bq_cli_model_load(m, tok, model, 0, (uint64_t)t->seed, "qat"))) {
+    } else if ((st = bq_cli_model_load(m, tok, model, 0, seed, "qat"))) {
         return st;
     }
     return BQ_OK;
 }
 
 int bq_cmd_qat(int argc, char **argv) {
-    double range_lr = -1.0;
-    const char *model = NULL, *out = NULL, *ranges = "observe", *keep_fp32 = NULL, *teacher_dir = NULL;
-    int keep_samples = 512;
-    double max_drop = 0.5;
+    double range_lr = -1.0, max_drop = 0.5;
+    const char *model = NULL, *out = NULL, *keep_fp32 = NULL, *teacher_dir = NULL;
+    int keep_samples = 512, ranges = RANGES_OBSERVE;
     BqDistill dist = {.alpha = 0.5, .temperature = 2.0, .hidden_weight = 0.0};
     BqDistillRecord rec;
     BqBert teacher = {0};
-    BqCliData d = {0};
-    BqCliTrain t;
-    bq_cli_train_default(&t, 2e-5);
+    BqCliData d = BQ_CLI_DATA_INIT;
+    BqTrainConfig tc;
+    bq_train_config_default(&tc);
+    tc.lr = 2e-5;
+    BqCliSplits sp;
+    bq_cli_splits_default(&sp);
     QuantOpts q;
-    quant_opts_default(&q, "max");
+    quant_opts_default(&q, BQ_CALIBRATOR_MAX);
     BqCliQa qa;
     bq_cli_qa_default(&qa);
     const BqArgSpec specs[] = {
@@ -531,9 +545,9 @@ int bq_cmd_qat(int argc, char **argv) {
         QUANT_SPECS(q),
         {"freeze-ranges-after", BQ_ARG_INT, &q.freeze_after, "freeze every range after N optimizer steps (0: never)",
          0, 0, 1e9},
-        {"ranges", BQ_ARG_STR, &ranges, "observe: moving-average min/max observers (ONNX Runtime example); fixed: the "
+        {"ranges", BQ_ARG_ENUM, &ranges, "observe: moving-average min/max observers (ONNX Runtime example); fixed: the "
          "calibrated (or PTQ input's) ranges never move (pytorch-quantization); learn: every scale is trained from "
-         "its calibrated value (LSQ, docs/quantization.md)", 0, 0, 0},
+         "its calibrated value (LSQ, docs/quantization.md)", 0, 0, 0, RANGES_NAMES},
         {"range-lr", BQ_ARG_FLOAT, &range_lr, "--ranges learn: peak learning rate of the scales (AdamW, no weight "
          "decay, the --lr schedule; -1: the --lr value)", 0, -1, 1},
         {"keep-fp32", BQ_ARG_STR, &keep_fp32, "NAME,...: module prefixes left in fp32 (added to the exclude list, "
@@ -542,60 +556,57 @@ int bq_cmd_qat(int argc, char **argv) {
         {"max-drop", BQ_ARG_FLOAT, &max_drop, "--keep-fp32 auto: accuracy budget in percentage points", 0, 0, 100},
         {"keep-fp32-samples", BQ_ARG_INT, &keep_samples, "--keep-fp32 auto: validation examples measured", 0, 1,
          1e9},
-        {"teacher", BQ_ARG_STR, &teacher_dir, "distill from this checkpoint (same vocabulary and labels): loss = "
-         "(1-A)·CE + A·T²·KL + W·Σ hidden MSE", 0, 0, 0},
-        {"distill-alpha", BQ_ARG_FLOAT, &dist.alpha, "--teacher: weight A of the KL term, in [0, 1]", 0, 0, 0},
-        {"distill-temperature", BQ_ARG_FLOAT, &dist.temperature, "--teacher: softmax temperature T (> 0)", 0, 0, 0},
-        {"distill-hidden", BQ_ARG_FLOAT, &dist.hidden_weight, "--teacher: weight W of the summed per-layer "
-         "hidden-state MSE (>= 0; > 0 needs the same layers and hidden size)", 0, 0, 0},
-        BQ_CLI_TRAIN_SPECS(t),
+        DISTILL_SPECS(teacher_dir, dist),
+        BQ_CLI_TRAIN_SPECS(tc, sp),
         BQ_CLI_DATA_SPECS(d),
         BQ_CLI_TASK_SPEC(qa),
         BQ_CLI_QA_WINDOW_SPECS(qa),
     };
     BqArgs args = {.cmd = "qat", .usage = "--model DIR --data PATH --out DIR [options]",
                    .summary = "Quantization-aware fine-tuning with fake-quant modules and moving-average observers.",
-                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
+                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs),
+                   .common = BQ_ARGS_THREADS | BQ_ARGS_PRECISION};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
     if ((st = bq_check_writable_parent(out))) return st;
 
     BqTokenizer *tok = NULL;
-    BqCliSplits sp = {0};
     BqBert m = {0};
-    BqCalibrator method;
+    BqCalibrator method = q.calibrator;
     BqQuantConfig qcfg;
     BqTrainResult res;
-    if ((st = bq_calibrator_parse(&method, q.calibrator)) || (st = quant_config_from_opts(&qcfg, &q))) return st;
+    if ((st = quant_config_from_opts(&qcfg, &q))) return st;
     int fixed = 0, learn = 0;
-    if ((st = qat_check_flags(&args, ranges, &range_lr, q.freeze_after, t.lr, keep_fp32, teacher_dir, &dist, &fixed,
+    if ((st = qat_check_flags(&args, ranges, &range_lr, q.freeze_after, tc.lr, keep_fp32, teacher_dir, &dist, &fixed,
                               &learn)))
         return st;
-    bq_runtime_set_threads(t.threads);
+    tc.vocab_dir = model;
+    tc.tag = "qat";
     int is_qa = 0, distilling = 0;
     QaTrainData td = {0};
     BqBatchSource *strain = &sp.strain, *sval = NULL;
     if ((st = bq_cli_task_resolve(&args, &qa, model, &is_qa)) || (st = bq_cli_task_check_data(is_qa, d.path))) return st;
-    if ((st = qat_load_model(&m, &tok, &td, &strain, is_qa, model, &d, &qa, &t, teacher_dir, keep_fp32)))
+    bq_args_header(&args);
+    if ((st = qat_load_model(&m, &tok, &td, &strain, is_qa, model, &d, &qa, &sp, tc.seed, teacher_dir, keep_fp32)))
         goto cleanup;
-    if ((st = distill_setup(&args, &dist, &teacher, &rec, teacher_dir, &m, model, out, t.resume, &distilling)))
+    if ((st = distill_setup(&args, &dist, &teacher, &rec, teacher_dir, &m, model, out, tc.resume, &distilling)))
         goto cleanup;
     /* Ranges: keep a calibrated input's (its config wins; --freeze-ranges-after still applies), else calibrate. */
     int calibrated = m.quant && bq_quant_count_initialized(m.quant) == m.quant->n;
     if (calibrated && (st = check_kept_quant_flags(&args, &qcfg, &m.quant->cfg, model))) goto cleanup;
     if (!is_qa) {
-        if ((st = bq_cli_splits_load(&sp, &m, model, &d, &t, tok, "qat"))) goto cleanup;
+        if ((st = bq_cli_splits_load(&sp, &m, model, &d, tc.seed, tok, "qat"))) goto cleanup;
         sval = sp.val ? &sp.sval : NULL;
-        m.prec = t.prec; /* calibration runs in the training's precision */
+        m.prec = args.prec; /* calibration runs in the training's precision */
     }
     if (distilling && (st = bq_distill_check_labels(&teacher, &m))) goto cleanup;
-    if ((st = qat_start_ranges(&m, calibrated, &qcfg, method, &q, strain, keep_fp32, &d, tok, &t, keep_samples,
-                               max_drop)))
+    if ((st = qat_start_ranges(&m, calibrated, &qcfg, method, &q, strain, keep_fp32, &d, tok, tc.seed, sp.batch_size,
+                               keep_samples, max_drop)))
         goto cleanup;
     qat_ranges_mode(m.quant, fixed, learn, range_lr);
     /* the trainer calls bq_quant_step after each optimizer step (freeze at --freeze-ranges-after) */
-    t.distill = distilling ? &dist : NULL;
-    if ((st = bq_cli_train_run_sources(&m, &t, strain, sval, &d, model, out, "qat", &res))) goto cleanup;
+    tc.distill = distilling ? &dist : NULL;
+    if ((st = bq_cli_train_run(&m, &tc, args.prec, strain, sval, &d, out, &res))) goto cleanup;
     printf("; %d quantizers (scheme %s)%s; checkpoint %s\n", m.quant->n, bq_scheme_name(m.quant->cfg.scheme),
            learn ? ", ranges learned" : m.quant->q[0].frozen ? ", frozen" : "", out);
 

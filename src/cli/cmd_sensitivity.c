@@ -170,11 +170,9 @@ static void print_summary(const BqSensitivity *s, const int *order, const char *
 
 int bq_cmd_sensitivity(int argc, char **argv) {
     const char *model = NULL, *out = ".", *split = "val";
-    int samples = 512, batch_size = 32, threads = 0, seed = 42, no_cache = 0;
+    int samples = 512, batch_size = 32, seed = 42, no_cache = 0;
     double val_fraction = 0.1;
-    const char *precision = "auto";
-    BqPrecision prec;
-    BqCliData d = {0};
+    BqCliData d = BQ_CLI_DATA_INIT;
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "calibrated (PTQ) or QAT checkpoint", 1, 0, 0},
         {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL", 1, 0, 0},
@@ -183,8 +181,6 @@ int bq_cmd_sensitivity(int argc, char **argv) {
         {"val-fraction", BQ_ARG_FLOAT, &val_fraction, "for --split val: as in finetune", 0, 0.001, 0.9},
         {"seed", BQ_ARG_INT, &seed, "seed of the split selection (as in finetune)", 0, 0, 2147483647},
         {"batch-size", BQ_ARG_INT, &batch_size, "examples per forward", 0, 1, 65536},
-        {"threads", BQ_ARG_INT, &threads, "threads (0: all cores)", 0, 0, 4096},
-        BQ_CLI_PRECISION_SPEC(precision),
         {"out", BQ_ARG_STR, &out, "folder for sensitivity.json and sensitivity.svg (created)", 0, 0, 0},
         {"no-prefix-cache", BQ_ARG_FLAG, &no_cache, "run every pass from the embeddings and compute every Linear "
          "(same results, slower; for timing)", 0, 0, 0},
@@ -193,7 +189,8 @@ int bq_cmd_sensitivity(int argc, char **argv) {
     BqArgs args = {.cmd = "sensitivity", .usage = "--model CKPT --data PATH [options]",
                    .summary = "Accuracy and KL against fp32 with one quantizer group quantized (or left fp32) at a "
                               "time.",
-                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
+                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs),
+                   .common = BQ_ARGS_THREADS | BQ_ARGS_PRECISION};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
     if (strcmp(split, "val") && strcmp(split, "test"))
@@ -209,14 +206,13 @@ int bq_cmd_sensitivity(int argc, char **argv) {
     BqBert m;
     memset(&m, 0, sizeof m);
     char path[4096];
-    bq_runtime_set_threads(threads);
-    if ((st = bq_cli_precision(precision, "sensitivity", &prec))) return st;
+    bq_args_header(&args);
     if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)seed, "sensitivity"))) goto cleanup;
-    m.prec = prec;
+    m.prec = args.prec;
     if ((st = check_model(&m, model))) goto cleanup;
     if ((st = bq_cli_data_resolve(&d, &m, "sensitivity"))) goto cleanup;
     BqDataSpec spec;
-    bq_cli_data_spec(&spec, &d, split, seed, threads);
+    bq_cli_data_spec(&spec, &d, split, (uint64_t)seed);
     if (!strcmp(split, "test")) spec.eval_samples = samples;
     else spec.val_fraction = val_fraction;
     if ((st = bq_dataset_load(&ds, &spec, tok))) goto cleanup;

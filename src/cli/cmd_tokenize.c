@@ -48,13 +48,15 @@ static void print_plain(const BqTokenizer *tok, const char *a, size_t alen, int 
 }
 
 int bq_cmd_tokenize(int argc, char **argv) {
-    const char *vocab = NULL, *trunc_s = "head";
+    const char *vocab = NULL;
+    BqTruncation trunc = BQ_TRUNC_HEAD;
     int max_len = 0, ids_flag = 0, tokens_flag = 0, pair = 0, nul = 0, special = 0, show_types = 0;
     int lower = -1, strip = -1, offsets_flag = 0;
     const BqArgSpec specs[] = {
         {"vocab", BQ_ARG_STR, &vocab, "vocab.txt (tokenizer_config.json / tokenizer.json next to it are honoured)", 1, 0, 0},
         {"max-seq-len", BQ_ARG_INT, &max_len, "print [CLS] .. [SEP] truncated to N tokens (0: plain pieces)", 0, 0, 1 << 30},
-        {"truncation", BQ_ARG_STR, &trunc_s, "head, tail or head_tail (with --max-seq-len)", 0, 0, 0},
+        {"truncation", BQ_ARG_ENUM, BQ_ARG_ENUM_DST(&trunc), "tokens kept of a longer text (with --max-seq-len)", 0,
+         0, 0, bq_truncation_names, bq_truncation_values},
         {"special", BQ_ARG_FLAG, &special, "add [CLS]/[SEP] without truncation", 0, 0, 0},
         {"ids", BQ_ARG_FLAG, &ids_flag, "print ids (default)", 0, 0, 0},
         {"tokens", BQ_ARG_FLAG, &tokens_flag, "print token strings", 0, 0, 0},
@@ -72,8 +74,6 @@ int bq_cmd_tokenize(int argc, char **argv) {
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
     if (ids_flag && tokens_flag) return bq_err(BQ_EINVAL, "tokenize: --ids and --tokens exclude each other");
-    BqTruncation trunc;
-    if ((st = bq_truncation_parse(trunc_s, "--truncation", &trunc))) return st;
 
     BqTokenizer *tok = NULL;
     FILE *in = stdin;

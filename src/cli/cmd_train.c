@@ -15,7 +15,8 @@
 
 /* Question answering: the encoder (and qa_outputs when the model has them) trained on the SQuAD
  * windows of d->path, no validation pass (the final model is the last step; `eval` scores EM/F1). */
-static int finetune_qa(const char *model, const char *out, BqCliData *d, BqCliTrain *t, BqCliQa *q) {
+static int finetune_qa(const char *model, const char *out, BqCliData *d, const BqTrainConfig *tc,
+                       const BqCliSplits *sel, BqPrecision prec, BqCliQa *q) {
     BqTokenizer *tok = NULL;
     BqBert m;
     memset(&m, 0, sizeof m);
@@ -25,12 +26,12 @@ static int finetune_qa(const char *model, const char *out, BqCliData *d, BqCliTr
     BqBatchSource src;
     BqTrainResult res;
     int st;
-    if ((st = bq_qa_model_load(&m, &tok, model, (uint64_t)t->seed, "finetune")) ||
-        (st = bq_qa_data_load(&s, d, &m, tok, q, t->train_samples, t->threads, "finetune")))
+    if ((st = bq_qa_model_load(&m, &tok, model, tc->seed, "finetune")) ||
+        (st = bq_qa_data_load(&s, d, &m, tok, q, sel->train_samples, "finetune")))
         goto cleanup;
-    if (t->dropout >= 0) m.cfg.hidden_dropout_prob = m.cfg.attention_probs_dropout_prob = (float)t->dropout;
-    bq_qa_source_init(&qs, &src, s, s->n, t->batch_size, 1, (uint64_t)t->seed);
-    if ((st = bq_cli_train_run_sources(&m, t, &src, NULL, d, model, out, "finetune", &res))) goto cleanup;
+    if (sel->dropout >= 0) m.cfg.hidden_dropout_prob = m.cfg.attention_probs_dropout_prob = (float)sel->dropout;
+    bq_qa_source_init(&qs, &src, s, s->n, sel->batch_size, 1, tc->seed);
+    if ((st = bq_cli_train_run(&m, tc, prec, &src, NULL, d, out, &res))) goto cleanup;
     printf("; checkpoint %s\n", out);
 cleanup:
     if (qs.order) bq_qa_source_free(&qs);
@@ -42,16 +43,19 @@ cleanup:
 
 int bq_cmd_finetune(int argc, char **argv) {
     const char *model = NULL, *out = NULL;
-    BqCliData d = {0};
-    BqCliTrain t;
-    bq_cli_train_default(&t, 5e-5);
+    BqCliData d = BQ_CLI_DATA_INIT;
+    BqTrainConfig tc;
+    bq_train_config_default(&tc);
+    tc.lr = 5e-5;
+    BqCliSplits sp;
+    bq_cli_splits_default(&sp);
     BqCliQa q;
     bq_cli_qa_default(&q);
     const BqArgSpec specs[] = {
         {"model", BQ_ARG_STR, &model, "Hugging Face BERT directory or native checkpoint", 1, 0, 0},
         {"data", BQ_ARG_STR, &d.path, "IMDB archive/folder, CSV, TSV or JSONL; question answering: SQuAD v1.1 JSON", 1, 0, 0},
         {"out", BQ_ARG_OUT_MKDIR, &out, "output checkpoint directory (replaced atomically)", 1, 0, 0},
-        BQ_CLI_TRAIN_SPECS(t),
+        BQ_CLI_TRAIN_SPECS(tc, sp),
         BQ_CLI_DATA_SPECS(d),
         BQ_CLI_TASK_SPEC(q),
         BQ_CLI_QA_WINDOW_SPECS(q),
@@ -59,24 +63,25 @@ int bq_cmd_finetune(int argc, char **argv) {
     BqArgs args = {.cmd = "finetune", .usage = "--model DIR --data PATH --out DIR [options]",
                    .summary = "Fine-tune BERT for sequence classification, or for SQuAD question answering "
                               "(--task qa or a BertForQuestionAnswering model), in fp32 with HF Trainer semantics.",
-                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs)};
+                   .specs = specs, .nspecs = (int)(sizeof specs / sizeof *specs),
+                   .common = BQ_ARGS_THREADS | BQ_ARGS_PRECISION};
     int st = bq_args_parse(&args, argc, argv);
     if (st || args.help) return st;
-    bq_runtime_set_threads(t.threads);
+    tc.vocab_dir = model;
+    tc.tag = "finetune";
     int qa = 0;
     if ((st = bq_cli_task_resolve(&args, &q, model, &qa)) || (st = bq_cli_task_check_data(qa, d.path))) return st;
-    if (qa) return finetune_qa(model, out, &d, &t, &q);
+    bq_args_header(&args);
+    if (qa) return finetune_qa(model, out, &d, &tc, &sp, args.prec, &q);
 
     BqTokenizer *tok = NULL;
-    BqCliSplits sp;
-    memset(&sp, 0, sizeof sp);
     BqBert m;
     memset(&m, 0, sizeof m);
     BqTrainResult res;
     /* The model is loaded before the (possibly long) data encoding, so a wrong --model fails fast. */
-    if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)t.seed, "finetune")) ||
-        (st = bq_cli_splits_load(&sp, &m, model, &d, &t, tok, "finetune")) ||
-        (st = bq_cli_train_run(&m, &t, &sp, &d, model, out, "finetune", &res)))
+    if ((st = bq_cli_model_load(&m, &tok, model, 0, tc.seed, "finetune")) ||
+        (st = bq_cli_splits_load(&sp, &m, model, &d, tc.seed, tok, "finetune")) ||
+        (st = bq_cli_train_run(&m, &tc, args.prec, &sp.strain, sp.val ? &sp.sval : NULL, &d, out, &res)))
         goto cleanup;
     printf("; checkpoint %s\n", out);
 

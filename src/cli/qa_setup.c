@@ -11,8 +11,11 @@
 #include "autograd/bq.h"
 #include "export/ckpt.h"
 
+const char *const bq_cli_task_names[3] = {"qa", "cls", NULL};
+
 void bq_cli_qa_default(BqCliQa *q) {
     memset(q, 0, sizeof *q);
+    q->task = -1;
     q->n_best = 20;
     q->max_answer_len = 30;
 }
@@ -32,10 +35,7 @@ int bq_cli_task_resolve(const BqArgs *args, const BqCliQa *q, const char *dir, i
     if (st) return st;
     BqHead head = cfg.head;
     bq_config_free(&cfg);
-    if (!q->task) *qa = head == BQ_HEAD_QA;
-    else if (!strcmp(q->task, "qa")) *qa = 1;
-    else if (!strcmp(q->task, "cls")) *qa = 0;
-    else return bq_err(BQ_EINVAL, "--task: '%s' is not qa or cls", q->task);
+    *qa = q->task < 0 ? head == BQ_HEAD_QA : q->task == BQ_CLI_TASK_QA;
     if (!*qa && head == BQ_HEAD_QA)
         return bq_err(BQ_EINVAL, "--task cls: %s is a question-answering model (BertForQuestionAnswering); start a "
                       "classifier from a classification checkpoint or a pre-trained encoder", dir);
@@ -91,7 +91,7 @@ int bq_qa_model_load(BqBert *m, BqTokenizer **tok, const char *dir, uint64_t see
 }
 
 int bq_qa_data_load(BqSquadSet **out, BqCliData *d, const BqBert *m, const BqTokenizer *tok, BqCliQa *q,
-                    int64_t max_examples, int threads, const char *tag) {
+                    int64_t max_examples, const char *tag) {
     *out = NULL;
     const char *from = "flag";
     int L = d->max_seq_len;
@@ -122,7 +122,6 @@ int bq_qa_data_load(BqSquadSet **out, BqCliData *d, const BqBert *m, const BqTok
     o.max_query_length = q->max_query_length;
     o.max_examples = max_examples;
     o.cache_dir = d->no_cache ? "" : d->cache_dir;
-    o.threads = threads;
     o.doc = q->doc;
     size_t n = strlen(d->path);
     int json = n >= 5 && !strcmp(d->path + n - 5, ".json");

@@ -20,8 +20,12 @@
 
 struct json_t; /* jansson's value type */
 
+/* --task's values, and its names in their order (NULL-terminated, for BQ_ARG_ENUM). */
+typedef enum BqCliTask { BQ_CLI_TASK_QA, BQ_CLI_TASK_CLS } BqCliTask;
+extern const char *const bq_cli_task_names[3];
+
 typedef struct BqCliQa {
-    const char *task;     /* "qa", "cls", or NULL: the model's head decides */
+    int task;             /* a BqCliTask, or -1: the model's head decides */
     int doc_stride, max_query_length; /* 0: the checkpoint's, else the defaults above */
     int n_best, max_answer_len;
     const struct json_t *doc; /* predict: the questions as a parsed SQuAD document; NULL: read --data */
@@ -30,8 +34,8 @@ typedef struct BqCliQa {
 void bq_cli_qa_default(BqCliQa *q);
 
 #define BQ_CLI_TASK_SPEC(q)                                                                                     \
-    {"task", BQ_ARG_STR, &(q).task, "qa or cls (default: from the model's head; qa on a classification model "  \
-     "keeps the encoder and creates qa_outputs, as Hugging Face does)", 0, 0, 0}
+    {"task", BQ_ARG_ENUM, &(q).task, "the task (default: from the model's head; qa on a classification "      \
+     "model keeps the encoder and creates qa_outputs, as Hugging Face does)", 0, 0, 0, bq_cli_task_names}
 
 /* Windowing of SQuAD examples (commands that encode SQuAD data). */
 #define BQ_CLI_QA_WINDOW_SPECS(q)                                                                               \
@@ -62,10 +66,10 @@ int bq_qa_model_load(BqBert *m, BqTokenizer **tok, const char *dir, uint64_t see
 
 /* Resolves the sequence length (--max-seq-len, else the checkpoint's, else 384), doc stride and query
  * length (flag, else the checkpoint's, else 128 and 64) into d->used and q, and loads the SQuAD file
- * d->path windowed with them; max_examples > 0 keeps the first questions. A
+ * d->path windowed with them on the runtime's threads; max_examples > 0 keeps the first questions. A
  * file that is not SQuAD JSON is an error naming the file (and saying the model answers questions).
  * "[tag] ..." lines on stderr say what was loaded. */
 int bq_qa_data_load(BqSquadSet **out, BqCliData *d, const BqBert *m, const BqTokenizer *tok, BqCliQa *q,
-                    int64_t max_examples, int threads, const char *tag);
+                    int64_t max_examples, const char *tag);
 
 #endif
