@@ -1,9 +1,10 @@
-/* Set-up shared by the subcommands (src/cmd_*.c): truncation names, model and tokenizer loading, the
- * data flags (source columns, cache, length, truncation) with the checkpoint's record of how it was
- * trained (BqDataMeta, layers/bert.h) as their default, the training and validation splits of a
- * training command, the training flags `finetune` and `qat` share with the BqTrainConfig they
- * fill, and where the Python helper scripts and their Python are found. Every function returns a
- * BqStatus with a message naming the flag or file. */
+/* Set-up shared by the subcommands (src/cli/cmd_*.c): truncation and engine names, model and tokenizer
+ * loading, the data flags (source columns, cache, length, truncation) with the checkpoint's record of
+ * how it was trained (BqDataMeta, layers/bert.h) as their default, the training and validation splits
+ * of a training command, the training flags `finetune` and `qat` share, whose rows write the
+ * BqTrainConfig and BqCliSplits fields directly, and where the Python helper scripts and their Python
+ * are found. Every function returns a BqStatus with a message naming the flag or file. How to add a
+ * flag: docs/design.md §11. */
 #ifndef BQ_CMD_COMMON_H
 #define BQ_CMD_COMMON_H
 
