@@ -51,12 +51,14 @@
 extern char **environ;
 
 typedef struct Pipeline {
-    const char *model, *data, *out, *budget, *python, *vocab, *scheme, *bench_batches, *task;
+    const char *model, *data, *out, *python, *vocab, *bench_batches;
+    int budget;      /* --budget: BUDGET_SMALL or BUDGET_FULL */
+    BqScheme scheme; /* --scheme */
     char python_path[4200]; /* the Python of the ONNX Runtime stages (bq_cli_python_path); p.python points here */
     char eval_script[4200]; /* onnx_eval.py or onnx_eval_qa.py (bq_cli_script_path), with a Python */
     int force, threads, seed, bench_rounds;
     int grad_accum; /* micro-batches per step of the training stages (passed on when given) */
-    int qa;                                /* --task qa */
+    int qa;                                /* --task: 0 cls, 1 qa */
     int cpu_scheme;                        /* --scheme cpu */
     int doc_stride;                        /* --task qa: 128, or half a window's context when that is shorter */
     const char *train_data, *eval_data;    /* the data of the training and evaluation stages */
@@ -69,7 +71,7 @@ typedef struct Pipeline {
     /* the budget's recipe; < 0 until pipeline_budget fills what the flags left */
     int train_samples, eval_samples, max_seq_len, batch_size, calib_samples;
     double epochs, qat_epochs, lr, qat_lr;
-    const char *qat_ranges; /* qat --ranges: fixed or learn */
+    int qat_ranges;         /* qat --ranges: RANGES_FIXED or RANGES_LEARN */
     double qat_range_lr;    /* qat --range-lr with learn; < 0: the QAT lr */
     char self[4096];
     /* The flag table as parsed (the stages format their arguments from it) and the settings derived
@@ -78,6 +80,13 @@ typedef struct Pipeline {
     BqArgSpec specs[40], derived_specs[4];
     BqArgs args, derived;
 } Pipeline;
+
+/* The choices of the pipeline's own enum flags, in the order of their values. */
+enum { BUDGET_SMALL, BUDGET_FULL };
+static const char *const BUDGET_NAMES[] = {"small", "full", NULL};
+static const char *const TASK_NAMES[] = {"cls", "qa", NULL};
+enum { RANGES_FIXED, RANGES_LEARN };
+static const char *const RANGES_NAMES[] = {"fixed", "learn", NULL};
 
 static int file_exists(const char *p) {
     struct stat st;
@@ -533,34 +542,30 @@ static int row_add(BqReportRow *rows, int *nrows, BqReportRow row) {
 
 /* Sets the recipe of p->budget (small or full, for --task cls or qa) into p: the sample counts, sequence
  * length, batch size, epochs, learning rates, calibration examples and bench rounds, of which
- * pipeline_resolve keeps those the flags did not set. Returns BQ_OK, or BQ_EINVAL naming --budget when
- * it is neither small nor full. */
-static int pipeline_budget(Pipeline *p) {
-    if (p->qa && !strcmp(p->budget, "small")) {
+ * pipeline_resolve keeps those the flags did not set. */
+static void pipeline_budget(Pipeline *p) {
+    if (p->qa && p->budget == BUDGET_SMALL) {
         /* about 30 minutes on 2 idle Zen 3 cores for MiniLM (docs/qa.md): 4,000 training questions and
          * 1,000 dev questions at 256 tokens; batch 16, as the (B, heads, T, T) attention activations of a
          * training step grow with T² (MiniLM at batch 32 and T 256 held 6.3 GB) */
         p->train_samples = 4000, p->eval_samples = 1000, p->max_seq_len = 256, p->batch_size = 16;
         p->epochs = 1, p->qat_epochs = 1, p->lr = 5e-5, p->qat_lr = 2e-5, p->calib_samples = 128;
         p->bench_rounds = 5;
-    } else if (p->qa && !strcmp(p->budget, "full")) {
+    } else if (p->qa) {
         /* one epoch on all 87,599 training questions, every dev question, run_qa.py's 384 tokens and its
          * example's batch size 12 */
         p->train_samples = 0, p->eval_samples = 0, p->max_seq_len = 384, p->batch_size = 12;
         p->epochs = 1, p->qat_epochs = 1, p->lr = 5e-5, p->qat_lr = 2e-5, p->calib_samples = 128;
         p->bench_rounds = 10;
-    } else if (!strcmp(p->budget, "small")) {
+    } else if (p->budget == BUDGET_SMALL) {
         p->train_samples = 4000, p->eval_samples = 2000, p->max_seq_len = 128, p->batch_size = 32;
         p->epochs = 1, p->qat_epochs = 1, p->lr = 5e-5, p->qat_lr = 2e-5, p->calib_samples = 128;
         p->bench_rounds = 5;
-    } else if (!strcmp(p->budget, "full")) {
+    } else {
         p->train_samples = 0, p->eval_samples = 0, p->max_seq_len = 128, p->batch_size = 32;
         p->epochs = 1, p->qat_epochs = 1, p->lr = 5e-5, p->qat_lr = 2e-5, p->calib_samples = 128;
         p->bench_rounds = 10;
-    } else {
-        return bq_err(BQ_EINVAL, "pipeline: --budget must be small or full, got '%s'", p->budget);
     }
-    return BQ_OK;
 }
 
 /* Checks the flags that depend on each other once args is parsed (args, distill_on and distill_off as
@@ -569,7 +574,6 @@ static int pipeline_budget(Pipeline *p) {
  * Returns BQ_OK, or BQ_EINVAL (via bq_err) naming the first flag at fault. */
 static int pipeline_check_flags(Pipeline *p, const BqArgs *args, int distill_on, int distill_off, BqScheme *scheme,
                                 BqPrecision *prec) {
-    int st;
     if (distill_on && distill_off) return bq_err(BQ_EINVAL, "pipeline: --distill and --no-distill exclude each other");
     if (p->qa && (distill_on || p->keep_fp32))
         return bq_err(BQ_EINVAL, "pipeline: --%s applies to --task cls only", distill_on ? "distill" : "keep-fp32");
@@ -585,10 +589,8 @@ static int pipeline_check_flags(Pipeline *p, const BqArgs *args, int distill_on,
         return bq_err(BQ_EINVAL, "pipeline: --distill-temperature must be > 0");
     if (bq_args_given(args, "max-drop") && !(p->keep_fp32 && !strcmp(p->keep_fp32, "auto")))
         return bq_err(BQ_EINVAL, "pipeline: --max-drop applies only with --keep-fp32 auto");
-    if ((st = bq_scheme_parse(scheme, p->scheme, "--scheme"))) return st;
-    if (strcmp(p->qat_ranges, "fixed") && strcmp(p->qat_ranges, "learn"))
-        return bq_err(BQ_EINVAL, "pipeline: --qat-ranges must be fixed or learn, got '%s'", p->qat_ranges);
-    if (bq_args_given(args, "qat-range-lr") && (strcmp(p->qat_ranges, "learn") || !(p->qat_range_lr > 0)))
+    *scheme = p->scheme;
+    if (bq_args_given(args, "qat-range-lr") && (p->qat_ranges != RANGES_LEARN || !(p->qat_range_lr > 0)))
         return bq_err(BQ_EINVAL, "pipeline: --qat-range-lr needs --qat-ranges learn and a value > 0");
     *prec = args->prec;
     bq_args_header(args);
@@ -601,15 +603,15 @@ static int pipeline_check_flags(Pipeline *p, const BqArgs *args, int distill_on,
  * *scheme and --precision into *prec. *help is set when --help printed the usage, and nothing else is
  * then done. Returns BQ_OK, or the status of the first error (BQ_EINVAL for a bad flag or value). */
 static int pipeline_parse(Pipeline *p, int argc, char **argv, BqScheme *scheme, BqPrecision *prec, int *help) {
-    p->budget = "small";
+    p->budget = BUDGET_SMALL;
     /* cpu: its int8 export is faster than fp32 on ONNX Runtime CPU (on an AMX Xeon, 2 threads, seq 128:
      * 1.67x at batch 1 and 2.47x at batch 32, where the ort scheme's ran at 0.87x and 0.81x) */
-    p->scheme = "cpu";
+    p->scheme = BQ_SCHEME_CPU;
     p->seed = 42;
     p->grad_accum = 1;
     p->bench_batches = "1,32";
-    p->task = "cls";
-    p->qat_ranges = "fixed";
+    p->qa = 0;
+    p->qat_ranges = RANGES_FIXED;
     p->qat_range_lr = -1;
     p->max_drop = -1;
     p->distill_alpha = 0.5, p->distill_temperature = 2.0, p->distill_hidden = 0.0;
@@ -620,15 +622,17 @@ static int pipeline_parse(Pipeline *p, int argc, char **argv, BqScheme *scheme, 
         {"model", BQ_ARG_STR, &p->model, "pretrained Hugging Face BERT directory", 1, 0, 0},
         {"data", BQ_ARG_STR, &p->data, "IMDB archive or aclImdb folder (or CSV/JSONL); --task qa: the folder with "
          "train-v1.1.json (or train-v1.1-rebuilt.json) and dev-v1.1.json", 1, 0, 0},
-        {"task", BQ_ARG_STR, &p->task, "cls (sequence classification) or qa (SQuAD v1.1 question answering: "
-         "exact match and F1 per stage, no bench)", 0, 0, 0},
+        {"task", BQ_ARG_ENUM, &p->qa, "cls (sequence classification) or qa (SQuAD v1.1 question answering: "
+         "exact match and F1 per stage, no bench)", 0, 0, 0, TASK_NAMES},
         {"out", BQ_ARG_OUT_MKDIR, &p->out, "run directory (created; stages already done are skipped)", 1, 0, 0},
-        {"budget", BQ_ARG_STR, &p->budget, "small (a few thousand reviews, seq 128) or full (IMDB recipe)", 0, 0, 0},
+        {"budget", BQ_ARG_ENUM, &p->budget, "small (a few thousand reviews, seq 128) or full (IMDB recipe)", 0, 0, 0,
+         BUDGET_NAMES},
         {"python", BQ_ARG_STR, &p->python, "Python with onnxruntime for the ONNX Runtime stages; none (or a path that "
          "is not executable) skips them " BQ_CLI_PYTHON_HELP, 0, 0, 0},
         {"seed", BQ_ARG_INT, &p->seed, "seed for every stage", 0, 0, 2147483647.0},
         {"force", BQ_ARG_FLAG, &p->force, "redo stages whose outputs exist", 0, 0, 0},
-        {"scheme", BQ_ARG_STR, &p->scheme, "quantization scheme of PTQ and QAT: cpu (for ONNX Runtime CPU), ort (ONNX Runtime QOrdered, CUDA) or qdqbert (TensorRT)", 0, 0, 0},
+        {"scheme", BQ_ARG_ENUM, BQ_ARG_ENUM_DST(&p->scheme), "quantization scheme of PTQ and QAT: cpu (for ONNX "
+         "Runtime CPU), ort (ONNX Runtime QOrdered, CUDA) or qdqbert (TensorRT)", 0, 0, 0, bq_scheme_names},
         /* overrides of the budget's recipe (< 0: the budget's value) */
         {"train-samples", BQ_ARG_INT, &p->train_samples, "training reviews incl. validation (0: all; -1: from --budget)", 0, -1, 1e9},
         {"eval-samples", BQ_ARG_INT, &p->eval_samples, "test reviews evaluated (0: all; -1: from --budget)", 0, -1, 1e9},
@@ -641,8 +645,8 @@ static int pipeline_parse(Pipeline *p, int argc, char **argv, BqScheme *scheme, 
         {"qat-epochs", BQ_ARG_FLOAT, &p->qat_epochs, "QAT epochs (-1: from --budget)", 0, -1, 1000},
         {"lr", BQ_ARG_FLOAT, &p->lr, "fp32 learning rate (-1: from --budget)", 0, -1, 1},
         {"qat-lr", BQ_ARG_FLOAT, &p->qat_lr, "QAT learning rate (-1: from --budget)", 0, -1, 1},
-        {"qat-ranges", BQ_ARG_STR, &p->qat_ranges, "QAT ranges: fixed (the PTQ ranges stay) or learn (each scale "
-         "trained from its PTQ value, LSQ)", 0, 0, 0},
+        {"qat-ranges", BQ_ARG_ENUM, &p->qat_ranges, "QAT ranges: fixed (the PTQ ranges stay) or learn (each scale "
+         "trained from its PTQ value, LSQ)", 0, 0, 0, RANGES_NAMES},
         {"qat-range-lr", BQ_ARG_FLOAT, &p->qat_range_lr, "--qat-ranges learn: learning rate of the scales (-1: the QAT "
          "learning rate)", 0, -1, 1},
         {"calib-samples", BQ_ARG_INT, &p->calib_samples, "calibration examples (-1: from --budget)", 0, -1, 1e9},
@@ -673,9 +677,6 @@ static int pipeline_parse(Pipeline *p, int argc, char **argv, BqScheme *scheme, 
     int st = bq_args_parse(&p->args, argc, argv);
     *help = p->args.help;
     if (st || p->args.help) return st;
-    if (strcmp(p->task, "cls") && strcmp(p->task, "qa"))
-        return bq_err(BQ_EINVAL, "pipeline: --task must be cls or qa, got '%s'", p->task);
-    p->qa = !strcmp(p->task, "qa");
     if ((st = pipeline_check_flags(p, &p->args, distill_on, distill_off, scheme, prec))) return st;
     p->cpu_scheme = *scheme == BQ_SCHEME_CPU;
     return BQ_OK;
@@ -684,26 +685,23 @@ static int pipeline_parse(Pipeline *p, int argc, char **argv, BqScheme *scheme, 
 /* Fills the settings the flags left at -1 from the recipe of --budget (pipeline_budget), checks the
  * resulting settings, that --model holds a config.json and that --data exists, and sets p->doc_stride,
  * p->train_data and p->eval_data (for --task qa the SQuAD files in the --data folder) and the table of
- * these derived settings (p->derived). Returns BQ_OK, BQ_EINVAL for --budget or a setting out of range,
+ * these derived settings (p->derived). Returns BQ_OK, BQ_EINVAL for a setting out of range,
  * or BQ_EIO for a missing model or data file. */
 static int pipeline_resolve(Pipeline *p) {
     Pipeline *b = bq_malloc(sizeof *b); /* the budget's recipe */
     b->qa = p->qa, b->budget = p->budget;
-    int st = pipeline_budget(b);
-    if (!st) {
-        if (p->train_samples < 0) p->train_samples = b->train_samples;
-        if (p->eval_samples < 0) p->eval_samples = b->eval_samples;
-        if (p->max_seq_len < 0) p->max_seq_len = b->max_seq_len;
-        if (p->batch_size < 0) p->batch_size = b->batch_size;
-        if (p->epochs < 0) p->epochs = b->epochs;
-        if (p->qat_epochs < 0) p->qat_epochs = b->qat_epochs;
-        if (p->lr < 0) p->lr = b->lr;
-        if (p->qat_lr < 0) p->qat_lr = b->qat_lr;
-        if (p->calib_samples < 0) p->calib_samples = b->calib_samples;
-        if (p->bench_rounds < 0) p->bench_rounds = b->bench_rounds;
-    }
+    pipeline_budget(b);
+    if (p->train_samples < 0) p->train_samples = b->train_samples;
+    if (p->eval_samples < 0) p->eval_samples = b->eval_samples;
+    if (p->max_seq_len < 0) p->max_seq_len = b->max_seq_len;
+    if (p->batch_size < 0) p->batch_size = b->batch_size;
+    if (p->epochs < 0) p->epochs = b->epochs;
+    if (p->qat_epochs < 0) p->qat_epochs = b->qat_epochs;
+    if (p->lr < 0) p->lr = b->lr;
+    if (p->qat_lr < 0) p->qat_lr = b->qat_lr;
+    if (p->calib_samples < 0) p->calib_samples = b->calib_samples;
+    if (p->bench_rounds < 0) p->bench_rounds = b->bench_rounds;
     free(b);
-    if (st) return st;
     if (!p->bench_batches[0] || strspn(p->bench_batches, "0123456789,") != strlen(p->bench_batches))
         return bq_err(BQ_EINVAL, "pipeline: --bench-batch-sizes '%s' is not a comma-separated list of batch sizes",
                       p->bench_batches);
@@ -824,8 +822,8 @@ static int pipeline_report(const Pipeline *p, BqScheme scheme, BqPrecision prec,
      * Every export is scored here on ONNX Runtime CPU. */
     const char *default_for = scheme == BQ_SCHEME_QDQBERT ? "TensorRT" : "ONNX Runtime QOrdered (CUDA)";
     char ptq_label[64], qat_label[64], int8_label[128], int8_note[1024];
-    snprintf(ptq_label, sizeof ptq_label, "PTQ (%s scheme, percentile 99.99)", p->scheme);
-    snprintf(qat_label, sizeof qat_label, "QAT (%s scheme)", p->scheme);
+    snprintf(ptq_label, sizeof ptq_label, "PTQ (%s scheme, percentile 99.99)", bq_scheme_names[p->scheme]);
+    snprintf(qat_label, sizeof qat_label, "QAT (%s scheme)", bq_scheme_names[p->scheme]);
     snprintf(int8_label, sizeof int8_label, "ONNX int8 QAT, default layout (for %s; ORT CPU here)", default_for);
     snprintf(int8_note, sizeof int8_note,
              "the layout for %s. ONNX Runtime CPU runs most of its Linears in fp32 behind dequantized weights, and "
@@ -875,7 +873,7 @@ static int pipeline_report(const Pipeline *p, BqScheme scheme, BqPrecision prec,
         "stage are listed under \"Stages as run\"";
     char runtime[800];
     pipeline_runtime(runtime, sizeof runtime, prec);
-    BqReportInfo info = {.model = p->model, .data = p->data, .budget = p->budget, .seconds = bq_now() - t0,
+    BqReportInfo info = {.model = p->model, .data = p->data, .budget = BUDGET_NAMES[p->budget], .seconds = bq_now() - t0,
                          .runtime = runtime, .recipe = recipe, .onnx_skipped = !have_python,
                          .stages = stages, .nstages = nstages, .bench_json = p->qa ? NULL : "bench.json",
                          .qa = p->qa, .fallback_ckpt = p->qa ? NULL : "ptq", .distill_ckpt = p->qa ? NULL : "qat"};
