@@ -341,11 +341,11 @@ unsigned bq_bert_linear_reach(int point) {
     return reach;
 }
 
-/* The output of the Linear (l, id) handed in through in->lin_reuse, copied into ctx->act with x's shape
- * and out_features as its last dimension; NULL when the caller gives none. */
-static BqTensor *lin_reused(BqCtx *ctx, const BqBertInput *in, int l, BqLinearId id, const BqTensor *x,
+/* The output of the Linear (l, id) handed in through r->lin_reuse, copied into ctx->act with x's shape
+ * and out_features as its last dimension; NULL when the caller gives none (r may be NULL). */
+static BqTensor *lin_reused(BqCtx *ctx, const BqBertReuse *r, int l, BqLinearId id, const BqTensor *x,
                             int64_t out_features) {
-    const float *src = in && in->lin_reuse ? in->lin_reuse[l * BQ_LIN_ENCODER + id] : NULL;
+    const float *src = r && r->lin_reuse ? r->lin_reuse[l * BQ_LIN_ENCODER + id] : NULL;
     if (!src) return NULL;
     int64_t shape[4];
     BQ_CHECK(x->ndim >= 1 && x->ndim <= 4);
@@ -356,9 +356,9 @@ static BqTensor *lin_reused(BqCtx *ctx, const BqBertInput *in, int l, BqLinearId
     return y;
 }
 
-/* Copies the output y of the Linear (l, id) to in->lin_keep when the caller asks for it. */
-static void lin_kept(const BqBertInput *in, int l, BqLinearId id, const BqTensor *y) {
-    float *dst = in && in->lin_keep ? in->lin_keep[l * BQ_LIN_ENCODER + id] : NULL;
+/* Copies the output y of the Linear (l, id) to r->lin_keep when the caller asks for it (r may be NULL). */
+static void lin_kept(const BqBertReuse *r, int l, BqLinearId id, const BqTensor *y) {
+    float *dst = r && r->lin_keep ? r->lin_keep[l * BQ_LIN_ENCODER + id] : NULL;
     if (dst) memcpy(dst, y->data, (size_t)bq_tensor_numel(y) * sizeof(float));
 }
 
@@ -375,9 +375,9 @@ static BqTensor *query_rows(BqCtx *ctx, BqTensor *y) {
 /* BertSelfAttention's three Linears of layer l on x (B,T,H): qkv[0..2] receive the query, key and value,
  * each through its output quantizer; cls_only: the query on token 0's rows only, as a (B,1,H) block
  * (query_rows). An engine hook may compute the three together (BQ_LIN_QKV) or each Linear; otherwise
- * xa, the query/key/value input quantized once by the cpu scheme, feeds them. io (may be NULL): the
+ * xa, the query/key/value input quantized once by the cpu scheme, feeds them. ru (may be NULL): the
  * Linear outputs to keep or reuse. Returns BQ_OK, or the hook's error with qkv partly set. */
-static int attention_qkv(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertInput *io, int l, BqTensor *x,
+static int attention_qkv(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertReuse *ru, int l, BqTensor *x,
                          int cls_only, BqTensor *qkv[3]) {
     const BqBertConfig *c = &m->cfg;
     BqBertLayer *L = &m->layers[l];
@@ -404,10 +404,10 @@ static int attention_qkv(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const Bq
         for (int j = 0; j < 3; j++) {
             const BqLinearId id = (BqLinearId)(BQ_LIN_Q + j);
             BqTensor *xj = j ? x : x0, *xaj = j ? xa : xa0;
-            if (!(qkv[j] = lin_reused(ctx, io, l, id, xj, W[j]->shape[0])) &&
+            if (!(qkv[j] = lin_reused(ctx, ru, l, id, xj, W[j]->shape[0])) &&
                 (st = linear(ctx, hk, qs, l, id, xj, xaj, in_pt[j], gx, W[j], w_pt[j], Bias[j], &qkv[j])))
                 return st;
-            lin_kept(io, l, id, qkv[j]);
+            lin_kept(ru, l, id, qkv[j]);
             qkv[j] = qact(qs, ctx, l, out_pt[j], qkv[j]);
         }
         if (cls_only) qkv[0] = query_rows(ctx, qkv[0]);
@@ -458,7 +458,7 @@ static BqTensor *attention_context(BqBert *m, BqCtx *ctx, int l, BqTensor *const
  * output quantizer, where cx is the attention context and x the layer input (both token 0's rows (B,H)
  * on the cls_only path), one fused op where no quantizer sits between the dropout, the residual add and
  * the LayerNorm (fp32, the cpu scheme). Returns BQ_OK, or the hook's error with *out unset. */
-static int attention_output(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertInput *io, int l, BqTensor *cx,
+static int attention_output(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertReuse *ru, int l, BqTensor *cx,
                             BqTensor *x, BqTensor **out) {
     const BqBertConfig *c = &m->cfg;
     BqBertLayer *L = &m->layers[l];
@@ -466,11 +466,11 @@ static int attention_output(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const
     int st;
 
     BqTensor *a;
-    if (!(a = lin_reused(ctx, io, l, BQ_LIN_AO, cx, L->ao_w.shape[0])) &&
+    if (!(a = lin_reused(ctx, ru, l, BQ_LIN_AO, cx, L->ao_w.shape[0])) &&
         (st = linear(ctx, hk, qs, l, BQ_LIN_AO, cx, cx, BQ_QP_AO_IN, grid_of(qs, l, BQ_QP_CONTEXT, -1), &L->ao_w,
                      BQ_QP_W_AO, &L->ao_b, &a)))
         return st;
-    lin_kept(io, l, BQ_LIN_AO, a);
+    lin_kept(ru, l, BQ_LIN_AO, a);
     if (!has_q(qs, l, BQ_QP_ADD1_LOCAL) && !has_q(qs, l, BQ_QP_ADD1_RESID) && !has_q(qs, l, BQ_QP_ATTN_RESID)) {
         a = bq_op_residual_layernorm_sole(ctx, a, c->hidden_dropout_prob, x, &L->ln1_w, &L->ln1_b, c->layer_norm_eps);
     } else {
@@ -486,7 +486,7 @@ static int attention_output(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const
 /* BertIntermediate and BertOutput of layer l on a, the attention block's output (B,T,H) or (B,H):
  * *y = LayerNorm(dropout(dense(gelu(dense(a)))) + a) through the layer's output quantizer. Returns
  * BQ_OK, or the hook's error with *y unset. */
-static int feed_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertInput *io, int l, BqTensor *a,
+static int feed_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertReuse *ru, int l, BqTensor *a,
                         BqTensor **y) {
     const BqBertConfig *c = &m->cfg;
     BqBertLayer *L = &m->layers[l];
@@ -497,17 +497,17 @@ static int feed_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqB
      * bias add and the GELU or an engine computes the Linear */
     BqTensor *h;
     int fuse_bias = !hk && !has_q(qs, l, BQ_QP_INTER_OUT);
-    if (!(h = lin_reused(ctx, io, l, BQ_LIN_I, a, L->i_w.shape[0])) &&
+    if (!(h = lin_reused(ctx, ru, l, BQ_LIN_I, a, L->i_w.shape[0])) &&
         (st = linear(ctx, hk, qs, l, BQ_LIN_I, a, a, BQ_QP_I_IN, grid_of(qs, l, BQ_QP_ATTN_LN, -1), &L->i_w,
                      BQ_QP_W_I, fuse_bias ? NULL : &L->i_b, &h)))
         return st;
-    lin_kept(io, l, BQ_LIN_I, h);
+    lin_kept(ru, l, BQ_LIN_I, h);
     h = qact(qs, ctx, l, BQ_QP_INTER_OUT, h);                                   /* (B,T,I) */
 
     /* BertOutput: LayerNorm(dropout(dense(h)) + a), fused as in attention_output. Where nothing sits
      * between the GELU and the dense (no quantizer, no engine), the two are one op that never keeps the
      * GELU output. */
-    BqTensor *o = lin_reused(ctx, io, l, BQ_LIN_O, h, L->o_w.shape[0]);
+    BqTensor *o = lin_reused(ctx, ru, l, BQ_LIN_O, h, L->o_w.shape[0]);
     if (o) {
         /* reused: neither the GELU nor the dense runs */
     } else if (fuse_bias && !has_q(qs, l, BQ_QP_GELU_OUT) && !has_q(qs, l, BQ_QP_O_IN)) {
@@ -519,7 +519,7 @@ static int feed_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqB
                          BQ_QP_W_O, &L->o_b, &o)))
             return st;
     }
-    lin_kept(io, l, BQ_LIN_O, o);
+    lin_kept(ru, l, BQ_LIN_O, o);
     if (!has_q(qs, l, BQ_QP_ADD2_LOCAL) && !has_q(qs, l, BQ_QP_ADD2_RESID) && !has_q(qs, l, BQ_QP_OUT_RESID)) {
         o = bq_op_residual_layernorm_sole(ctx, o, c->hidden_dropout_prob, a, &L->ln2_w, &L->ln2_b, c->layer_norm_eps);
     } else {
@@ -534,22 +534,22 @@ static int feed_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqB
 
 /* One BertLayer (attention, residual + LayerNorm, feed-forward, residual + LayerNorm) on x (B,T,H) →
  * (B,T,H); cls_only: the query, its attention row and everything after on token 0 only → (B,H)
- * (bq_bert_forward); key and value still on every token. io (may be NULL): the Linear outputs to keep or
- * reuse (BqBertInput.lin_keep, lin_reuse). The blocks run in this order, so the tape records the ops
+ * (bq_bert_forward); key and value still on every token. ru (may be NULL): the Linear outputs to keep or
+ * reuse (BqBertReuse.lin_keep, lin_reuse). The blocks run in this order, so the tape records the ops
  * exactly in the order of the model. */
-static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertInput *io, int l, BqTensor *x,
+static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqBertReuse *ru, int l, BqTensor *x,
                          const float *mask, int cls_only, BqTensor **y) {
     BqTensor *qkv[3] = {NULL, NULL, NULL}, *a;
     int st;
 
-    if ((st = attention_qkv(m, ctx, hk, io, l, x, cls_only, qkv))) return st;
+    if ((st = attention_qkv(m, ctx, hk, ru, l, x, cls_only, qkv))) return st;
     BqTensor *cx = attention_context(m, ctx, l, qkv, mask);
     if (cls_only) { /* from here every op is row-wise: token 0 of the context and of the residual */
         cx = bq_op_select_token(ctx, cx, 0);                                    /* (B,H) */
         x = bq_op_select_token(ctx, x, 0);
     }
-    if ((st = attention_output(m, ctx, hk, io, l, cx, x, &a))) return st;
-    return feed_forward(m, ctx, hk, io, l, a, y);
+    if ((st = attention_output(m, ctx, hk, ru, l, cx, x, &a))) return st;
+    return feed_forward(m, ctx, hk, ru, l, a, y);
 }
 
 /* Validates a batch against the model (ids, token types, lengths, labels): a bad value is a
@@ -624,31 +624,31 @@ static int cls_rows_only(const BqBert *m, const BqCtx *ctx, const BqBertInput *i
     return 1;
 }
 
-int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits, BqTensor **loss) {
-    return bq_bert_forward_hooked(m, ctx, in, NULL, logits, loss);
-}
-
-int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const BqLinearHook *hook,
-                           BqTensor **logits, BqTensor **loss) {
+/* The forward of bq_bert_forward, bq_bert_forward_hooked and bq_bert_forward_reuse: hook (may be NULL) is
+ * asked for every Linear, ru (may be NULL) names where to start and the Linear outputs to keep or reuse;
+ * never both. */
+static int forward_run(BqBert *m, BqCtx *ctx, const BqBertInput *in, const BqLinearHook *hook, const BqBertReuse *ru,
+                       BqTensor **logits, BqTensor **loss) {
     BQ_CHECK(m && ctx && ctx->act && in && logits);
     BQ_CHECK(!hook || !ctx->tape); /* engines compute forward values only */
-    BQ_CHECK(!hook || (!in->lin_keep && !in->lin_reuse)); /* an engine's Linears are its own */
-    BQ_CHECK(!ctx->tape || !in->lin_reuse);                /* a reused output has no tape node */
+    BQ_CHECK(!hook || !ru);        /* an engine's Linears are its own */
+    BQ_CHECK(!ru || !ctx->tape);   /* a reused output or a cached layer input has no tape node */
     const BqBertConfig *c = &m->cfg;
     *logits = NULL;
     if (loss) *loss = NULL;
     int labelled = 0;
     int st = check_input(m, in, &labelled);
     if (st) return st;
-    BQ_CHECK(in->start_layer >= 0 && in->start_layer < c->num_hidden_layers && (!in->start_layer || in->start_hidden));
-    BqTensor *x = in->start_layer > 0 ? in->start_hidden : embed(m, ctx, in);
+    const int start = ru ? ru->start_layer : 0;
+    BQ_CHECK(start >= 0 && start < c->num_hidden_layers && (!start || ru->start_hidden));
+    BqTensor *x = start > 0 ? ru->start_hidden : embed(m, ctx, in);
     const int cls_last = cls_rows_only(m, ctx, in);
-    for (int l = in->start_layer; l < c->num_hidden_layers; l++) {
+    for (int l = start; l < c->num_hidden_layers; l++) {
         BqTensor *y = NULL;
         const int cls_only = cls_last && l == c->num_hidden_layers - 1;
         if (hook && hook->layer && (st = hook->layer(hook->user, ctx, l, x, in->attention_mask, cls_only, &y)))
             return st;
-        if (!y && (st = layer_forward(m, ctx, hook, in, l, x, in->attention_mask, cls_only, &y))) return st;
+        if (!y && (st = layer_forward(m, ctx, hook, ru, l, x, in->attention_mask, cls_only, &y))) return st;
         x = y;
         if (in->hidden) in->hidden[l] = x;
     }
@@ -680,4 +680,18 @@ int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const B
         return st;
     if (loss && labelled) *loss = bq_op_cross_entropy(ctx, *logits, in->labels);
     return BQ_OK;
+}
+
+int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits, BqTensor **loss) {
+    return forward_run(m, ctx, in, NULL, NULL, logits, loss);
+}
+
+int bq_bert_forward_hooked(BqBert *m, BqCtx *ctx, const BqBertInput *in, const BqLinearHook *hook,
+                           BqTensor **logits, BqTensor **loss) {
+    return forward_run(m, ctx, in, hook, NULL, logits, loss);
+}
+
+int bq_bert_forward_reuse(BqBert *m, BqCtx *ctx, const BqBertInput *in, const BqBertReuse *r, BqTensor **logits) {
+    BQ_CHECK(r);
+    return forward_run(m, ctx, in, NULL, r, logits, NULL);
 }

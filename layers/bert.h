@@ -130,22 +130,8 @@ typedef struct BqBertInput {
     BqTensor **hidden;             /* NULL, or (num_hidden_layers) outputs: the forward stores each encoder
                                     * layer's output (B,T,H) there, tensors in ctx->act (distillation,
                                     * sensitivity); the last is (B,H) when that layer ran on [CLS] only */
-    int start_layer;               /* > 0: the embeddings and layers before it are skipped, and start_hidden */
-    BqTensor *start_hidden;        /* (B,T,H) is the input of layer start_layer (a cached prefix) */
     int all_rows;                  /* 1: compute every token of the last layer even where only [CLS] is
                                     * read (tests compare the two; see bq_bert_forward) */
-    /* Linear outputs kept and handed back (sensitivity): NULL, or (num_hidden_layers·BQ_LIN_ENCODER)
-     * entries indexed l·BQ_LIN_ENCODER + id for the six encoder Linears (BQ_LIN_Q … BQ_LIN_O). The
-     * output of a Linear is the tensor the forward goes on from: the product plus bias before any output
-     * quantizer, the intermediate dense without its bias where the GELU pass adds it, and the output
-     * dense as the fused GELU + dense where the forward fuses them. Its shape is the Linear's input's
-     * with the last dimension the weight's rows (hidden_size or intermediate_size).
-     * lin_keep[i] non-NULL: the forward copies that output there (room for B·T·features floats).
-     * lin_reuse[i] non-NULL (no tape): the forward copies that output from there instead of computing
-     * the Linear; the caller guarantees that it is what this forward would compute (the same Linear
-     * input and the same enabled quantizers up to the Linear: bq_bert_linear_reach). */
-    float *const *lin_keep;
-    const float *const *lin_reuse;
 } BqBertInput;
 
 /* Forward pass of BertForSequenceClassification: logits (B, num_labels); when the input has labels
@@ -173,7 +159,7 @@ typedef enum BqLinearId {
     BQ_LIN_Q, BQ_LIN_K, BQ_LIN_V, BQ_LIN_AO, BQ_LIN_I, BQ_LIN_O, BQ_LIN_QKV, BQ_LIN_POOLER, BQ_LIN_CLASSIFIER
 } BqLinearId;
 
-/* The six Linears of an encoder layer (BqBertInput.lin_keep, lin_reuse). */
+/* The six Linears of an encoder layer (BqBertReuse.lin_keep, lin_reuse). */
 #define BQ_LIN_ENCODER 6
 
 /* The encoder Linears of its own layer whose output a quantizer at `point` (a BqQPoint) can change, as a
@@ -184,6 +170,32 @@ typedef enum BqLinearId {
  * reach all six. The quantizers of other layers reach this layer's Linears only through its input (the
  * values and the grid they lie on). */
 unsigned bq_bert_linear_reach(int point);
+
+/* What an evaluation forward takes from, and leaves for, other forwards of the same batch
+ * (bq_bert_forward_reuse): `bertqat sensitivity` (src/sensitivity.c) runs one batch under many sets of
+ * enabled quantizers and recomputes only what each set can change. Nothing is owned.
+ * start_layer > 0: the embeddings and the layers before it are skipped, and start_hidden (B,T,H), the
+ * caller's copy of layer start_layer − 1's output, is the input of layer start_layer.
+ * lin_keep, lin_reuse: NULL, or (num_hidden_layers·BQ_LIN_ENCODER) entries indexed l·BQ_LIN_ENCODER + id
+ * for the six encoder Linears (BQ_LIN_Q … BQ_LIN_O). The output of a Linear is the tensor the forward
+ * goes on from: the product plus bias before any output quantizer, the intermediate dense without its
+ * bias where the GELU pass adds it, and the output dense as the fused GELU + dense where the forward
+ * fuses them. Its shape is the Linear's input's with the last dimension the weight's rows (hidden_size
+ * or intermediate_size). lin_keep[i] non-NULL: the forward copies that output there (room for
+ * B·T·features floats). lin_reuse[i] non-NULL: the forward copies that output from there instead of
+ * computing the Linear; the caller guarantees that it is what this forward would compute (the same
+ * Linear input and the same enabled quantizers up to the Linear: bq_bert_linear_reach). */
+typedef struct BqBertReuse {
+    int start_layer;
+    BqTensor *start_hidden;
+    float *const *lin_keep;
+    const float *const *lin_reuse;
+} BqBertReuse;
+
+/* bq_bert_forward without a tape and without the loss, taking and leaving what `r` names; every value
+ * it computes is the one bq_bert_forward computes on the same input with the same quantizers, so its
+ * logits are those of bq_bert_forward bit for bit when the caller's copies are. */
+int bq_bert_forward_reuse(BqBert *m, BqCtx *ctx, const BqBertInput *in, const BqBertReuse *r, BqTensor **logits);
 
 /* An inference engine that computes some Linears its own way (layers/bert_int8.h). run() receives the
  * Linear's input x before any input quantizer, and its fp32 weight and bias (NULL for BQ_LIN_QKV). It

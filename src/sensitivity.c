@@ -117,24 +117,21 @@ static void score(BqSensitivity *s, const BqBatch *b, const BqTensor *logits, in
 /* One forward of batch b with the current enabled flags, logits into *out (in s->act: the caller rewinds).
  * start > 0: from layer `start` on `from`, the output of layer start − 1 (B·T·H floats). keep_hidden (may
  * be NULL): receives the output of every layer but the last, (layers − 1)·B·T·H floats. keep, reuse (may
- * be NULL): BqBertInput.lin_keep and lin_reuse. */
+ * be NULL): BqBertReuse.lin_keep and lin_reuse (layers/bert.h). */
 static int forward_batch(BqSensitivity *s, const BqBatch *b, int start, const float *from, float *keep_hidden,
                          float *const *keep, const float *const *reuse, BqTensor **out) {
     BqCtx ctx = {.act = &s->act, .tape = NULL, .training = 0, .prec = s->m->prec};
     const int L = s->m->cfg.num_hidden_layers;
     const int64_t bth = b->B * b->T * s->m->cfg.hidden_size;
     BqBertInput in = bq_batch_input(b);
+    BqBertReuse r = {.start_layer = start, .lin_keep = keep, .lin_reuse = reuse};
     if (start > 0) {
         int64_t shape[3] = {b->B, b->T, s->m->cfg.hidden_size};
-        BqTensor *x = bq_tensor_new(&ctx, 3, shape);
-        memcpy(x->data, from, (size_t)bth * sizeof(float));
-        in.start_layer = start;
-        in.start_hidden = x;
+        r.start_hidden = bq_tensor_new(&ctx, 3, shape);
+        memcpy(r.start_hidden->data, from, (size_t)bth * sizeof(float));
     }
     if (keep_hidden) in.hidden = bq_arena_alloc_zero(&s->act, (size_t)L * sizeof(BqTensor *));
-    in.lin_keep = keep;
-    in.lin_reuse = reuse;
-    int st = bq_bert_forward(s->m, &ctx, &in, out, NULL);
+    int st = bq_bert_forward_reuse(s->m, &ctx, &in, &r, out);
     if (st) return st;
     s->forwards++;
     if (keep_hidden)
