@@ -141,6 +141,26 @@ IK_INLINE void load_head_f32(float *dst, const float *qkv, int64_t ld, const flo
     }
 }
 
+/* What one attention call reads, for either engine: the integer engine's query/key/value accumulators acc
+ * (B·T rows, leading dim 3H) with their compensation comp and scales qscale (3H), or, when acc is NULL,
+ * the fp32 engine's bias-free GEMM output qkv (B·T rows, leading dim 3H); the bias (3H), the optional
+ * (B,T) mask, the softmax scale, the context's code scale sq (integer engine) and the sizes. */
+typedef struct AttnIn {
+    const int32_t *acc, *comp;
+    const float *qscale, *qkv, *bias, *mask;
+    float scale, sq;
+    int64_t T, NH, d;
+} AttnIn;
+
+/* Q_h, K_h, V_h of sequence b and head h into the scratch after K_hᵀ and S (Kt + d·Tp + T·Tp), from
+ * whichever input in holds. */
+IK_INLINE void load_head(float *Kt, const AttnIn *in, int64_t b, int64_t h) {
+    const int64_t T = in->T, d = in->d, H = in->NH * d, ld = 3 * H;
+    float *dst = Kt + d * pad16(T) + T * pad16(T);
+    if (in->acc) dequant_head(dst, in->acc + b * T * ld, ld, in->comp, in->qscale, in->bias, H, h, T, d);
+    else load_head_f32(dst, in->qkv + b * T * ld, ld, in->bias, H, h, T, d);
+}
+
 /* S rows [0,R) (leading dim Tp) = the R query rows q (leading dim ldq) · Kt (d, Tp). */
 IK_INLINE void scores_rows(float *S, int64_t Tp, const float *q, int64_t ldq, const float *Kt, int64_t d,
                            const int R) {
@@ -162,10 +182,11 @@ IK_INLINE void scores_rows(float *S, int64_t Tp, const float *q, int64_t ldq, co
     }
 }
 
-/* C rows [0,R) (d columns, leading dim ldc) = P rows (leading dim Tp, T keys) · V (T, d, leading dim
- * ldv), written as codes at scale sq when codes is not NULL, else as fp32 to C. */
-IK_INLINE void context_rows(uint8_t *codes, float *C, int64_t ldc, const float *P, int64_t Tp, const float *V,
-                            int64_t ldv, int64_t T, int64_t d, float sq, const int R) {
+/* C rows [i, i+R) (d columns, leading dim ldc) = P rows [i, i+R) (leading dim Tp, T keys) · V (T, d,
+ * leading dim ldv), written as codes at scale sq when codes is not NULL, else as fp32 to C. */
+IK_INLINE void context_rows(uint8_t *codes, float *C, int64_t ldc, int64_t i, const float *S, int64_t Tp,
+                            const float *V, int64_t ldv, int64_t T, int64_t d, float sq, const int R) {
+    const float *P = S + i * Tp;
     for (int64_t c = 0; c < d; c += 16) {
         const int two = c + 16 <= d; /* d is a multiple of 8: the last block may be 8 wide */
         v8 acc[4][2];
@@ -181,14 +202,23 @@ IK_INLINE void context_rows(uint8_t *codes, float *C, int64_t ldc, const float *
         }
         for (int r = 0; r < R; r++) {
             if (!codes) {
-                *(v8u *)(C + r * ldc + c) = acc[r][0];
-                if (two) *(v8u *)(C + r * ldc + c + 8) = acc[r][1];
+                *(v8u *)(C + (i + r) * ldc + c) = acc[r][0];
+                if (two) *(v8u *)(C + (i + r) * ldc + c + 8) = acc[r][1];
                 continue;
             }
             for (int l = 0; l < (two ? 16 : 8); l++)
-                codes[r * ldc + c + l] = quant_u8(l < 8 ? acc[r][0][l] : acc[r][1][l - 8], sq);
+                codes[(i + r) * ldc + c + l] = quant_u8(l < 8 ? acc[r][0][l] : acc[r][1][l - 8], sq);
         }
     }
+}
+
+/* Kt[e][j] = k[j][e] (k: T rows, leading dim ld) for the keys j in [j0, T), one at a time, then zeros in
+ * the padding columns [T, Tp) that the 16-wide score blocks read. */
+IK_INLINE void transpose_tail(float *Kt, int64_t Tp, const float *k, int64_t ld, int64_t j0, int64_t T, int64_t d) {
+    for (int64_t j = j0; j < T; j++)
+        for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
+    for (int64_t e = 0; e < d; e++)
+        for (int64_t j = T; j < Tp; j++) Kt[e * Tp + j] = 0.0f;
 }
 
 /* The masked softmax of one row of T scores (row length Tp), in place: the operations and summation
@@ -312,11 +342,11 @@ IK_FMA_INLINE void transpose_fma(float *Kt, int64_t Tp, const float *k, int64_t 
         }
 }
 
-/* R rows of C = P·V (d columns, 16 or 8 at a time), as codes at scale sq when codes is not NULL, else
- * fp32 to C. */
-IK_FMA_INLINE void context_rows_fma(uint8_t *codes, float *C, int64_t ldc, const float *P, int64_t Tp,
+/* context_rows with fused multiply-adds, d columns 16 or 8 at a time. */
+IK_FMA_INLINE void context_rows_fma(uint8_t *codes, float *C, int64_t ldc, int64_t i, const float *S, int64_t Tp,
                                     const float *V, int64_t ldv, int64_t T, int64_t d, float sq, const int R) {
     const __m256 s = _mm256_set1_ps(sq);
+    const float *P = S + i * Tp;
     for (int64_t c = 0; c < d; c += 16) {
         const int two = c + 16 <= d;
         __m256 acc[4][2];
@@ -339,11 +369,11 @@ IK_FMA_INLINE void context_rows_fma(uint8_t *codes, float *C, int64_t ldc, const
         }
         for (int r = 0; r < R; r++) {
             if (codes) {
-                quant8_fma(codes + r * ldc + c, acc[r][0], s);
-                if (two) quant8_fma(codes + r * ldc + c + 8, acc[r][1], s);
+                quant8_fma(codes + (i + r) * ldc + c, acc[r][0], s);
+                if (two) quant8_fma(codes + (i + r) * ldc + c + 8, acc[r][1], s);
             } else {
-                _mm256_storeu_ps(C + r * ldc + c, acc[r][0]);
-                if (two) _mm256_storeu_ps(C + r * ldc + c + 8, acc[r][1]);
+                _mm256_storeu_ps(C + (i + r) * ldc + c, acc[r][0]);
+                if (two) _mm256_storeu_ps(C + (i + r) * ldc + c + 8, acc[r][1]);
             }
         }
     }
@@ -387,10 +417,7 @@ IK_FMA static void attn_core_fma(uint8_t *codes, float *C, int64_t ldc, const fl
     const int64_t Tp = pad16(T), T8 = T / 8 * 8, ld = d;
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
     transpose_fma(Kt, Tp, k, ld, T8, d);
-    for (int64_t j = T8; j < T; j++)
-        for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
-    for (int64_t e = 0; e < d; e++)
-        for (int64_t j = T; j < Tp; j++) Kt[e * Tp + j] = 0.0f;
+    transpose_tail(Kt, Tp, k, ld, T8, T, d);
     int64_t i = 0;
     for (; i + 4 <= T; i += 4) scores_rows_fma(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 4);
     for (; i < T; i++) scores_rows_fma(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 1);
@@ -398,20 +425,16 @@ IK_FMA static void attn_core_fma(uint8_t *codes, float *C, int64_t ldc, const fl
         if (T == T8) softmax_row_fma(S + i * Tp, mrow, scale, T);
         else softmax_row(S + i * Tp, mrow, scale, T);
     }
-    uint8_t *cq = codes;
-    float *cf = C;
-    for (i = 0; i + 4 <= T; i += 4, cq = codes ? cq + 4 * ldc : NULL, cf = C ? cf + 4 * ldc : NULL)
-        context_rows_fma(cq, cf, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 4);
-    for (; i < T; i++, cq = codes ? cq + ldc : NULL, cf = C ? cf + ldc : NULL)
-        context_rows_fma(cq, cf, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 1);
+    for (i = 0; i + 4 <= T; i += 4) context_rows_fma(codes, C, ldc, i, S, Tp, v, ld, T, d, sq, 4);
+    for (; i < T; i++) context_rows_fma(codes, C, ldc, i, S, Tp, v, ld, T, d, sq, 1);
 }
 
-/* One (batch, head) pair on AVX2 + FMA from the query/key/value accumulators, context as codes. */
-IK_FMA static void attn_head_fma(uint8_t *c, int64_t ldc, const int32_t *acc, int64_t lda, const int32_t *comp,
-                                 const float *qscale, const float *bias, int64_t h, const float *mrow, float *Kt,
-                                 float scale, float sq, int64_t T, int64_t d) {
-    dequant_head(Kt + d * pad16(T) + T * pad16(T), acc, lda, comp, qscale, bias, ldc, h, T, d);
-    attn_core_fma(c, NULL, ldc, mrow, Kt, scale, sq, T, d);
+/* One (batch, head) pair on AVX2 + FMA: its query, key and value loaded (here, so that the loads get
+ * the AVX2 code too), then attn_core_fma into codes or C (leading dim H). */
+IK_FMA static void attn_head_fma(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int64_t h, float *Kt) {
+    load_head(Kt, in, b, h);
+    attn_core_fma(codes, C, in->NH * in->d, in->mask ? in->mask + b * in->T : NULL, Kt, in->scale, in->sq, in->T,
+                  in->d);
 }
 
 /* x = gelu(x + bias) in place, gelu_quant_rows_fma's GELU, 8 columns at a time (N a multiple of 8). */
@@ -421,13 +444,6 @@ IK_FMA static void bias_gelu_rows_fma(float *x, const float *bias, int64_t M, in
         for (int64_t n = 0; n < N; n += 8)
             _mm256_storeu_ps(x + m * N + n,
                              gelu8_fma(_mm256_add_ps(_mm256_loadu_ps(x + m * N + n), _mm256_loadu_ps(bias + n))));
-}
-
-/* One (batch, head) pair of the fp32 attention on AVX2 + FMA, from the fp32 query/key/value GEMM output. */
-IK_FMA static void attn_head_f32_fma(float *c, int64_t ldc, const float *qkv, int64_t lda, const float *bias,
-                                     int64_t h, const float *mrow, float *Kt, float scale, int64_t T, int64_t d) {
-    load_head_f32(Kt + d * pad16(T) + T * pad16(T), qkv, lda, bias, ldc, h, T, d);
-    attn_core_fma(NULL, c, ldc, mrow, Kt, scale, 0.0f, T, d);
 }
 
 /* 1 when the CPU has AVX2 and FMA and the environment does not set BQ_INFER_PORTABLE (which tests
@@ -446,54 +462,51 @@ static void attn_core(uint8_t *codes, float *C, int64_t ldc, const float *mrow, 
                       int64_t T, int64_t d) {
     const int64_t Tp = pad16(T), ld = d;
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
-    for (int64_t j = 0; j < T; j++)
-        for (int64_t e = 0; e < d; e++) Kt[e * Tp + j] = k[j * ld + e];
-    for (int64_t e = 0; e < d; e++)
-        for (int64_t j = T; j < Tp; j++) Kt[e * Tp + j] = 0.0f;
+    transpose_tail(Kt, Tp, k, ld, 0, T, d);
     int64_t i = 0;
     for (; i + 4 <= T; i += 4) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 4);
     for (; i < T; i++) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 1);
     for (i = 0; i < T; i++) softmax_row(S + i * Tp, mrow, scale, T);
-    uint8_t *cq = codes;
-    float *cf = C;
-    for (i = 0; i + 4 <= T; i += 4, cq = codes ? cq + 4 * ldc : NULL, cf = C ? cf + 4 * ldc : NULL)
-        context_rows(cq, cf, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 4);
-    for (; i < T; i++, cq = codes ? cq + ldc : NULL, cf = C ? cf + ldc : NULL)
-        context_rows(cq, cf, ldc, S + i * Tp, Tp, v, ld, T, d, sq, 1);
+    for (i = 0; i + 4 <= T; i += 4) context_rows(codes, C, ldc, i, S, Tp, v, ld, T, d, sq, 4);
+    for (; i < T; i++) context_rows(codes, C, ldc, i, S, Tp, v, ld, T, d, sq, 1);
 }
 
-/* One (batch, head) pair, portable, from the query/key/value accumulators, context as codes. */
-static void attn_head(uint8_t *c, int64_t ldc, const int32_t *acc, int64_t lda, const int32_t *comp,
-                      const float *qscale, const float *bias, int64_t h, const float *mrow, float *Kt, float scale,
-                      float sq, int64_t T, int64_t d) {
-    dequant_head(Kt + d * pad16(T) + T * pad16(T), acc, lda, comp, qscale, bias, ldc, h, T, d);
-    attn_core(c, NULL, ldc, mrow, Kt, scale, sq, T, d);
+/* One (batch, head) pair, portable: attn_head_fma's steps. */
+static void attn_head(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int64_t h, float *Kt) {
+    load_head(Kt, in, b, h);
+    attn_core(codes, C, in->NH * in->d, in->mask ? in->mask + b * in->T : NULL, Kt, in->scale, in->sq, in->T, in->d);
 }
 
-/* The products use fused multiply-adds where the CPU has AVX2 and FMA (rounding differs from the
+/* The (batch, head) loop of both engines' attention, the context written as codes when codes is not
+ * NULL, else as fp32 to ctx ((B,T,H) either way). Each pair runs on one thread in that thread's scratch.
+ * The products use fused multiply-adds where the CPU has AVX2 and FMA (rounding differs from the
  * portable path's separate multiply and add, so results are the same on every CPU of one kind, not
  * across kinds; batch size and thread count never change them). */
-void bq_infer_attention(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
-                        const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
-                        float sq, int64_t B, int64_t T, int64_t NH, int64_t d) {
-    BQ_CHECK(d % 8 == 0 && omp_get_max_threads() <= nthreads);
-    const int64_t H = NH * d, lda = 3 * H, per = bq_infer_attention_scratch(T, d);
+static void attn_heads(uint8_t *codes, float *ctx, const AttnIn *in, float *scratch, int64_t nthreads, int64_t B) {
+    BQ_CHECK(in->d % 8 == 0 && omp_get_max_threads() <= nthreads);
+    const int64_t NH = in->NH, H = NH * in->d, per = bq_infer_attention_scratch(in->T, in->d);
     const int fma = have_fma();
 #pragma omp parallel for if (B * NH > 1) schedule(static)
     for (int64_t bh = 0; bh < B * NH; bh++) {
-        const int64_t b = bh / NH, h = bh % NH;
+        const int64_t b = bh / NH, h = bh % NH, off = b * in->T * H + h * in->d;
         float *Kt = scratch + (int64_t)omp_get_thread_num() * per;
-        const int32_t *a = acc + b * T * lda;
-        const float *mrow = mask ? mask + b * T : NULL;
-        uint8_t *c = codes + b * T * H + h * d;
+        uint8_t *c = codes ? codes + off : NULL;
+        float *f = ctx ? ctx + off : NULL;
 #if defined(__x86_64__) && defined(__GNUC__)
         if (fma) {
-            attn_head_fma(c, H, a, lda, comp, qscale, bias, h, mrow, Kt, scale, sq, T, d);
+            attn_head_fma(c, f, in, b, h, Kt);
             continue;
         }
 #endif
-        attn_head(c, H, a, lda, comp, qscale, bias, h, mrow, Kt, scale, sq, T, d);
+        attn_head(c, f, in, b, h, Kt);
     }
+}
+
+void bq_infer_attention(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
+                        const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
+                        float sq, int64_t B, int64_t T, int64_t NH, int64_t d) {
+    const AttnIn in = {acc, comp, qscale, NULL, bias, mask, scale, sq, T, NH, d};
+    attn_heads(codes, NULL, &in, scratch, nthreads, B);
 }
 
 /* With AVX2 and FMA (and N a multiple of 8) the fused multiply-add version: its values differ from the
@@ -512,33 +525,11 @@ void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp
 
 /* ---- fp32 attention and GELU (layers/bert_fp32.c) ---- */
 
-/* One (batch, head) pair of the fp32 attention, portable. */
-static void attn_head_f32(float *c, int64_t ldc, const float *qkv, int64_t lda, const float *bias, int64_t h,
-                          const float *mrow, float *Kt, float scale, int64_t T, int64_t d) {
-    load_head_f32(Kt + d * pad16(T) + T * pad16(T), qkv, lda, bias, ldc, h, T, d);
-    attn_core(NULL, c, ldc, mrow, Kt, scale, 0.0f, T, d);
-}
-
 void bq_infer_attention_f32(float *ctx, const float *qkv, const float *bias, const float *mask, float *scratch,
                             int64_t nthreads, float scale, int64_t B, int64_t T, int64_t NH, int64_t d) {
-    BQ_CHECK(d % 8 == 0 && omp_get_max_threads() <= nthreads);
-    const int64_t H = NH * d, lda = 3 * H, per = bq_infer_attention_scratch(T, d);
-    const int fma = have_fma();
-#pragma omp parallel for if (B * NH > 1) schedule(static)
-    for (int64_t bh = 0; bh < B * NH; bh++) {
-        const int64_t b = bh / NH, h = bh % NH;
-        float *Kt = scratch + (int64_t)omp_get_thread_num() * per;
-        const float *a = qkv + b * T * lda;
-        const float *mrow = mask ? mask + b * T : NULL;
-        float *c = ctx + b * T * H + h * d;
-#if defined(__x86_64__) && defined(__GNUC__)
-        if (fma) {
-            attn_head_f32_fma(c, H, a, lda, bias, h, mrow, Kt, scale, T, d);
-            continue;
-        }
-#endif
-        attn_head_f32(c, H, a, lda, bias, h, mrow, Kt, scale, T, d);
-    }
+    BQ_CHECK(qkv != NULL);
+    const AttnIn in = {NULL, NULL, NULL, qkv, bias, mask, scale, 0.0f, T, NH, d};
+    attn_heads(NULL, ctx, &in, scratch, nthreads, B);
 }
 
 void bq_infer_bias_gelu_f32(float *x, const float *bias, int64_t M, int64_t N) {

@@ -200,24 +200,40 @@ static int f32_exact(int64_t n, float ma, float mb) { return (double)n * ma * mb
 
 size_t bq_kernel_attn_int_scratch(int64_t T, int64_t d) { return (size_t)(2 * T * (T > d ? T : d)) * sizeof(float); }
 
+/* One (batch, head) product of both attention kernels: the codes of a (M, K; row stride lda, scale sa)
+ * into ac and of b (row stride ldb, scale sb; (N, K) with transb, for Q·Kᵀ, else (K, N), for P·V) into bc,
+ * both contiguous; then, when fp32 sums the K products exactly, out (M, N; row stride ldo) = (ac·bcᵀ or
+ * ac·bc)·fl(sa·sb) by one sgemm on the codes, returning 1. Returns 0 otherwise, the codes left in ac and
+ * bc for the caller's int32 sums. */
+BQ_INLINE int codes_gemm(float *out, int64_t ldo, float *ac, float *bc, const float *a, int64_t lda, float sa,
+                         const float *b, int64_t ldb, float sb, int transb, int64_t M, int64_t N, int64_t K) {
+    const int64_t bcols = transb ? K : N;
+    const float ma = head_codes(ac, a, M, K, lda, sa), mb = head_codes(bc, b, transb ? N : K, bcols, ldb, sb);
+    if (!f32_exact(K, ma, mb)) return 0;
+    const float f = sa * sb;
+    bq_gemm(BQ_PRECISION_FP32, BQ_NOTRANS, transb ? BQ_TRANS : BQ_NOTRANS, M, N, K, ac, K, bc, bcols, 0.0f, out, ldo);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) out[i * ldo + j] *= f;
+    return 1;
+}
+
+/* The calling thread's scratch in the kernels on codes: thread k's starts k·bq_kernel_attn_int_scratch(T, d)
+ * bytes into scratch. */
+static float *thread_scratch(void *scratch, int64_t T, int64_t d) {
+    return (float *)((char *)scratch + (size_t)omp_get_thread_num() * bq_kernel_attn_int_scratch(T, d));
+}
+
 BQ_VEC void bq_kernel_attn_scores_int_forward(float *scores, void *scratch, int nscratch, const float *q,
                                               const float *k, float sq, float sk, int64_t B, int64_t Tq, int64_t T,
                                               int64_t NH, int64_t d) {
     const int64_t H = NH * d;
-    const float f = sq * sk;
-    const size_t per = bq_kernel_attn_int_scratch(T, d);
 #pragma omp parallel for schedule(static) if (B * NH > 1) num_threads(nscratch)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         const int64_t b = bh / NH, h = bh % NH;
-        float *qc = (float *)((char *)scratch + (size_t)omp_get_thread_num() * per), *kc = qc + T * d;
-        const float mq = head_codes(qc, q + b * Tq * H + h * d, Tq, d, H, sq),
-                    mk = head_codes(kc, k + b * T * H + h * d, T, d, H, sk);
-        float *out = scores + bh * Tq * T;
-        if (f32_exact(d, mq, mk)) {
-            bq_gemm(BQ_PRECISION_FP32, BQ_NOTRANS, BQ_TRANS, Tq, T, d, qc, d, kc, d, 0.0f, out, T);
-            for (int64_t i = 0; i < Tq * T; i++) out[i] *= f;
+        float *qc = thread_scratch(scratch, T, d), *kc = qc + T * d, *out = scores + bh * Tq * T;
+        if (codes_gemm(out, T, qc, kc, q + b * Tq * H + h * d, H, sq, k + b * T * H + h * d, H, sk, 1, Tq, T, d))
             continue;
-        }
+        const float f = sq * sk;
         for (int64_t i = 0; i < Tq; i++)
             for (int64_t j = 0; j < T; j++) {
                 int32_t acc = 0;
@@ -231,20 +247,13 @@ BQ_VEC void bq_kernel_attn_context_int_forward(float *ctx, void *scratch, int ns
                                                const float *v, float sp, float sv, int64_t B, int64_t Tq, int64_t T,
                                                int64_t NH, int64_t d) {
     const int64_t H = NH * d;
-    const float f = sp * sv;
-    const size_t per = bq_kernel_attn_int_scratch(T, d);
 #pragma omp parallel for schedule(static) if (B * NH > 1) num_threads(nscratch)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         const int64_t b = bh / NH, h = bh % NH, off = b * Tq * H + h * d;
-        float *pc = (float *)((char *)scratch + (size_t)omp_get_thread_num() * per), *vc = pc + T * T;
-        const float mp = head_codes(pc, probs + bh * Tq * T, Tq, T, T, sp),
-                    mv = head_codes(vc, v + b * T * H + h * d, T, d, H, sv);
-        if (f32_exact(T, mp, mv)) {
-            bq_gemm(BQ_PRECISION_FP32, BQ_NOTRANS, BQ_NOTRANS, Tq, d, T, pc, T, vc, d, 0.0f, ctx + off, H);
-            for (int64_t i = 0; i < Tq; i++)
-                for (int64_t c = 0; c < d; c++) ctx[off + i * H + c] *= f;
+        float *pc = thread_scratch(scratch, T, d), *vc = pc + T * T;
+        if (codes_gemm(ctx + off, H, pc, vc, probs + bh * Tq * T, T, sp, v + b * T * H + h * d, H, sv, 0, Tq, d, T))
             continue;
-        }
+        const float f = sp * sv;
         int32_t acc[512];
         for (int64_t c0 = 0; c0 < d; c0 += 512) {
             const int64_t dc = d - c0 < 512 ? d - c0 : 512;

@@ -55,9 +55,10 @@ void bq_tape_free(BqTape *t) {
     t->n = t->cap = 0;
 }
 
-/* Grows geometrically if a model records more nodes than the capacity it asked for (first step only;
- * the tape is rewound, not freed, between steps). */
-static BqNode *tape_push(BqCtx *ctx, BqOp op, BqTensor *out) {
+/* Appends the node of op with its output and up to three inputs (NULL where the op has fewer). Grows
+ * geometrically if a model records more nodes than the capacity it asked for (first step only; the tape
+ * is rewound, not freed, between steps). */
+static BqNode *tape_push(BqCtx *ctx, BqOp op, BqTensor *out, BqTensor *in0, BqTensor *in1, BqTensor *in2) {
     BqTape *t = ctx->tape;
     if (t->n == t->cap) {
         t->cap = t->cap ? 2 * t->cap : 64;
@@ -73,6 +74,7 @@ static BqNode *tape_push(BqCtx *ctx, BqOp op, BqTensor *out) {
     }
     nd->op = op;
     nd->out = out;
+    nd->in[0] = in0, nd->in[1] = in1, nd->in[2] = in2;
     nd->prec = ctx->prec;
     return nd;
 }
@@ -160,8 +162,7 @@ BqTensor *bq_op_linear(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b) {
     BqTensor *y = new_last(ctx, x, OC);
     bq_kernel_linear_forward(y->data, x->data, w->data, b ? b->data : NULL, N, C, OC, ctx->prec);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_LINEAR, y);
-        nd->in[0] = x, nd->in[1] = w, nd->in[2] = b;
+        BqNode *nd = tape_push(ctx, BQ_OP_LINEAR, y, x, w, b);
         nd->iparam[0] = N, nd->iparam[1] = C, nd->iparam[2] = OC;
     }
     return y;
@@ -188,8 +189,7 @@ BqTensor *bq_op_linear_qgemm(BqCtx *ctx, BqTensor *x, float sx, BqTensor *w, str
         BQ_CHECK(rc == BQ_OK);
     }
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_LINEAR, y);
-        nd->in[0] = x, nd->in[1] = w, nd->in[2] = b;
+        BqNode *nd = tape_push(ctx, BQ_OP_LINEAR, y, x, w, b);
         nd->iparam[0] = N, nd->iparam[1] = C, nd->iparam[2] = OC;
     }
     return y;
@@ -201,33 +201,56 @@ static void back_linear(BqNode *nd) {
                               nd->iparam[1], nd->iparam[2], nd->prec);
 }
 
-/* Checks q (B,Tq,H) against k (B,T,H): Tq = T, or Tq < T without a tape (the backwards take Tq = T). */
-static void check_query_rows(const BqCtx *ctx, const BqTensor *q, const BqTensor *k, int nheads) {
+/* The scores (B,NH,Tq,T) of q (B,Tq,H) against k (B,T,H), allocated after the checks: Tq = T, or Tq < T
+ * without a tape (the backwards take Tq = T). */
+static BqTensor *new_scores(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads) {
+    CONTIG(q);
+    CONTIG(k);
     BQ_CHECK(q->ndim == 3 && k->ndim == 3 && nheads > 0);
     BQ_CHECK(q->shape[0] == k->shape[0] && q->shape[2] == k->shape[2] && q->shape[2] % nheads == 0);
     BQ_CHECK(q->shape[1] == k->shape[1] || (!ctx->tape && q->shape[1] < k->shape[1]));
+    int64_t shape[4] = {q->shape[0], nheads, q->shape[1], k->shape[1]};
+    return bq_tensor_new(ctx, 4, shape);
 }
 
-/* Checks probs (B,NH,Tq,T) against v (B,T,H), as check_query_rows. */
-static void check_prob_rows(const BqCtx *ctx, const BqTensor *probs, const BqTensor *v, int nheads) {
+/* The context (B,Tq,H) of probs (B,NH,Tq,T) over v (B,T,H), allocated after the checks (Tq as
+ * new_scores). */
+static BqTensor *new_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nheads) {
+    CONTIG(probs);
+    CONTIG(v);
     BQ_CHECK(probs->ndim == 4 && v->ndim == 3 && nheads > 0 && v->shape[2] % nheads == 0);
     BQ_CHECK(probs->shape[0] == v->shape[0] && probs->shape[1] == nheads && probs->shape[3] == v->shape[1]);
     BQ_CHECK(probs->shape[2] == v->shape[1] || (!ctx->tape && probs->shape[2] < v->shape[1]));
+    int64_t shape[3] = {v->shape[0], probs->shape[2], v->shape[2]};
+    return bq_tensor_new(ctx, 3, shape);
+}
+
+/* Records an attention product (op BQ_OP_ATTN_SCORES with q, k or BQ_OP_ATTN_CONTEXT with probs, v):
+ * its backward reads B, T, the head count and the head size from iparam, all of them known from the
+ * second input b (B,T,H). Returns the node, NULL without a tape. */
+static BqNode *record_attn(BqCtx *ctx, BqOp op, BqTensor *out, BqTensor *a, BqTensor *b, int nheads) {
+    if (!ctx->tape) return NULL;
+    BqNode *nd = tape_push(ctx, op, out, a, b, NULL);
+    nd->iparam[0] = b->shape[0], nd->iparam[1] = b->shape[1], nd->iparam[2] = nheads;
+    nd->iparam[3] = b->shape[2] / nheads;
+    return nd;
+}
+
+/* The two floating-point attention products (autograd/kernels.h bq_kernel_attn_{scores,context}_forward),
+ * which take the same arguments: (out, a, b, B, Tq, T, NH, d, precision). */
+typedef void (*AttnKernel)(float *, const float *, const float *, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           BqPrecision);
+
+/* Runs kernel on a (Tq query rows) and b (B,T,H) into out and records the node. */
+static void attn_fp(BqCtx *ctx, AttnKernel kernel, BqOp op, BqTensor *out, BqTensor *a, BqTensor *b, int64_t Tq,
+                    int nheads) {
+    kernel(out->data, a->data, b->data, b->shape[0], Tq, b->shape[1], nheads, b->shape[2] / nheads, ctx->prec);
+    record_attn(ctx, op, out, a, b, nheads);
 }
 
 BqTensor *bq_op_attn_scores(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads) {
-    CONTIG(q);
-    CONTIG(k);
-    check_query_rows(ctx, q, k, nheads);
-    int64_t B = q->shape[0], Tq = q->shape[1], T = k->shape[1], H = q->shape[2];
-    int64_t shape[4] = {B, nheads, Tq, T};
-    BqTensor *s = bq_tensor_new(ctx, 4, shape);
-    bq_kernel_attn_scores_forward(s->data, q->data, k->data, B, Tq, T, nheads, H / nheads, ctx->prec);
-    if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_ATTN_SCORES, s);
-        nd->in[0] = q, nd->in[1] = k;
-        nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = nheads, nd->iparam[3] = H / nheads;
-    }
+    BqTensor *s = new_scores(ctx, q, k, nheads);
+    attn_fp(ctx, bq_kernel_attn_scores_forward, BQ_OP_ATTN_SCORES, s, q, k, q->shape[1], nheads);
     return s;
 }
 
@@ -238,63 +261,41 @@ static void back_attn_scores(BqNode *nd) {
 }
 
 BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nheads) {
-    CONTIG(probs);
-    CONTIG(v);
-    check_prob_rows(ctx, probs, v, nheads);
-    int64_t B = v->shape[0], Tq = probs->shape[2], T = v->shape[1], H = v->shape[2];
-    int64_t shape[3] = {B, Tq, H};
-    BqTensor *c = bq_tensor_new(ctx, 3, shape);
-    bq_kernel_attn_context_forward(c->data, probs->data, v->data, B, Tq, T, nheads, H / nheads, ctx->prec);
-    if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_ATTN_CONTEXT, c);
-        nd->in[0] = probs, nd->in[1] = v;
-        nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = nheads, nd->iparam[3] = H / nheads;
-    }
+    BqTensor *c = new_context(ctx, probs, v, nheads);
+    attn_fp(ctx, bq_kernel_attn_context_forward, BQ_OP_ATTN_CONTEXT, c, probs, v, probs->shape[2], nheads);
     return c;
 }
 
-/* The two attention products on integer codes (autograd/kernels.h bq_kernel_attn_*_int_forward): the
- * same tape nodes as bq_op_attn_scores / bq_op_attn_context, so the backward is theirs. */
-BqTensor *bq_op_attn_scores_int(BqCtx *ctx, BqTensor *q, BqTensor *k, float sq, float sk, int nheads) {
-    CONTIG(q);
-    CONTIG(k);
-    BQ_CHECK(sq > 0.0f && sk > 0.0f);
-    check_query_rows(ctx, q, k, nheads);
-    int64_t B = q->shape[0], Tq = q->shape[1], T = k->shape[1], H = q->shape[2];
-    int64_t shape[4] = {B, nheads, Tq, T};
-    BqTensor *s = bq_tensor_new(ctx, 4, shape);
+/* The two attention products on integer codes (autograd/kernels.h bq_kernel_attn_*_int_forward), which
+ * take the same arguments: (out, scratch, threads, a, b, scale of a, scale of b, B, Tq, T, NH, d). */
+typedef void (*AttnIntKernel)(float *, void *, int, const float *, const float *, float, float, int64_t, int64_t,
+                              int64_t, int64_t, int64_t);
+
+/* Runs kernel on a (Tq query rows) and b (B,T,H) into out, each thread's scratch
+ * (bq_kernel_attn_int_scratch) in the activation arena for the call only, and records the node of the
+ * floating-point product op, whose backward serves both. */
+static void attn_int(BqCtx *ctx, AttnIntKernel kernel, BqOp op, BqTensor *out, BqTensor *a, BqTensor *b, float sa,
+                     float sb, int64_t Tq, int nheads) {
+    BQ_CHECK(sa > 0.0f && sb > 0.0f);
+    const int64_t T = b->shape[1], d = b->shape[2] / nheads;
     const size_t mark = bq_arena_mark(ctx->act);
     const int nthr = omp_get_max_threads();
-    void *scratch = bq_arena_alloc(ctx->act, (size_t)nthr * bq_kernel_attn_int_scratch(T, H / nheads));
-    bq_kernel_attn_scores_int_forward(s->data, scratch, nthr, q->data, k->data, sq, sk, B, Tq, T, nheads, H / nheads);
+    void *scratch = bq_arena_alloc(ctx->act, (size_t)nthr * bq_kernel_attn_int_scratch(T, d));
+    kernel(out->data, scratch, nthr, a->data, b->data, sa, sb, b->shape[0], Tq, T, nheads, d);
     bq_arena_rewind(ctx->act, mark);
-    if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_ATTN_SCORES, s);
-        nd->in[0] = q, nd->in[1] = k;
-        nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = nheads, nd->iparam[3] = H / nheads;
-    }
+    record_attn(ctx, op, out, a, b, nheads);
+}
+
+BqTensor *bq_op_attn_scores_int(BqCtx *ctx, BqTensor *q, BqTensor *k, float sq, float sk, int nheads) {
+    BqTensor *s = new_scores(ctx, q, k, nheads);
+    attn_int(ctx, bq_kernel_attn_scores_int_forward, BQ_OP_ATTN_SCORES, s, q, k, sq, sk, q->shape[1], nheads);
     return s;
 }
 
 BqTensor *bq_op_attn_context_int(BqCtx *ctx, BqTensor *probs, BqTensor *v, float sp, float sv, int nheads) {
-    CONTIG(probs);
-    CONTIG(v);
-    BQ_CHECK(sp > 0.0f && sv > 0.0f);
-    check_prob_rows(ctx, probs, v, nheads);
-    int64_t B = v->shape[0], Tq = probs->shape[2], T = v->shape[1], H = v->shape[2];
-    int64_t shape[3] = {B, Tq, H};
-    BqTensor *c = bq_tensor_new(ctx, 3, shape);
-    const size_t mark = bq_arena_mark(ctx->act);
-    const int nthr = omp_get_max_threads();
-    void *scratch = bq_arena_alloc(ctx->act, (size_t)nthr * bq_kernel_attn_int_scratch(T, H / nheads));
-    bq_kernel_attn_context_int_forward(c->data, scratch, nthr, probs->data, v->data, sp, sv, B, Tq, T, nheads,
-                                       H / nheads);
-    bq_arena_rewind(ctx->act, mark);
-    if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_ATTN_CONTEXT, c);
-        nd->in[0] = probs, nd->in[1] = v;
-        nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = nheads, nd->iparam[3] = H / nheads;
-    }
+    BqTensor *c = new_context(ctx, probs, v, nheads);
+    attn_int(ctx, bq_kernel_attn_context_int_forward, BQ_OP_ATTN_CONTEXT, c, probs, v, sp, sv, probs->shape[2],
+             nheads);
     return c;
 }
 
@@ -307,24 +308,18 @@ typedef struct CtxDropSaved {
 BqTensor *bq_op_attn_context_dropout(BqCtx *ctx, BqTensor *probs, float p, BqTensor *v, int nheads) {
     BQ_CHECK(p >= 0.0f && p < 1.0f);
     if (!ctx->training || p == 0.0f) return bq_op_attn_context(ctx, probs, v, nheads);
-    CONTIG(probs);
-    CONTIG(v);
-    BQ_CHECK(probs->ndim == 4 && v->ndim == 3 && nheads > 0);
+    BqTensor *c = new_context(ctx, probs, v, nheads);
+    BQ_CHECK(probs->shape[2] == v->shape[1]); /* all T query rows: the backward recomputes the dropout */
     int64_t B = v->shape[0], T = v->shape[1], H = v->shape[2];
-    BQ_CHECK(H % nheads == 0);
-    BQ_CHECK(probs->shape[0] == B && probs->shape[1] == nheads && probs->shape[2] == T && probs->shape[3] == T);
-    BqTensor *c = bq_tensor_new(ctx, 3, v->shape);
     CtxDropSaved *sv = bq_arena_alloc(ctx->act, sizeof(CtxDropSaved));
     sv->nscratch = omp_get_max_threads();
     sv->scratch = bq_arena_alloc(ctx->act, (size_t)sv->nscratch * (size_t)(T * T) * sizeof(float));
     sv->key = next_dropout_key(ctx);
     bq_kernel_attn_context_dropout_forward(c->data, sv->scratch, sv->nscratch, probs->data, v->data, p, sv->key, B, T,
                                            nheads, H / nheads, ctx->prec);
-    if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_ATTN_CONTEXT, c);
-        nd->in[0] = probs, nd->in[1] = v;
+    BqNode *nd = record_attn(ctx, BQ_OP_ATTN_CONTEXT, c, probs, v, nheads);
+    if (nd) {
         nd->saved = sv;
-        nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = nheads, nd->iparam[3] = H / nheads;
         nd->fval[0] = p;
     }
     return c;
@@ -361,8 +356,7 @@ BqTensor *bq_op_add(BqCtx *ctx, BqTensor *a, BqTensor *b) {
     BqTensor *y = new_like(ctx, a);
     bq_kernel_add_forward(y->data, a->data, b->data, n, C, bc);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_ADD, y);
-        nd->in[0] = a, nd->in[1] = b;
+        BqNode *nd = tape_push(ctx, BQ_OP_ADD, y, a, b, NULL);
         nd->iparam[0] = n, nd->iparam[1] = C, nd->iparam[2] = bc;
     }
     return y;
@@ -386,8 +380,7 @@ BqTensor *bq_op_embedding_pad(BqCtx *ctx, BqTensor *table, const int32_t *ids, i
     BqTensor *y = bq_tensor_new(ctx, 3, shape);
     bq_kernel_embedding_forward(y->data, table->data, ids, B * T, H);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_EMBEDDING, y);
-        nd->in[0] = table;
+        BqNode *nd = tape_push(ctx, BQ_OP_EMBEDDING, y, table, NULL, NULL);
         nd->ids = ids;
         nd->iparam[0] = B * T, nd->iparam[1] = H, nd->iparam[2] = padding_idx;
     }
@@ -416,8 +409,7 @@ BqTensor *bq_op_layernorm(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b, flo
     sv->rstd = bq_arena_alloc(ctx->act, (size_t)N * sizeof(float));
     bq_kernel_layernorm_forward(y->data, sv->mean, sv->rstd, x->data, w->data, b->data, N, H, eps);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_LAYERNORM, y);
-        nd->in[0] = x, nd->in[1] = w, nd->in[2] = b;
+        BqNode *nd = tape_push(ctx, BQ_OP_LAYERNORM, y, x, w, b);
         nd->saved = sv;
         nd->iparam[0] = N, nd->iparam[1] = H;
         nd->fval[0] = eps;
@@ -440,8 +432,7 @@ static BqTensor *unary_op(BqCtx *ctx, BqOp op, BqTensor *x) {
     else
         bq_kernel_tanh_forward(y->data, x->data, n);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, op, y);
-        nd->in[0] = x;
+        BqNode *nd = tape_push(ctx, op, y, x, NULL, NULL);
         nd->iparam[0] = n;
     }
     return y;
@@ -467,8 +458,8 @@ static BqTensor *softmax_mask(BqCtx *ctx, BqTensor *x, const float *mask, float 
     BqTensor *y = sole ? x : new_like(ctx, x);
     bq_kernel_softmax_mask_forward(y->data, x->data, mask, scale, mask_value, B, NH, Tq, T);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_SOFTMAX_MASK, y); /* backward needs only y, the output itself */
-        nd->in[0] = x;
+        /* the backward needs only y, the output itself */
+        BqNode *nd = tape_push(ctx, BQ_OP_SOFTMAX_MASK, y, x, NULL, NULL);
         nd->fparam = mask;
         nd->iparam[0] = B * NH * Tq, nd->iparam[1] = T, nd->iparam[2] = sole;
         nd->fval[0] = scale, nd->fval[1] = mask_value;
@@ -512,8 +503,7 @@ static BqTensor *dropout(BqCtx *ctx, BqTensor *x, float p, int sole) {
     }
     bq_kernel_dropout_forward(y->data, x->data, p, key, n);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_DROPOUT, y);
-        nd->in[0] = x;
+        BqNode *nd = tape_push(ctx, BQ_OP_DROPOUT, y, x, NULL, NULL);
         nd->iparam[0] = n, nd->iparam[1] = (int64_t)key, nd->iparam[2] = sole;
         nd->fval[0] = p;
     }
@@ -555,8 +545,7 @@ static BqTensor *bias_gelu(BqCtx *ctx, BqTensor *x, BqTensor *b, int sole) {
     }
     bq_kernel_bias_gelu_forward(y->data, x->data, b ? b->data : NULL, N, C);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_BIAS_GELU, y);
-        nd->in[0] = x, nd->in[1] = b;
+        BqNode *nd = tape_push(ctx, BQ_OP_BIAS_GELU, y, x, b, NULL);
         nd->iparam[0] = N, nd->iparam[1] = C;
     }
     return y;
@@ -595,8 +584,7 @@ static BqTensor *residual_layernorm(BqCtx *ctx, BqTensor *a, float p, BqTensor *
     bq_kernel_residual_layernorm_forward(y->data, sv->sum, sv->mean, sv->rstd, a->data, b->data, w->data, beta->data,
                                          p, key, N, H, eps);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_RESIDUAL_LAYERNORM, y);
-        nd->in[0] = a, nd->in[1] = b, nd->in[2] = w;
+        BqNode *nd = tape_push(ctx, BQ_OP_RESIDUAL_LAYERNORM, y, a, b, w);
         sv->beta = beta;
         nd->saved = sv;
         nd->iparam[0] = N, nd->iparam[1] = H, nd->iparam[2] = (int64_t)key;
@@ -631,8 +619,7 @@ BqTensor *bq_op_select_token(BqCtx *ctx, BqTensor *x, int64_t t) {
     BqTensor *y = bq_tensor_new(ctx, 2, shape);
     bq_kernel_select_token_forward(y->data, x->data, B, T, H, t);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_SELECT_TOKEN, y);
-        nd->in[0] = x;
+        BqNode *nd = tape_push(ctx, BQ_OP_SELECT_TOKEN, y, x, NULL, NULL);
         nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = H, nd->iparam[3] = t;
     }
     return y;
@@ -654,8 +641,7 @@ BqTensor *bq_op_cross_entropy(BqCtx *ctx, BqTensor *logits, const int32_t *label
     float *probs = bq_arena_alloc(ctx->act, (size_t)(B * C) * sizeof(float));
     bq_kernel_cross_entropy_forward(loss->data, probs, logits->data, labels, B, C);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_CROSS_ENTROPY, loss);
-        nd->in[0] = logits;
+        BqNode *nd = tape_push(ctx, BQ_OP_CROSS_ENTROPY, loss, logits, NULL, NULL);
         nd->ids = labels;
         nd->saved = probs;
         nd->iparam[0] = B, nd->iparam[1] = C;
@@ -680,8 +666,7 @@ BqTensor *bq_op_span_cross_entropy(BqCtx *ctx, BqTensor *logits, const int32_t *
     int64_t cnt[2];
     bq_kernel_span_ce_forward(loss->data, probs, cnt, logits->data, pos, B, T);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_SPAN_CROSS_ENTROPY, loss);
-        nd->in[0] = logits;
+        BqNode *nd = tape_push(ctx, BQ_OP_SPAN_CROSS_ENTROPY, loss, logits, NULL, NULL);
         nd->ids = pos;
         nd->saved = probs;
         nd->iparam[0] = B, nd->iparam[1] = T, nd->iparam[2] = cnt[0], nd->iparam[3] = cnt[1];
@@ -743,8 +728,7 @@ static BqTensor *fakequant(BqCtx *ctx, BqTensor *x, const float *scale, float *d
         const int64_t n = bq_tensor_numel(x);
         uint32_t *bits = bq_arena_alloc(ctx->act, (size_t)((n + 31) / 32 > 0 ? (n + 31) / 32 : 1) * sizeof(uint32_t));
         bq_kernel_fakequant_forward_bits(x->data, bits, scale[0], n, qmin, qmax);
-        BqNode *nd = tape_push(ctx, BQ_OP_FAKEQUANT, x);
-        nd->in[0] = x;
+        BqNode *nd = tape_push(ctx, BQ_OP_FAKEQUANT, x, x, NULL, NULL);
         nd->fparam = scale;
         nd->iparam[0] = outer, nd->iparam[1] = nscale, nd->iparam[2] = inner;
         nd->iparam[3] = (int64_t)(uint32_t)qmin | ((int64_t)(uint32_t)qmax << 32);
@@ -764,8 +748,7 @@ static BqTensor *fakequant(BqCtx *ctx, BqTensor *x, const float *scale, float *d
     }
     bq_kernel_fakequant_forward(y->data, x->data, scale, outer, nscale, inner, qmin, qmax);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_FAKEQUANT, y);
-        nd->in[0] = x;
+        BqNode *nd = tape_push(ctx, BQ_OP_FAKEQUANT, y, x, NULL, NULL);
         nd->fparam = scale;
         nd->iparam[0] = outer, nd->iparam[1] = nscale, nd->iparam[2] = inner;
         nd->iparam[3] = (int64_t)(uint32_t)qmin | ((int64_t)(uint32_t)qmax << 32);
@@ -830,8 +813,7 @@ BqTensor *bq_op_gelu_linear(BqCtx *ctx, BqTensor *u, BqTensor *bi, BqTensor *w, 
      * the GELU output meanwhile */
     bq_kernel_bias_gelu_forward(u->grad, u->data, bi ? bi->data : NULL, N, C);
     bq_kernel_linear_forward(y->data, u->grad, w->data, b ? b->data : NULL, N, C, OC, ctx->prec);
-    BqNode *nd = tape_push(ctx, BQ_OP_GELU_LINEAR, y);
-    nd->in[0] = u, nd->in[1] = w, nd->in[2] = b;
+    BqNode *nd = tape_push(ctx, BQ_OP_GELU_LINEAR, y, u, w, b);
     nd->saved = bi;
     nd->iparam[0] = N, nd->iparam[1] = C, nd->iparam[2] = OC;
     return y;
@@ -875,8 +857,7 @@ BqTensor *bq_op_embed_layernorm(BqCtx *ctx, BqTensor *word, BqTensor *type, BqTe
     bq_kernel_embed_layernorm_forward(y->data, sv->mean, sv->rstd, word->data, type->data, pos->data, ids, type_ids,
                                       pos_ids, w->data, b->data, N, H, eps);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_EMBED_LAYERNORM, y);
-        nd->in[0] = word, nd->in[1] = type, nd->in[2] = pos;
+        BqNode *nd = tape_push(ctx, BQ_OP_EMBED_LAYERNORM, y, word, type, pos);
         nd->saved = sv;
         nd->iparam[0] = N, nd->iparam[1] = H, nd->iparam[2] = word_padding_idx;
     }
@@ -902,9 +883,7 @@ BqTensor *bq_op_kl_distill(BqCtx *ctx, BqTensor *s, BqTensor *t, float T) {
     float *p = bq_arena_alloc(ctx->act, (size_t)(2 * B * C) * sizeof(float)); /* p_s then p_t */
     bq_kernel_kl_distill_forward(loss->data, p, p + B * C, s->data, t->data, B, C, T);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_KL_DISTILL, loss);
-        nd->in[0] = s;
-        nd->in[1] = t;
+        BqNode *nd = tape_push(ctx, BQ_OP_KL_DISTILL, loss, s, t, NULL);
         nd->saved = p;
         nd->iparam[0] = B, nd->iparam[1] = C;
         nd->fval[0] = T;
@@ -927,9 +906,7 @@ BqTensor *bq_op_mse(BqCtx *ctx, BqTensor *x, BqTensor *y) {
     BqTensor *loss = bq_tensor_new(ctx, 1, &one);
     bq_kernel_mse_forward(loss->data, x->data, y->data, n);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_MSE, loss);
-        nd->in[0] = x;
-        nd->in[1] = y;
+        BqNode *nd = tape_push(ctx, BQ_OP_MSE, loss, x, y, NULL);
         nd->iparam[0] = n;
     }
     return loss;
@@ -947,8 +924,7 @@ BqTensor *bq_op_scale(BqCtx *ctx, BqTensor *x, float a) {
     int64_t n = bq_tensor_numel(x);
     bq_kernel_scale_forward(y->data, x->data, a, n);
     if (ctx->tape) {
-        BqNode *nd = tape_push(ctx, BQ_OP_SCALE, y);
-        nd->in[0] = x;
+        BqNode *nd = tape_push(ctx, BQ_OP_SCALE, y, x, NULL, NULL);
         nd->iparam[0] = n;
         nd->fval[0] = a;
     }

@@ -117,40 +117,69 @@ static int claim(const BqBert *m, const char *path, const char *name, int idx, u
     return BQ_OK;
 }
 
-static int load_safetensors(BqBert *m, const char *path, char **report) {
-    BqSt *st = NULL;
-    int rc = bq_st_open(&st, path);
-    if (rc) return rc;
+/* One tensor of a checkpoint as the loader sees it: its PyTorch state-dict name, the name the file stores
+ * it under (the same in safetensors; the TF2 weight name in tf_model.h5), its shape, and whether the file
+ * marks it as a pre-training head of its own (tf_model.h5's mlm / nsp). */
+typedef struct Entry {
+    const char *pt, *stored;
+    int ndim;
+    const int64_t *shape;
+    int pretraining;
+} Entry;
+
+static Entry entry_at(const BqSt *st, const BqTfModel *tf, int i) {
+    if (st) return (Entry){st->t[i].name, st->t[i].name, st->t[i].ndim, st->t[i].shape, 0};
+    const BqTfTensor *t = &tf->t[i];
+    const int pre = strncmp(t->pt_name, "mlm.", 4) == 0 || strncmp(t->pt_name, "nsp.", 4) == 0;
+    return (Entry){t->pt_name, t->tf_name, t->ndim, t->shape, pre};
+}
+
+/* Loads every tensor of one checkpoint, a safetensors file (st) or a TF2 HDF5 file (tf; the other one
+ * NULL), into m's parameters as HF's loader does: buffers it ignores are passed over, the heads of
+ * other tasks are listed in the report as unused, any other tensor the model lacks is an error, and so
+ * is a parameter stored twice or with another shape; then finish checks what is missing. */
+static int load_tensors(BqBert *m, const char *path, const BqSt *st, const BqTfModel *tf, char **report) {
     unsigned char *loaded = bq_calloc((size_t)m->params.n, 1);
     Str unused = {0};
-    for (int i = 0; i < st->n && !rc; i++) {
-        const BqStTensor *t = &st->t[i];
-        if (ignored_name(t->name)) continue;
-        if (unused_head(t->name)) {
+    const int n = st ? st->n : tf->n;
+    int rc = BQ_OK;
+    for (int i = 0; i < n && !rc; i++) {
+        const Entry t = entry_at(st, tf, i);
+        if (ignored_name(t.pt)) continue;
+        const int head = t.pretraining || unused_head(t.pt);
+        const int idx = head ? -1 : param_index(&m->params, t.pt);
+        if (idx < 0 && (head || is_head(t.pt))) { /* as HF drops them, this task's other head included */
             if (unused.n) str_add(&unused, ", ");
-            str_add(&unused, t->name);
-            continue;
-        }
-        int idx = param_index(&m->params, t->name);
-        if (idx < 0 && is_head(t->name)) { /* the other task's head, as HF drops it */
-            if (unused.n) str_add(&unused, ", ");
-            str_add(&unused, t->name);
+            str_add(&unused, t.stored);
             continue;
         }
         if (idx < 0) {
             char b[64];
-            shape_str(b, sizeof b, t->ndim, t->shape);
-            rc = bq_err(BQ_EFORMAT, "%s: unknown tensor \"%s\" (shape %s) is not a BertForSequenceClassification parameter",
-                        path, t->name, b);
+            shape_str(b, sizeof b, t.ndim, t.shape);
+            rc = st ? bq_err(BQ_EFORMAT,
+                             "%s: unknown tensor \"%s\" (shape %s) is not a BertForSequenceClassification parameter",
+                             path, t.stored, b)
+                    : bq_err(BQ_EFORMAT,
+                             "%s: unknown weight \"%s\" (as \"%s\") is not a BertForSequenceClassification parameter",
+                             path, t.stored, t.pt);
             break;
         }
-        if ((rc = claim(m, path, t->name, idx, loaded, t->ndim, t->shape))) break;
+        if ((rc = claim(m, path, t.stored, idx, loaded, t.ndim, t.shape))) break;
         const BqParam *p = &m->params.p[idx];
-        rc = bq_st_read_f32(st, t->name, m->params.data + p->offset, p->ndim, p->shape);
+        if (st) rc = bq_st_read_f32(st, t.pt, m->params.data + p->offset, p->ndim, p->shape);
+        else memcpy(m->params.data + p->offset, tf->t[i].data, sizeof(float) * (size_t)p->numel);
     }
     if (!rc) rc = finish(m, path, loaded, &unused, report);
     free(unused.s);
     free(loaded);
+    return rc;
+}
+
+static int load_safetensors(BqBert *m, const char *path, char **report) {
+    BqSt *st = NULL;
+    int rc = bq_st_open(&st, path);
+    if (rc) return rc;
+    rc = load_tensors(m, path, st, NULL, report);
     bq_st_close(st);
     return rc;
 }
@@ -159,34 +188,7 @@ static int load_tf(BqBert *m, const char *path, char **report) {
     BqTfModel tf;
     int rc = bq_tf_h5_read(&tf, path);
     if (rc) return rc;
-    unsigned char *loaded = bq_calloc((size_t)m->params.n, 1);
-    Str unused = {0};
-    for (int i = 0; i < tf.n && !rc; i++) {
-        const BqTfTensor *t = &tf.t[i];
-        if (ignored_name(t->pt_name)) continue;
-        if (unused_head(t->pt_name) || strncmp(t->pt_name, "mlm.", 4) == 0 || strncmp(t->pt_name, "nsp.", 4) == 0) {
-            if (unused.n) str_add(&unused, ", ");
-            str_add(&unused, t->tf_name);
-            continue;
-        }
-        int idx = param_index(&m->params, t->pt_name);
-        if (idx < 0 && is_head(t->pt_name)) { /* the other task's head, as HF drops it */
-            if (unused.n) str_add(&unused, ", ");
-            str_add(&unused, t->tf_name);
-            continue;
-        }
-        if (idx < 0) {
-            rc = bq_err(BQ_EFORMAT, "%s: unknown weight \"%s\" (as \"%s\") is not a BertForSequenceClassification parameter",
-                        path, t->tf_name, t->pt_name);
-            break;
-        }
-        if ((rc = claim(m, path, t->tf_name, idx, loaded, t->ndim, t->shape))) break;
-        const BqParam *p = &m->params.p[idx];
-        memcpy(m->params.data + p->offset, t->data, sizeof(float) * (size_t)p->numel);
-    }
-    if (!rc) rc = finish(m, path, loaded, &unused, report);
-    free(unused.s);
-    free(loaded);
+    rc = load_tensors(m, path, NULL, &tf, report);
     bq_tf_h5_free(&tf);
     return rc;
 }

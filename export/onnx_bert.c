@@ -234,6 +234,30 @@ static const char *split_heads(Ex *e, const char *x, const char *path, const int
     return t->output[0];
 }
 
+/* A module path with '/' written as the state-dict name's '.' (in place). */
+static void dotted(char *s) {
+    for (; *s; s++)
+        if (*s == '/') *s = '.';
+}
+
+/* The end of BertSelfOutput (sub "attention/output") and of BertOutput (sub "output") of layer l:
+ * LayerNorm(local + resid), local the dense output and resid the block's input; qp names the quantizer
+ * points of the Add's two inputs (qdqbert), of the sum and of the LayerNorm output (ort), in that order. */
+static const char *add_layernorm(Ex *e, int l, const char *sub, const char *local, const char *resid,
+                                 const BqTensor *w, const BqTensor *b, const int qp[4]) {
+    char p[NM], wn[NM], bn[NM];
+    FMT(p, "/bert/encoder/layer.%d/%s", l, sub);
+    const char *y = op2(e, "Add", p, qdq(e, local, qat(e, l, qp[0])), qdq(e, resid, qat(e, l, qp[1])));
+    y = qdq(e, y, qat(e, l, qp[2]));
+    FMT(p, "/bert/encoder/layer.%d/%s/LayerNorm", l, sub);
+    FMT(wn, "bert.encoder.layer.%d.%s.LayerNorm.weight", l, sub);
+    FMT(bn, "bert.encoder.layer.%d.%s.LayerNorm.bias", l, sub);
+    dotted(wn);
+    dotted(bn);
+    y = layernorm(e, y, p, w, b, wn, bn);
+    return qdq(e, y, qat(e, l, qp[3]));
+}
+
 static const char *encoder_layer(Ex *e, int l, const char *x, const char *mask_add) {
     const BqBertConfig *c = &e->m->cfg;
     const BqBertLayer *L = &e->m->layers[l];
@@ -246,8 +270,8 @@ static const char *encoder_layer(Ex *e, int l, const char *x, const char *mask_a
         FMT(pp, "/bert/encoder/layer.%d/%s", l, sub);                              \
         FMT(wn, "bert.encoder.layer.%d.%s.weight", l, sub);                        \
         FMT(bn, "bert.encoder.layer.%d.%s.bias", l, sub);                          \
-        for (char *s_ = wn; *s_; s_++) if (*s_ == '/') *s_ = '.';                                  \
-        for (char *s_ = bn; *s_; s_++) if (*s_ == '/') *s_ = '.';                                  \
+        dotted(wn);                                                                                \
+        dotted(bn);                                                                                \
         dst = linear(e, in, pp, W, B, wn, bn, qat(e, l, WP));                                      \
     } while (0)
 
@@ -288,14 +312,8 @@ static const char *encoder_layer(Ex *e, int l, const char *x, const char *mask_a
     /* BertSelfOutput: LayerNorm(dense(ctx) + x) */
     const char *a;
     LIN(a, qdq(e, cx, qat(e, l, BQ_QP_AO_IN)), "attention/output/dense", &L->ao_w, &L->ao_b, BQ_QP_W_AO);
-    FMT(p, "/bert/encoder/layer.%d/attention/output", l);
-    a = op2(e, "Add", p, qdq(e, a, qat(e, l, BQ_QP_ADD1_LOCAL)), qdq(e, x, qat(e, l, BQ_QP_ADD1_RESID)));
-    a = qdq(e, a, qat(e, l, BQ_QP_ATTN_RESID));
-    FMT(p, "/bert/encoder/layer.%d/attention/output/LayerNorm", l);
-    FMT(wn, "bert.encoder.layer.%d.attention.output.LayerNorm.weight", l);
-    FMT(bn, "bert.encoder.layer.%d.attention.output.LayerNorm.bias", l);
-    a = layernorm(e, a, p, &L->ln1_w, &L->ln1_b, wn, bn);
-    a = qdq(e, a, qat(e, l, BQ_QP_ATTN_LN));
+    a = add_layernorm(e, l, "attention/output", a, x, &L->ln1_w, &L->ln1_b,
+                      (const int[4]){BQ_QP_ADD1_LOCAL, BQ_QP_ADD1_RESID, BQ_QP_ATTN_RESID, BQ_QP_ATTN_LN});
 
     /* BertIntermediate: gelu(dense(a)) */
     const char *h;
@@ -308,14 +326,8 @@ static const char *encoder_layer(Ex *e, int l, const char *x, const char *mask_a
     /* BertOutput: LayerNorm(dense(h) + a) */
     const char *o;
     LIN(o, qdq(e, h, qat(e, l, BQ_QP_O_IN)), "output/dense", &L->o_w, &L->o_b, BQ_QP_W_O);
-    FMT(p, "/bert/encoder/layer.%d/output", l);
-    o = op2(e, "Add", p, qdq(e, o, qat(e, l, BQ_QP_ADD2_LOCAL)), qdq(e, a, qat(e, l, BQ_QP_ADD2_RESID)));
-    o = qdq(e, o, qat(e, l, BQ_QP_OUT_RESID));
-    FMT(p, "/bert/encoder/layer.%d/output/LayerNorm", l);
-    FMT(wn, "bert.encoder.layer.%d.output.LayerNorm.weight", l);
-    FMT(bn, "bert.encoder.layer.%d.output.LayerNorm.bias", l);
-    o = layernorm(e, o, p, &L->ln2_w, &L->ln2_b, wn, bn);
-    return qdq(e, o, qat(e, l, BQ_QP_OUT_LN));
+    return add_layernorm(e, l, "output", o, a, &L->ln2_w, &L->ln2_b,
+                         (const int[4]){BQ_QP_ADD2_LOCAL, BQ_QP_ADD2_RESID, BQ_QP_OUT_RESID, BQ_QP_OUT_LN});
 #undef LIN
 }
 

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,42 @@ static int get_float(json_t *j, const char *path, const char *key, float *out, f
     *out = (float)json_number_value(v);
     return BQ_OK;
 }
+
+/* The numeric keys of config.json with the BqBertConfig field each fills (an int or a float at off): a
+ * required one must be present, an optional one takes transformers' BertConfig default when absent or
+ * null. bq_config_load reads them and bq_config_to_json writes them back. */
+typedef struct IntKey {
+    const char *key;
+    size_t off;
+    int required, def;
+} IntKey;
+
+typedef struct FloatKey {
+    const char *key;
+    size_t off;
+    float def; /* a negative default stands for HF's null, and a negative value is written back as null */
+} FloatKey;
+
+static const IntKey int_keys[] = {
+    {"vocab_size", offsetof(BqBertConfig, vocab_size), 1, 0},
+    {"hidden_size", offsetof(BqBertConfig, hidden_size), 1, 0},
+    {"num_hidden_layers", offsetof(BqBertConfig, num_hidden_layers), 1, 0},
+    {"num_attention_heads", offsetof(BqBertConfig, num_attention_heads), 1, 0},
+    {"intermediate_size", offsetof(BqBertConfig, intermediate_size), 1, 0},
+    {"max_position_embeddings", offsetof(BqBertConfig, max_position_embeddings), 0, 512},
+    {"type_vocab_size", offsetof(BqBertConfig, type_vocab_size), 0, 2},
+    {"pad_token_id", offsetof(BqBertConfig, pad_token_id), 0, 0},
+};
+
+static const FloatKey float_keys[] = {
+    {"layer_norm_eps", offsetof(BqBertConfig, layer_norm_eps), 1e-12f},
+    {"hidden_dropout_prob", offsetof(BqBertConfig, hidden_dropout_prob), 0.1f},
+    {"attention_probs_dropout_prob", offsetof(BqBertConfig, attention_probs_dropout_prob), 0.1f},
+    {"classifier_dropout", offsetof(BqBertConfig, classifier_dropout), -1.0f},
+    {"initializer_range", offsetof(BqBertConfig, initializer_range), 0.02f},
+};
+
+#define NKEYS(t) (sizeof(t) / sizeof((t)[0]))
 
 void bq_config_free(BqBertConfig *cfg) {
     if (!cfg) return;
@@ -134,20 +171,14 @@ int bq_config_load(BqBertConfig *cfg, const char *path) {
         st = bq_err(BQ_EFORMAT, "%s: position_embedding_type must be \"absolute\"", path);
         goto cleanup;
     }
-    if ((st = get_int(j, path, "vocab_size", &c.vocab_size, 1, 0))) goto cleanup;
-    if ((st = get_int(j, path, "hidden_size", &c.hidden_size, 1, 0))) goto cleanup;
-    if ((st = get_int(j, path, "num_hidden_layers", &c.num_hidden_layers, 1, 0))) goto cleanup;
-    if ((st = get_int(j, path, "num_attention_heads", &c.num_attention_heads, 1, 0))) goto cleanup;
-    if ((st = get_int(j, path, "intermediate_size", &c.intermediate_size, 1, 0))) goto cleanup;
-    if ((st = get_int(j, path, "max_position_embeddings", &c.max_position_embeddings, 0, 512))) goto cleanup;
-    if ((st = get_int(j, path, "type_vocab_size", &c.type_vocab_size, 0, 2))) goto cleanup;
-    if ((st = get_int(j, path, "pad_token_id", &c.pad_token_id, 0, 0))) goto cleanup;
-    if ((st = get_float(j, path, "layer_norm_eps", &c.layer_norm_eps, 1e-12f))) goto cleanup;
-    if ((st = get_float(j, path, "hidden_dropout_prob", &c.hidden_dropout_prob, 0.1f))) goto cleanup;
-    if ((st = get_float(j, path, "attention_probs_dropout_prob", &c.attention_probs_dropout_prob, 0.1f)))
-        goto cleanup;
-    if ((st = get_float(j, path, "classifier_dropout", &c.classifier_dropout, -1.0f))) goto cleanup;
-    if ((st = get_float(j, path, "initializer_range", &c.initializer_range, 0.02f))) goto cleanup;
+    for (size_t i = 0; i < NKEYS(int_keys); i++) {
+        const IntKey *k = &int_keys[i];
+        if ((st = get_int(j, path, k->key, (int *)((char *)&c + k->off), k->required, k->def))) goto cleanup;
+    }
+    for (size_t i = 0; i < NKEYS(float_keys); i++) {
+        const FloatKey *k = &float_keys[i];
+        if ((st = get_float(j, path, k->key, (float *)((char *)&c + k->off), k->def))) goto cleanup;
+    }
     json_t *arch = json_object_get(j, "architectures"), *a;
     size_t ai;
     if (json_is_array(arch))
@@ -200,22 +231,14 @@ json_t *bq_config_to_json(const BqBertConfig *c) {
     json_object_set_new(j, "architectures", json_pack("[s]", c->head == BQ_HEAD_QA ? "BertForQuestionAnswering"
                                                                                   : "BertForSequenceClassification"));
     json_object_set_new(j, "model_type", json_string("bert"));
-    json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
-    json_object_set_new(j, "hidden_size", json_integer(c->hidden_size));
-    json_object_set_new(j, "num_hidden_layers", json_integer(c->num_hidden_layers));
-    json_object_set_new(j, "num_attention_heads", json_integer(c->num_attention_heads));
-    json_object_set_new(j, "intermediate_size", json_integer(c->intermediate_size));
     json_object_set_new(j, "hidden_act", json_string("gelu"));
+    for (size_t i = 0; i < NKEYS(int_keys); i++)
+        json_object_set_new(j, int_keys[i].key, json_integer(*(const int *)((const char *)c + int_keys[i].off)));
     /* Floats go through %.9g-equivalent doubles of the float value, so 0.1f prints as 0.1. */
-    json_object_set_new(j, "hidden_dropout_prob", real_of_float(c->hidden_dropout_prob));
-    json_object_set_new(j, "attention_probs_dropout_prob", real_of_float(c->attention_probs_dropout_prob));
-    json_object_set_new(j, "classifier_dropout",
-                        c->classifier_dropout < 0 ? json_null() : real_of_float(c->classifier_dropout));
-    json_object_set_new(j, "max_position_embeddings", json_integer(c->max_position_embeddings));
-    json_object_set_new(j, "type_vocab_size", json_integer(c->type_vocab_size));
-    json_object_set_new(j, "initializer_range", real_of_float(c->initializer_range));
-    json_object_set_new(j, "layer_norm_eps", real_of_float(c->layer_norm_eps));
-    json_object_set_new(j, "pad_token_id", json_integer(c->pad_token_id));
+    for (size_t i = 0; i < NKEYS(float_keys); i++) {
+        const float v = *(const float *)((const char *)c + float_keys[i].off);
+        json_object_set_new(j, float_keys[i].key, float_keys[i].def < 0 && v < 0 ? json_null() : real_of_float(v));
+    }
     json_object_set_new(j, "position_embedding_type", json_string("absolute"));
     if (c->head != BQ_HEAD_QA) json_object_set_new(j, "problem_type", json_string("single_label_classification"));
     json_object_set_new(j, "torch_dtype", json_string("float32"));
@@ -234,23 +257,23 @@ json_t *bq_config_to_json(const BqBertConfig *c) {
     return j;
 }
 
+int bq_json_save(json_t *j, const char *path, size_t flags) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return bq_err(BQ_EINVAL, "%s: path too long", path);
+    errno = 0;
+    if (json_dump_file(j, tmp, flags) != 0) {
+        const int st = bq_err(BQ_EIO, "%s: cannot write: %s", tmp, errno ? strerror(errno) : "I/O error");
+        remove(tmp);
+        return st;
+    }
+    return bq_rename_durable(tmp, path);
+}
+
 int bq_config_save(const BqBertConfig *cfg, const char *path, json_t *extra) {
     json_t *j = bq_config_to_json(cfg);
     if (extra) json_object_set(j, "bertqat", extra);
-    char tmp[4096];
-    int st = BQ_OK;
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-        st = bq_err(BQ_EINVAL, "%s: path too long", path);
-        goto cleanup;
-    }
-    errno = 0;
-    if (json_dump_file(j, tmp, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9)) != 0) {
-        st = bq_err(BQ_EIO, "%s: cannot write: %s", tmp, errno ? strerror(errno) : "I/O error");
-        remove(tmp);
-        goto cleanup;
-    }
-    st = bq_rename_durable(tmp, path);
-cleanup:
+    const int st = bq_json_save(j, path, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9));
     json_decref(j);
     return st;
 }

@@ -14,30 +14,13 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 import onnxruntime as ort
-from tokenizers import BertWordPieceTokenizer, Tokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from imdb_select import read_imdb, select  # noqa: E402
-
-
-def load_tokenizer(ckpt, max_len):
-    tj = os.path.join(ckpt, "tokenizer.json")
-    if os.path.exists(tj):
-        tok = Tokenizer.from_file(tj)
-    else:
-        lower = True
-        cfg = os.path.join(ckpt, "tokenizer_config.json")
-        if os.path.exists(cfg):
-            with open(cfg, encoding="utf-8") as f:
-                lower = bool(json.load(f).get("do_lower_case", True))
-        tok = BertWordPieceTokenizer(os.path.join(ckpt, "vocab.txt"), lowercase=lower)
-    tok.no_padding()
-    tok.enable_truncation(max_len)
-    return tok
+from ort_common import load_tokenizer, run_batch  # noqa: E402
 
 
 def main():
@@ -74,7 +57,8 @@ def main():
         data = data[:a.samples]
     if not data:
         sys.exit(f"onnx_eval.py: {a.data}: no {a.split} reviews found")
-    tok = load_tokenizer(ckpt, a.max_seq_len)
+    tok = load_tokenizer(ckpt)
+    tok.enable_truncation(a.max_seq_len)
     enc = tok.encode_batch([t for t, _ in data])
     order = sorted(range(len(data)), key=lambda i: len(enc[i].ids))
     so = ort.SessionOptions()
@@ -90,26 +74,14 @@ def main():
         k, v = kv.split("=", 1)
         so.add_session_config_entry(k, v)
     sess = ort.InferenceSession(a.onnx, so, providers=["CPUExecutionProvider"])
-    inputs = {i.name: (np.int32 if i.type == "tensor(int32)" else np.int64) for i in sess.get_inputs()}
     pred = np.zeros(len(data), np.int64)
     prob = np.zeros(len(data), np.float64)
     labels = np.array([l for _, l in data])
     secs = 0.0
     for s in range(0, len(order), a.batch_size):
         idx = order[s:s + a.batch_size]
-        T = max(len(enc[i].ids) for i in idx)
-        T = ((T + 15) // 16) * 16
-        ids = np.zeros((len(idx), T), np.int64)
-        mask = np.zeros_like(ids)
-        for r, i in enumerate(idx):
-            n = len(enc[i].ids)
-            ids[r, :n] = enc[i].ids
-            mask[r, :n] = 1
-        feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-        feed = {k: v.astype(inputs[k]) for k, v in feed.items() if k in inputs}
-        t = time.perf_counter()
-        logits = sess.run(None, feed)[0]
-        secs += time.perf_counter() - t
+        (logits, *_), dt = run_batch(sess, [enc[i].ids for i in idx], multiple=16)
+        secs += dt
         pred[idx] = logits.argmax(1)
         z = np.exp(logits - logits.max(1, keepdims=True))
         prob[idx] = z.max(1) / z.sum(1)

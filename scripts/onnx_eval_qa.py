@@ -27,26 +27,10 @@ import os
 import re
 import string
 import sys
-import time
 
 import numpy as np
-from tokenizers import BertWordPieceTokenizer, Tokenizer
 
-
-def load_tokenizer(ckpt):
-    tj = os.path.join(ckpt, "tokenizer.json")
-    if os.path.exists(tj):
-        tok = Tokenizer.from_file(tj)
-    else:
-        lower = True
-        cfg = os.path.join(ckpt, "tokenizer_config.json")
-        if os.path.exists(cfg):
-            with open(cfg, encoding="utf-8") as f:
-                lower = bool(json.load(f).get("do_lower_case", True))
-        tok = BertWordPieceTokenizer(os.path.join(ckpt, "vocab.txt"), lowercase=lower)
-    tok.no_truncation()
-    tok.no_padding()
-    return tok
+from ort_common import load_tokenizer, run_batch
 
 
 def read_squad(path, samples):
@@ -175,7 +159,6 @@ def main():
                                    else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     so.log_severity_level = 3
     sess = ort.InferenceSession(a.onnx, so, providers=["CPUExecutionProvider"])
-    inputs = {i.name: (np.int32 if i.type == "tensor(int32)" else np.int64) for i in sess.get_inputs()}
     outs = [o.name for o in sess.get_outputs()]
     if outs != ["start_logits", "end_logits"]:
         sys.exit(f"onnx_eval_qa.py: {a.onnx}: outputs {outs}, expected start_logits and end_logits")
@@ -185,19 +168,8 @@ def main():
     secs = 0.0
     for s in range(0, len(wins), a.batch_size):
         batch = wins[s:s + a.batch_size]
-        T = max(len(w[1]) for w in batch)
-        ids = np.zeros((len(batch), T), np.int64)
-        types = np.zeros_like(ids)
-        mask = np.zeros_like(ids)
-        for r, (_, wi, wt, _) in enumerate(batch):
-            ids[r, :len(wi)] = wi
-            types[r, :len(wt)] = wt
-            mask[r, :len(wi)] = 1
-        feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-        feed = {k: v.astype(inputs[k]) for k, v in feed.items() if k in inputs}
-        t = time.perf_counter()
-        sl, el = sess.run(None, feed)
-        secs += time.perf_counter() - t
+        (sl, el), dt = run_batch(sess, [w[1] for w in batch], [w[2] for w in batch])
+        secs += dt
         for r, (_, wi, _, _) in enumerate(batch):
             start[s + r, :len(wi)] = sl[r, :len(wi)]
             end[s + r, :len(wi)] = el[r, :len(wi)]

@@ -13,6 +13,7 @@
 
 #include "autograd/bq.h"
 #include "datasets/dataset.h"
+#include "layers/config.h"
 #include "src/cli/args.h"
 #include "src/cli/cli.h"
 #include "src/cli/cmd_common.h"
@@ -28,9 +29,6 @@ static const char *short_name(const char *name) {
 
 static int write_json(const BqSensitivity *s, const int *order, const char *path, const char *model,
                       const char *data, const char *split, double secs) {
-    int st = BQ_OK;
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
     json_t *j = json_object(), *groups = json_array();
     json_object_set_new(j, "model", json_string(model));
     json_object_set_new(j, "data", json_string(data));
@@ -62,14 +60,7 @@ static int write_json(const BqSensitivity *s, const int *order, const char *path
         json_array_append_new(groups, o);
     }
     json_object_set_new(j, "groups", groups);
-    errno = 0;
-    if (json_dump_file(j, tmp, JSON_INDENT(1))) {
-        st = bq_err(BQ_EIO, "%s: cannot write: %s", tmp, errno ? strerror(errno) : "I/O error");
-        remove(tmp);
-        goto cleanup;
-    }
-    st = bq_rename_durable(tmp, path);
-cleanup:
+    const int st = bq_json_save(j, path, JSON_INDENT(1));
     json_decref(j);
     return st;
 }

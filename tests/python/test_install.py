@@ -1,6 +1,7 @@
 """`cmake --install BUILD --prefix P` and the installed `bertqat`, run from a folder outside the checkout:
 - the install holds bin/bertqat, the helper scripts it runs (share/bertqat/scripts: onnx_eval.py,
-  onnx_eval_qa.py, onnx_bench.py and the imdb_select.py they import) and the docs (share/doc/bertqat);
+  onnx_eval_qa.py, onnx_bench.py and the imdb_select.py and ort_common.py they import) and the docs
+  (share/doc/bertqat);
 - `P/bin/bertqat pipeline` at the tiny budget of tests/python/test_faults.py (the 2-layer fixture model, 48
   training and 16 test reviews of an aclImdb folder made here, seq 16) with its Python from BQ_PYTHON runs
   every stage, the ONNX Runtime evaluations and the ONNX Runtime bench included, with the scripts under P;
@@ -25,7 +26,7 @@ from conftest import BUILD, ROOT, THREADS
 TINY = os.path.join(ROOT, "tests", "fixtures", "bert_tiny")
 WORDS = ["great", "bad", "movie", "film", "awful", "fine", "good", "boring", "plot", "acting", "loved", "hated"]
 VOCAB = 1100
-SCRIPTS = ["onnx_eval.py", "onnx_eval_qa.py", "onnx_bench.py", "imdb_select.py"]
+SCRIPTS = ["onnx_eval.py", "onnx_eval_qa.py", "onnx_bench.py", "imdb_select.py", "ort_common.py"]
 
 
 @pytest.fixture(scope="module")
