@@ -317,6 +317,13 @@ static void pack_destroy(Pack *p) {
     memset(p, 0, sizeof *p);
 }
 
+int64_t bq_qgemm_weights_bytes(const BqQGemmWeights *w) {
+    int64_t n = (int64_t)sizeof *w + w->N * w->K + 2 * w->N * 4; /* codes, comp, sw */
+    if (w->fcodes) n += w->N * w->K * (int64_t)sizeof(float);
+    for (int i = 0; i < w->h.npacks; i++) n += (int64_t)dnnl_memory_desc_get_size(&w->h.packs[i].md);
+    return n;
+}
+
 void bq_qgemm_weights_free(BqQGemmWeights *w) {
     if (!w) return;
     for (int i = 0; i < w->h.npacks; i++) pack_destroy(&w->h.packs[i]);

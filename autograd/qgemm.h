@@ -48,6 +48,9 @@ int bq_qgemm_weights_create(BqQGemmWeights **out, const int8_t *qw, const float 
 void bq_qgemm_weights_free(BqQGemmWeights *w);
 int64_t bq_qgemm_weights_n(const BqQGemmWeights *w);
 int64_t bq_qgemm_weights_k(const BqQGemmWeights *w);
+/* Bytes w holds: its codes (N·K), their float copy where the sums run on sgemm, each oneDNN layout made
+ * so far (one per distinct layout a GEMM asked for), and the per-row sums and scales. */
+int64_t bq_qgemm_weights_bytes(const BqQGemmWeights *w);
 
 /* The whole Linear from fp32 input: bq_qgemm_quantize_u8 of x (M,K) with sx, then bq_qgemm_linear
  * into out (M,N), nout 1; the same bits. scratch: M·N int32 of caller memory; codes: M·K bytes (unused,

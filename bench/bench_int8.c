@@ -1,9 +1,10 @@
 /* Latency of the fp32 forward (bq_bert_forward, no tape), the fake-quant forward and the int8 engine
- * (layers/bert_int8.h) on MiniLM-L6 shapes (hidden 384, 12 heads, intermediate 1536, 6 layers),
- * seq 128, batch 1 and 32, cpu scheme calibrated (max) on two random batches.
+ * (layers/bert_int8.h) on MiniLM-L6 shapes (hidden 384, 12 heads, intermediate 1536, 6 layers) or those of
+ * any Hugging Face BERT directory, seq 128, batch 1 and 32, cpu scheme calibrated (max) on two random batches.
  *
  * Usage: bench_int8 [MODEL_DIR]   (default data/models/all-MiniLM-L6-v2 when present, else a randomly
- * initialised model of the same shapes). Threads: BQ_THREADS (default all cores). Prints the CPU model,
+ * initialised model of the same shapes; the BERT-base shape: the directory bench/make_random_bert.py
+ * writes). Threads: BQ_THREADS (default all cores). Prints the CPU model,
  * oneDNN's ISA, the OpenBLAS kernel, the median latency of each path (paths alternate within each
  * round) and the ratios. */
 #include <math.h>

@@ -125,6 +125,7 @@ int main(int argc, char **argv) {
     if (model) {
         st = bq_model_load_any(&m, model, 2, &rng, &report);
         free(report);
+        if (!st) st = bq_bert_grad_alloc(&m); /* loaded models have none */
     } else {
         BqBertConfig cfg;
         base_config(&cfg);

@@ -322,12 +322,16 @@ cleanup:
 
 /* ---- load ---- */
 
-static int read_params_group(hid_t f, const char *path, const char *group, const BqParamTable *t, float *block) {
+/* Reads GROUP/<name> of every parameter of t, in table order, into block; with a hook (the model's own
+ * parameters only), tells it after each tensor. */
+static int read_params_group(hid_t f, const char *path, const char *group, const BqParamTable *t, float *block,
+                             const BqCkptLoadHook *hook, BqBert *m) {
     char name[BQ_NAME_MAX + 32];
     for (int i = 0; i < t->n; i++) {
         snprintf(name, sizeof name, "/%s/%s", group, t->p[i].name);
         if (!h5_group_exists(f, name)) return bq_err(BQ_EFORMAT, "%s: dataset %s is missing", path, name);
         int st = h5_read_f32(f, path, name, block + t->p[i].offset, t->p[i].ndim, t->p[i].shape);
+        if (!st && hook) st = hook->param_read(hook->user, m, i);
         if (st) return st;
     }
     return BQ_OK;
@@ -341,7 +345,7 @@ int bq_ckpt_h5_write_params(int64_t f, const char *file, const char *group, cons
 }
 
 int bq_ckpt_h5_read_params(int64_t f, const char *file, const char *group, const BqParamTable *t, float *block) {
-    return read_params_group((hid_t)f, file, group, t, block);
+    return read_params_group((hid_t)f, file, group, t, block, NULL, NULL);
 }
 
 int bq_ckpt_h5_attr_write(int64_t f, const char *file, const char *name, int64_t type, const void *v, int64_t n) {
@@ -376,7 +380,9 @@ static int bertqat_from_config(BqBert *m, const char *dir) {
     return st;
 }
 
-int bq_ckpt_load(BqBert *m, const char *dir) {
+int bq_ckpt_load(BqBert *m, const char *dir) { return bq_ckpt_load_with(m, dir, NULL); }
+
+int bq_ckpt_load_with(BqBert *m, const char *dir, const BqCkptLoadHook *hook) {
     char p[PATH_MAX_LEN];
     int st = BQ_OK;
     if (!m->params.data) {
@@ -384,9 +390,8 @@ int bq_ckpt_load(BqBert *m, const char *dir) {
         memset(&cfg, 0, sizeof cfg);
         snprintf(p, sizeof p, "%s/config.json", dir);
         if ((st = bq_config_load(&cfg, p))) return st;
-        BqRng rng;
-        bq_rng_seed(&rng, 0);
-        if ((st = bq_bert_create(m, &cfg, 1, &rng))) return st;
+        /* no initialisation: every parameter is read below, and a page is resident once it is */
+        if ((st = bq_bert_create(m, &cfg, 0, NULL))) return st;
     }
     snprintf(p, sizeof p, "%s/model.h5", dir);
     H5E_auto2_t fn;
@@ -403,11 +408,12 @@ int bq_ckpt_load(BqBert *m, const char *dir) {
     if (!st && fv != BQ_CKPT_FORMAT_VERSION)
         st = bq_err(BQ_EFORMAT, "%s: format version %lld, this build reads %d", p, (long long)fv,
                     BQ_CKPT_FORMAT_VERSION);
-    if (!st) st = read_params_group(f, p, "params", &m->params, m->params.data);
     /* Quantized checkpoint: build the quantizer table from config.json's bertqat.quant block (unless
-     * the caller attached one), then the ranges from /quant. */
+     * the caller attached one), then the ranges from /quant; before the parameters, so that a hook
+     * sees the quantizers. */
     if (!st) st = bertqat_from_config(m, dir);
     if (!st && m->quant && h5_group_exists(f, "/quant")) st = bq_quant_load_hdf5(m->quant, (int64_t)f, p);
+    if (!st) st = read_params_group(f, p, "params", &m->params, m->params.data, hook, m);
     H5Fclose(f);
     H5Eset_auto2(H5E_DEFAULT, fn, data);
     return st;

@@ -33,10 +33,22 @@ typedef struct BqCkptExtra {
 /* extra may be NULL. */
 int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const BqCkptExtra *extra);
 /* Loads DIR's model into m: when m->params.data is NULL, creates the model from DIR/config.json first
- * (always with gradients, so the model can be trained further). When config.json carries a
+ * (without gradients: a trainer adds them, bq_bert_grad_alloc). When config.json carries a
  * bertqat.quant block and m->quant is NULL, m->quant is created (bq_quant_create; the caller frees it
  * with bq_quant_free). Files added through BqCkptExtra are left to their writer. */
 int bq_ckpt_load(BqBert *m, const char *dir);
+
+/* Told by bq_ckpt_load_with after each parameter tensor is read (i: its table index), in table order,
+ * with m's quantizers and their ranges already loaded: an inference engine packs its weights as they
+ * arrive and may give their fp32 storage back (bq_bert_param_release), so the whole fp32 model is never
+ * resident. A non-zero return (a BqStatus) stops the load with that status. */
+typedef struct BqCkptLoadHook {
+    int (*param_read)(void *user, BqBert *m, int i);
+    void *user;
+} BqCkptLoadHook;
+
+/* bq_ckpt_load with hook (NULL: none). */
+int bq_ckpt_load_with(BqBert *m, const char *dir, const BqCkptLoadHook *hook);
 
 /* HDF5 access for the files added through BqCkptExtra, so they share the model file's dataset
  * format and error messages. f is an open HDF5 file id (hid_t) passed as int64_t; file names it in

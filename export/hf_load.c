@@ -233,7 +233,7 @@ int bq_hf_load(BqBert *m, const char *dir, int num_labels, BqRng *rng, char **re
             return rc;
         }
     }
-    if ((rc = bq_bert_create(m, &cfg, 1, rng))) { /* create took cfg's allocations and freed them */
+    if ((rc = bq_bert_create(m, &cfg, 0, rng))) { /* create took cfg's allocations and freed them */
         memset(m, 0, sizeof *m);
         return rc;
     }

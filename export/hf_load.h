@@ -8,7 +8,7 @@
 #include "layers/bert.h"
 
 /* Reads DIR/config.json (bq_config_load), overrides num_labels when num_labels > 0 (labels then
- * "LABEL_i" unless the config already has that many), creates m with gradients (bq_bert_create), and
+ * "LABEL_i" unless the config already has that many), creates m without gradients (bq_bert_create; a trainer adds them), and
  * loads DIR/model.safetensors (else DIR/tf_model.h5; DIR/pytorch_model.bin alone is an error telling
  * the user to convert). Tensor names are accepted with or without the "bert." prefix;
  * "embeddings.position_ids" and other buffers with "position_ids" are ignored. Parameters absent

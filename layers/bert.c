@@ -7,8 +7,10 @@
  * BertForSequenceClassification, BertForQuestionAnswering, BertPreTrainedModel._init_weights) and get_extended_attention_mask
  * (additive mask (1 − mask)·finfo(float32).min, added after the 1/√d scaling).
  *
- * Memory: parameters live in one 64-byte aligned block (each tensor starts on a 64-byte boundary),
- * gradients in a second block of the same layout. Every activation of a forward comes from ctx->act
+ * Memory: parameters live in one block (each tensor starts on a 64-byte boundary), gradients, when a
+ * trainer asks for them (bq_bert_grad_alloc), in a second block of the same layout. Both blocks are
+ * anonymous mappings, so a page costs memory only once it is written, and bq_bert_param_release can
+ * give back the pages of one tensor. Every activation of a forward comes from ctx->act
  * through the ops; the forward itself allocates only the position ids there, so a step does no
  * malloc. */
 #include "layers/bert.h"
@@ -18,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "layers/quant.h"
 
@@ -115,81 +119,38 @@ static void table_build(BqParamTable *t, const BqBertConfig *c) {
     BQ_CHECK(t->n == cap);
 }
 
-/* The view of parameter i (data and, when allocated, grad). */
+/* The view of parameter i (data and, when allocated, grad); data NULL once released. */
 static BqTensor param_view(const BqParamTable *t, int i) {
     const BqParam *p = &t->p[i];
-    BqTensor v = bq_tensor_wrap(t->data + p->offset, t->grad ? t->grad + p->offset : NULL, p->ndim, p->shape);
+    float *d = t->released && t->released[i] ? NULL : t->data + p->offset;
+    BqTensor v = bq_tensor_wrap(d, t->grad ? t->grad + p->offset : NULL, p->ndim, p->shape);
     v.name = p->name;
     return v;
 }
 
-static void *alloc_aligned(size_t bytes) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
-    return p;
+/* Bytes of a parameter or gradient block: `total` floats rounded up to whole pages. */
+static size_t block_bytes(const BqParamTable *t) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = (size_t)t->total * sizeof(float);
+    return (bytes + page - 1) / page * page;
 }
 
-int bq_bert_create(BqBert *m, const BqBertConfig *cfg, int with_grad, BqRng *rng) {
-    BQ_CHECK(m && cfg && rng);
-    memset(m, 0, sizeof *m);
-    m->cfg = *cfg; /* takes ownership of id2label */
-    int rc = bq_config_validate(&m->cfg);
-    if (rc) goto cleanup;
+/* A block of zeros as an anonymous private mapping (page aligned, so 64-byte aligned): no page is
+ * resident before it is written. NULL when the mapping fails. */
+static float *block_map(size_t bytes) {
+    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* Points every tensor view of m at the blocks (after a block is added or a tensor released). */
+static void views_build(BqBert *m) {
+    const BqParamTable *t = &m->params;
     const BqBertConfig *c = &m->cfg;
-    if (c->pad_token_id >= c->vocab_size) {
-        rc = bq_err(BQ_EINVAL, "config: pad_token_id %d is not below vocab_size %d", c->pad_token_id,
-                    c->vocab_size);
-        goto cleanup;
-    }
-
-    BqParamTable *t = &m->params;
-    table_build(t, c);
-    size_t bytes = (size_t)t->total * sizeof(float);
-    t->data = alloc_aligned(bytes);
-    if (!t->data) {
-        rc = bq_err(BQ_ENOMEM, "model: cannot allocate %zu bytes of parameters", bytes);
-        goto cleanup;
-    }
-    memset(t->data, 0, bytes); /* alignment padding stays zero */
-    if (with_grad) {
-        t->grad = alloc_aligned(bytes);
-        if (!t->grad) {
-            rc = bq_err(BQ_ENOMEM, "model: cannot allocate %zu bytes of gradients", bytes);
-            goto cleanup;
-        }
-        memset(t->grad, 0, bytes);
-    }
-
-    /* HF _init_weights: Linear and Embedding weights ~ N(0, initializer_range), biases 0, LayerNorm
-     * weight 1 and bias 0; the padding_idx row of the word embeddings is zeroed. Drawn in table order
-     * so a seed gives the same model on every machine. */
-    for (int i = 0; i < t->n; i++) {
-        const BqParam *p = &t->p[i];
-        float *d = t->data + p->offset;
-        switch (p->init) {
-        case BQ_INIT_NORMAL:
-            for (int64_t k = 0; k < p->numel; k++) d[k] = c->initializer_range * bq_rng_normal(rng);
-            break;
-        case BQ_INIT_ONES:
-            for (int64_t k = 0; k < p->numel; k++) d[k] = 1.0f;
-            break;
-        case BQ_INIT_ZEROS:
-            break;
-        }
-    }
-    if (c->pad_token_id >= 0) {
-        float *row = t->data + t->p[0].offset + (int64_t)c->pad_token_id * c->hidden_size;
-        memset(row, 0, (size_t)c->hidden_size * sizeof(float));
-    }
-
-    /* tensor views, in table order */
     int k = 0;
     m->word_emb = param_view(t, k++);
     m->pos_emb = param_view(t, k++);
     m->type_emb = param_view(t, k++);
     m->emb_ln_w = param_view(t, k++);
     m->emb_ln_b = param_view(t, k++);
-    m->layers = bq_calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         BqBertLayer *L = &m->layers[l];
         BqTensor *order[16] = {&L->q_w,  &L->q_b,  &L->k_w, &L->k_b, &L->v_w, &L->v_b, &L->ao_w,  &L->ao_b,
@@ -206,6 +167,56 @@ int bq_bert_create(BqBert *m, const BqBertConfig *cfg, int with_grad, BqRng *rng
         m->cls_b = param_view(t, k++);
     }
     BQ_CHECK(k == t->n);
+}
+
+int bq_bert_create(BqBert *m, const BqBertConfig *cfg, int with_grad, BqRng *rng) {
+    BQ_CHECK(m && cfg);
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg; /* takes ownership of id2label */
+    int rc = bq_config_validate(&m->cfg);
+    if (rc) goto cleanup;
+    const BqBertConfig *c = &m->cfg;
+    if (c->pad_token_id >= c->vocab_size) {
+        rc = bq_err(BQ_EINVAL, "config: pad_token_id %d is not below vocab_size %d", c->pad_token_id,
+                    c->vocab_size);
+        goto cleanup;
+    }
+
+    BqParamTable *t = &m->params;
+    table_build(t, c);
+    const size_t bytes = block_bytes(t);
+    t->data = block_map(bytes); /* zeros: the alignment padding stays zero */
+    if (!t->data) {
+        rc = bq_err(BQ_ENOMEM, "model: cannot allocate %zu bytes of parameters", bytes);
+        goto cleanup;
+    }
+    m->layers = bq_calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    if (with_grad && (rc = bq_bert_grad_alloc(m))) goto cleanup;
+
+    /* HF _init_weights: Linear and Embedding weights ~ N(0, initializer_range), biases 0, LayerNorm
+     * weight 1 and bias 0; the padding_idx row of the word embeddings is zeroed. Drawn in table order
+     * so a seed gives the same model on every machine. Without rng every parameter stays zero and no
+     * page of the block is written. */
+    for (int i = 0; i < t->n && rng; i++) {
+        const BqParam *p = &t->p[i];
+        float *d = t->data + p->offset;
+        switch (p->init) {
+        case BQ_INIT_NORMAL:
+            for (int64_t k = 0; k < p->numel; k++) d[k] = c->initializer_range * bq_rng_normal(rng);
+            break;
+        case BQ_INIT_ONES:
+            for (int64_t k = 0; k < p->numel; k++) d[k] = 1.0f;
+            break;
+        case BQ_INIT_ZEROS:
+            break;
+        }
+    }
+    if (c->pad_token_id >= 0 && rng) {
+        float *row = t->data + t->p[0].offset + (int64_t)c->pad_token_id * c->hidden_size;
+        memset(row, 0, (size_t)c->hidden_size * sizeof(float));
+    }
+
+    views_build(m);
     return BQ_OK;
 
 cleanup:
@@ -215,13 +226,48 @@ cleanup:
 
 void bq_bert_free(BqBert *m) {
     if (!m) return;
-    free(m->params.data);
-    free(m->params.grad);
+    const size_t bytes = block_bytes(&m->params);
+    if (m->params.data) munmap(m->params.data, bytes); /* released ranges are already unmapped */
+    if (m->params.grad) munmap(m->params.grad, bytes);
+    free(m->params.released);
     free(m->params.p);
     free(m->layers);
     bq_config_free(&m->cfg);
     /* m->quant belongs to whoever attached it (layers/quant.c) */
     memset(m, 0, sizeof *m);
+}
+
+int bq_bert_grad_alloc(BqBert *m) {
+    BqParamTable *t = &m->params;
+    BQ_CHECK(t->data);
+    if (t->grad) return BQ_OK;
+    const size_t bytes = block_bytes(t);
+    t->grad = block_map(bytes); /* zeros */
+    if (!t->grad) return bq_err(BQ_ENOMEM, "model: cannot allocate %zu bytes of gradients", bytes);
+    views_build(m);
+    return BQ_OK;
+}
+
+void bq_bert_param_release(BqBert *m, int i) {
+    BqParamTable *t = &m->params;
+    BQ_CHECK(i >= 0 && i < t->n && t->data);
+    if (!t->released) t->released = bq_calloc((size_t)t->n, 1);
+    if (t->released[i]) return;
+    t->released[i] = 1;
+    /* The whole pages inside the tensor; the partial pages at its ends may hold its neighbours. */
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = (uintptr_t)(t->data + t->p[i].offset), hi = lo + (uintptr_t)t->p[i].numel * sizeof(float);
+    const uintptr_t a = (lo + page - 1) / page * page, b = hi / page * page;
+    if (b > a) BQ_CHECK(munmap((void *)a, b - a) == 0);
+    views_build(m);
+}
+
+int64_t bq_bert_param_bytes(const BqBert *m) {
+    const BqParamTable *t = &m->params;
+    int64_t n = 0;
+    for (int i = 0; i < t->n; i++)
+        if (!t->released || !t->released[i]) n += t->p[i].numel * (int64_t)sizeof(float);
+    return n;
 }
 
 /* The encoder parameters are the table's entries up to the head, in the same order for both heads. */

@@ -67,7 +67,8 @@ typedef struct BqParamTable {
     int n;
     int64_t total;          /* floats */
     float *data;            /* one 64-byte aligned block of `total` floats */
-    float *grad;            /* same layout; NULL for inference-only models */
+    float *grad;            /* same layout; NULL until bq_bert_grad_alloc (loaded models have none) */
+    unsigned char *released; /* NULL, or (n) flags: 1 where bq_bert_param_release gave the storage back */
 } BqParamTable;
 
 /* Index of a parameter by HF name (accepts names with or without "bert."); -1 if absent. */
@@ -110,9 +111,24 @@ typedef struct BqBert {
 
 /* Builds the parameter table for cfg and allocates parameters (and gradients when with_grad),
  * initialised as HF does: normal(0, initializer_range) for weights and embeddings, zeros for biases,
- * ones for LayerNorm weights, using rng. Takes ownership of cfg's allocations. */
+ * ones for LayerNorm weights, using rng. rng NULL leaves every parameter zero and writes no page of the
+ * block (a loader that reads every parameter: export/ckpt.c). Takes ownership of cfg's allocations. */
 int bq_bert_create(BqBert *m, const BqBertConfig *cfg, int with_grad, BqRng *rng);
 void bq_bert_free(BqBert *m);
+
+/* Allocates the gradient block (zeros) and points the tensor views' grad at it; no-op when there is
+ * one. The loaders create models without gradients (evaluation never touches them); the trainer calls
+ * this before its first step. BQ_ENOMEM when the mapping fails. */
+int bq_bert_grad_alloc(BqBert *m);
+
+/* Gives back the storage of parameter i (table index): its whole pages are unmapped and every view of
+ * it gets data NULL; no-op when it was released already. For an inference engine that keeps its own
+ * copy of a weight (layers/bert_int8.h): afterwards the model runs only forwards in which that engine
+ * computes the Linear, and is neither saved nor trained. */
+void bq_bert_param_release(BqBert *m, int i);
+
+/* Bytes of fp32 parameters m holds: the table's numel · 4 over the parameters not released. */
+int64_t bq_bert_param_bytes(const BqBert *m);
 
 /* What the model reads of a batch: shapes (B,T) row-major, the same fields as datasets/batch.h's
  * BqBatch (src/train.h converts). Nothing is owned; everything must outlive the backward pass. */

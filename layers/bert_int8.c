@@ -9,7 +9,9 @@
  * (attention.self.input_quantizer) and run as one (3H, H) GEMM.
  *
  * Memory: the engine owns the packed codes, the scales and copies of the biases; a forward takes its
- * activations, codes and int32 accumulators from ctx->act, which the caller rewinds. */
+ * activations, codes and int32 accumulators from ctx->act, which the caller rewinds. Packed while a
+ * checkpoint loads (bq_int8_load_step), it gives back the fp32 storage of each weight it packed, so the
+ * model holds no fp32 copy of an integer Linear's weight and never holds all of them at once. */
 #include "layers/bert_int8.h"
 
 #include <float.h>
@@ -36,6 +38,9 @@ typedef struct Int8Linear {
 typedef struct Int8Layer {
     int fused_qkv;       /* qkv[0] is the (3H, H) product of query, key and value */
     int whole;           /* the layer runs as one fused block (layers/bert_fused.h); see bq_int8_prepare */
+    int ok[6];           /* Linear j (query … output.dense) runs on integers (plan_layer) */
+    BqQuantizer *iq[6];  /* the grid of Linear j's input, where ok[j] */
+    int packed;          /* bq_int8_pack_layer ran */
     Int8Linear qkv[3], ao, inter, out;
 } Int8Layer;
 
@@ -44,6 +49,7 @@ struct BqInt8Engine {
     Int8Layer *layers;
     int nlinear, ngemm, nwhole;
     int use_whole;       /* bq_int8_set_layer_fusion */
+    int next_layer;      /* bq_int8_load_step: the first layer not packed yet */
 };
 
 /* ---- preparation ---- */
@@ -184,7 +190,31 @@ void bq_int8_free(BqInt8Engine *e) {
     free(e);
 }
 
-int bq_int8_prepare(BqInt8Engine **out, const BqBert *m) {
+/* Decides, from the quantizers alone, which Linears of layer l run on integers (IL->iq, IL->ok,
+ * IL->fused_qkv, IL->whole) and counts them; reads no weight. */
+static int plan_layer(BqInt8Engine *e, const BqBert *m, int l) {
+    BqQuantState *qs = m->quant;
+    const BqBertConfig *c = &m->cfg;
+    Int8Layer *IL = &e->layers[l];
+    for (int j = 0; j < 6; j++) {
+        const BqQuantizer *wq = bq_quant_at(qs, l, weight_point[j]);
+        IL->iq[j] = input_grid(qs, l, j);
+        IL->ok[j] = IL->iq[j] && wq && wq->enabled;
+        if (IL->ok[j] && (IL->iq[j]->bits != 8 || IL->iq[j]->nch != 1))
+            return bq_err(BQ_EINVAL, "int8 engine: %s must be a per-tensor 8-bit quantizer (has %d bits, %lld scales)",
+                          IL->iq[j]->name, IL->iq[j]->bits, (long long)IL->iq[j]->nch);
+    }
+    const int *ok = IL->ok;
+    IL->fused_qkv = ok[0] && ok[1] && ok[2] && IL->iq[0] == IL->iq[1] && IL->iq[1] == IL->iq[2];
+    for (int j = 0; j < 6; j++) e->nlinear += ok[j];
+    e->ngemm += IL->fused_qkv ? 1 + ok[3] + ok[4] + ok[5] : ok[0] + ok[1] + ok[2] + ok[3] + ok[4] + ok[5];
+    IL->whole = IL->fused_qkv && ok[3] && ok[4] && ok[5] && linear_points_only(qs, l) &&
+                (c->hidden_size / c->num_attention_heads) % 8 == 0;
+    e->nwhole += IL->whole;
+    return BQ_OK;
+}
+
+int bq_int8_begin(BqInt8Engine **out, const BqBert *m) {
     BQ_CHECK(out && m);
     *out = NULL;
     BqQuantState *qs = m->quant;
@@ -203,53 +233,89 @@ int bq_int8_prepare(BqInt8Engine **out, const BqBert *m) {
     e->use_whole = 1;
     e->layers = bq_calloc((size_t)e->num_layers, sizeof *e->layers);
     int rc = BQ_OK;
-    for (int l = 0; l < e->num_layers; l++) {
-        Int8Layer *IL = &e->layers[l];
-        BqQuantizer *iq[6];
-        int ok[6];
-        for (int j = 0; j < 6; j++) {
-            const BqQuantizer *wq = bq_quant_at(qs, l, weight_point[j]);
-            iq[j] = input_grid(qs, l, j);
-            ok[j] = iq[j] && wq && wq->enabled;
-            if (ok[j] && (iq[j]->bits != 8 || iq[j]->nch != 1)) {
-                rc = bq_err(BQ_EINVAL, "int8 engine: %s must be a per-tensor 8-bit quantizer (has %d bits, %lld "
-                                       "scales)", iq[j]->name, iq[j]->bits, (long long)iq[j]->nch);
-                goto cleanup;
-            }
-        }
-        if (ok[0] && ok[1] && ok[2] && iq[0] == iq[1] && iq[1] == iq[2]) {
-            static const int qkv[3] = {0, 1, 2};
-            IL->fused_qkv = 1;
-            if ((rc = pack_linear(&IL->qkv[0], m, l, qkv, 3, iq[0]))) goto cleanup;
-            e->nlinear += 3, e->ngemm++;
-        } else {
-            for (int j = 0; j < 3; j++)
-                if (ok[j]) {
-                    if ((rc = pack_linear(&IL->qkv[j], m, l, &j, 1, iq[j]))) goto cleanup;
-                    e->nlinear++, e->ngemm++;
-                }
-        }
-        Int8Linear *rest[3] = {&IL->ao, &IL->inter, &IL->out};
-        for (int j = 3; j < 6; j++)
-            if (ok[j]) {
-                if ((rc = pack_linear(rest[j - 3], m, l, &j, 1, iq[j]))) goto cleanup;
-                e->nlinear++, e->ngemm++;
-            }
-        IL->whole = IL->fused_qkv && ok[3] && ok[4] && ok[5] && linear_points_only(qs, l) &&
-                    (c->hidden_size / c->num_attention_heads) % 8 == 0;
-        e->nwhole += IL->whole;
-    }
-    if (e->nlinear == 0) {
+    for (int l = 0; l < e->num_layers && !rc; l++) rc = plan_layer(e, m, l);
+    if (!rc && e->nlinear == 0)
         rc = bq_err(BQ_EINVAL, "int8 engine: scheme '%s' leaves no Linear with both input and weight quantized",
                     bq_scheme_name(qs->cfg.scheme));
-        goto cleanup;
+    if (rc) {
+        bq_int8_free(e);
+        return rc;
     }
     *out = e;
     return BQ_OK;
+}
 
-cleanup:
-    bq_int8_free(e);
+/* The table index of the weight of Linear j (0..5: query … output.dense) of layer l. */
+static int weight_param(const BqBert *m, int l, int j) {
+    static const char *const names[6] = {"attention.self.query", "attention.self.key", "attention.self.value",
+                                         "attention.output.dense", "intermediate.dense", "output.dense"};
+    char n[BQ_NAME_MAX];
+    snprintf(n, sizeof n, "bert.encoder.layer.%d.%s.weight", l, names[j]);
+    const int i = bq_params_find(&m->params, n);
+    BQ_CHECK(i >= 0);
+    return i;
+}
+
+/* Packs the integer Linears of layer l as plan_layer chose them, from m's weights as they are now. */
+static int pack_layer(BqInt8Engine *e, const BqBert *m, int l) {
+    BQ_CHECK(e && m && l >= 0 && l < e->num_layers && !e->layers[l].packed);
+    Int8Layer *IL = &e->layers[l];
+    int rc = BQ_OK;
+    if (IL->fused_qkv) {
+        static const int qkv[3] = {0, 1, 2};
+        rc = pack_linear(&IL->qkv[0], m, l, qkv, 3, IL->iq[0]);
+    } else {
+        for (int j = 0; j < 3 && !rc; j++)
+            if (IL->ok[j]) rc = pack_linear(&IL->qkv[j], m, l, &j, 1, IL->iq[j]);
+    }
+    Int8Linear *rest[3] = {&IL->ao, &IL->inter, &IL->out};
+    for (int j = 3; j < 6 && !rc; j++)
+        if (IL->ok[j]) rc = pack_linear(rest[j - 3], m, l, &j, 1, IL->iq[j]);
+    if (rc) return rc;
+    IL->packed = 1;
+    return BQ_OK;
+}
+
+int bq_int8_pack_layer(BqInt8Engine *e, BqBert *m, int l, int release) {
+    int rc = pack_layer(e, m, l);
+    for (int j = 0; j < 6 && release && !rc; j++)
+        if (e->layers[l].ok[j]) bq_bert_param_release(m, weight_param(m, l, j));
     return rc;
+}
+
+int bq_int8_load_step(BqInt8Engine *e, BqBert *m, int i) {
+    /* A layer's parameters are contiguous in the table, in the order of its views (layers/bert.h), and
+     * the output LayerNorm's bias is the last of them. */
+    while (e->next_layer < e->num_layers) {
+        char n[BQ_NAME_MAX];
+        snprintf(n, sizeof n, "bert.encoder.layer.%d.output.LayerNorm.bias", e->next_layer);
+        if (bq_params_find(&m->params, n) > i) break;
+        int rc = bq_int8_pack_layer(e, m, e->next_layer, 1);
+        if (rc) return rc;
+        e->next_layer++;
+    }
+    return BQ_OK;
+}
+
+int bq_int8_prepare(BqInt8Engine **out, const BqBert *m) {
+    int rc = bq_int8_begin(out, m);
+    for (int l = 0; l < m->cfg.num_hidden_layers && !rc; l++) rc = pack_layer(*out, m, l);
+    if (rc && *out) {
+        bq_int8_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+int64_t bq_int8_bytes(const BqInt8Engine *e) {
+    int64_t n = sizeof *e + (int64_t)e->num_layers * (int64_t)sizeof *e->layers;
+    for (int l = 0; l < e->num_layers; l++) {
+        const Int8Layer *IL = &e->layers[l];
+        const Int8Linear *all[6] = {&IL->qkv[0], &IL->qkv[1], &IL->qkv[2], &IL->ao, &IL->inter, &IL->out};
+        for (int j = 0; j < 6; j++)
+            if (all[j]->w) n += bq_qgemm_weights_bytes(all[j]->w) + 2 * bq_qgemm_weights_n(all[j]->w) * (int64_t)sizeof(float);
+    }
+    return n;
 }
 
 int bq_int8_linear_count(const BqInt8Engine *e) { return e->nlinear; }
@@ -410,6 +476,7 @@ static int hook_run(void *user, BqCtx *ctx, int l, BqLinearId id, BqTensor *x, c
 int bq_int8_forward(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits) {
     BQ_CHECK(e && m && ctx && ctx->act && in && logits);
     BQ_CHECK(ctx->tape == NULL && !ctx->training); /* inference only */
+    for (int l = 0; l < e->num_layers; l++) BQ_CHECK(e->layers[l].packed); /* bq_int8_begin without every layer */
     *logits = NULL;
     const BqBertConfig *c = &m->cfg;
     if (!m->quant || e->num_layers != c->num_hidden_layers || e->hidden != c->hidden_size ||

@@ -28,6 +28,22 @@ typedef struct BqInt8Engine BqInt8Engine;
 int bq_int8_prepare(BqInt8Engine **out, const BqBert *m);
 void bq_int8_free(BqInt8Engine *e);
 
+/* bq_int8_prepare in steps, for packing while a checkpoint loads (export/ckpt.h, BqCkptLoadHook).
+ * bq_int8_begin decides from m's quantizers alone which Linears run on integers and makes every check
+ * (the errors of bq_int8_prepare, except oneDNN's); it reads no weight. bq_int8_pack_layer packs layer
+ * l's integer Linears from m's weights as they are now (each layer once); with release it then gives
+ * back the fp32 storage of the weights it packed (bq_bert_param_release): afterwards m runs only
+ * through this engine (bq_int8_forward; its biases, LayerNorms, embeddings and head stay fp32 in m).
+ * bq_int8_load_step(e, m, i), called after parameter i (table order) is read, packs with release every
+ * layer whose parameters have all arrived. The engine is complete when every layer is packed. */
+int bq_int8_begin(BqInt8Engine **out, const BqBert *m);
+int bq_int8_pack_layer(BqInt8Engine *e, BqBert *m, int l, int release);
+int bq_int8_load_step(BqInt8Engine *e, BqBert *m, int i);
+
+/* Bytes the engine holds: integer codes with their oneDNN layouts, scales, bias copies (the integer
+ * weights' only copy once their fp32 storage is released). */
+int64_t bq_int8_bytes(const BqInt8Engine *e);
+
 /* Number of encoder Linears that run on integers, and how many GEMM calls a forward makes. */
 int bq_int8_linear_count(const BqInt8Engine *e);
 int bq_int8_gemm_count(const BqInt8Engine *e);

@@ -727,9 +727,9 @@ static int run_finish(Run *r, int finished_before) {
 
 int bq_train(BqBert *m, const BqTrainConfig *tc, BqBatchSource *train, BqBatchSource *val, const char *out_dir,
              BqTrainResult *res) {
-    if (!m->params.grad) return bq_err(BQ_EINVAL, "train: model was created without gradients");
     if (tc->grad_accum < 1) return bq_err(BQ_EINVAL, "--grad-accum: must be >= 1");
-    int st = BQ_OK;
+    int st = bq_bert_grad_alloc(m); /* loaded models have none */
+    if (st) return st;
     Run r = {.m = m, .tc = tc, .val = val, .out = out_dir};
     BqArena act = {0};
     BqTape tape = {0};

@@ -92,7 +92,7 @@ typedef struct BqTrainResult {
     double seconds;
 } BqTrainResult;
 
-/* Trains m (which must have gradients) and leaves the final checkpoint in out_dir (with training
+/* Trains m (its gradients are allocated first when it has none: bq_bert_grad_alloc) and leaves the final checkpoint in out_dir (with training
  * state, so `--resume` of a finished run is a no-op). val may be NULL (no evaluation, no best
  * tracking). On BQ_ENUMERIC the last good checkpoint is left intact; on a signal (or
  * interrupt_at_step) a resumable checkpoint is saved and BQ_EINTR returned. */

@@ -60,6 +60,8 @@ int main(void) {
         return 1;
     }
     EXPECT(report == NULL, "every parameter comes from the file (report: %s)", report ? report : "");
+    EXPECT(m.params.grad == NULL && bq_bert_grad_alloc(&m) == BQ_OK && m.params.grad && m.word_emb.grad == m.params.grad,
+           "gradients: none after loading, added by bq_bert_grad_alloc");
     free(report);
     EXPECT(m.cfg.head == BQ_HEAD_QA, "config.json architectures BertForQuestionAnswering gives the QA head");
     const BqParamTable *pt = &m.params;

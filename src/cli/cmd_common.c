@@ -33,6 +33,18 @@ int bq_cli_model_load(BqBert *m, BqTokenizer **tok, const char *dir, int num_lab
 
 const char *const bq_cli_engine_names[4] = {"auto", "int8", "fake-quant", NULL};
 
+/* "[tag] engine: int8 ..." on stderr: the integer Linears, the GEMMs, the time `what` took, the bytes the
+ * engine and the model's fp32 parameters hold, and the encoder Linears that stay fp32. */
+static void engine_report(const char *tag, const BqBert *m, const BqInt8Engine *e, const char *what, double secs) {
+    fprintf(stderr, "[%s] engine: int8 (%d integer Linears in %d GEMMs, %s in %.0f ms; %.1f MiB integer weights, "
+            "%.1f MiB fp32 parameters)\n", tag, bq_int8_linear_count(e), bq_int8_gemm_count(e), what, secs * 1e3,
+            (double)bq_int8_bytes(e) / (1 << 20), (double)bq_bert_param_bytes(m) / (1 << 20));
+    char fp32[512];
+    if (*bq_int8_fp32_linears(e, fp32, sizeof fp32))
+        fprintf(stderr, "[%s] engine: %d encoder Linears stay fp32 (no quantized input or weight): %s\n", tag,
+                m->cfg.num_hidden_layers * BQ_LIN_ENCODER - bq_int8_linear_count(e), fp32);
+}
+
 int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, BqCliEngine engine, const char *flag, const char *tag,
                          const char **name) {
     *out = NULL;
@@ -66,12 +78,50 @@ int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, BqCliEngine engine
         return want_int8 ? bq_err_ctx(st, "%s int8", flag) : st;
     }
     *name = "int8";
-    fprintf(stderr, "[%s] engine: int8 (%d integer Linears in %d GEMMs, packed in %.0f ms)\n", tag,
-            bq_int8_linear_count(*out), bq_int8_gemm_count(*out), (bq_now() - t0) * 1e3);
-    char fp32[512];
-    if (*bq_int8_fp32_linears(*out, fp32, sizeof fp32))
-        fprintf(stderr, "[%s] engine: %d encoder Linears stay fp32 (no quantized input or weight): %s\n", tag,
-                m->cfg.num_hidden_layers * BQ_LIN_ENCODER - bq_int8_linear_count(*out), fp32);
+    engine_report(tag, m, *out, "packed", bq_now() - t0);
+    return BQ_OK;
+}
+
+/* The hook of bq_cli_model_load_engine's load: at the first parameter (the quantizers are loaded by
+ * then) it begins the engine, then packs each layer as its parameters arrive. Where the engine refuses
+ * the model (BQ_EINVAL) it stays out, and bq_cli_engine_select gives the refusal or the fallback. */
+typedef struct EngineLoad {
+    BqInt8Engine *e;
+    int begun;
+} EngineLoad;
+
+static int engine_load_step(void *user, BqBert *m, int i) {
+    EngineLoad *el = user;
+    if (!el->begun) {
+        el->begun = 1;
+        int st = m->quant ? bq_int8_begin(&el->e, m) : BQ_OK;
+        if (st == BQ_EINVAL) bq_err_clear();
+        else if (st) return st;
+    }
+    return el->e ? bq_int8_load_step(el->e, m, i) : BQ_OK;
+}
+
+int bq_cli_model_load_engine(BqBert *m, BqTokenizer **tok, const char *dir, BqCliEngine engine, const char *tag,
+                             BqInt8Engine **out, const char **name) {
+    *out = NULL;
+    int st;
+    if (engine == BQ_CLI_ENGINE_FAKE_QUANT || !bq_ckpt_is_native(dir)) {
+        if ((st = bq_cli_model_load(m, tok, dir, 0, 0, tag))) return st;
+        return bq_cli_engine_select(out, m, engine, "--engine", tag, name);
+    }
+    EngineLoad el = {0};
+    BqCkptLoadHook hook = {.param_read = engine_load_step, .user = &el};
+    double t0 = bq_now();
+    char vocab[4200];
+    snprintf(vocab, sizeof vocab, "%s/vocab.txt", dir);
+    if ((st = bq_ckpt_load_with(m, dir, &hook)) || (st = bq_tokenizer_load(tok, vocab, NULL))) {
+        bq_int8_free(el.e);
+        return st;
+    }
+    if (!el.e) return bq_cli_engine_select(out, m, engine, "--engine", tag, name);
+    *out = el.e;
+    *name = "int8";
+    engine_report(tag, m, *out, "packed while loading, load", bq_now() - t0);
     return BQ_OK;
 }
 
@@ -156,7 +206,6 @@ int bq_cli_model_fit(BqBert *m, const char *dir, const BqDataset *ds, uint64_t s
             m->cfg.id2label[i] = bq_strdup(ds->label_names[i]);
         }
     }
-    if (!m->params.grad) return bq_err(BQ_EINVAL, "%s: model loaded without gradients", dir);
     return BQ_OK;
 }
 

@@ -44,6 +44,14 @@ extern const char *const bq_cli_engine_names[4];
 int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, BqCliEngine engine, const char *flag, const char *tag,
                          const char **name);
 
+/* bq_cli_model_load (num_labels 0, seed 0) then bq_cli_engine_select with flag "--engine", the same
+ * results, except that for a native checkpoint and `engine` auto or int8 the integer engine packs each
+ * encoder layer as its tensors are read and gives back the fp32 weights it packed (BqCkptLoadHook,
+ * bq_int8_load_step): the model is then held in fp32 only where the engine does not run it, and the
+ * whole fp32 model is never resident. */
+int bq_cli_model_load_engine(BqBert *m, BqTokenizer **tok, const char *dir, BqCliEngine engine, const char *tag,
+                             BqInt8Engine **out, const char **name);
+
 #define BQ_CLI_ENGINE_HELP "the forward of a quantized checkpoint (auto: the integer " \
     "engine where it accepts the model, else fake quant; fp32 checkpoints run fp32)"
 

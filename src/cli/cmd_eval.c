@@ -409,8 +409,8 @@ int bq_cmd_eval(int argc, char **argv) {
     char pred_tmp[4200] = "";
     PredWriter pw = {0};
     BqInt8Engine *eng = NULL;
-    if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "eval")) || (st = bq_cli_data_resolve(&d, &m, "eval")) ||
-        (st = bq_cli_engine_select(&eng, &m, engine, "--engine", "eval", &engine_name)))
+    if ((st = bq_cli_model_load_engine(&m, &tok, model, engine, "eval", &eng, &engine_name)) ||
+        (st = bq_cli_data_resolve(&d, &m, "eval")))
         goto cleanup;
     m.prec = args.prec;
     if ((st = eval_data_load(&ds, &d, &m, tok, split, seed, samples, train_samples, val_fraction)))
@@ -628,8 +628,8 @@ int bq_cmd_predict(int argc, char **argv) {
     BqArena act = {0};
     PredictOut o = {.m = &m, .json = json, .index = -1};
     BqInt8Engine *eng = NULL;
-    if ((st = bq_cli_model_load(&m, &tok, model, 0, 0, "predict")) || (st = bq_cli_data_resolve(&d, &m, "predict")) ||
-        (st = bq_cli_engine_select(&eng, &m, engine, "--engine", "predict", &engine_name)) ||
+    if ((st = bq_cli_model_load_engine(&m, &tok, model, engine, "predict", &eng, &engine_name)) ||
+        (st = bq_cli_data_resolve(&d, &m, "predict")) ||
         (st = bq_arena_init(&act, ACT_RESERVE, "activations")))
         goto cleanup;
     m.prec = args.prec;

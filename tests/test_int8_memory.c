@@ -1,0 +1,190 @@
+/* What the int8 engine's inference holds in memory, by byte accounting rather than by resident-set
+ * figures (which depend on the allocator and the machine):
+ *  - a loaded checkpoint has no gradient block (the trainer adds one, bq_bert_grad_alloc);
+ *  - packed while the checkpoint loads (bq_ckpt_load_with + bq_int8_begin/bq_int8_load_step, as eval
+ *    and predict do), the engine leaves the model no fp32 copy of any weight it runs on integers:
+ *    bq_bert_param_bytes drops by exactly those weights, their views have no data, and their pages are
+ *    unmapped (mincore fails with ENOMEM on them, succeeds on a kept tensor);
+ *  - during that load the fp32 weights of the integer Linears held at any moment never exceed one
+ *    layer's (the whole fp32 model is never resident);
+ *  - the engine's own bytes (codes, oneDNN layouts, scales, biases) stay below 0.6x the fp32 bytes it
+ *    replaced (1 byte of codes plus 1 of the oneDNN layout per weight);
+ *  - the logits equal, bit for bit, those of the engine prepared from the fully loaded model.
+ * The model is a random cpu-scheme PTQ, 2 layers, hidden 256, intermediate 1024 (weights of whole pages),
+ * max-calibrated on random batches and saved as a checkpoint. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "export/ckpt.h"
+#include "layers/bert_int8.h"
+#include "layers/quant.h"
+#include "tests/test_util.h"
+
+enum { B = 3, T = 16, L = 2, H = 256, I = 1024, NCAL = 3, VOCAB = 500 };
+
+typedef struct Batch {
+    int32_t ids[B * T], types[B * T];
+    float mask[B * T];
+} Batch;
+
+static BqBertInput input_of(const Batch *bt) {
+    BqBertInput in = {.B = B, .T = T, .input_ids = bt->ids, .attention_mask = bt->mask, .token_type_ids = bt->types};
+    return in;
+}
+
+/* A random cpu-scheme model, max-calibrated, saved to dir. */
+static void make_checkpoint(const char *dir) {
+    BqRng rng;
+    bq_rng_seed(&rng, 11);
+    BqBertConfig c = bq_test_config(VOCAB, H, L, 4, I, 64, 2, 0.0f, 0.05f);
+    BqBert m;
+    BQ_CHECK(bq_bert_create(&m, &c, 0, &rng) == BQ_OK);
+    BqQuantConfig qc;
+    bq_quant_config_default(&qc);
+    BQ_CHECK(bq_scheme_parse(&qc.scheme, "cpu", "scheme") == BQ_OK);
+    BQ_CHECK(bq_quant_create(&m.quant, &m, &qc) == BQ_OK);
+    BqArena act;
+    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 28, "calib") == BQ_OK);
+    bq_quant_calib_begin(m.quant, BQ_CALIBRATOR_MAX);
+    for (int i = 0; i < NCAL; i++) {
+        Batch bt;
+        bq_test_padded_batch(bt.ids, bt.types, bt.mask, B, T, &rng, VOCAB);
+        BqBertInput in = input_of(&bt);
+        BqCtx ctx = {.act = &act};
+        BqTensor *logits;
+        BQ_CHECK(bq_bert_forward(&m, &ctx, &in, &logits, NULL) == BQ_OK);
+        bq_arena_rewind(&act, 0);
+    }
+    BQ_CHECK(bq_quant_calib_finish(m.quant, BQ_CALIBRATOR_MAX, 0.0) == BQ_OK);
+    BQ_CHECK(bq_ckpt_save(&m, dir, NULL, NULL) == BQ_OK);
+    bq_arena_free(&act);
+    bq_quant_free(m.quant);
+    m.quant = NULL;
+    bq_bert_free(&m);
+}
+
+/* 1 for the weight of an encoder Linear (the six per layer the cpu scheme runs on integers). */
+static int is_linear_weight(const char *name) {
+    static const char *const tails[5] = {"self.query.weight", "self.key.weight", "self.value.weight",
+                                         "output.dense.weight", "intermediate.dense.weight"};
+    if (strncmp(name, "bert.encoder.layer.", 19)) return 0;
+    for (int k = 0; k < 5; k++) {
+        size_t n = strlen(name), t = strlen(tails[k]);
+        if (n >= t && !strcmp(name + n - t, tails[k])) return 1;
+    }
+    return 0;
+}
+
+/* The load hook: the engine begun at the first tensor, each layer packed when it is in, and the largest
+ * number of fp32 bytes of encoder Linear weights read and not yet released at any point. */
+typedef struct Load {
+    BqInt8Engine *e;
+    int64_t held_max;
+} Load;
+
+static int on_param(void *user, BqBert *m, int i) {
+    Load *ld = user;
+    if (!ld->e) BQ_CHECK(bq_int8_begin(&ld->e, m) == BQ_OK);
+    int64_t held = 0;
+    for (int k = 0; k <= i; k++)
+        if (is_linear_weight(m->params.p[k].name) && !(m->params.released && m->params.released[k]))
+            held += m->params.p[k].numel * 4;
+    if (held > ld->held_max) ld->held_max = held;
+    return bq_int8_load_step(ld->e, m, i);
+}
+
+static void logits_of(BqInt8Engine *e, BqBert *m, const Batch *bt, float *out) {
+    BqArena act;
+    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 28, "act") == BQ_OK);
+    BqCtx ctx = {.act = &act};
+    BqBertInput in = input_of(bt);
+    BqTensor *logits;
+    BQ_CHECK(bq_int8_forward(e, m, &ctx, &in, &logits) == BQ_OK);
+    memcpy(out, logits->data, sizeof(float) * B * 2);
+    bq_arena_free(&act);
+}
+
+/* 1 when every whole page inside [p, p + bytes) is mapped (mincore succeeds), 0 when none is. */
+static int pages_mapped(const void *p, size_t bytes) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p, hi = lo + bytes;
+    const uintptr_t a = (lo + page - 1) / page * page, b = hi / page * page;
+    BQ_CHECK(b > a);
+    unsigned char vec[1024];
+    BQ_CHECK((b - a) / page <= sizeof vec);
+    if (mincore((void *)a, b - a, vec) == 0) return 1;
+    BQ_CHECK(errno == ENOMEM);
+    return 0;
+}
+
+int main(void) {
+    char tmp[256], dir[300];
+    bq_test_tmpdir(tmp, sizeof tmp, "int8_memory");
+    snprintf(dir, sizeof dir, "%s/ptq", tmp);
+    make_checkpoint(dir);
+    BqRng rng;
+    bq_rng_seed(&rng, 5);
+    Batch bt;
+    bq_test_padded_batch(bt.ids, bt.types, bt.mask, B, T, &rng, VOCAB);
+
+    /* the reference: the whole model loaded, then the engine prepared from it */
+    BqBert m1;
+    memset(&m1, 0, sizeof m1);
+    EXPECT(bq_ckpt_load(&m1, dir) == BQ_OK, "load: %s", bq_errmsg());
+    EXPECT(m1.params.grad == NULL && m1.word_emb.grad == NULL, "a loaded model has no gradient block");
+    int64_t all = 0, lin = 0, layer_lin = 0;
+    for (int i = 0; i < m1.params.n; i++) {
+        all += m1.params.p[i].numel * 4;
+        if (is_linear_weight(m1.params.p[i].name)) lin += m1.params.p[i].numel * 4;
+    }
+    layer_lin = lin / L;
+    EXPECT(bq_bert_param_bytes(&m1) == all, "every parameter held after a plain load");
+    BqInt8Engine *e1 = NULL;
+    EXPECT(bq_int8_prepare(&e1, &m1) == BQ_OK && bq_int8_linear_count(e1) == 6 * L, "prepare: %s", bq_errmsg());
+    EXPECT(bq_bert_param_bytes(&m1) == all, "bq_int8_prepare releases nothing");
+    float ref[B * 2];
+    logits_of(e1, &m1, &bt, ref);
+
+    /* packed while loading */
+    BqBert m2;
+    memset(&m2, 0, sizeof m2);
+    Load ld = {0};
+    BqCkptLoadHook hook = {.param_read = on_param, .user = &ld};
+    EXPECT(bq_ckpt_load_with(&m2, dir, &hook) == BQ_OK, "load with the engine: %s", bq_errmsg());
+    EXPECT(ld.e && bq_int8_linear_count(ld.e) == 6 * L, "every encoder Linear on integers");
+    printf("fp32 parameters %lld bytes, of which encoder Linear weights %lld; after the load %lld; engine %lld\n",
+           (long long)all, (long long)lin, (long long)bq_bert_param_bytes(&m2), (long long)bq_int8_bytes(ld.e));
+    EXPECT(bq_bert_param_bytes(&m2) == all - lin, "no fp32 copy of an integer Linear's weight is kept");
+    EXPECT(ld.held_max <= layer_lin, "at most one layer's fp32 Linear weights at once (%lld > %lld bytes)",
+           (long long)ld.held_max, (long long)layer_lin);
+    for (int l = 0; l < L; l++) {
+        const BqBertLayer *Ly = &m2.layers[l];
+        EXPECT(!Ly->q_w.data && !Ly->k_w.data && !Ly->v_w.data && !Ly->ao_w.data && !Ly->i_w.data && !Ly->o_w.data,
+               "layer %d: released weights have no data", l);
+        EXPECT(Ly->q_b.data && Ly->ln1_w.data && Ly->ln2_b.data, "layer %d: biases and LayerNorms kept", l);
+        char name[BQ_NAME_MAX];
+        snprintf(name, sizeof name, "bert.encoder.layer.%d.intermediate.dense.weight", l);
+        const BqParam *pi = &m2.params.p[bq_params_find(&m2.params, name)];
+        EXPECT(!pages_mapped(m2.params.data + pi->offset, (size_t)pi->numel * 4), "layer %d: released pages are unmapped", l);
+    }
+    EXPECT(pages_mapped(m2.word_emb.data, (size_t)VOCAB * H * 4), "kept pages stay mapped");
+    float got[B * 2];
+    logits_of(ld.e, &m2, &bt, got);
+    EXPECT(memcmp(ref, got, sizeof ref) == 0, "logits bit-identical to the engine prepared after a full load");
+    EXPECT(bq_int8_bytes(ld.e) < lin * 6 / 10, "engine bytes %lld against %lld fp32 bytes replaced",
+           (long long)bq_int8_bytes(ld.e), (long long)lin);
+
+    bq_int8_free(e1);
+    bq_int8_free(ld.e);
+    bq_quant_free(m1.quant);
+    bq_quant_free(m2.quant);
+    m1.quant = m2.quant = NULL;
+    bq_bert_free(&m1);
+    bq_bert_free(&m2);
+    bq_test_rmtree(tmp);
+    if (!fails) printf("ok\n");
+    return fails ? 1 : 0;
+}
