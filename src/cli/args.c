@@ -126,17 +126,25 @@ static int set_value(const BqArgs *a, const BqArgSpec *s, const char *v) {
         if (x < 0) return bq_err(BQ_EINVAL, "%s: --%s must be >= 0, got %lld", a->cmd, s->name, x);
         *(uint64_t *)s->dst = (uint64_t)x;
         return BQ_OK;
-    case BQ_ARG_FLOAT: {
+    case BQ_ARG_FLOAT:
+    case BQ_ARG_F32: {
         char *end = NULL;
         errno = 0;
         double d = strtod(v, &end);
-        if (!*v || *end || errno || !isfinite(d))
+        if (!*v || *end || errno || !isfinite(d) || (s->kind == BQ_ARG_F32 && !isfinite((float)d)))
             return bq_err(BQ_EINVAL, "%s: --%s expects a finite number, got '%s'", a->cmd, s->name, v);
         if (s->min < s->max && (d < s->min || d > s->max))
             return bq_err(BQ_EINVAL, "%s: --%s must be in [%g, %g], got %g", a->cmd, s->name, s->min, s->max, d);
-        *(double *)s->dst = d;
+        if (s->kind == BQ_ARG_F32) *(float *)s->dst = (float)d;
+        else *(double *)s->dst = d;
         return BQ_OK;
     }
+    case BQ_ARG_CHARS:
+        if (!*v) return bq_err(BQ_EINVAL, "%s: --%s needs a non-empty value", a->cmd, s->name);
+        if (strlen(v) >= (size_t)s->max)
+            return bq_err(BQ_EINVAL, "%s: --%s is longer than %.0f characters", a->cmd, s->name, s->max - 1);
+        memcpy(s->dst, v, strlen(v) + 1);
+        return BQ_OK;
     case BQ_ARG_FLAG:
     case BQ_ARG_OFF:
         *(int *)s->dst = s->kind == BQ_ARG_FLAG;
@@ -264,6 +272,18 @@ const char *bq_args_format(const BqArgSpec *s, char *buf, size_t n) {
         }
         return buf;
     }
+    case BQ_ARG_F32: { /* likewise for a float */
+        float x = *(const float *)s->dst;
+        for (int prec = 6; prec <= 9; prec++) {
+            snprintf(buf, n, "%.*g", prec, (double)x);
+            if (strtof(buf, NULL) == x) break;
+        }
+        return buf;
+    }
+    case BQ_ARG_CHARS:
+        if (!*(const char *)s->dst) return NULL;
+        snprintf(buf, n, "%s", (const char *)s->dst);
+        return buf;
     case BQ_ARG_FLAG:
     case BQ_ARG_OFF: /* on the line when it has the value it sets */
         if (!*(const int *)s->dst != (s->kind == BQ_ARG_OFF)) return NULL;
@@ -299,6 +319,8 @@ static void default_text(const BqArgSpec *s, char *def, size_t n) {
     else if (s->kind == BQ_ARG_I64) snprintf(def, n, " (default: %" PRId64 ")", *(int64_t *)s->dst);
     else if (s->kind == BQ_ARG_U64) snprintf(def, n, " (default: %" PRIu64 ")", *(uint64_t *)s->dst);
     else if (s->kind == BQ_ARG_FLOAT) snprintf(def, n, " (default: %g)", *(double *)s->dst);
+    else if (s->kind == BQ_ARG_F32) snprintf(def, n, " (default: %g)", (double)*(float *)s->dst);
+    else if (s->kind == BQ_ARG_CHARS && *(const char *)s->dst) snprintf(def, n, " (default: %s)", (const char *)s->dst);
     else if (s->kind == BQ_ARG_ENUM) {
         for (int c = 0; s->choices[c]; c++)
             if (choice_value(s, c) == *(const int *)s->dst) {
@@ -320,8 +342,9 @@ void bq_args_usage(BqArgs *a, FILE *out) {
             meta[0] = ' ';
             choices_list(s, "|", "|", meta + 1, sizeof meta - 1);
         } else {
-            snprintf(meta, sizeof meta, "%s", s->kind == BQ_ARG_STR ? " STR" : is_output(s->kind) ? " PATH"
-                     : s->kind == BQ_ARG_FLOAT ? " X" : s->kind == BQ_ARG_FLAG || s->kind == BQ_ARG_OFF ? "" : " N");
+            snprintf(meta, sizeof meta, "%s", s->kind == BQ_ARG_STR || s->kind == BQ_ARG_CHARS ? " STR"
+                     : is_output(s->kind) ? " PATH" : s->kind == BQ_ARG_FLOAT || s->kind == BQ_ARG_F32 ? " X"
+                     : s->kind == BQ_ARG_FLAG || s->kind == BQ_ARG_OFF ? "" : " N");
         }
         snprintf(left, sizeof left, "--%s%s", s->name, meta);
         default_text(s, def, sizeof def);

@@ -24,6 +24,9 @@
  *   BQ_ARG_I64    int64_t                 likewise
  *   BQ_ARG_U64    uint64_t                a non-negative integer, in [min, max] when min < max
  *   BQ_ARG_FLOAT  double                  a finite number, in [min, max] when min < max
+ *   BQ_ARG_F32    float                   likewise, stored as float (a library field that is a float)
+ *   BQ_ARG_CHARS  char[max]               a non-empty word copied into the fixed buffer of max bytes (a
+ *                                         library field that is an array); a longer one is an error
  *   BQ_ARG_FLAG   int                     no value; sets 1
  *   BQ_ARG_OFF    int                     no value; sets 0 (--no-save-best on a field that is 1 by default)
  *   BQ_ARG_ENUM   int or an enum          one of the names `choices` (NULL-terminated); stores the name's
@@ -50,6 +53,8 @@ typedef enum BqArgKind {
     BQ_ARG_U64,
     BQ_ARG_OFF,
     BQ_ARG_ENUM,
+    BQ_ARG_F32,
+    BQ_ARG_CHARS,
 } BqArgKind;
 
 /* The destination of a BQ_ARG_ENUM row, with a compile-time check that *p is int-sized. */
@@ -61,7 +66,7 @@ typedef struct BqArgSpec {
     void *dst;         /* see BqArgKind */
     const char *help;
     int required;
-    double min, max;   /* inclusive range for INT/I64/U64/FLOAT when min < max */
+    double min, max;   /* inclusive range for INT/I64/U64/FLOAT/F32 when min < max; CHARS: max = buffer bytes */
     const char *const *choices; /* BQ_ARG_ENUM: the names, NULL-terminated */
     const int *values;          /* BQ_ARG_ENUM: the value of each name; NULL: its index */
 } BqArgSpec;

@@ -36,47 +36,36 @@
 #include "src/train.h"
 
 /* Quantization flags shared by calibrate and qat. */
+/* The quantization flags of calibrate and qat: the placement settings are the library's BqQuantConfig
+ * itself (the flag rows point at its fields); the calibration settings are the command's. */
 typedef struct QuantOpts {
-    BqScheme scheme;
+    BqQuantConfig cfg;
     BqCalibrator calibrator;
-    const char *exclude;
-    int per_tensor, fuse_qkv, calib_samples, freeze_after;
-    double clip_gelu, percentile;
+    int calib_samples;
+    double percentile;
 } QuantOpts;
 
 static void quant_opts_default(QuantOpts *q, BqCalibrator calibrator) {
-    q->scheme = BQ_SCHEME_ORT;
-    q->exclude = "classifier,pooler";
+    bq_quant_config_default(&q->cfg);
     q->calibrator = calibrator;
-    q->per_tensor = q->fuse_qkv = q->freeze_after = 0;
     q->calib_samples = 128;
-    q->clip_gelu = 0.0;
     q->percentile = 99.99;
 }
 
 #define QUANT_SPECS(q)                                                                                          \
-    {"scheme", BQ_ARG_ENUM, BQ_ARG_ENUM_DST(&(q).scheme), "quantizer placement: ort (ONNX Runtime example), "  \
+    {"scheme", BQ_ARG_ENUM, BQ_ARG_ENUM_DST(&(q).cfg.scheme), "quantizer placement: ort (ONNX Runtime example), " \
      "qdqbert or cpu (ORT CPU integer kernels)", 0, 0, 0, bq_scheme_names},                                   \
     {"calibrator", BQ_ARG_ENUM, BQ_ARG_ENUM_DST(&(q).calibrator), "range calibrator of the activations", 0, 0, 0, \
      bq_calibrator_names},                                                                                      \
     {"percentile", BQ_ARG_FLOAT, &(q).percentile, "percentile calibrator: percent of |x| kept", 0, 50, 100},     \
     {"calib-samples", BQ_ARG_INT, &(q).calib_samples, "training examples for calibration", 0, 1, 1e9},         \
-    {"per-tensor", BQ_ARG_FLAG, &(q).per_tensor, "per-tensor weight ranges (default per output channel)", 0, 0, 0}, \
-    {"fuse-qkv", BQ_ARG_FLAG, &(q).fuse_qkv, "one shared range for the query/key/value outputs (inputs)", 0, 0, 0}, \
-    {"clip-gelu", BQ_ARG_FLOAT, &(q).clip_gelu, "cap the GELU-output amax at this value (0: off)", 0, 0, 1e6},  \
-    {"exclude", BQ_ARG_STR, &(q).exclude, "comma-separated module prefixes kept fp32 (e.g. encoder.layer.0)", 0, 0, 0}
-
-static int quant_config_from_opts(BqQuantConfig *cfg, const QuantOpts *o) {
-    bq_quant_config_default(cfg);
-    cfg->scheme = o->scheme;
-    if (strlen(o->exclude) >= sizeof cfg->exclude) return bq_err(BQ_EINVAL, "--exclude: list is too long");
-    strcpy(cfg->exclude, o->exclude);
-    cfg->per_tensor_weights = o->per_tensor;
-    cfg->fuse_qkv = o->fuse_qkv;
-    cfg->clip_gelu = (float)o->clip_gelu;
-    cfg->freeze_after = o->freeze_after;
-    return BQ_OK;
-}
+    {"per-tensor", BQ_ARG_FLAG, &(q).cfg.per_tensor_weights, "per-tensor weight ranges (default per output "     \
+     "channel)", 0, 0, 0},                                                                                      \
+    {"fuse-qkv", BQ_ARG_FLAG, &(q).cfg.fuse_qkv, "one shared range for the query/key/value outputs (inputs)", 0, \
+     0, 0},                                                                                                     \
+    {"clip-gelu", BQ_ARG_F32, &(q).cfg.clip_gelu, "cap the GELU-output amax at this value (0: off)", 0, 0, 1e6}, \
+    {"exclude", BQ_ARG_CHARS, (q).cfg.exclude, "comma-separated module prefixes kept fp32 (e.g. encoder.layer.0)", \
+     0, 0, sizeof(q).cfg.exclude}
 
 /* Places quantizers on m and calibrates them over up to `samples` examples of epoch 0 of `calib`
  * (forward only, no tape). Replaces any quantizer state m already has. */
@@ -301,15 +290,14 @@ int bq_cmd_calibrate(int argc, char **argv) {
     BqBert m;
     memset(&m, 0, sizeof m);
     BqCalibrator method = q.calibrator;
-    BqQuantConfig qcfg;
-    if ((st = quant_config_from_opts(&qcfg, &q))) return st;
+    const BqQuantConfig *qcfg = &q.cfg;
     BqPrecision prec = args.prec;
     bq_args_header(&args);
     int is_qa = 0;
     if ((st = bq_cli_task_resolve(&args, &qa, model, &is_qa)) || (st = bq_cli_task_check_data(is_qa, d.path))) return st;
     if (is_qa && eval_samples > 0)
         return bq_err(BQ_EINVAL, "--eval-samples: question answering is scored by `bertqat eval` on the dev set");
-    if (is_qa) return calibrate_qa(model, out, &d, &qa, &q, method, &qcfg, batch_size, seed, prec);
+    if (is_qa) return calibrate_qa(model, out, &d, &qa, &q, method, qcfg, batch_size, seed, prec);
     BqDataSpec spec;
     if ((st = bq_cli_model_load(&m, &tok, model, 0, (uint64_t)seed, "calibrate")) ||
         (st = bq_cli_data_resolve(&d, &m, "calibrate")))
@@ -327,7 +315,7 @@ int bq_cmd_calibrate(int argc, char **argv) {
     BqBatchSource scal;
     BqBatcherSource bscal;
     bq_batch_source_batcher(&scal, &bscal, &bcal);
-    if ((st = calibrate_model(&m, &qcfg, method, q.percentile, &scal, q.calib_samples, "calibrate"))) goto cleanup;
+    if ((st = calibrate_model(&m, qcfg, method, q.percentile, &scal, q.calib_samples, "calibrate"))) goto cleanup;
     if (keep_fp32 && !strcmp(keep_fp32, "auto")) {
         if ((st = keep_fp32_auto(&m, &d, tok, (uint64_t)seed, batch_size, keep_samples, max_drop, "calibrate")))
             goto cleanup;
@@ -339,7 +327,7 @@ int bq_cmd_calibrate(int argc, char **argv) {
     if (bq_dist_rank() == 0 && (st = bq_ckpt_save(&m, out, model, NULL))) goto cleanup; /* rank 0 writes */
     printf("calibrate: %d quantizers, calibrator %s", m.quant->n, bq_calibrator_name(method));
     if (method == BQ_CALIBRATOR_PERCENTILE) printf(" %.4g", q.percentile);
-    printf(", scheme %s; checkpoint %s\n", bq_scheme_name(qcfg.scheme), out);
+    printf(", scheme %s; checkpoint %s\n", bq_scheme_name(qcfg->scheme), out);
     if (keep_fp32) printf("calibrate: exclude list (kept in fp32) \"%s\"\n", m.quant->cfg.exclude);
     if (eval_samples > 0)
         printf("calibrate: accuracy on %lld test examples: fp32 %.4f, ptq %.4f\n", (long long)dtest->n, acc_fp32,
@@ -436,7 +424,7 @@ enum { RANGES_OBSERVE, RANGES_FIXED, RANGES_LEARN };
 /* qat's checks of its own flags after parsing: *fixed and *learn say which --ranges; --range-lr only with learn and > 0 (default: lr, written to *range_lr);
  * --freeze-ranges-after not with learn; --max-drop and --keep-fp32-samples only with --keep-fp32 auto;
  * the distillation settings when --teacher is given. Errors: BQ_EINVAL naming the flag. */
-static int qat_check_flags(const BqArgs *args, int ranges, double *range_lr, int freeze_after, double lr,
+static int qat_check_flags(const BqArgs *args, int ranges, double *range_lr, int64_t freeze_after, double lr,
                            const char *keep_fp32, const char *teacher_dir, const BqDistill *dist, int *fixed,
                            int *learn) {
     *fixed = ranges == RANGES_FIXED, *learn = ranges == RANGES_LEARN;
@@ -543,7 +531,7 @@ int bq_cmd_qat(int argc, char **argv) {
          0, 0},
         {"out", BQ_ARG_OUT, &out, "output checkpoint directory (replaced atomically)", 1, 0, 0},
         QUANT_SPECS(q),
-        {"freeze-ranges-after", BQ_ARG_INT, &q.freeze_after, "freeze every range after N optimizer steps (0: never)",
+        {"freeze-ranges-after", BQ_ARG_I64, &q.cfg.freeze_after, "freeze every range after N optimizer steps (0: never)",
          0, 0, 1e9},
         {"ranges", BQ_ARG_ENUM, &ranges, "observe: moving-average min/max observers (ONNX Runtime example); fixed: the "
          "calibrated (or PTQ input's) ranges never move (pytorch-quantization); learn: every scale is trained from "
@@ -573,11 +561,10 @@ int bq_cmd_qat(int argc, char **argv) {
     BqTokenizer *tok = NULL;
     BqBert m = {0};
     BqCalibrator method = q.calibrator;
-    BqQuantConfig qcfg;
+    const BqQuantConfig *qcfg = &q.cfg;
     BqTrainResult res;
-    if ((st = quant_config_from_opts(&qcfg, &q))) return st;
     int fixed = 0, learn = 0;
-    if ((st = qat_check_flags(&args, ranges, &range_lr, q.freeze_after, tc.lr, keep_fp32, teacher_dir, &dist, &fixed,
+    if ((st = qat_check_flags(&args, ranges, &range_lr, q.cfg.freeze_after, tc.lr, keep_fp32, teacher_dir, &dist, &fixed,
                               &learn)))
         return st;
     tc.vocab_dir = model;
@@ -593,14 +580,14 @@ int bq_cmd_qat(int argc, char **argv) {
         goto cleanup;
     /* Ranges: keep a calibrated input's (its config wins; --freeze-ranges-after still applies), else calibrate. */
     int calibrated = m.quant && bq_quant_count_initialized(m.quant) == m.quant->n;
-    if (calibrated && (st = check_kept_quant_flags(&args, &qcfg, &m.quant->cfg, model))) goto cleanup;
+    if (calibrated && (st = check_kept_quant_flags(&args, qcfg, &m.quant->cfg, model))) goto cleanup;
     if (!is_qa) {
         if ((st = bq_cli_splits_load(&sp, &m, model, &d, tc.seed, tok, "qat"))) goto cleanup;
         sval = sp.val ? &sp.sval : NULL;
         m.prec = args.prec; /* calibration runs in the training's precision */
     }
     if (distilling && (st = bq_distill_check_labels(&teacher, &m))) goto cleanup;
-    if ((st = qat_start_ranges(&m, calibrated, &qcfg, method, &q, strain, keep_fp32, &d, tok, tc.seed, sp.batch_size,
+    if ((st = qat_start_ranges(&m, calibrated, qcfg, method, &q, strain, keep_fp32, &d, tok, tc.seed, sp.batch_size,
                                keep_samples, max_drop)))
         goto cleanup;
     qat_ranges_mode(m.quant, fixed, learn, range_lr);

@@ -50,17 +50,25 @@ static void usage(FILE *out) {
  * file every rank reads) rank 0's abort ends it before it prints, and the message appears once. */
 static FILE *g_err; /* the real stderr of an MPI rank other than 0 */
 
+/* The message of the failed command without a leading "CMD: " (the flag parser and some commands name
+ * themselves), which the "bertqat CMD: " prefix of fail already says. */
+static const char *fail_message(const char *cmd) {
+    const char *msg = bq_errmsg();
+    size_t n = strlen(cmd);
+    return !strncmp(msg, cmd, n) && !strncmp(msg + n, ": ", 2) ? msg + n + 2 : msg;
+}
+
 static int fail(const char *cmd, int code) {
     if (bq_dist_size() > 1) {
         if (bq_dist_rank() != 0) sleep(2);
         if (bq_dist_rank() != 0) {
-            fprintf(g_err ? g_err : stderr, "bertqat %s: [MPI rank %d] %s\n", cmd, bq_dist_rank(), bq_errmsg());
+            fprintf(g_err ? g_err : stderr, "bertqat %s: [MPI rank %d] %s\n", cmd, bq_dist_rank(), fail_message(cmd));
             fflush(g_err ? g_err : stderr);
         } else
-            fprintf(stderr, "bertqat %s: %s\n", cmd, bq_errmsg());
+            fprintf(stderr, "bertqat %s: %s\n", cmd, fail_message(cmd));
         bq_dist_abort(code);
     }
-    fprintf(stderr, "bertqat %s: %s\n", cmd, bq_errmsg());
+    fprintf(stderr, "bertqat %s: %s\n", cmd, fail_message(cmd));
     return code;
 }
 
