@@ -77,6 +77,8 @@ def cases(d):
         ("export dump engine alone", ["export", "--model", m, "--out", d / "e7.onnx", "--dump-engine", "int8"], ["--dump-engine", "--dump-logits"], d / "e7.onnx"),
         ("export dump engine int8 fp32", ["export", "--model", m, "--out", d / "e8.onnx", "--dump-logits", d / "l8.json", "--dump-engine", "int8"], ["--dump-engine int8", "fp32"], d / "e8.onnx"),
         ("qat bad scheme", ["qat", "--model", m, "--data", data, "--out", d / "q1", "--scheme", "fancy"], ["--scheme"], d / "q1"),
+        ("calibrate exclude too long", ["calibrate", "--model", m, "--data", data, "--out", d / "c4", "--exclude", "x" * 1100], ["--exclude", "1023"], d / "c4"),
+        ("qat clip-gelu beyond float", ["qat", "--model", m, "--data", data, "--out", d / "q3", "--clip-gelu", "1e39"], ["--clip-gelu"], d / "q3"),
         ("export missing model", ["export", "--model", d / "nope", "--out", d / "e1.onnx"], ["nope"], d / "e1.onnx"),
         ("export truncated model", ["export", "--model", d / "trunc_model", "--out", d / "e2.onnx"], ["model.safetensors"], d / "e2.onnx"),
         ("export unwritable", ["export", "--model", m, "--out", d / "notadir" / "e3.onnx"], ["notadir"], d / "notadir" / "e3.onnx"),
