@@ -44,7 +44,8 @@ typedef struct CacheEntry {
 } CacheEntry;
 
 /* One layout of a weight matrix; the reorder from the plain codes is kept so refilled codes
- * (bq_qgemm_weights_set) are packed again into the same memory without creating anything. */
+ * (bq_qgemm_weights_set) are packed again into the same memory without creating anything. Fixed
+ * weights (bq_qgemm_weights_create) keep neither: their layouts are never made again. */
 typedef struct Pack {
     dnnl_memory_desc_t md;
     dnnl_memory_t mem, src;
@@ -63,8 +64,9 @@ struct BqQGemmWeights {
     int64_t N, K;
     int bits;
     int split;       /* 1: 8-bit codes without VNNI or AMX, summed by sgemm on fcodes (see above) */
+    int fixed;       /* 1: made by bq_qgemm_weights_create, the codes never change */
     Codes h;         /* the codes and their oneDNN layouts (unused when split) */
-    int8_t *codes;   /* (N,K) the codes themselves */
+    int8_t *codes;   /* (N,K) the codes themselves; NULL for fixed weights once a layout is made */
     float *fcodes;   /* split: (N,K) the codes as floats */
     int32_t *comp;   /* (N) 128·Σ_k qw[n,k] */
     float *sw;       /* (N) */
@@ -296,6 +298,7 @@ static BqQGemmWeights *weights_alloc(const int8_t *qw, const float *sw, int64_t 
     BqQGemmWeights *w = bq_calloc(1, sizeof *w);
     w->N = N, w->K = K;
     w->bits = 8;
+    w->fixed = 1;
     w->codes = bq_malloc((size_t)(N * K));
     memcpy(w->codes, qw, (size_t)(N * K));
     w->h.codes = w->codes;
@@ -318,7 +321,8 @@ static void pack_destroy(Pack *p) {
 }
 
 int64_t bq_qgemm_weights_bytes(const BqQGemmWeights *w) {
-    int64_t n = (int64_t)sizeof *w + w->N * w->K + 2 * w->N * 4; /* codes, comp, sw */
+    int64_t n = (int64_t)sizeof *w + 2 * w->N * 4; /* comp, sw */
+    if (w->codes) n += w->N * w->K;
     if (w->fcodes) n += w->N * w->K * (int64_t)sizeof(float);
     for (int i = 0; i < w->h.npacks; i++) n += (int64_t)dnnl_memory_desc_get_size(&w->h.packs[i].md);
     return n;
@@ -338,7 +342,10 @@ int64_t bq_qgemm_weights_n(const BqQGemmWeights *w) { return w->N; }
 int64_t bq_qgemm_weights_k(const BqQGemmWeights *w) { return w->K; }
 
 /* Codes h in layout md, reordered from the plain codes on first use and again after they change. The
- * codes (N,K) row-major are the (K,N) matrix with strides (1, K): format tag ba. */
+ * codes (N,K) row-major are the (K,N) matrix with strides (1, K): format tag ba. Fixed weights free
+ * their plain codes once the first layout is made (nothing reads them again: the GEMMs read a layout,
+ * comp and sw are kept apart), and make any later layout by reordering one they hold; a reorder only
+ * moves bytes, so every layout holds the same codes. */
 static int weights_packed(BqQGemmWeights *w, Codes *h, const dnnl_memory_desc_t *md, dnnl_memory_t *mem) {
     Pack *p = NULL;
     for (int i = 0; i < h->npacks && !p; i++)
@@ -356,8 +363,16 @@ static int weights_packed(BqQGemmWeights *w, Codes *h, const dnnl_memory_desc_t 
         dnnl_memory_desc_t plain;
         dnnl_dims_t dw = {w->K, w->N};
         dnnl_primitive_desc_t rpd = NULL;
-        if ((s = dnnl_memory_desc_init_by_tag(&plain, 2, dw, dnnl_s8, dnnl_ba)) != dnnl_success ||
-            (s = dnnl_memory_create(&p->src, &plain, g_engine, h->codes)) != dnnl_success ||
+        void *from = h->codes;
+        if (!from) { /* fixed weights without their plain codes: the first layout held */
+            BQ_CHECK(w->fixed && h->npacks > 0);
+            plain = h->packs[0].md;
+            if ((s = dnnl_memory_get_data_handle(h->packs[0].mem, &from)) != dnnl_success)
+                return dnnl_fail(s, "weight reorder");
+        } else if ((s = dnnl_memory_desc_init_by_tag(&plain, 2, dw, dnnl_s8, dnnl_ba)) != dnnl_success) {
+            return dnnl_fail(s, "weight reorder");
+        }
+        if ((s = dnnl_memory_create(&p->src, &plain, g_engine, from)) != dnnl_success ||
             (s = dnnl_memory_create(&p->mem, md, g_engine, DNNL_MEMORY_ALLOCATE)) != dnnl_success ||
             (s = dnnl_reorder_primitive_desc_create(&rpd, &plain, g_engine, md, g_engine, NULL)) != dnnl_success ||
             (s = dnnl_primitive_create(&p->reorder, rpd)) != dnnl_success) {
@@ -376,6 +391,14 @@ static int weights_packed(BqQGemmWeights *w, Codes *h, const dnnl_memory_desc_t 
             (s = dnnl_stream_wait(g_stream)) != dnnl_success)
             rc = dnnl_fail(s, "weight reorder");
         p->stale = rc != BQ_OK;
+        if (!rc && w->fixed) {
+            /* never stale again: the reorder and its source go, and with them the plain codes */
+            dnnl_primitive_destroy(p->reorder);
+            dnnl_memory_destroy(p->src);
+            p->reorder = NULL, p->src = NULL;
+            free(w->codes);
+            w->codes = h->codes = NULL;
+        }
     }
     *mem = p->mem;
     return rc;
@@ -562,7 +585,7 @@ int bq_qgemm_weights_split(const BqQGemmWeights *w) { return w->split; }
 
 QG_VEC int bq_qgemm_weights_set(BqQGemmWeights *w, const float *wf, const float *sw, int64_t nscale) {
     const int64_t N = w->N, K = w->K;
-    BQ_CHECK(wf && sw && (nscale == 1 || nscale == N));
+    BQ_CHECK(wf && sw && (nscale == 1 || nscale == N) && !w->fixed);
     const float lo = (float)-(1 << (w->bits - 1)), hi = (float)((1 << (w->bits - 1)) - 1);
     const float magic = 12582912.0f; /* 1.5·2^23: (v + magic) − magic rounds |v| < 2^22 to nearest even */
     int changed = 0;

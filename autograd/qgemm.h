@@ -40,7 +40,10 @@ int bq_qgemm_exact_8bit(void);
 typedef struct BqQGemmWeights BqQGemmWeights;
 
 /* Packs int8 codes qw (N,K) row-major (PyTorch's (out,in) layout) with scales sw (N values, or 1 for
- * per tensor: nscale 1) of a quantizer of `bits` bits. The codes are copied. Errors (BQ_EINVAL naming
+ * per tensor: nscale 1) of a quantizer of `bits` bits. The codes are copied, and fixed: such weights are
+ * never refilled (bq_qgemm_weights_set is for bq_qgemm_weights_create_empty's), so the copy is freed
+ * once the first GEMM has made oneDNN's layout of them, and the weights then hold one byte per code.
+ * Errors (BQ_EINVAL naming
  * `name` and its bits): codes outside [-2^(bits-1), 2^(bits-1)-1]; bits > 7 or codes outside [-64, 64]
  * on a CPU without VNNI (bq_qgemm_exact_8bit() == 0). */
 int bq_qgemm_weights_create(BqQGemmWeights **out, const int8_t *qw, const float *sw, int64_t nscale, int64_t N,
@@ -48,8 +51,9 @@ int bq_qgemm_weights_create(BqQGemmWeights **out, const int8_t *qw, const float 
 void bq_qgemm_weights_free(BqQGemmWeights *w);
 int64_t bq_qgemm_weights_n(const BqQGemmWeights *w);
 int64_t bq_qgemm_weights_k(const BqQGemmWeights *w);
-/* Bytes w holds: its codes (N·K), their float copy where the sums run on sgemm, each oneDNN layout made
- * so far (one per distinct layout a GEMM asked for), and the per-row sums and scales. */
+/* Bytes w holds: its plain codes (N·K; none once fixed weights have a layout), their float copy where
+ * the sums run on sgemm, each oneDNN layout made so far (one per distinct layout a GEMM asked for), and
+ * the per-row sums and scales. */
 int64_t bq_qgemm_weights_bytes(const BqQGemmWeights *w);
 
 /* The whole Linear from fp32 input: bq_qgemm_quantize_u8 of x (M,K) with sx, then bq_qgemm_linear

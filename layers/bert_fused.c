@@ -24,6 +24,42 @@ static BqFusedAct act_token0(BqCtx *ctx, const BqFusedAct *a, int64_t B, int64_t
     return r;
 }
 
+/* The room for a layer's output of shape (ndim, shape) on input x, and for its codes when next (the next
+ * layer reads them): unless r->keep, the buffer of r that x does not occupy, both buffers taken from
+ * ctx->act at the forward's first fused layer with room for x's values (no later output is larger: every
+ * layer's input has the batch's shape, and the [CLS]-only last layer's output is smaller); with r->keep,
+ * new room in ctx->act. */
+static BqTensor *out_room(BqFusedRun *r, BqCtx *ctx, const BqTensor *x, int ndim, const int64_t *shape, int next,
+                          uint8_t **codes) {
+    const int64_t n = shape[0] * shape[1] * (ndim == 3 ? shape[2] : 1);
+    if (r->keep) {
+        *codes = next ? bq_arena_alloc(ctx->act, (size_t)n) : NULL;
+        return bq_tensor_new(ctx, ndim, shape);
+    }
+    if (!r->buf_n) {
+        r->buf_n = bq_tensor_numel(x);
+        for (int i = 0; i < 2; i++) {
+            r->buf[i] = bq_arena_alloc(ctx->act, (size_t)r->buf_n * sizeof(float));
+            r->buf_codes[i] = r->e->codes ? bq_arena_alloc(ctx->act, (size_t)r->buf_n) : NULL;
+        }
+    }
+    BQ_CHECK(n <= r->buf_n);
+    const int slot = x->data == r->buf[0]; /* the buffer the input is not in */
+    *codes = next ? r->buf_codes[slot] : NULL;
+    r->out[slot] = bq_tensor_wrap(r->buf[slot], NULL, ndim, shape);
+    return &r->out[slot];
+}
+
+/* One bracket into out, whose buffers are already taken: what the engine takes from ctx->act for it (its
+ * int32 sums or float products, the attention's scratch) is dead once it returns, and given back. */
+static int run_step(const BqFusedEngine *e, BqCtx *ctx, int l, const BqFusedAct *in, const BqFusedStep *s,
+                    BqFusedAct *out) {
+    const size_t mark = bq_arena_mark(ctx->act);
+    const int st = e->linear(e->user, ctx, l, in, s, out);
+    bq_arena_rewind(ctx->act, mark);
+    return st;
+}
+
 int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask, int cls_only, BqTensor **y) {
     BqFusedRun *r = user;
     const BqFusedEngine *e = r->e;
@@ -39,9 +75,9 @@ int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask
 
     /* kept: the layer's output, and its codes where the next layer reads them */
     int64_t shape[3] = {B, cls_only ? H : T, H};
-    BqTensor *o = bq_tensor_new(ctx, cls_only ? 2 : 3, shape);
     const int next = e->codes && !cls_only && l + 1 < c->num_hidden_layers && e->layer_ok(e->user, l + 1);
-    uint8_t *next_codes = next ? bq_arena_alloc(ctx->act, (size_t)(R * H)) : NULL;
+    uint8_t *next_codes = NULL;
+    BqTensor *o = out_room(r, ctx, x, cls_only ? 2 : 3, shape, next, &next_codes);
     const size_t mark = bq_arena_mark(ctx->act);
     int st;
 
@@ -54,7 +90,7 @@ int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask
     BqFusedAct cx = act_new(ctx, M, H, !e->codes, e->codes);
     BqFusedStep s = {.id = BQ_LIN_QKV, .rows = M, .N = H, .mask = mask, .B = B, .T = T,
                      .NH = NH, .d = d, .scale = 1.0f / sqrtf((float)d)};
-    if ((st = e->linear(e->user, ctx, l, &in, &s, &cx))) goto cleanup;
+    if ((st = run_step(e, ctx, l, &in, &s, &cx))) goto cleanup;
     const float *xr = x->data;
     if (cls_only) {
         cx = act_token0(ctx, &cx, B, T, H);
@@ -66,18 +102,18 @@ int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask
     BqFusedAct a = act_new(ctx, R, H, 1, e->codes);
     s = (BqFusedStep){.id = BQ_LIN_AO, .rows = R, .N = H, .resid = xr,
                       .lnw = L->ln1_w.data, .lnb = L->ln1_b.data, .eps = c->layer_norm_eps};
-    if ((st = e->linear(e->user, ctx, l, &cx, &s, &a))) goto cleanup;
+    if ((st = run_step(e, ctx, l, &cx, &s, &a))) goto cleanup;
 
     /* BertIntermediate: gelu(dense(a)) */
     BqFusedAct h = act_new(ctx, R, NI, !e->codes, e->codes);
     s = (BqFusedStep){.id = BQ_LIN_I, .rows = R, .N = NI};
-    if ((st = e->linear(e->user, ctx, l, &a, &s, &h))) goto cleanup;
+    if ((st = run_step(e, ctx, l, &a, &s, &h))) goto cleanup;
 
     /* BertOutput: LayerNorm(dense(h) + a) */
     BqFusedAct out = {o->data, next_codes};
     s = (BqFusedStep){.id = BQ_LIN_O, .rows = R, .N = H, .resid = a.f,
                       .lnw = L->ln2_w.data, .lnb = L->ln2_b.data, .eps = c->layer_norm_eps};
-    st = e->linear(e->user, ctx, l, &h, &s, &out);
+    st = run_step(e, ctx, l, &h, &s, &out);
 cleanup:
     bq_arena_rewind(ctx->act, mark);
     if (st) return st;

@@ -15,9 +15,15 @@
  * both. An engine with codes (BqFusedEngine.codes) passes codes between its Linears and floats only
  * where the layer reads them again (a, the residual of y; y, the layer's output).
  *
- * Memory: the layer's output (floats, and codes for the next layer when asked) comes from ctx->act
- * first; every temporary is taken after it and given back when the layer ends, so a forward holds
- * one layer's temporaries at a time.
+ * Memory: a forward's fused layers write their outputs (floats, and codes for the next layer when
+ * asked) into two buffers of BqFusedRun taken from ctx->act at its first fused layer, alternately: layer
+ * l reads the buffer layer l-1 wrote and writes the other one, so the outputs take two layers' room
+ * however many layers the model has. Every temporary is taken after them: the activations between the
+ * brackets (context, a, h) are given back when the layer ends, and what an engine takes inside one
+ * bracket (BqFusedEngine.linear's int32 sums or float products, the attention's scratch) when the bracket
+ * ends, so a forward holds one layer's activations and one bracket's scratch at a time. A caller that
+ * keeps every layer's output (BqBertInput.hidden) sets BqFusedRun.keep: each output then gets its own
+ * room in ctx->act, as a layer run op by op does.
  * Reference: HF transformers modeling_bert.py (BertLayer in evaluation mode) for the semantics. */
 #ifndef BQ_BERT_FUSED_H
 #define BQ_BERT_FUSED_H
@@ -54,19 +60,25 @@ typedef struct BqFusedEngine {
     /* 1 when layer l runs fused in this engine (else the forward runs it op by op) */
     int (*layer_ok)(void *user, int l);
     /* One bracket (see BqFusedStep) on in (rows of the input, floats and/or codes) into out; scratch
-     * from ctx->act. Returns BQ_OK or the GEMM's error. */
+     * from ctx->act, given back by the layer when the call returns. Returns BQ_OK or the GEMM's error. */
     int (*linear)(void *user, BqCtx *ctx, int l, const BqFusedAct *in, const BqFusedStep *s, BqFusedAct *out);
     /* codes engines: the codes of x (rows·H floats) for layer l's query/key/value input, in ctx->act */
     uint8_t *(*quantize_input)(void *user, BqCtx *ctx, int l, const float *x, int64_t n);
 } BqFusedEngine;
 
-/* State of one forward through fused layers: the codes of the last layer's output, handed to the next
- * layer so it does not quantize again. Zero it before a forward. */
+/* State of one forward through fused layers. Set e, m and keep, zero the rest before a forward; the
+ * tensors a layer returns live as long as the run and its arena (and, unless keep, until the layer
+ * after next overwrites them). */
 typedef struct BqFusedRun {
     const BqFusedEngine *e;
     const BqBert *m;
-    const float *pend_src;
+    int keep;               /* 1: every layer's output gets its own room (the caller keeps them all) */
+    const float *pend_src;  /* the last layer's output, and its codes for the next layer (or NULL) */
     uint8_t *pend_codes;
+    float *buf[2];          /* unless keep: the two output buffers, (B·T·H) floats each */
+    uint8_t *buf_codes[2];  /* the codes of each buffer's rows for the next layer (codes engines) */
+    int64_t buf_n;          /* values each buffer holds; 0 until the first fused layer */
+    BqTensor out[2];        /* the views of buf returned as the layers' outputs */
 } BqFusedRun;
 
 /* The BqLinearHook.layer callback (layers/bert.h) of every engine: user is a BqFusedRun. Leaves *y NULL

@@ -484,7 +484,7 @@ int bq_int8_forward(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *i
         return bq_err(BQ_EINVAL, "int8 engine: the model is not the one the engine was prepared from");
     BqFusedEngine fe = {.user = e, .codes = 1, .layer_ok = layer_ok, .linear = linear_step,
                         .quantize_input = quantize_input};
-    BqFusedRun run = {.e = &fe, .m = m};
+    BqFusedRun run = {.e = &fe, .m = m, .keep = in->hidden != NULL};
     BqLinearHook hook = {.user = &run, .run = hook_run, .layer = bq_fused_layer};
     return bq_bert_forward_hooked(m, ctx, in, &hook, logits, NULL);
 }
