@@ -227,7 +227,7 @@ cleanup:
 void bq_bert_free(BqBert *m) {
     if (!m) return;
     const size_t bytes = block_bytes(&m->params);
-    if (m->params.data) munmap(m->params.data, bytes); /* released ranges are already unmapped */
+    if (m->params.data) munmap(m->params.data, bytes); /* released ranges included: they stay reserved */
     if (m->params.grad) munmap(m->params.grad, bytes);
     free(m->params.released);
     free(m->params.p);
@@ -258,7 +258,13 @@ void bq_bert_param_release(BqBert *m, int i) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t lo = (uintptr_t)(t->data + t->p[i].offset), hi = lo + (uintptr_t)t->p[i].numel * sizeof(float);
     const uintptr_t a = (lo + page - 1) / page * page, b = hi / page * page;
-    if (b > a) BQ_CHECK(munmap((void *)a, b - a) == 0);
+    /* The pages are replaced by an inaccessible reservation rather than unmapped: their memory goes back
+     * to the system all the same, but the addresses stay the model's, so no later mapping (an arena,
+     * a thread's stack, a large malloc) can be placed in the hole and then be unmapped with the block by
+     * bq_bert_free. */
+    if (b > a)
+        BQ_CHECK(mmap((void *)a, b - a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) ==
+                 (void *)a);
     views_build(m);
 }
 

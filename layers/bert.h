@@ -121,8 +121,9 @@ void bq_bert_free(BqBert *m);
  * this before its first step. BQ_ENOMEM when the mapping fails. */
 int bq_bert_grad_alloc(BqBert *m);
 
-/* Gives back the storage of parameter i (table index): its whole pages are unmapped and every view of
- * it gets data NULL; no-op when it was released already. For an inference engine that keeps its own
+/* Gives back the storage of parameter i (table index): its whole pages go back to the system (their
+ * addresses stay reserved, inaccessible) and every view of it gets data NULL; no-op when it was
+ * released already. For an inference engine that keeps its own
  * copy of a weight (layers/bert_int8.h): afterwards the model runs only forwards in which that engine
  * computes the Linear, and is neither saved nor trained. */
 void bq_bert_param_release(BqBert *m, int i);

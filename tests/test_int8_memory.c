@@ -4,7 +4,8 @@
  *  - packed while the checkpoint loads (bq_ckpt_load_with + bq_int8_begin/bq_int8_load_step, as eval
  *    and predict do), the engine leaves the model no fp32 copy of any weight it runs on integers:
  *    bq_bert_param_bytes drops by exactly those weights, their views have no data, and their pages are
- *    unmapped (mincore fails with ENOMEM on them, succeeds on a kept tensor);
+ *    not resident but still reserved (mincore succeeds and reports none of them resident; a kept
+ *    tensor's are all resident), so no other mapping can take their addresses;
  *  - during that load the fp32 weights of the integer Linears held at any moment never exceed one
  *    layer's (the whole fp32 model is never resident);
  *  - the engine's own bytes (codes, scales, biases) stay below 0.3x the fp32 bytes it replaced at load
@@ -170,16 +171,19 @@ static void logits_of(BqInt8Engine *e, BqBert *m, const Batch *bt, float *out) {
     bq_arena_free(&act);
 }
 
-/* 1 when every whole page inside [p, p + bytes) is mapped (mincore succeeds), 0 when none is. */
-static int pages_mapped(const void *p, size_t bytes) {
+/* 1 when every whole page inside [p, p + bytes) is resident, 0 when none is. The range must still be
+ * mapped (mincore succeeds): a released tensor's pages stay reserved, so that no other mapping can be
+ * placed in the hole and then be unmapped with the parameter block. */
+static int pages_resident(const void *p, size_t bytes) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p, hi = lo + bytes;
     const uintptr_t a = (lo + page - 1) / page * page, b = hi / page * page;
     BQ_CHECK(b > a);
     unsigned char vec[1024];
-    BQ_CHECK((b - a) / page <= sizeof vec);
-    if (mincore((void *)a, b - a, vec) == 0) return 1;
-    BQ_CHECK(errno == ENOMEM);
-    return 0;
+    size_t np = (b - a) / page, in = 0;
+    BQ_CHECK(np <= sizeof vec);
+    if (mincore((void *)a, b - a, vec) != 0) return -1; /* unmapped: the hole could be reused */
+    for (size_t k = 0; k < np; k++) in += vec[k] & 1;
+    return in == np ? 1 : in == 0 ? 0 : -1;
 }
 
 int main(void) {
@@ -230,9 +234,10 @@ int main(void) {
         char name[BQ_NAME_MAX];
         snprintf(name, sizeof name, "bert.encoder.layer.%d.intermediate.dense.weight", l);
         const BqParam *pi = &m2.params.p[bq_params_find(&m2.params, name)];
-        EXPECT(!pages_mapped(m2.params.data + pi->offset, (size_t)pi->numel * 4), "layer %d: released pages are unmapped", l);
+        EXPECT(pages_resident(m2.params.data + pi->offset, (size_t)pi->numel * 4) == 0,
+               "layer %d: released pages are reserved and not resident", l);
     }
-    EXPECT(pages_mapped(m2.word_emb.data, (size_t)VOCAB * H * 4), "kept pages stay mapped");
+    EXPECT(pages_resident(m2.word_emb.data, (size_t)VOCAB * H * 4) == 1, "kept pages stay resident");
     const int64_t loaded = bq_int8_bytes(ld.e);
     EXPECT(loaded < lin * 3 / 10, "engine bytes %lld at load against %lld fp32 bytes replaced", (long long)loaded,
            (long long)lin);
