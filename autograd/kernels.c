@@ -276,9 +276,13 @@ BQ_VEC void bq_kernel_attn_context_int_forward(float *ctx, void *scratch, int ns
  * dropout(probs) is formed in the calling thread's scratch (T·T floats) right before its product, in the
  * forward and again in the backward, so the dropped probabilities are never stored. The scratch of
  * thread k is scratch + k·T·T; the loop runs on at most nscratch threads. */
-BQ_VEC void bq_kernel_attn_context_dropout_forward(float *ctx, float *scratch, int nscratch, const float *probs,
-                                            const float *v, float p, uint64_t key, int64_t B, int64_t T, int64_t NH,
-                                            int64_t d, BqPrecision prec) {
+/* The (batch, head) loop of both kernels below: the forward when ctx is set (ctx = dropout(P)·V per
+ * head), else the backward (dprobs and dv, either may be NULL). One loop, so both form dropout(P) the
+ * same way in the same scratch. */
+BQ_VEC static void context_dropout_heads(float *ctx, float *dprobs, float *dv, float *scratch, int nscratch,
+                                         const float *dctx, const float *probs, const float *v, float p,
+                                         uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d,
+                                         BqPrecision prec) {
     int64_t H = NH * d;
     float inv = 1.0f / (1.0f - p);
 #pragma omp parallel for schedule(static) num_threads(nscratch) if (B * NH > 1)
@@ -286,22 +290,11 @@ BQ_VEC void bq_kernel_attn_context_dropout_forward(float *ctx, float *scratch, i
         int64_t b = bh / NH, h = bh % NH;
         int64_t off = b * T * H + h * d, poff = bh * T * T;
         float *S = scratch + (int64_t)omp_get_thread_num() * T * T;
-        for (int64_t k = 0; k < T * T; k++) S[k] = probs[poff + k] * drop_factor(key, poff + k, p, inv);
-        bq_gemm(prec, BQ_NOTRANS, BQ_NOTRANS, T, d, T, S, T, v + off, H, 0.0f, ctx + off, H);
-    }
-}
-
-BQ_VEC void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, float *scratch, int nscratch,
-                                             const float *dctx, const float *probs, const float *v, float p,
-                                             uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d,
-                                             BqPrecision prec) {
-    int64_t H = NH * d;
-    float inv = 1.0f / (1.0f - p);
-#pragma omp parallel for schedule(static) num_threads(nscratch) if (B * NH > 1)
-    for (int64_t bh = 0; bh < B * NH; bh++) {
-        int64_t b = bh / NH, h = bh % NH;
-        int64_t off = b * T * H + h * d, poff = bh * T * T;
-        float *S = scratch + (int64_t)omp_get_thread_num() * T * T;
+        if (ctx) {
+            for (int64_t k = 0; k < T * T; k++) S[k] = probs[poff + k] * drop_factor(key, poff + k, p, inv);
+            bq_gemm(prec, BQ_NOTRANS, BQ_NOTRANS, T, d, T, S, T, v + off, H, 0.0f, ctx + off, H);
+            continue;
+        }
         /* dP += (dC_h·V_hᵀ)·m/(1−p); the same pass over the mask leaves dropout(P) in S for dV */
         if (dprobs) {
             bq_gemm(prec, BQ_NOTRANS, BQ_TRANS, T, T, d, dctx + off, H, v + off, H, 0.0f, S, T);
@@ -316,6 +309,20 @@ BQ_VEC void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, fl
         if (dv) /* dV_h += dropout(P)ᵀ·dC_h */
             bq_gemm(prec, BQ_TRANS, BQ_NOTRANS, T, d, T, S, T, dctx + off, H, 1.0f, dv + off, H);
     }
+}
+
+void bq_kernel_attn_context_dropout_forward(float *ctx, float *scratch, int nscratch, const float *probs,
+                                            const float *v, float p, uint64_t key, int64_t B, int64_t T, int64_t NH,
+                                            int64_t d, BqPrecision prec) {
+    BQ_CHECK(ctx != NULL);
+    context_dropout_heads(ctx, NULL, NULL, scratch, nscratch, NULL, probs, v, p, key, B, T, NH, d, prec);
+}
+
+void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, float *scratch, int nscratch,
+                                             const float *dctx, const float *probs, const float *v, float p,
+                                             uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d,
+                                             BqPrecision prec) {
+    context_dropout_heads(NULL, dprobs, dv, scratch, nscratch, dctx, probs, v, p, key, B, T, NH, d, prec);
 }
 
 /* ---- elementwise ---- */
