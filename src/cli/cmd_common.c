@@ -211,7 +211,9 @@ int bq_cli_model_fit(BqBert *m, const char *dir, const BqDataset *ds, uint64_t s
 
 /* ---- training flags ---- */
 
-void bq_cli_splits_default(BqCliSplits *s) {
+void bq_cli_train_default(BqTrainConfig *tc, BqCliSplits *s, double lr) {
+    bq_train_config_default(tc);
+    tc->lr = lr;
     memset(s, 0, sizeof *s);
     s->batch_size = 32, s->val_fraction = 0.1, s->dropout = -1;
 }

@@ -131,7 +131,7 @@ int bq_cli_python_path(const char *flag, char *out, size_t n);
 /* ---- training flags (finetune, qat) ---- */
 
 /* The training and validation splits of a training run, with their batchers and batch sources: the
- * selection and batching flags first (set by BQ_CLI_TRAIN_SPECS, defaults from bq_cli_splits_default),
+ * selection and batching flags first (set by BQ_CLI_TRAIN_SPECS, defaults from bq_cli_train_default),
  * then what bq_cli_splits_load fills. Not movable once loaded (the sources point into it). */
 typedef struct BqCliSplits {
     int batch_size;        /* examples per micro-batch (global under mpirun) */
@@ -146,14 +146,14 @@ typedef struct BqCliSplits {
     BqBatchSource strain, sval;
 } BqCliSplits;
 
-/* The ONNX Runtime IMDB example's selection: batch 32, 10% of the training examples for validation,
- * the model's dropout, no bucketing. */
-void bq_cli_splits_default(BqCliSplits *s);
+/* The defaults of everything BQ_CLI_TRAIN_SPECS(tc, s) writes: the trainer's (bq_train_config_default)
+ * with the command's peak learning rate lr, and the ONNX Runtime IMDB example's selection (batch 32, 10%
+ * of the training examples for validation, the model's dropout, no bucketing). */
+void bq_cli_train_default(BqTrainConfig *tc, BqCliSplits *s, double lr);
 
 /* The flags `finetune` and `qat` share. Each row writes the field it sets: the trainer's settings
- * straight into the BqTrainConfig tc (defaults: bq_train_config_default, then the command's lr), the
- * selection and batching into the BqCliSplits s (bq_cli_splits_default). Threads and precision are the
- * parser's (BqArgs.common). */
+ * straight into the BqTrainConfig tc, the selection and batching into the BqCliSplits s (defaults for
+ * both: bq_cli_train_default). Threads and precision are the parser's (BqArgs.common). */
 #define BQ_CLI_TRAIN_SPECS(tc, s)                                                                               \
     {"epochs", BQ_ARG_FLOAT, &(tc).epochs, "training epochs (fractional allowed)", 0, 0.001, 1000},            \
     {"max-steps", BQ_ARG_I64, &(tc).max_steps, "optimizer steps (> 0 overrides --epochs)", 0, 0, 1e9},         \

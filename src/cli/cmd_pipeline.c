@@ -59,7 +59,6 @@ typedef struct Pipeline {
     int force, threads, seed, bench_rounds;
     int grad_accum; /* micro-batches per step of the training stages (passed on when given) */
     int qa;                                /* --task: 0 cls, 1 qa */
-    int cpu_scheme;                        /* --scheme cpu */
     int doc_stride;                        /* --task qa: 128, or half a window's context when that is shorter */
     const char *train_data, *eval_data;    /* the data of the training and evaluation stages */
     char train_path[4096], eval_path[4096]; /* where train_data and eval_data point */
@@ -456,7 +455,7 @@ static const PipeStage STAGES[] = {
 
 /* The conditions that hold for this run (W_* bits, W_GIVEN aside). */
 static unsigned pipeline_conditions(const Pipeline *p, int have_python) {
-    return (p->qa ? W_QA : W_CLS) | (p->cpu_scheme ? W_CPU : W_NOT_CPU) | (have_python ? W_PYTHON : 0) |
+    return (p->qa ? W_QA : W_CLS) | (p->scheme == BQ_SCHEME_CPU ? W_CPU : W_NOT_CPU) | (have_python ? W_PYTHON : 0) |
            (p->distill ? W_DISTILL : 0);
 }
 
@@ -540,39 +539,42 @@ static int row_add(BqReportRow *rows, int *nrows, BqReportRow row) {
     return (*nrows)++;
 }
 
-/* Sets the recipe of p->budget (small or full, for --task cls or qa) into p: the sample counts, sequence
- * length, batch size, epochs, learning rates, calibration examples and bench rounds, of which
- * pipeline_resolve keeps those the flags did not set. */
+/* The recipe of each --budget, for --task cls or qa: the settings a flag left at -1 take these. Only the
+ * sample counts, sequence length, batch size and bench rounds differ; every recipe trains 1 fp32 and 1
+ * QAT epoch at lr 5e-5 and 2e-5 and calibrates on 128 examples. QA small: about 30 minutes on 2 idle
+ * Zen 3 cores for MiniLM (docs/qa.md), batch 16 as the (B, heads, T, T) attention activations grow with
+ * T² (MiniLM at batch 32 and T 256 held 6.3 GB); QA full: every question at run_qa.py's 384 tokens and
+ * its example's batch size 12. */
+typedef struct Recipe {
+    int train_samples, eval_samples, max_seq_len, batch_size, bench_rounds;
+} Recipe;
+static const Recipe RECIPES[2][2] = {/* [qa][budget] */
+                                     {{4000, 2000, 128, 32, 5}, {0, 0, 128, 32, 10}},
+                                     {{4000, 1000, 256, 16, 5}, {0, 0, 384, 12, 10}}};
+
+/* Fills every budget setting of p still < 0 (not given) from RECIPES[p->qa][p->budget]. */
 static void pipeline_budget(Pipeline *p) {
-    if (p->qa && p->budget == BUDGET_SMALL) {
-        /* about 30 minutes on 2 idle Zen 3 cores for MiniLM (docs/qa.md): 4,000 training questions and
-         * 1,000 dev questions at 256 tokens; batch 16, as the (B, heads, T, T) attention activations of a
-         * training step grow with T² (MiniLM at batch 32 and T 256 held 6.3 GB) */
-        p->train_samples = 4000, p->eval_samples = 1000, p->max_seq_len = 256, p->batch_size = 16;
-        p->epochs = 1, p->qat_epochs = 1, p->lr = 5e-5, p->qat_lr = 2e-5, p->calib_samples = 128;
-        p->bench_rounds = 5;
-    } else if (p->qa) {
-        /* one epoch on all 87,599 training questions, every dev question, run_qa.py's 384 tokens and its
-         * example's batch size 12 */
-        p->train_samples = 0, p->eval_samples = 0, p->max_seq_len = 384, p->batch_size = 12;
-        p->epochs = 1, p->qat_epochs = 1, p->lr = 5e-5, p->qat_lr = 2e-5, p->calib_samples = 128;
-        p->bench_rounds = 10;
-    } else if (p->budget == BUDGET_SMALL) {
-        p->train_samples = 4000, p->eval_samples = 2000, p->max_seq_len = 128, p->batch_size = 32;
-        p->epochs = 1, p->qat_epochs = 1, p->lr = 5e-5, p->qat_lr = 2e-5, p->calib_samples = 128;
-        p->bench_rounds = 5;
-    } else {
-        p->train_samples = 0, p->eval_samples = 0, p->max_seq_len = 128, p->batch_size = 32;
-        p->epochs = 1, p->qat_epochs = 1, p->lr = 5e-5, p->qat_lr = 2e-5, p->calib_samples = 128;
-        p->bench_rounds = 10;
-    }
+    const Recipe *r = &RECIPES[p->qa][p->budget];
+#define FILL(field, value) \
+    if (p->field < 0) p->field = (value)
+    FILL(train_samples, r->train_samples);
+    FILL(eval_samples, r->eval_samples);
+    FILL(max_seq_len, r->max_seq_len);
+    FILL(batch_size, r->batch_size);
+    FILL(bench_rounds, r->bench_rounds);
+    FILL(epochs, 1.0);
+    FILL(qat_epochs, 1.0);
+    FILL(lr, 5e-5);
+    FILL(qat_lr, 2e-5);
+    FILL(calib_samples, 128);
+#undef FILL
 }
 
 /* Checks the flags that depend on each other once args is parsed (args, distill_on and distill_off as
  * pipeline_parse filled them): --distill/--no-distill, the distillation and --keep-fp32/--max-drop flags,
- * --scheme into *scheme, --qat-ranges/--qat-range-lr, and --precision into *prec; sets p->distill.
+ * --qat-ranges/--qat-range-lr, and --precision into *prec; sets p->distill.
  * Returns BQ_OK, or BQ_EINVAL (via bq_err) naming the first flag at fault. */
-static int pipeline_check_flags(Pipeline *p, const BqArgs *args, int distill_on, int distill_off, BqScheme *scheme,
+static int pipeline_check_flags(Pipeline *p, const BqArgs *args, int distill_on, int distill_off,
                                 BqPrecision *prec) {
     if (distill_on && distill_off) return bq_err(BQ_EINVAL, "pipeline: --distill and --no-distill exclude each other");
     if (p->qa && (distill_on || p->keep_fp32))
@@ -589,7 +591,6 @@ static int pipeline_check_flags(Pipeline *p, const BqArgs *args, int distill_on,
         return bq_err(BQ_EINVAL, "pipeline: --distill-temperature must be > 0");
     if (bq_args_given(args, "max-drop") && !(p->keep_fp32 && !strcmp(p->keep_fp32, "auto")))
         return bq_err(BQ_EINVAL, "pipeline: --max-drop applies only with --keep-fp32 auto");
-    *scheme = p->scheme;
     if (bq_args_given(args, "qat-range-lr") && (p->qat_ranges != RANGES_LEARN || !(p->qat_range_lr > 0)))
         return bq_err(BQ_EINVAL, "pipeline: --qat-range-lr needs --qat-ranges learn and a value > 0");
     *prec = args->prec;
@@ -599,10 +600,10 @@ static int pipeline_check_flags(Pipeline *p, const BqArgs *args, int distill_on,
 
 /* Parses the command line into p (zeroed by the caller), the budget's settings left at -1 unless given:
  * sets the defaults, parses argv with the table p->specs (kept in p->args for the stages), checks --task
- * and checks the flags that depend on each other (pipeline_check_flags), which also parse --scheme into
- * *scheme and --precision into *prec. *help is set when --help printed the usage, and nothing else is
+ * and checks the flags that depend on each other (pipeline_check_flags), which also resolves
+ * --precision into *prec. *help is set when --help printed the usage, and nothing else is
  * then done. Returns BQ_OK, or the status of the first error (BQ_EINVAL for a bad flag or value). */
-static int pipeline_parse(Pipeline *p, int argc, char **argv, BqScheme *scheme, BqPrecision *prec, int *help) {
+static int pipeline_parse(Pipeline *p, int argc, char **argv, BqPrecision *prec, int *help) {
     p->budget = BUDGET_SMALL;
     /* cpu: its int8 export is faster than fp32 on ONNX Runtime CPU (on an AMX Xeon, 2 threads, seq 128:
      * 1.67x at batch 1 and 2.47x at batch 32, where the ort scheme's ran at 0.87x and 0.81x) */
@@ -677,8 +678,7 @@ static int pipeline_parse(Pipeline *p, int argc, char **argv, BqScheme *scheme, 
     int st = bq_args_parse(&p->args, argc, argv);
     *help = p->args.help;
     if (st || p->args.help) return st;
-    if ((st = pipeline_check_flags(p, &p->args, distill_on, distill_off, scheme, prec))) return st;
-    p->cpu_scheme = *scheme == BQ_SCHEME_CPU;
+    if ((st = pipeline_check_flags(p, &p->args, distill_on, distill_off, prec))) return st;
     return BQ_OK;
 }
 
@@ -688,20 +688,7 @@ static int pipeline_parse(Pipeline *p, int argc, char **argv, BqScheme *scheme, 
  * these derived settings (p->derived). Returns BQ_OK, BQ_EINVAL for a setting out of range,
  * or BQ_EIO for a missing model or data file. */
 static int pipeline_resolve(Pipeline *p) {
-    Pipeline *b = bq_malloc(sizeof *b); /* the budget's recipe */
-    b->qa = p->qa, b->budget = p->budget;
-    pipeline_budget(b);
-    if (p->train_samples < 0) p->train_samples = b->train_samples;
-    if (p->eval_samples < 0) p->eval_samples = b->eval_samples;
-    if (p->max_seq_len < 0) p->max_seq_len = b->max_seq_len;
-    if (p->batch_size < 0) p->batch_size = b->batch_size;
-    if (p->epochs < 0) p->epochs = b->epochs;
-    if (p->qat_epochs < 0) p->qat_epochs = b->qat_epochs;
-    if (p->lr < 0) p->lr = b->lr;
-    if (p->qat_lr < 0) p->qat_lr = b->qat_lr;
-    if (p->calib_samples < 0) p->calib_samples = b->calib_samples;
-    if (p->bench_rounds < 0) p->bench_rounds = b->bench_rounds;
-    free(b);
+    pipeline_budget(p);
     if (!p->bench_batches[0] || strspn(p->bench_batches, "0123456789,") != strlen(p->bench_batches))
         return bq_err(BQ_EINVAL, "pipeline: --bench-batch-sizes '%s' is not a comma-separated list of batch sizes",
                       p->bench_batches);
@@ -811,10 +798,11 @@ static void pipeline_runtime(char *runtime, size_t len, BqPrecision prec) {
 }
 
 /* Writes RUN_DIR/report.md and prints its table (bq_report_write): one row per evaluation of this run
- * (labels naming scheme, the ONNX rows with have_python), the size of each row's artifact, the stages as
+ * (labels naming p->scheme, the ONNX rows with have_python), the size of each row's artifact, the stages as
  * run, the recipe, the runtime line for prec and the wall time since t0. Rank 0 alone calls it. Returns
  * BQ_OK, or the error of bq_report_write. */
-static int pipeline_report(const Pipeline *p, BqScheme scheme, BqPrecision prec, int have_python, double t0) {
+static int pipeline_report(const Pipeline *p, BqPrecision prec, int have_python, double t0) {
+    BqScheme scheme = p->scheme;
     int cpu_scheme = scheme == BQ_SCHEME_CPU;
     /* Which runtime each export is for: the CPU layout is the ONNX Runtime CPU deployment (integer
      * kernels); the default layout of the ort scheme is what onnxruntime.transformers.optimizer fuses
@@ -882,15 +870,14 @@ static int pipeline_report(const Pipeline *p, BqScheme scheme, BqPrecision prec,
 
 int bq_cmd_pipeline(int argc, char **argv) {
     Pipeline *p = bq_calloc(1, sizeof *p); /* the flag tables make it large for the stack */
-    BqScheme scheme = BQ_SCHEME_CPU;
     BqPrecision prec = BQ_PRECISION_FP32;
     int help = 0, have_python = 0, st;
-    if ((st = pipeline_parse(p, argc, argv, &scheme, &prec, &help)) || help || (st = pipeline_resolve(p)) ||
+    if ((st = pipeline_parse(p, argc, argv, &prec, &help)) || help || (st = pipeline_resolve(p)) ||
         (st = pipeline_find_tools(p, &have_python)) || (st = pipeline_start(p, &have_python)))
         goto cleanup;
     double t0 = bq_now();
     if ((st = pipeline_run_stages(p, have_python))) goto cleanup;
-    if (bq_dist_rank() == 0) st = pipeline_report(p, scheme, prec, have_python, t0); /* the report is rank 0's */
+    if (bq_dist_rank() == 0) st = pipeline_report(p, prec, have_python, t0); /* the report is rank 0's */
 
 cleanup:
     free(p);

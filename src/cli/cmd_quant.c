@@ -517,10 +517,8 @@ int bq_cmd_qat(int argc, char **argv) {
     BqBert teacher = {0};
     BqCliData d = BQ_CLI_DATA_INIT;
     BqTrainConfig tc;
-    bq_train_config_default(&tc);
-    tc.lr = 2e-5;
     BqCliSplits sp;
-    bq_cli_splits_default(&sp);
+    bq_cli_train_default(&tc, &sp, 2e-5);
     QuantOpts q;
     quant_opts_default(&q, BQ_CALIBRATOR_MAX);
     BqCliQa qa;

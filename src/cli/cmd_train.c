@@ -45,10 +45,8 @@ int bq_cmd_finetune(int argc, char **argv) {
     const char *model = NULL, *out = NULL;
     BqCliData d = BQ_CLI_DATA_INIT;
     BqTrainConfig tc;
-    bq_train_config_default(&tc);
-    tc.lr = 5e-5;
     BqCliSplits sp;
-    bq_cli_splits_default(&sp);
+    bq_cli_train_default(&tc, &sp, 5e-5);
     BqCliQa q;
     bq_cli_qa_default(&q);
     const BqArgSpec specs[] = {
