@@ -35,6 +35,7 @@ TARGET_BF16_RSS = {"all-MiniLM-L6-v2": 0.5, "BERT-base shape (random)": 0.6}
 
 
 def run(cmd, env=None):
+    print("running:", " ".join(os.path.basename(c) if i < 2 else c for i, c in enumerate(cmd)), file=sys.stderr, flush=True)
     pid = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     out, err = pid.communicate()
     if pid.returncode != 0:
@@ -83,6 +84,7 @@ def main():
     ap.add_argument("--precisions", default="fp32,bf16", help="bertqat's precisions to time: fp32, bf16 or both")
     ap.add_argument("--scheme", default="ort", help="bertqat's QAT scheme: ort, qdqbert or cpu")
     ap.add_argument("--skip-base", action="store_true", help="only all-MiniLM-L6-v2")
+    ap.add_argument("--skip-minilm", action="store_true", help="only the BERT-base shape")
     ap.add_argument("--skip-torch-qat", action="store_true", help="no PyTorch eager QAT row (it is the slowest)")
     args = ap.parse_args()
     precs = [p for p in args.precisions.split(",") if p]
@@ -95,7 +97,8 @@ def main():
     cpu, isa = cpu_info()
     cpu_bf16 = "avx512_bf16" in isa or "amx_bf16" in isa
     print(f"CPU: {cpu}; ISA: {', '.join(isa) or 'none of avx2/fma/avx512'}")
-    models = [("all-MiniLM-L6-v2", args.minilm)] + ([] if args.skip_base else [("BERT-base shape (random)", "")])
+    models = (([] if args.skip_minilm else [("all-MiniLM-L6-v2", args.minilm)]) +
+              ([] if args.skip_base else [("BERT-base shape (random)", "")]))
     for name, path in models:
         mflag = ["--model", path] if path else []
         b = {}
