@@ -48,7 +48,8 @@ char *bq_strdup(const char *s);
 
 /* Arena: a bump allocator over one large reserved mapping (MAP_NORESERVE), so capacity is virtual
  * and only touched pages cost memory. Every allocation is 64-byte aligned. Rewinding to a mark frees
- * everything allocated after it; nothing is freed individually. */
+ * everything allocated after it. A page-granular block (bq_arena_alloc_pages) can also give its pages
+ * back early (bq_arena_release): its address range stays allocated and reads as zeros afterwards. */
 typedef struct BqArena {
     char *base;
     size_t cap;
@@ -60,6 +61,13 @@ typedef struct BqArena {
 int bq_arena_init(BqArena *a, size_t reserve_bytes, const char *name);
 void *bq_arena_alloc(BqArena *a, size_t bytes);             /* BQ_CHECKs capacity */
 void *bq_arena_alloc_zero(BqArena *a, size_t bytes);
+/* A zeroed block of whole pages (whole 2 MiB huge pages from 8 MiB up)
+ * that is not made resident: its pages are dropped (MADV_DONTNEED) and come back as zero pages when
+ * first touched. For large buffers written late, if at all (activation gradients). */
+void *bq_arena_alloc_pages(BqArena *a, size_t bytes);
+/* Gives the pages of a block from bq_arena_alloc_pages back to the system; the block reads as zeros
+ * from then on and costs memory again only where it is written. */
+void bq_arena_release(BqArena *a, void *block, size_t bytes);
 static inline size_t bq_arena_mark(const BqArena *a) { return a->used; }
 void bq_arena_rewind(BqArena *a, size_t mark);
 void bq_arena_free(BqArena *a);

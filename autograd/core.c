@@ -129,6 +129,35 @@ void *bq_arena_alloc_zero(BqArena *a, size_t bytes) {
     return p;
 }
 
+enum { PAGE_BYTES = 4096 };
+
+void *bq_arena_alloc_pages(BqArena *a, size_t bytes) {
+    /* From 8 MiB up the block is whole 2 MiB huge pages, so that no huge page of a neighbouring
+     * allocation, once faulted in, makes part of it resident. */
+    const size_t align = bytes >= ((size_t)8 << 20) ? (size_t)2 << 20 : PAGE_BYTES;
+    const size_t len = (bytes + align - 1) & ~(align - 1);
+    uintptr_t at = (uintptr_t)(a->base + a->used);
+    size_t start = (size_t)(((at + align - 1) & ~(uintptr_t)(align - 1)) - (uintptr_t)a->base);
+    if (start + len > a->cap) {
+        fprintf(stderr, "bertqat: arena '%s' exhausted (%zu of %zu bytes used, %zu requested)\n", a->name,
+                a->used, a->cap, len);
+        BQ_CHECK(start + len <= a->cap);
+    }
+    a->used = start + len;
+    if (a->used > a->peak) a->peak = a->used;
+    char *p = a->base + start;
+    /* A private anonymous mapping reads as zeros after MADV_DONTNEED; should the call fail, zero by hand. */
+    if (len && madvise(p, len, MADV_DONTNEED) != 0) memset(p, 0, len);
+    return p;
+}
+
+void bq_arena_release(BqArena *a, void *block, size_t bytes) {
+    char *p = block;
+    BQ_CHECK(p >= a->base && p + bytes <= a->base + a->cap && ((uintptr_t)p & (PAGE_BYTES - 1)) == 0);
+    const size_t len = (bytes + PAGE_BYTES - 1) & ~(size_t)(PAGE_BYTES - 1);
+    if (len && madvise(p, len, MADV_DONTNEED) != 0) memset(p, 0, len);
+}
+
 void bq_arena_rewind(BqArena *a, size_t mark) {
     BQ_CHECK(mark <= a->used);
     a->used = mark;

@@ -115,7 +115,12 @@ BqTensor *bq_tensor_new(BqCtx *ctx, int ndim, const int64_t *shape) {
     bq_tensor_set_shape(t, ndim, shape);
     size_t bytes = (size_t)bq_tensor_numel(t) * sizeof(float);
     t->data = bq_arena_alloc(ctx->act, bytes ? bytes : sizeof(float));
-    t->grad = ctx->tape ? bq_arena_alloc_zero(ctx->act, bytes ? bytes : sizeof(float)) : NULL;
+    if (ctx->tape && !ctx->grad_unpaged && bytes >= BQ_GRAD_PAGED_BYTES) {
+        t->grad = bq_arena_alloc_pages(ctx->act, bytes);
+        t->owns_grad = 1;
+    } else {
+        t->grad = ctx->tape ? bq_arena_alloc_zero(ctx->act, bytes ? bytes : sizeof(float)) : NULL;
+    }
     return t;
 }
 
@@ -978,5 +983,11 @@ void bq_backward(BqCtx *ctx, BqTensor *loss) {
         } else {
             g_backward[nd->op](nd);
         }
+        /* Every consumer of nd->out ran its backward before this node (the tape is in topological
+         * order), so its gradient is complete and read by nobody else: give its pages back. An in-place
+         * op (out is one of its inputs) leaves that to the op that produced the tensor. */
+        BqTensor *o = nd->out;
+        if (o->owns_grad && o != nd->in[0] && o != nd->in[1] && o != nd->in[2])
+            bq_arena_release(ctx->act, o->grad, (size_t)bq_tensor_numel(o) * sizeof(float));
     }
 }

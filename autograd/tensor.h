@@ -5,8 +5,10 @@
  * a pure kernel from kernels.h and, when the context records, appends one node to the tape.
  * bq_backward() walks the tape in reverse and calls each op's backward kernel, which ACCUMULATES
  * (+=) into the gradients of its inputs. Activation tensors and their gradients come from the
- * context's activation arena (gradients zeroed at allocation); the whole arena and the tape are
- * rewound after each step, so a training step performs no malloc.
+ * context's activation arena (gradients zeroed at allocation; large ones as page blocks that cost no
+ * memory until the backward writes them and are given back once their tensor's producer has run its
+ * backward); the whole arena and the tape are rewound after each step, so a training step performs
+ * no malloc.
  *
  * Shapes are written (B,T,H): batch, sequence, hidden. All op outputs are contiguous. */
 #ifndef BQ_TENSOR_H
@@ -17,6 +19,8 @@
 #include "autograd/bq.h"
 
 #define BQ_MAX_DIMS 4
+/* Activation gradients from this size up are page blocks given back during the backward (bq_tensor_new). */
+#define BQ_GRAD_PAGED_BYTES ((size_t)64 << 10)
 
 typedef struct BqTensor {
     float *data;  /* element (i0,i1,..) at data[sum i_k * stride[k]] */
@@ -25,6 +29,8 @@ typedef struct BqTensor {
     int64_t shape[BQ_MAX_DIMS];
     int64_t stride[BQ_MAX_DIMS];
     const char *name; /* optional, for messages; not owned */
+    int owns_grad;    /* 1: grad is this tensor's own bq_arena_alloc_pages block in ctx->act, released
+                       * by bq_backward once the op that produced the tensor has run its backward */
 } BqTensor;
 
 /* The closed set of recorded ops; bq_backward() dispatches on it. */
@@ -79,6 +85,8 @@ typedef struct BqCtx {
     uint64_t rng_key;   /* dropout key for this step (e.g. hash of seed and step) */
     uint64_t rng_count; /* incremented by each dropout op, so each mask differs */
     BqPrecision prec;   /* GEMM precision of the floating-point products (autograd/gemm.h); 0: fp32 */
+    int grad_unpaged;   /* 1: every activation gradient zeroed in place and kept to the end of the step
+                         * (tests compare paged gradients against it); 0: bq_tensor_new's paging */
 } BqCtx;
 
 int bq_tape_init(BqTape *t, int64_t capacity);
@@ -92,7 +100,8 @@ int bq_tensor_is_contiguous(const BqTensor *t);
 /* Fills shape and contiguous strides. */
 void bq_tensor_set_shape(BqTensor *t, int ndim, const int64_t *shape);
 /* A new contiguous activation from ctx->act; data uninitialised; grad allocated and zeroed when
- * ctx->tape is set. */
+ * ctx->tape is set (from BQ_GRAD_PAGED_BYTES up as a page block that costs no memory until the
+ * backward writes it, and is given back once the producing op's backward has run). */
 BqTensor *bq_tensor_new(BqCtx *ctx, int ndim, const int64_t *shape);
 /* A tensor over caller-owned memory (parameters): data and grad (may be NULL) are not copied. */
 BqTensor bq_tensor_wrap(float *data, float *grad, int ndim, const int64_t *shape);
