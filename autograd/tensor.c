@@ -17,10 +17,14 @@
 
 static int g_prof_on;
 static double g_prof_last;
+static size_t g_prof_used; /* ctx->act->used at the previous recorded op */
 static BqProfile g_prof;
 
 void bq_profile_enable(int on) { g_prof_on = on; }
-void bq_profile_mark(void) { g_prof_last = bq_now(); }
+void bq_profile_mark(void) {
+    g_prof_last = bq_now();
+    g_prof_used = SIZE_MAX; /* the next op counts from its own first allocation's arena position */
+}
 void bq_profile_reset(void) { memset(&g_prof, 0, sizeof g_prof); }
 const BqProfile *bq_profile_get(void) { return &g_prof; }
 
@@ -71,6 +75,14 @@ static BqNode *tape_push(BqCtx *ctx, BqOp op, BqTensor *out, BqTensor *in0, BqTe
         g_prof.fwd_s[op] += now - g_prof_last;
         g_prof.fwd_n[op]++;
         g_prof_last = now;
+        size_t used = ctx->act->used, paged = 0;
+        if (out->owns_grad && out != in0 && out != in1 && out != in2) {
+            size_t b = (size_t)bq_tensor_numel(out) * sizeof(float), al = b >= ((size_t)8 << 20) ? (size_t)2 << 20 : 4096;
+            paged = (b + al - 1) / al * al;
+        }
+        if (g_prof_used != SIZE_MAX && used >= g_prof_used + paged)
+            g_prof.fwd_bytes[op] += (double)(used - g_prof_used - paged);
+        g_prof_used = used;
     }
     nd->op = op;
     nd->out = out;

@@ -240,13 +240,17 @@ BqTensor *bq_op_scale(BqCtx *ctx, BqTensor *x, float a);
 /* Sets loss->grad[0] = 1 and runs every recorded node's backward in reverse order. */
 void bq_backward(BqCtx *ctx, BqTensor *loss);
 
-/* ---- optional per-op timing, for benchmarks ----
+/* ---- optional per-op timing and memory, for benchmarks ----
  * When enabled, a recorded op's forward time is the wall time from the previous recorded op (or from
  * bq_profile_mark) to its own recording: its allocations, its kernel and the model code between. Its
  * backward time is the wall time of its backward call. Only recorded (tape) passes are timed. */
 typedef struct BqProfile {
     double fwd_s[BQ_OP_COUNT], bwd_s[BQ_OP_COUNT];
     int64_t fwd_n[BQ_OP_COUNT], bwd_n[BQ_OP_COUNT];
+    /* Bytes the forward wrote into the activation arena per op (outputs and saved state, from the
+     * previous recorded op to this one's recording), paged gradient blocks left out: what the step
+     * holds until the backward. */
+    double fwd_bytes[BQ_OP_COUNT];
 } BqProfile;
 void bq_profile_enable(int on);
 void bq_profile_mark(void);      /* start of a forward: the next op's time counts from here */

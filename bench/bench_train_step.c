@@ -223,13 +223,16 @@ int main(int argc, char **argv) {
     if (profile) {
         const BqProfile *p = bq_profile_get();
         double tf = 0, tb = 0;
-        fprintf(stderr, "%-14s %10s %10s %8s\n", "op (per step)", "fwd ms", "bwd ms", "calls");
+        double tm = 0;
+        fprintf(stderr, "%-14s %10s %10s %8s %10s\n", "op (per step)", "fwd ms", "bwd ms", "calls", "kept MiB");
         for (int op = 0; op < BQ_OP_COUNT; op++) {
             if (!p->fwd_n[op]) continue;
-            fprintf(stderr, "%-14s %10.1f %10.1f %8lld\n", bq_op_name((BqOp)op), p->fwd_s[op] * 1e3 / steps,
-                    p->bwd_s[op] * 1e3 / steps, (long long)(p->fwd_n[op] / steps));
-            tf += p->fwd_s[op], tb += p->bwd_s[op];
+            fprintf(stderr, "%-14s %10.1f %10.1f %8lld %10.1f\n", bq_op_name((BqOp)op), p->fwd_s[op] * 1e3 / steps,
+                    p->bwd_s[op] * 1e3 / steps, (long long)(p->fwd_n[op] / steps), p->fwd_bytes[op] / steps / 1048576.0);
+            tf += p->fwd_s[op], tb += p->bwd_s[op], tm += p->fwd_bytes[op];
         }
+        fprintf(stderr, "%-14s %10s %10s %8s %10.1f   (the forward's activations and saved state)\n", "kept", "", "",
+                "", tm / steps / 1048576.0);
         fprintf(stderr, "%-14s %10.1f %10.1f   (step %.1f ms: the rest is clip + AdamW + zeroing)\n", "total",
                 tf * 1e3 / steps, tb * 1e3 / steps, ms);
     }
