@@ -133,14 +133,18 @@ const BqCpuFeatures *bq_cpu_features(void);
  * softmax and loss (autograd/gemm.h; docs/training.md, "Precision"). */
 typedef enum BqPrecision { BQ_PRECISION_FP32 = 0, BQ_PRECISION_BF16 = 1 } BqPrecision;
 /* Resolves the value of --precision (fp32, bf16 or auto; NULL means auto) against the features f
- * (bq_cpu_features() for this CPU; tests pass others). auto is fp32 on every CPU: bf16 changes the
- * numbers, so it is asked for. bf16 runs on every CPU: on the bf16 units where f has AVX512-BF16 or
- * AMX-BF16, emulated (same values, slower) elsewhere. Any other word is BQ_EINVAL naming the flag. *why
- * (may be NULL) receives a short reason for the choice, for run headers. */
+ * (bq_cpu_features() for this CPU; tests pass others). auto is bf16 where f has AVX512-BF16 or AMX-BF16
+ * (the bf16 units run the GEMMs through oneDNN, which every build links) and fp32 elsewhere, where bf16
+ * would be emulated and slower than fp32. bf16 runs on every CPU: on the bf16 units where f has them,
+ * emulated (same values, slower) elsewhere. Any other word is BQ_EINVAL naming the flag. *why (may be
+ * NULL) receives a short reason for the choice, for run headers: for auto "auto: the CPU has AMX-BF16"
+ * (AMX named first where f has both), "auto: the CPU has AVX512-BF16" or "auto: the CPU has neither
+ * AVX512-BF16 nor AMX-BF16". */
 int bq_precision_resolve(const char *value, const BqCpuFeatures *f, BqPrecision *out, const char **why);
 const char *bq_precision_name(BqPrecision p);
 /* One line for --version: the CPU's bf16 ISAs and what `--precision auto` resolves to, e.g.
- * "CPU bf16: AVX512-BF16 no, AMX-BF16 no; --precision auto runs fp32 (the CPU has neither ...)". */
+ * "CPU bf16: AVX512-BF16 no, AMX-BF16 no; --precision auto runs fp32 (the CPU has neither ...)" or
+ * "CPU bf16: AVX512-BF16 yes, AMX-BF16 yes; --precision auto runs bf16 (the CPU has AMX-BF16)". */
 const char *bq_cpu_bf16_describe(void);
 
 /* Monotonic wall clock in seconds. */

@@ -298,9 +298,10 @@ int bq_precision_resolve(const char *value, const BqCpuFeatures *f, BqPrecision 
     const char *reason;
     *out = BQ_PRECISION_FP32;
     if (!value || !strcmp(value, "auto")) {
-        reason = !cpu_bf16    ? "auto: the CPU has neither AVX512-BF16 nor AMX-BF16"
-                 : f->amx_bf16 ? "auto: fp32 unless asked; the CPU has AMX-BF16 for --precision bf16"
-                               : "auto: fp32 unless asked; the CPU has AVX512-BF16 for --precision bf16";
+        if (cpu_bf16) *out = BQ_PRECISION_BF16;
+        reason = f->amx_bf16      ? "auto: the CPU has AMX-BF16"
+                 : f->avx512_bf16 ? "auto: the CPU has AVX512-BF16"
+                                  : "auto: the CPU has neither AVX512-BF16 nor AMX-BF16";
     } else if (!strcmp(value, "fp32")) {
         reason = "flag";
     } else if (!strcmp(value, "bf16")) {

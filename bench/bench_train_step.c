@@ -12,8 +12,9 @@
  * --task qa replaces the head by BertForQuestionAnswering's qa_outputs (as `finetune --task qa` does)
  * and gives every example a random answer span: the same step on SQuAD-shaped batches, for comparing
  * the two heads' tokens/s at the same sequence length.
- * --precision resolves as the CLI's flag does (autograd/bq.h; bf16 on a CPU without it, or in a build
- * without bf16 GEMMs, is the CLI's one-line error and exit status 2). --infer times the forward alone
+ * --precision resolves as the CLI's flag does (autograd/bq.h bq_precision_resolve: auto is bf16 on a CPU
+ * with AVX512-BF16 or AMX-BF16 and fp32 elsewhere, bf16 runs emulated on a CPU without bf16 units; a word
+ * that is no precision is the CLI's one-line error and exit status 2). --infer times the forward alone
  * without a tape (evaluation mode, as `bertqat eval` runs it: bq_fp32_forward's fused layers, or fake
  * quant with --qat) and reports examples/s; --infer-ops times bq_bert_forward's op-by-op path instead.
  *

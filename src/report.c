@@ -268,7 +268,8 @@ static Agreement qa_agreement(const char *run_dir, const char *a_name, const cha
 
 /* "## Speed on this machine" from `bench --json` (src/cli/cmd_bench.c): the CPU, its ISA line, ms per
  * forward of every path at each batch size, the ratios and the bench's verdict; "(no result)" when the
- * file is missing or unreadable. */
+ * file is missing or unreadable. The float path (the JSON's fp32_* keys) is named after the bench's
+ * "precision" (fp32, or bf16 where --precision auto chose it), fp32 when that key is absent. */
 static void speed_write(FILE *f, const char *run_dir, const char *name) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", run_dir, name);
@@ -280,8 +281,9 @@ static void speed_write(FILE *f, const char *run_dir, const char *name) {
     }
 #define JSTR(key) json_string_value(json_object_get(j, key))
     const char *cpu = JSTR("cpu"), *isa = JSTR("onednn"), *blas = JSTR("blas"), *ort = JSTR("onnxruntime");
-    const char *verdict = JSTR("verdict");
+    const char *verdict = JSTR("verdict"), *prec = JSTR("precision");
 #undef JSTR
+    if (!prec) prec = "fp32";
     int found = 0;
     fprintf(f, "\n## Speed on this machine\n\n");
     fprintf(f, "- CPU: %s\n- ISA: %s\n- %s\n", cpu ? cpu : "?", isa ? isa : "?", blas ? blas : "?");
@@ -297,10 +299,10 @@ static void speed_write(FILE *f, const char *run_dir, const char *name) {
     fprintf(f, "\n");
     static const char *const keys[] = {"fp32_ms", "fake-quant_ms", "int8_ms", "onnxruntime_ms", "fp32_over_int8",
                                        "onnxruntime_over_int8"};
-    char ort_label[96];
+    char ort_label[96], float_ratio[64];
     snprintf(ort_label, sizeof ort_label, "ONNX Runtime %s (int8 export, CPU layout)", ort ? ort : "");
-    const char *labels[] = {"fp32", "fake quant", "int8 engine", ort_label, "fp32 / int8 engine",
-                            "ONNX Runtime / int8 engine"};
+    snprintf(float_ratio, sizeof float_ratio, "%s / int8 engine", prec);
+    const char *labels[] = {prec, "fake quant", "int8 engine", ort_label, float_ratio, "ONNX Runtime / int8 engine"};
     int int8 = json_is_true(json_object_get(j, "int8_available"));
     for (int k = 0; k < 6; k++) {
         if ((k == 3 || k == 5) && !ort) continue;

@@ -1,8 +1,8 @@
 /* --precision resolution (autograd/core.c bq_precision_resolve) for every kind of CPU, by passing feature
- * sets: a CPU without AVX512-BF16 and AMX-BF16 (auto → fp32, bf16 runs emulated and says so), CPUs with
- * AVX512-BF16 or AMX-BF16 (auto → fp32, bf16 on the units), and a word that is no precision. Then the
- * same on this CPU's own features, printing which of those paths it took and the bf16 GEMM path, and the
- * --version line. */
+ * sets: CPUs without AVX512-BF16 and AMX-BF16 (auto → fp32, bf16 runs emulated and says so), a CPU with
+ * AVX512-BF16 only, one with AMX-BF16 only and one with both (auto → bf16, naming AMX-BF16 where the CPU
+ * has it; bf16 on the units), and a word that is no precision. Then the same on this CPU's own features,
+ * printing which of those paths it took and the bf16 GEMM path, and the --version line. */
 #include <stdio.h>
 #include <string.h>
 
@@ -19,6 +19,8 @@ static void check(const char *value, const BqCpuFeatures *f, int want_rc, BqPrec
     if (rc == BQ_OK) {
         EXPECT(p == want, "%s resolves to %s", value ? value : "NULL", bq_precision_name(p));
         EXPECT(why && *why, "a reason is given");
+        /* bq_cpu_bf16_describe prints an auto reason without its first 6 characters */
+        EXPECT(!why || (value && strcmp(value, "auto")) || !strncmp(why, "auto: ", 6), "auto reason '%s'", why);
         EXPECT(!want_msg || (why && strstr(why, want_msg)), "%s: reason '%s' lacks '%s'", value ? value : "NULL",
                why ? why : "", want_msg ? want_msg : "");
         printf("  %-5s -> %s (%s)\n", value ? value : "NULL", bq_precision_name(p), why ? why : "");
@@ -33,30 +35,42 @@ static void check(const char *value, const BqCpuFeatures *f, int want_rc, BqPrec
 int main(void) {
     const BqCpuFeatures zen3 = {.avx2 = 1, .fma = 1};
     const BqCpuFeatures zen4 = {.avx2 = 1, .fma = 1, .avx512f = 1, .avx512_bf16 = 1};
+    const BqCpuFeatures amx_only = {.avx2 = 1, .fma = 1, .avx512f = 1, .amx_bf16 = 1};
     const BqCpuFeatures spr = {.avx2 = 1, .fma = 1, .avx512f = 1, .avx512_bf16 = 1, .amx_bf16 = 1};
     const BqCpuFeatures bare = {0};
 
     printf("CPU without bf16 (AVX2, FMA):\n");
-    check("auto", &zen3, BQ_OK, BQ_PRECISION_FP32, "neither AVX512-BF16 nor AMX-BF16");
-    check(NULL, &zen3, BQ_OK, BQ_PRECISION_FP32, NULL);
+    check("auto", &zen3, BQ_OK, BQ_PRECISION_FP32, "auto: the CPU has neither AVX512-BF16 nor AMX-BF16");
+    check(NULL, &zen3, BQ_OK, BQ_PRECISION_FP32, "auto: the CPU has neither AVX512-BF16 nor AMX-BF16");
     check("fp32", &zen3, BQ_OK, BQ_PRECISION_FP32, "flag");
     check("bf16", &zen3, BQ_OK, BQ_PRECISION_BF16, "emulated, slower than fp32");
-    check("bf16", &bare, BQ_OK, BQ_PRECISION_BF16, "emulated");
     check("fp16", &zen3, BQ_EINVAL, 0, "--precision: 'fp16' is not fp32, bf16 or auto");
     check("", &zen3, BQ_EINVAL, 0, "--precision: '' is not fp32, bf16 or auto");
-    printf("CPU with AVX512-BF16:\n");
-    check("auto", &zen4, BQ_OK, BQ_PRECISION_FP32, "AVX512-BF16 for --precision bf16");
-    check("bf16", &zen4, BQ_OK, BQ_PRECISION_BF16, "the CPU has bf16 units");
-    printf("CPU with AMX-BF16:\n");
-    check("auto", &spr, BQ_OK, BQ_PRECISION_FP32, "AMX-BF16 for --precision bf16");
-    check("bf16", &spr, BQ_OK, BQ_PRECISION_BF16, "the CPU has bf16 units");
+    printf("CPU without any of the features:\n");
+    check("auto", &bare, BQ_OK, BQ_PRECISION_FP32, "auto: the CPU has neither AVX512-BF16 nor AMX-BF16");
+    check("bf16", &bare, BQ_OK, BQ_PRECISION_BF16, "emulated");
+    printf("CPU with AVX512-BF16 only:\n");
+    check("auto", &zen4, BQ_OK, BQ_PRECISION_BF16, "auto: the CPU has AVX512-BF16");
+    check(NULL, &zen4, BQ_OK, BQ_PRECISION_BF16, "auto: the CPU has AVX512-BF16");
+    check("fp32", &zen4, BQ_OK, BQ_PRECISION_FP32, "flag");
+    check("bf16", &zen4, BQ_OK, BQ_PRECISION_BF16, "flag; the CPU has bf16 units");
+    printf("CPU with AMX-BF16 only:\n");
+    check("auto", &amx_only, BQ_OK, BQ_PRECISION_BF16, "auto: the CPU has AMX-BF16");
+    check("fp32", &amx_only, BQ_OK, BQ_PRECISION_FP32, "flag");
+    check("bf16", &amx_only, BQ_OK, BQ_PRECISION_BF16, "flag; the CPU has bf16 units");
+    printf("CPU with AVX512-BF16 and AMX-BF16:\n");
+    check("auto", &spr, BQ_OK, BQ_PRECISION_BF16, "auto: the CPU has AMX-BF16");
+    check(NULL, &spr, BQ_OK, BQ_PRECISION_BF16, "auto: the CPU has AMX-BF16");
+    check("fp32", &spr, BQ_OK, BQ_PRECISION_FP32, "flag");
+    check("bf16", &spr, BQ_OK, BQ_PRECISION_BF16, "flag; the CPU has bf16 units");
+    check("fp16", &spr, BQ_EINVAL, 0, "--precision: 'fp16' is not fp32, bf16 or auto");
 
     const BqCpuFeatures *me = bq_cpu_features();
     int has = me->avx512_bf16 || me->amx_bf16;
     printf("this CPU: avx2 %d fma %d avx512f %d avx512_bf16 %d amx_bf16 %d -> path exercised: %s\n", me->avx2, me->fma,
            me->avx512f, me->avx512_bf16, me->amx_bf16,
            has ? "bf16 CPU, bf16 on the units" : "CPU without bf16, bf16 emulated");
-    check("auto", me, BQ_OK, BQ_PRECISION_FP32, NULL);
+    check("auto", me, BQ_OK, has ? BQ_PRECISION_BF16 : BQ_PRECISION_FP32, NULL);
     check("bf16", me, BQ_OK, BQ_PRECISION_BF16, has ? "bf16 units" : "emulated");
     const char *g = bq_gemm_bf16_describe();
     printf("%s\n", g);
@@ -65,7 +79,9 @@ int main(void) {
     EXPECT(has || bq_gemm_bf16_force(BQ_BF16_ONEDNN) == BQ_EINVAL, "oneDNN bf16 refused without bf16 units");
     const char *line = bq_cpu_bf16_describe();
     printf("%s\n", line);
-    EXPECT(strstr(line, "CPU bf16: AVX512-BF16 ") && strstr(line, "--precision auto runs fp32"), "'%s'", line);
+    const char *want_line = has ? "--precision auto runs bf16 (the CPU has "
+                                : "--precision auto runs fp32 (the CPU has neither AVX512-BF16 nor AMX-BF16)";
+    EXPECT(strstr(line, "CPU bf16: AVX512-BF16 ") && strstr(line, want_line), "'%s' lacks '%s'", line, want_line);
     printf("%s\n", fails ? "FAILED" : "ok");
     return fails != 0;
 }

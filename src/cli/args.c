@@ -15,8 +15,9 @@
 static const char *const PRECISION_NAMES[] = {"fp32", "bf16", "auto", NULL};
 enum { PRECISION_AUTO = 2 };
 
-#define PRECISION_HELP "arithmetic of the GEMMs (auto: bf16 where the CPU has AVX512-BF16 or AMX-BF16 and this " \
-    "build has bf16 GEMMs, else fp32; this build has none, so auto is fp32)"
+#define PRECISION_HELP "arithmetic of the GEMMs: fp32, bf16 (mixed precision as PyTorch's bf16 autocast; " \
+    "emulated and slower than fp32 on a CPU without bf16 units) or auto (bf16 where the CPU has AVX512-BF16 " \
+    "or AMX-BF16, else fp32; bertqat --version says which); not given: $BQ_PRECISION, else auto"
 
 /* 1 for the kinds that name an output to lock (args.h). */
 static int is_output(BqArgKind k) { return k == BQ_ARG_OUT || k == BQ_ARG_OUT_MKDIR; }
@@ -155,17 +156,35 @@ static int set_value(const BqArgs *a, const BqArgSpec *s, const char *v) {
     return BQ_EINVAL;
 }
 
+/* The value --precision resolves: the flag's when it was on the line, else $BQ_PRECISION when set and not
+ * empty (a->prec_env set), else the default, auto. */
+static const char *precision_value(BqArgs *a) {
+    for (int k = 0; k < nrows(a); k++)
+        if (row(a, k)->dst == &a->precision && a->given[k]) return PRECISION_NAMES[a->precision];
+    const char *env = getenv("BQ_PRECISION");
+    a->prec_env = env && *env;
+    return a->prec_env ? env : PRECISION_NAMES[a->precision];
+}
+
 /* Applies the common flags once the line has parsed: the thread count of the process, and the
- * precision resolved on this CPU (its header waits for bq_args_header). */
+ * precision resolved on this CPU (its header waits for bq_args_header). A $BQ_PRECISION that is no
+ * precision is BQ_EINVAL naming the variable. */
 static int apply_common(BqArgs *a) {
     if (a->common & BQ_ARGS_THREADS) bq_runtime_set_threads(a->threads);
     if (!(a->common & BQ_ARGS_PRECISION)) return BQ_OK;
-    return bq_precision_resolve(PRECISION_NAMES[a->precision], bq_cpu_features(), &a->prec, &a->prec_why);
+    const char *value = precision_value(a);
+    int st = bq_precision_resolve(value, bq_cpu_features(), &a->prec, &a->prec_why);
+    if (st && a->prec_env) return bq_err(st, "BQ_PRECISION: '%s' is not fp32, bf16 or auto", value);
+    return st;
 }
 
 void bq_args_header(const BqArgs *a) {
     if (!(a->common & BQ_ARGS_PRECISION)) return;
-    fprintf(stderr, "[%s] precision: %s (%s)\n", a->cmd, bq_precision_name(a->prec), a->prec_why);
+    /* a value from $BQ_PRECISION names the variable where bq_precision_resolve's reason says "flag" */
+    if (a->prec_env && !strncmp(a->prec_why, "flag", 4))
+        fprintf(stderr, "[%s] precision: %s (BQ_PRECISION%s)\n", a->cmd, bq_precision_name(a->prec), a->prec_why + 4);
+    else
+        fprintf(stderr, "[%s] precision: %s (%s)\n", a->cmd, bq_precision_name(a->prec), a->prec_why);
     if (a->prec == BQ_PRECISION_BF16) fprintf(stderr, "[%s] %s\n", a->cmd, bq_gemm_bf16_describe());
 }
 

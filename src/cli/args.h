@@ -76,9 +76,9 @@ typedef struct BqArgSpec {
  *   BQ_ARGS_THREADS    --threads N (0: all cores, or $BQ_THREADS): once the line has parsed,
  *                      bq_runtime_set_threads(N), the one call for the process; the command reads
  *                      bq_runtime_threads().
- *   BQ_ARGS_PRECISION  --precision fp32|bf16|auto: once the line has parsed, resolved on this CPU
- *                      (bq_precision_resolve, autograd/bq.h) into BqArgs.prec, the one resolution of the
- *                      command; bq_args_header prints it. */
+ *   BQ_ARGS_PRECISION  --precision fp32|bf16|auto (not given: $BQ_PRECISION when set, else auto): once
+ *                      the line has parsed, resolved on this CPU (bq_precision_resolve, autograd/bq.h)
+ *                      into BqArgs.prec, the one resolution of the command; bq_args_header prints it. */
 #define BQ_ARGS_THREADS 1u
 #define BQ_ARGS_PRECISION 2u
 
@@ -98,6 +98,7 @@ typedef struct BqArgs {
     int help;               /* set when --help/-h was given; usage already printed to stdout */
     BqPrecision prec;       /* BQ_ARGS_PRECISION: --precision resolved on this CPU */
     const char *prec_why;   /* and why, for the header (bq_precision_resolve's reason) */
+    int prec_env;           /* the value came from $BQ_PRECISION, not from the line or the default */
     /* The parser's own state: the common flags' rows and values, and which rows were on the line. */
     BqArgSpec common_specs[2];
     int ncommon;

@@ -1,8 +1,9 @@
-/* `bertqat bench`: forward latency of one quantized checkpoint on this CPU, as fp32 (its float weights
- * with the quantizers detached), fake quant and the integer engine (layers/bert_int8.h), and of an ONNX
- * file in ONNX Runtime (scripts/onnx_bench.py in a child Python) at the same batch sizes and length;
- * ends with one sentence saying whether int8 pays off here (a speed-up of at least 1.1x over fp32 at
- * every batch size measured). */
+/* `bertqat bench`: forward latency of one quantized checkpoint on this CPU, as its float forward (its float
+ * weights with the quantizers detached, in the run's --precision: the path `--paths fp32`, printed under
+ * the precision's name, so "bf16" where auto chose bf16), fake quant and the integer engine
+ * (layers/bert_int8.h), and of an ONNX file in ONNX Runtime (scripts/onnx_bench.py in a child Python) at
+ * the same batch sizes and length; ends with one sentence saying whether int8 pays off here (a speed-up of
+ * at least 1.1x over the float forward at every batch size measured). */
 #include <errno.h>
 #include <jansson.h>
 #include <spawn.h>
@@ -28,6 +29,13 @@ extern char **environ;
 
 enum { P_FP32, P_FAKE, P_INT8, P_ORT, NPATHS };
 static const char *const PATH_NAMES[NPATHS] = {"fp32", "fake-quant", "int8", "onnxruntime"};
+
+/* The name path p is printed under in the table and the verdict: the float path (P_FP32) runs in the run's
+ * precision prec and is named after it; the others by PATH_NAMES, which are also the words of --paths and
+ * the keys of --json. */
+static const char *path_label(int p, BqPrecision prec) {
+    return p == P_FP32 ? bq_precision_name(prec) : PATH_NAMES[p];
+}
 
 /* "1,32" into at most MAX_BATCHES sizes in [1, 4096]. */
 static int parse_batches(const char *s, int *out, int *n) {
@@ -233,7 +241,8 @@ static int bench_parse(BenchOpts *o, int argc, char **argv, int *help) {
         {"model", BQ_ARG_STR, &o->model, "quantized checkpoint (PTQ or QAT)", 1, 0, 0},
         {"onnx", BQ_ARG_STR, &o->onnx, "also time this ONNX file in ONNX Runtime (e.g. the checkpoint's export)", 0, 0, 0},
         {"batch-sizes", BQ_ARG_STR, &o->batch_arg, "comma-separated batch sizes", 0, 0, 0},
-        {"paths", BQ_ARG_STR, &o->paths_arg, "comma-separated bertqat forwards to time: fp32, fake-quant, int8", 0, 0, 0},
+        {"paths", BQ_ARG_STR, &o->paths_arg, "comma-separated bertqat forwards to time: fp32 (the float weights, in "
+         "--precision), fake-quant, int8", 0, 0, 0},
         {"seq", BQ_ARG_INT, &o->seq, "tokens per example (0: the checkpoint's max_seq_len, else 128)", 0, 0, 8192},
         {"rounds", BQ_ARG_INT, &o->rounds, "timed forwards per path and batch size, after one warm-up", 0, 1, MAX_ROUNDS},
         {"python", BQ_ARG_STR, &o->python, "Python with onnxruntime for --onnx " BQ_CLI_PYTHON_HELP, 0, 0, 0},
@@ -325,8 +334,8 @@ static void bench_verdict(const BenchOpts *o, BenchResult *r) {
         for (int i = 0; i < o->nb; i++)
             n += snprintf(r->verdict + n, sizeof r->verdict - (size_t)n, "%s%.2fx (batch %d)",
                           i ? (i == o->nb - 1 ? " and " : ", ") : "", r->med[i][P_FP32] / r->med[i][P_INT8], o->bs[i]);
-        snprintf(r->verdict + n, sizeof r->verdict - (size_t)n, " as fast as fp32 (it pays off at >= %.1fx at every "
-                 "batch size).", PAYS_OFF);
+        snprintf(r->verdict + n, sizeof r->verdict - (size_t)n, " as fast as %s (it pays off at >= %.1fx at every "
+                 "batch size).", path_label(P_FP32, o->prec), PAYS_OFF);
     }
 }
 
@@ -394,12 +403,14 @@ static void bench_print_table(const BenchOpts *o, const BenchResult *r) {
     printf("\n");
     for (int p = 0; p < NPATHS; p++) {
         if (!r->shown[p]) continue;
-        printf("%-22s", PATH_NAMES[p]);
+        printf("%-22s", path_label(p, o->prec));
         for (int i = 0; i < o->nb; i++) printf(" %12.2f", p == P_ORT ? r->ort[i] : r->med[i][p]);
         printf("\n");
     }
     if (r->cmp) {
-        printf("%-22s", "fp32 / int8");
+        char h[32];
+        snprintf(h, sizeof h, "%s / int8", path_label(P_FP32, o->prec));
+        printf("%-22s", h);
         for (int i = 0; i < o->nb; i++) printf(" %11.2fx", r->med[i][P_FP32] / r->med[i][P_INT8]);
         printf("\n");
     }

@@ -1,7 +1,13 @@
 """Shared helpers for the integration tests: paths to the built binary, the data and the pretrained
 model (env BQ_BUILD_DIR, BERTQAT_DATA, BQ_MODEL_DIR), run_bq() to call the CLI, and the small-budget
 fp32 fine-tune that several tests start from (made once per session). Under CI (the environment variable
-CI set), a skipped test is reported as a failure: a test whose dependency is missing must fail there."""
+CI set), a skipped test is reported as a failure: a test whose dependency is missing must fail there.
+
+The tests compare bertqat against fp32 peers (PyTorch, ONNX Runtime, the Hugging Face Trainer) with fp32
+bounds, and --precision auto is bf16 on a CPU with AVX512-BF16 or AMX-BF16; so every bertqat the tests
+start runs in fp32 unless its command line says otherwise: BQ_PRECISION=fp32 in the environment, which
+a command without --precision takes (export BQ_PRECISION=auto to run the suite under auto instead).
+test_precision.py passes --precision wherever it checks a precision."""
 import os
 import subprocess
 import time
@@ -15,6 +21,7 @@ BIN = os.path.join(BUILD, "bertqat")
 MODEL = os.environ.get("BQ_MODEL_DIR", os.path.join(ROOT, "data", "models", "all-MiniLM-L6-v2"))
 IMDB = os.path.join(DATA, "imdb", "aclImdb_train_test.tar.gz")
 VOCAB = os.path.join(DATA, "vocab", "bert-base-uncased", "vocab.txt")
+os.environ.setdefault("BQ_PRECISION", "fp32")  # the module docstring says why
 
 
 def run_bq(*args, check=True, timeout=1800, input=None, env=None):

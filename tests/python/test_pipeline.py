@@ -146,7 +146,8 @@ def test_pipeline_tiny(tmp_path, bin_path, finetuned):
             cells = [x.strip() for x in line.strip("|").split("|")]
             table[cells[0]] = cells[1:]
     ort_label = f"ONNX Runtime {bench['onnxruntime']} (int8 export, CPU layout)"
-    for label in ("fp32", "fake quant", "int8 engine", ort_label, "fp32 / int8 engine", "ONNX Runtime / int8 engine"):
+    fl = bench["precision"]  # the float path is named after the precision auto chose: bf16 on a CPU with bf16 units
+    for label in (fl, "fake quant", "int8 engine", ort_label, f"{fl} / int8 engine", "ONNX Runtime / int8 engine"):
         nums = [float(x.rstrip("x")) for x in table[label]]
         assert len(nums) == 2 and all(x > 0 for x in nums), (label, table)
 

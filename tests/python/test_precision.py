@@ -1,9 +1,13 @@
 """--precision fp32|bf16|auto on every command that runs the model (finetune, qat, eval, predict, pipeline,
-bench). auto resolves to fp32 on every CPU; bf16 runs everywhere: on the bf16 units (oneDNN) where the CPU
-has AVX512-BF16 or AMX-BF16, emulated elsewhere, and the run header says which, once. A word that is no
-precision is exit 2 with a one-line error. A tiny fine-tune and QAT in bf16 record "bf16" in
-training_state.h5, and --resume in another precision is refused in one line; eval and predict in bf16 give results close to fp32 but not identical (the GEMMs did run
-in bf16); --version prints the CPU's bf16 line. Each test prints which path it exercised."""
+bench). auto resolves to bf16 where the CPU has AVX512-BF16 or AMX-BF16 and to fp32 elsewhere (every kind
+of CPU is checked with synthetic features by tests/test_precision.c; here only this CPU's answer); bf16
+runs everywhere: on the bf16 units (oneDNN) where the CPU has them, emulated elsewhere, and the run header
+says which, once. A word that is no precision is exit 2 with a one-line error. A tiny fine-tune and QAT
+under auto and in the other precision record what each resolved to in training_state.h5, and --resume
+under auto of the run in the other precision is refused in one line; eval and predict in bf16 give results
+close to fp32 but not identical (the GEMMs did run in bf16); --version prints the CPU's bf16 line with what
+auto runs. Without --precision a command takes $BQ_PRECISION, else auto. Each test prints which path it
+exercised."""
 import json
 import os
 
@@ -21,6 +25,8 @@ def cpu_has_bf16():
 PATH = "oneDNN on the bf16 units" if cpu_has_bf16() else "emulated (CPU without bf16 units)"
 HEADER = "(flag; the CPU has bf16 units)" if cpu_has_bf16() else "(flag; emulated, slower than fp32"
 GEMMS = "bf16 GEMMs: oneDNN " if cpu_has_bf16() else "bf16 GEMMs: emulated (operands rounded to bf16"
+AUTO = "bf16" if cpu_has_bf16() else "fp32"  # what --precision auto resolves to on this CPU
+OTHER = "fp32" if cpu_has_bf16() else "bf16"  # the precision auto does not choose here
 TINY = ["--max-steps", 1, "--train-samples", 32, "--val-fraction", 0, "--batch-size", 8, "--max-seq-len", 32,
         "--threads", 2, "--no-cache"]
 
@@ -58,15 +64,53 @@ def test_bad_word_refused(cmd, tmp_path, bin_path):
     assert not (tmp_path / "o").exists() and not (tmp_path / "run").exists()
 
 
+def auto_header_ok(lines, cmd):
+    """The run header of --precision auto on this CPU: bf16 naming the CPU's bf16 ISA and then the bf16 GEMM
+    path, or fp32 naming the ISAs the CPU lacks."""
+    if AUTO == "bf16":
+        return (len(lines) == 2 and lines[0].startswith(f"[{cmd}] precision: bf16 (auto: the CPU has ")
+                and lines[1].startswith(f"[{cmd}] {GEMMS}"))
+    return len(lines) == 1 and lines[0] == f"[{cmd}] precision: fp32 (auto: the CPU has neither AVX512-BF16 nor AMX-BF16)"
+
+
 def test_auto_and_version(bin_path):
     need_model()
+    print(f"auto on this CPU: {AUTO}")
     for value in ("auto", "fp32"):
         p = run_bq("predict", "--model", MODEL, "--precision", value, "--threads", 1, "A fine film.")
         lines = header(p.stderr, "predict")
-        assert len(lines) == 1 and lines[0].startswith("[predict] precision: fp32 ("), lines
+        if value == "auto":
+            assert auto_header_ok(lines, "predict"), lines
+        else:
+            assert lines == ["[predict] precision: fp32 (flag)"], lines
     v = run_bq("--version").stdout
     print(v)
-    assert "CPU bf16: AVX512-BF16 " in v and "--precision auto runs fp32" in v
+    assert "CPU bf16: AVX512-BF16 " in v and f"--precision auto runs {AUTO} (the CPU has " in v
+
+
+def test_precision_from_environment(bin_path):
+    """Without --precision a command takes $BQ_PRECISION (conftest.py sets fp32 for the suite), else auto; the
+    flag wins over the variable, and a variable that is no precision is refused in one line naming it."""
+    need_model()
+    base = {k: v for k, v in os.environ.items() if k != "BQ_PRECISION"}
+
+    def run(env, *flag):
+        p = run_bq("predict", "--model", MODEL, *flag, "--threads", 1, "A fine film.", env=env, check=False)
+        return p, header(p.stderr, "predict")
+
+    p, lines = run(base)
+    assert p.returncode == 0 and auto_header_ok(lines, "predict"), lines
+    p, lines = run({**base, "BQ_PRECISION": "fp32"})
+    assert p.returncode == 0 and lines == ["[predict] precision: fp32 (BQ_PRECISION)"], lines
+    p, lines = run({**base, "BQ_PRECISION": "bf16"})
+    assert p.returncode == 0 and len(lines) == 2, lines
+    assert lines[0].startswith("[predict] precision: bf16 (BQ_PRECISION" + HEADER[len("(flag"):]), lines
+    p, lines = run({**base, "BQ_PRECISION": "bf16"}, "--precision", "fp32")
+    assert p.returncode == 0 and lines == ["[predict] precision: fp32 (flag)"], lines
+    p, lines = run({**base, "BQ_PRECISION": "fp16"})
+    err = p.stderr.strip().splitlines()[-1]
+    print(f"BQ_PRECISION=fp16 -> exit {p.returncode}: {err}")
+    assert p.returncode == 2 and err == "bertqat predict: BQ_PRECISION: 'fp16' is not fp32, bf16 or auto", p.stderr
 
 
 def test_predict_and_eval_bf16(bin_path):
@@ -107,23 +151,26 @@ def test_training_records_precision(cmd, tmp_path, bin_path):
     h5py = pytest.importorskip("h5py")
     print(f"path exercised: {PATH}")
     rec = {}
-    for value in ("auto", "bf16"):
+    for value in ("auto", OTHER):
         out = tmp_path / value
         p = run_bq(cmd, "--model", MODEL, "--data", IMDB, "--out", out, *TINY, "--precision", value, timeout=900)
         lines = header(p.stderr, cmd)
-        if value == "bf16":
+        if value == "auto":
+            assert auto_header_ok(lines, cmd), lines
+        elif value == "bf16":
             assert len(lines) == 2 and HEADER in lines[0] and lines[1].startswith(f"[{cmd}] {GEMMS}"), lines
         else:
-            assert len(lines) == 1 and lines[0].startswith(f"[{cmd}] precision: fp32 (auto: "), lines
+            assert lines == [f"[{cmd}] precision: fp32 (flag)"], lines
         with h5py.File(out / "training_state.h5", "r") as f:
             r = f.attrs["precision"]
         rec[value] = r.decode() if isinstance(r, bytes) else str(r)
-    print(f"training_state.h5 precision: auto -> {rec['auto']}, bf16 -> {rec['bf16']}")
-    assert rec == {"auto": "fp32", "bf16": "bf16"}
+    print(f"training_state.h5 precision: auto -> {rec['auto']}, {OTHER} -> {rec[OTHER]}")
+    # a run under auto records what auto resolved to, not the word auto
+    assert rec == {"auto": AUTO, OTHER: OTHER}
     # a resume in another precision would not continue the run: refused in one line naming the flag
-    p = run_bq(cmd, "--model", MODEL, "--data", IMDB, "--out", tmp_path / "bf16", *TINY, "--resume", check=False,
+    p = run_bq(cmd, "--model", MODEL, "--data", IMDB, "--out", tmp_path / OTHER, *TINY, "--resume", check=False,
                timeout=900)
     err = p.stderr.strip().splitlines()[-1]
-    print(f"--resume of the bf16 run under auto -> exit {p.returncode}: {err}")
-    assert p.returncode == 2 and err == (f"bertqat {cmd}: --resume: {tmp_path / 'bf16'} was trained with --precision "
-                                         "bf16; resume it with --precision bf16 (this run resolved to fp32)"), p.stderr
+    print(f"--resume of the {OTHER} run under auto -> exit {p.returncode}: {err}")
+    assert p.returncode == 2 and err == (f"bertqat {cmd}: --resume: {tmp_path / OTHER} was trained with --precision "
+                                         f"{OTHER}; resume it with --precision {OTHER} (this run resolved to {AUTO})"), p.stderr
