@@ -99,8 +99,10 @@ int bq_arena_init(BqArena *a, size_t reserve_bytes, const char *name) {
     return BQ_OK;
 }
 
-void *bq_arena_alloc(BqArena *a, size_t bytes) {
-    size_t start = (a->used + 63) & ~(size_t)63;
+/* The next `bytes` of the arena from an address aligned to `align` (a power of two). */
+static char *arena_bump(BqArena *a, size_t bytes, size_t align) {
+    uintptr_t at = (uintptr_t)(a->base + a->used);
+    size_t start = (size_t)(((at + align - 1) & ~(uintptr_t)(align - 1)) - (uintptr_t)a->base);
     if (start + bytes > a->cap) {
         fprintf(stderr, "bertqat: arena '%s' exhausted (%zu of %zu bytes used, %zu requested)\n", a->name,
                 a->used, a->cap, bytes);
@@ -110,6 +112,8 @@ void *bq_arena_alloc(BqArena *a, size_t bytes) {
     if (a->used > a->peak) a->peak = a->used;
     return a->base + start;
 }
+
+void *bq_arena_alloc(BqArena *a, size_t bytes) { return arena_bump(a, bytes, 64); }
 
 /* Large blocks are zeroed by all threads (gradient buffers of activations are most of a training
  * step's memory traffic outside the kernels). */
@@ -136,16 +140,7 @@ void *bq_arena_alloc_pages(BqArena *a, size_t bytes) {
      * allocation, once faulted in, makes part of it resident. */
     const size_t align = bytes >= ((size_t)8 << 20) ? (size_t)2 << 20 : PAGE_BYTES;
     const size_t len = (bytes + align - 1) & ~(align - 1);
-    uintptr_t at = (uintptr_t)(a->base + a->used);
-    size_t start = (size_t)(((at + align - 1) & ~(uintptr_t)(align - 1)) - (uintptr_t)a->base);
-    if (start + len > a->cap) {
-        fprintf(stderr, "bertqat: arena '%s' exhausted (%zu of %zu bytes used, %zu requested)\n", a->name,
-                a->used, a->cap, len);
-        BQ_CHECK(start + len <= a->cap);
-    }
-    a->used = start + len;
-    if (a->used > a->peak) a->peak = a->used;
-    char *p = a->base + start;
+    char *p = arena_bump(a, len, align);
     /* A private anonymous mapping reads as zeros after MADV_DONTNEED; should the call fail, zero by hand. */
     if (len && madvise(p, len, MADV_DONTNEED) != 0) memset(p, 0, len);
     return p;
