@@ -65,8 +65,10 @@ void *bq_arena_alloc_zero(BqArena *a, size_t bytes);
  * that is not made resident: its pages are dropped (MADV_DONTNEED) and come back as zero pages when
  * first touched. For large buffers written late, if at all (activation gradients). */
 void *bq_arena_alloc_pages(BqArena *a, size_t bytes);
-/* Gives the pages of a block from bq_arena_alloc_pages back to the system; the block reads as zeros
- * from then on and costs memory again only where it is written. */
+/* The arena bytes bq_arena_alloc_pages(a, bytes) takes, its alignment padding left out. */
+size_t bq_arena_pages_len(size_t bytes);
+/* Gives the pages of the block bq_arena_alloc_pages(a, bytes) returned back to the system; the block
+ * reads as zeros from then on and costs memory again only where it is written. */
 void bq_arena_release(BqArena *a, void *block, size_t bytes);
 static inline size_t bq_arena_mark(const BqArena *a) { return a->used; }
 void bq_arena_rewind(BqArena *a, size_t mark);

@@ -135,12 +135,18 @@ void *bq_arena_alloc_zero(BqArena *a, size_t bytes) {
 
 enum { PAGE_BYTES = 4096 };
 
+/* From 8 MiB up a page block is whole 2 MiB huge pages, so that no huge page of a neighbouring
+ * allocation, once faulted in, makes part of it resident. */
+static size_t pages_align(size_t bytes) { return bytes >= ((size_t)8 << 20) ? (size_t)2 << 20 : PAGE_BYTES; }
+
+size_t bq_arena_pages_len(size_t bytes) {
+    const size_t align = pages_align(bytes);
+    return (bytes + align - 1) & ~(align - 1);
+}
+
 void *bq_arena_alloc_pages(BqArena *a, size_t bytes) {
-    /* From 8 MiB up the block is whole 2 MiB huge pages, so that no huge page of a neighbouring
-     * allocation, once faulted in, makes part of it resident. */
-    const size_t align = bytes >= ((size_t)8 << 20) ? (size_t)2 << 20 : PAGE_BYTES;
-    const size_t len = (bytes + align - 1) & ~(align - 1);
-    char *p = arena_bump(a, len, align);
+    const size_t len = bq_arena_pages_len(bytes);
+    char *p = arena_bump(a, len, pages_align(bytes));
     /* A private anonymous mapping reads as zeros after MADV_DONTNEED; should the call fail, zero by hand. */
     if (len && madvise(p, len, MADV_DONTNEED) != 0) memset(p, 0, len);
     return p;
@@ -148,8 +154,8 @@ void *bq_arena_alloc_pages(BqArena *a, size_t bytes) {
 
 void bq_arena_release(BqArena *a, void *block, size_t bytes) {
     char *p = block;
-    BQ_CHECK(p >= a->base && p + bytes <= a->base + a->cap && ((uintptr_t)p & (PAGE_BYTES - 1)) == 0);
-    const size_t len = (bytes + PAGE_BYTES - 1) & ~(size_t)(PAGE_BYTES - 1);
+    const size_t len = bq_arena_pages_len(bytes);
+    BQ_CHECK(p >= a->base && p + len <= a->base + a->cap && ((uintptr_t)p & (pages_align(bytes) - 1)) == 0);
     if (len && madvise(p, len, MADV_DONTNEED) != 0) memset(p, 0, len);
 }
 

@@ -59,6 +59,12 @@ void bq_tape_free(BqTape *t) {
     t->n = t->cap = 0;
 }
 
+/* 1 when out's gradient is its own page block, which the op recording out produced (not an in-place op
+ * whose output is one of its inputs a, b, c): bq_backward gives it back after that op's backward. */
+static int grad_block_of(const BqTensor *out, const BqTensor *a, const BqTensor *b, const BqTensor *c) {
+    return out->owns_grad && out != a && out != b && out != c;
+}
+
 /* Appends the node of op with its output and up to three inputs (NULL where the op has fewer). Grows
  * geometrically if a model records more nodes than the capacity it asked for (first step only; the tape
  * is rewound, not freed, between steps). */
@@ -76,10 +82,7 @@ static BqNode *tape_push(BqCtx *ctx, BqOp op, BqTensor *out, BqTensor *in0, BqTe
         g_prof.fwd_n[op]++;
         g_prof_last = now;
         size_t used = ctx->act->used, paged = 0;
-        if (out->owns_grad && out != in0 && out != in1 && out != in2) {
-            size_t b = (size_t)bq_tensor_numel(out) * sizeof(float), al = b >= ((size_t)8 << 20) ? (size_t)2 << 20 : 4096;
-            paged = (b + al - 1) / al * al;
-        }
+        if (grad_block_of(out, in0, in1, in2)) paged = bq_arena_pages_len((size_t)bq_tensor_numel(out) * sizeof(float));
         if (g_prof_used != SIZE_MAX && used >= g_prof_used + paged)
             g_prof.fwd_bytes[op] += (double)(used - g_prof_used - paged);
         g_prof_used = used;
@@ -999,7 +1002,7 @@ void bq_backward(BqCtx *ctx, BqTensor *loss) {
          * order), so its gradient is complete and read by nobody else: give its pages back. An in-place
          * op (out is one of its inputs) leaves that to the op that produced the tensor. */
         BqTensor *o = nd->out;
-        if (o->owns_grad && o != nd->in[0] && o != nd->in[1] && o != nd->in[2])
+        if (grad_block_of(o, nd->in[0], nd->in[1], nd->in[2]))
             bq_arena_release(ctx->act, o->grad, (size_t)bq_tensor_numel(o) * sizeof(float));
     }
 }

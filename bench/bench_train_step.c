@@ -223,8 +223,7 @@ int main(int argc, char **argv) {
     double cpu_ms = ctimes[steps / 2] * 1e3;
     if (profile) {
         const BqProfile *p = bq_profile_get();
-        double tf = 0, tb = 0;
-        double tm = 0;
+        double tf = 0, tb = 0, tm = 0;
         fprintf(stderr, "%-14s %10s %10s %8s %10s\n", "op (per step)", "fwd ms", "bwd ms", "calls", "kept MiB");
         for (int op = 0; op < BQ_OP_COUNT; op++) {
             if (!p->fwd_n[op]) continue;

@@ -33,37 +33,34 @@ static void check(const char *value, const BqCpuFeatures *f, int want_rc, BqPrec
 }
 
 int main(void) {
-    const BqCpuFeatures zen3 = {.avx2 = 1, .fma = 1};
-    const BqCpuFeatures zen4 = {.avx2 = 1, .fma = 1, .avx512f = 1, .avx512_bf16 = 1};
-    const BqCpuFeatures amx_only = {.avx2 = 1, .fma = 1, .avx512f = 1, .amx_bf16 = 1};
-    const BqCpuFeatures spr = {.avx2 = 1, .fma = 1, .avx512f = 1, .avx512_bf16 = 1, .amx_bf16 = 1};
-    const BqCpuFeatures bare = {0};
-
-    printf("CPU without bf16 (AVX2, FMA):\n");
-    check("auto", &zen3, BQ_OK, BQ_PRECISION_FP32, "auto: the CPU has neither AVX512-BF16 nor AMX-BF16");
-    check(NULL, &zen3, BQ_OK, BQ_PRECISION_FP32, "auto: the CPU has neither AVX512-BF16 nor AMX-BF16");
-    check("fp32", &zen3, BQ_OK, BQ_PRECISION_FP32, "flag");
-    check("bf16", &zen3, BQ_OK, BQ_PRECISION_BF16, "emulated, slower than fp32");
-    check("fp16", &zen3, BQ_EINVAL, 0, "--precision: 'fp16' is not fp32, bf16 or auto");
-    check("", &zen3, BQ_EINVAL, 0, "--precision: '' is not fp32, bf16 or auto");
-    printf("CPU without any of the features:\n");
-    check("auto", &bare, BQ_OK, BQ_PRECISION_FP32, "auto: the CPU has neither AVX512-BF16 nor AMX-BF16");
-    check("bf16", &bare, BQ_OK, BQ_PRECISION_BF16, "emulated");
-    printf("CPU with AVX512-BF16 only:\n");
-    check("auto", &zen4, BQ_OK, BQ_PRECISION_BF16, "auto: the CPU has AVX512-BF16");
-    check(NULL, &zen4, BQ_OK, BQ_PRECISION_BF16, "auto: the CPU has AVX512-BF16");
-    check("fp32", &zen4, BQ_OK, BQ_PRECISION_FP32, "flag");
-    check("bf16", &zen4, BQ_OK, BQ_PRECISION_BF16, "flag; the CPU has bf16 units");
-    printf("CPU with AMX-BF16 only:\n");
-    check("auto", &amx_only, BQ_OK, BQ_PRECISION_BF16, "auto: the CPU has AMX-BF16");
-    check("fp32", &amx_only, BQ_OK, BQ_PRECISION_FP32, "flag");
-    check("bf16", &amx_only, BQ_OK, BQ_PRECISION_BF16, "flag; the CPU has bf16 units");
-    printf("CPU with AVX512-BF16 and AMX-BF16:\n");
-    check("auto", &spr, BQ_OK, BQ_PRECISION_BF16, "auto: the CPU has AMX-BF16");
-    check(NULL, &spr, BQ_OK, BQ_PRECISION_BF16, "auto: the CPU has AMX-BF16");
-    check("fp32", &spr, BQ_OK, BQ_PRECISION_FP32, "flag");
-    check("bf16", &spr, BQ_OK, BQ_PRECISION_BF16, "flag; the CPU has bf16 units");
-    check("fp16", &spr, BQ_EINVAL, 0, "--precision: 'fp16' is not fp32, bf16 or auto");
+    /* Each kind of CPU: what auto gives and why, and how bf16 runs there. */
+    static const struct {
+        const char *kind;
+        BqCpuFeatures f;
+        BqPrecision want_auto;
+        const char *auto_why, *bf16_why;
+    } CPUS[] = {
+        {"CPU without bf16 (AVX2, FMA)", {.avx2 = 1, .fma = 1}, BQ_PRECISION_FP32,
+         "auto: the CPU has neither AVX512-BF16 nor AMX-BF16", "emulated, slower than fp32"},
+        {"CPU without any of the features", {0}, BQ_PRECISION_FP32,
+         "auto: the CPU has neither AVX512-BF16 nor AMX-BF16", "emulated, slower than fp32"},
+        {"CPU with AVX512-BF16 only", {.avx2 = 1, .fma = 1, .avx512f = 1, .avx512_bf16 = 1}, BQ_PRECISION_BF16,
+         "auto: the CPU has AVX512-BF16", "flag; the CPU has bf16 units"},
+        {"CPU with AMX-BF16 only", {.avx2 = 1, .fma = 1, .avx512f = 1, .amx_bf16 = 1}, BQ_PRECISION_BF16,
+         "auto: the CPU has AMX-BF16", "flag; the CPU has bf16 units"},
+        {"CPU with AVX512-BF16 and AMX-BF16", {.avx2 = 1, .fma = 1, .avx512f = 1, .avx512_bf16 = 1, .amx_bf16 = 1},
+         BQ_PRECISION_BF16, "auto: the CPU has AMX-BF16", "flag; the CPU has bf16 units"},
+    };
+    for (size_t c = 0; c < sizeof CPUS / sizeof CPUS[0]; c++) {
+        const BqCpuFeatures *f = &CPUS[c].f;
+        printf("%s:\n", CPUS[c].kind);
+        check("auto", f, BQ_OK, CPUS[c].want_auto, CPUS[c].auto_why);
+        check(NULL, f, BQ_OK, CPUS[c].want_auto, CPUS[c].auto_why);
+        check("fp32", f, BQ_OK, BQ_PRECISION_FP32, "flag");
+        check("bf16", f, BQ_OK, BQ_PRECISION_BF16, CPUS[c].bf16_why);
+        check("fp16", f, BQ_EINVAL, 0, "--precision: 'fp16' is not fp32, bf16 or auto");
+        check("", f, BQ_EINVAL, 0, "--precision: '' is not fp32, bf16 or auto");
+    }
 
     const BqCpuFeatures *me = bq_cpu_features();
     int has = me->avx512_bf16 || me->amx_bf16;

@@ -82,18 +82,20 @@ has_torch() {
     "$TORCH_PYTHON" -c "import torch" 2>/dev/null || { echo "$TORCH_PYTHON has no torch (set TORCH_PYTHON)"; return 1; }
 }
 
+bench_train() {  # bench/bench_train.py against PyTorch, without its eager QAT row; the rest from "$@"
+    "$PYTHON" "$W/src/bench/bench_train.py" --build "$B" --torch-python "$TORCH_PYTHON" --steps "$STEPS" \
+        --skip-torch-qat "$@"
+}
+
 train() {
     has_torch || return 1
-    "$PYTHON" "$W/src/bench/bench_train.py" --build "$B" --torch-python "$TORCH_PYTHON" --threads "$THREADS" \
-        --steps "$STEPS" --skip-minilm --skip-torch-qat
+    bench_train --threads "$THREADS" --skip-minilm
 }
 
 train_minilm() {
     has_torch && model || return 1
-    "$PYTHON" "$W/src/bench/bench_train.py" --build "$B" --minilm "$W/model" --torch-python "$TORCH_PYTHON" \
-        --threads "$THREADS" --steps "$STEPS" --skip-base --skip-torch-qat
-    $T2 "$PYTHON" "$W/src/bench/bench_train.py" --build "$B" --minilm "$W/model" --torch-python "$TORCH_PYTHON" \
-        --threads 2 --steps "$STEPS" --skip-base --skip-torch-qat
+    bench_train --minilm "$W/model" --threads "$THREADS" --skip-base
+    (taskset -p -c "$CPUS" "$BASHPID" > /dev/null && bench_train --minilm "$W/model" --threads 2 --skip-base)
 }
 
 int8() {
