@@ -7,7 +7,8 @@
  *
  * bf16 operands are converted into per-thread scratch in their stored orientation, packed (leading
  * dimension = row length), so both paths read exactly the same rounded values: the emulated path as
- * floats with zero low halves, the oneDNN path as 16-bit words. The oneDNN primitives take fixed shapes
+ * floats with zero low halves, the oneDNN path as 16-bit words. An operand stored as bf16 words (BqMat.h)
+ * is widened exactly for the emulated path and, when packed, handed to oneDNN as it is. The oneDNN primitives take fixed shapes
  * (runtime dimensions would lose the brgemm kernels) and are cached by shape, transposes and beta. */
 #include "autograd/gemm.h"
 
@@ -58,24 +59,27 @@ static void *scratch_get(void **p, size_t *n, size_t need) {
     return *p;
 }
 
-/* dst (rows, cols) packed = src (rows, cols) with rows ld apart, each value rounded to bf16 (as floats). */
-static void round_f32(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld) {
+/* dst (rows, cols) packed = the operand's (rows, cols) block with rows ld apart, as fp32 values rounded to
+ * bf16 (bf16 words are widened exactly). */
+static void round_f32(float *dst, BqMat src, int64_t rows, int64_t cols, int64_t ld) {
 #pragma omp parallel for schedule(static) if (!omp_in_parallel() && rows * cols > 65536)
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = bq_bf16_round(src[r * ld + c]);
+    for (int64_t r = 0; r < rows; r++) {
+        if (src.h)
+            for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = bq_bf16_float(src.h[r * ld + c]);
+        else
+            for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = bq_bf16_round(src.f[r * ld + c]);
+    }
 }
 
 /* The same values as 16-bit bf16 words. */
-static void round_bf16(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld) {
+static void round_bf16(uint16_t *dst, BqMat src, int64_t rows, int64_t cols, int64_t ld) {
 #pragma omp parallel for schedule(static) if (!omp_in_parallel() && rows * cols > 65536)
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) {
-            union {
-                float f;
-                uint32_t u;
-            } v = {.f = bq_bf16_round(src[r * ld + c])};
-            dst[r * cols + c] = (uint16_t)(v.u >> 16);
-        }
+    for (int64_t r = 0; r < rows; r++) {
+        if (src.h)
+            memcpy(dst + r * cols, src.h + r * ld, (size_t)cols * sizeof(uint16_t));
+        else
+            for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = bq_bf16_bits(src.f[r * ld + c]);
+    }
 }
 
 static int thread_slot(void) {
@@ -185,21 +189,29 @@ static void path_decide(void) {
     }
 }
 
-static void gemm_onednn(BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+/* The bf16 words of an operand stored (rows, cols) with rows ld apart, packed: the operand itself when it
+ * is bf16 words already packed, else a conversion into the scratch buffer *buf. */
+static const uint16_t *words_packed(void **buf, size_t *nbuf, BqMat m, int64_t rows, int64_t cols, int64_t ld) {
+    if (m.h && ld == cols) return m.h;
+    uint16_t *w = scratch_get(buf, nbuf, (size_t)(rows * cols) * sizeof(uint16_t));
+    round_bf16(w, m, rows, cols, ld);
+    return w;
+}
+
+static void gemm_onednn(BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K, BqMat A, int64_t lda, BqMat B,
+                        int64_t ldb, float beta, float *C, int64_t ldc) {
     const int t = thread_slot();
     Scratch *sc = &g_scratch[t];
-    uint16_t *a = scratch_get(&sc->a, &sc->na, (size_t)(M * K) * sizeof(uint16_t));
-    uint16_t *b = scratch_get(&sc->b, &sc->nb, (size_t)(K * N) * sizeof(uint16_t));
-    round_bf16(a, A, ta ? K : M, ta ? M : K, lda);
-    round_bf16(b, B, tb ? N : K, tb ? K : N, ldb);
+    const uint16_t *a = words_packed(&sc->a, &sc->na, A, ta ? K : M, ta ? M : K, lda);
+    const uint16_t *b = words_packed(&sc->b, &sc->nb, B, tb ? N : K, tb ? K : N, ldb);
     Key k = {.M = M, .N = N, .K = K, .ldc = ldc, .ta = ta, .tb = tb, .beta = beta != 0.0f};
     Entry *e = entry_get(&k);
     void *pad = e->pad_bytes ? scratch_get(&sc->pad, &sc->npad, e->pad_bytes) : NULL;
     dnnl_memory_t ms = NULL, mw = NULL, md = NULL, mp = NULL;
     dnnl_status_t s;
-    if ((s = dnnl_memory_create(&ms, &e->src_md, g_engine, a)) != dnnl_success ||
-        (s = dnnl_memory_create(&mw, &e->wei_md, g_engine, b)) != dnnl_success ||
+    /* oneDNN takes non-const handles; the source and weights are only read */
+    if ((s = dnnl_memory_create(&ms, &e->src_md, g_engine, (void *)a)) != dnnl_success ||
+        (s = dnnl_memory_create(&mw, &e->wei_md, g_engine, (void *)b)) != dnnl_success ||
         (s = dnnl_memory_create(&md, &e->dst_md, g_engine, C)) != dnnl_success ||
         (pad && (s = dnnl_memory_create(&mp, &e->pad_md, g_engine, pad)) != dnnl_success))
         dnnl_die(s, "memory creation");
@@ -215,10 +227,13 @@ static void gemm_onednn(BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K,
 
 /* ---- entry point ---- */
 
-void bq_gemm(BqPrecision prec, BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K, const float *A,
-             int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+void bq_gemm_mat(BqPrecision prec, BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K, BqMat A, int64_t lda,
+                 BqMat B, int64_t ldb, float beta, float *C, int64_t ldc) {
     BQ_CHECK(beta == 0.0f || beta == 1.0f);
+    BQ_CHECK(!A.f != !A.h && !B.f != !B.h);
+    BQ_CHECK((!A.h && !B.h) || prec == BQ_PRECISION_BF16);
     if (M <= 0 || N <= 0) return;
+    const float *af = A.f, *bf = B.f;
     if (prec == BQ_PRECISION_BF16 && K > 0) {
         path_decide();
         if (g_path == BQ_BF16_ONEDNN) {
@@ -230,11 +245,16 @@ void bq_gemm(BqPrecision prec, BqTrans ta, BqTrans tb, int64_t M, int64_t N, int
         float *b = scratch_get(&sc->b, &sc->nb, (size_t)(K * N) * sizeof(float));
         round_f32(a, A, ta ? K : M, ta ? M : K, lda);
         round_f32(b, B, tb ? N : K, tb ? K : N, ldb);
-        A = a, lda = ta ? M : K;
-        B = b, ldb = tb ? K : N;
+        af = a, lda = ta ? M : K;
+        bf = b, ldb = tb ? K : N;
     }
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
-                1.0f, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+                1.0f, af, (int)lda, bf, (int)ldb, beta, C, (int)ldc);
+}
+
+void bq_gemm(BqPrecision prec, BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K, const float *A,
+             int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    bq_gemm_mat(prec, ta, tb, M, N, K, bq_mat_f32(A), lda, bq_mat_f32(B), ldb, beta, C, ldc);
 }
 
 BqBf16Path bq_gemm_bf16_path(void) {

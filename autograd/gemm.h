@@ -28,6 +28,25 @@ typedef enum BqTrans { BQ_NOTRANS = 0, BQ_TRANS = 1 } BqTrans;
 void bq_gemm(BqPrecision prec, BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K, const float *A,
              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* A GEMM operand or elementwise input in either storage: fp32 values (f) or bf16 words (h, the upper
+ * halves of the binary32 values), exactly one of the two set. Activations the bf16 step keeps for its
+ * backward are stored as bf16 words where every reader rounds them to bf16 anyway (autograd/tensor.h). */
+typedef struct BqMat {
+    const float *f;
+    const uint16_t *h;
+} BqMat;
+
+static inline BqMat bq_mat_f32(const float *f) { return (BqMat){.f = f, .h = NULL}; }
+/* The operand off elements into m. */
+static inline BqMat bq_mat_at(BqMat m, int64_t off) {
+    return m.h ? (BqMat){.f = NULL, .h = m.h + off} : (BqMat){.f = m.f + off, .h = NULL};
+}
+
+/* bq_gemm with operands in either storage. A bf16-word operand needs prec BQ_PRECISION_BF16; its values
+ * are exactly bf16 already, so the result equals bq_gemm on the same values as floats. */
+void bq_gemm_mat(BqPrecision prec, BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K, BqMat A, int64_t lda,
+                 BqMat B, int64_t ldb, float beta, float *C, int64_t ldc);
+
 /* How bf16 products run in this process. */
 typedef enum BqBf16Path {
     BQ_BF16_EMULATED = 0, /* rounded operands, cblas_sgemm */
@@ -58,6 +77,22 @@ static inline float bq_bf16_round(float x) {
     }
     v.u += 0x7fffu + ((v.u >> 16) & 1u);
     v.u &= 0xffff0000u;
+    return v.f;
+}
+
+/* The bf16 word of bq_bf16_round(x), and the float value of a bf16 word (exact). */
+static inline uint16_t bq_bf16_bits(float x) {
+    union {
+        float f;
+        uint32_t u;
+    } v = {.f = bq_bf16_round(x)};
+    return (uint16_t)(v.u >> 16);
+}
+static inline float bq_bf16_float(uint16_t h) {
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)h << 16};
     return v.f;
 }
 

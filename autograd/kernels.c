@@ -71,13 +71,18 @@ BQ_INLINE float drop_factor(uint64_t key, int64_t i, float p, float inv) {
 
 void bq_kernel_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int64_t N,
                               int64_t C, int64_t OC, BqPrecision prec) {
+    bq_kernel_linear_forward_m(out, bq_mat_f32(inp), weight, bias, N, C, OC, prec);
+}
+
+void bq_kernel_linear_forward_m(float *out, BqMat inp, const float *weight, const float *bias, int64_t N, int64_t C,
+                                int64_t OC, BqPrecision prec) {
     float beta = 0.0f;
     if (bias) {
 #pragma omp parallel for if (N * OC > PAR_MIN) schedule(static)
         for (int64_t n = 0; n < N; n++) memcpy(out + n * OC, bias, (size_t)OC * sizeof(float));
         beta = 1.0f;
     }
-    bq_gemm(prec, BQ_NOTRANS, BQ_TRANS, N, OC, C, inp, C, weight, C, beta, out, OC);
+    bq_gemm_mat(prec, BQ_NOTRANS, BQ_TRANS, N, OC, C, inp, C, bq_mat_f32(weight), C, beta, out, OC);
 }
 
 int bq_kernel_linear_qgemm_forward(float *out, uint8_t *codes, int32_t *acc, const float *inp,
@@ -104,8 +109,14 @@ void bq_kernel_colsum_acc(float *dst, const float *src, int64_t rows, int64_t C)
 
 void bq_kernel_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                const float *weight, int64_t N, int64_t C, int64_t OC, BqPrecision prec) {
+    bq_kernel_linear_backward_m(dinp, dweight, dbias, dout, bq_mat_f32(inp), weight, N, C, OC, prec);
+}
+
+void bq_kernel_linear_backward_m(float *dinp, float *dweight, float *dbias, const float *dout, BqMat inp,
+                                 const float *weight, int64_t N, int64_t C, int64_t OC, BqPrecision prec) {
     if (dinp) bq_gemm(prec, BQ_NOTRANS, BQ_NOTRANS, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
-    if (dweight) bq_gemm(prec, BQ_TRANS, BQ_NOTRANS, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
+    if (dweight)
+        bq_gemm_mat(prec, BQ_TRANS, BQ_NOTRANS, OC, C, N, bq_mat_f32(dout), OC, inp, C, 1.0f, dweight, C);
     if (dbias) bq_kernel_colsum_acc(dbias, dout, N, OC);
 }
 
@@ -117,17 +128,27 @@ void bq_kernel_linear_backward(float *dinp, float *dweight, float *dbias, const 
 
 void bq_kernel_attn_scores_forward(float *scores, const float *q, const float *k, int64_t B, int64_t Tq,
                                    int64_t T, int64_t NH, int64_t d, BqPrecision prec) {
+    bq_kernel_attn_scores_forward_m(scores, bq_mat_f32(q), bq_mat_f32(k), B, Tq, T, NH, d, prec);
+}
+
+void bq_kernel_attn_scores_forward_m(float *scores, BqMat q, BqMat k, int64_t B, int64_t Tq, int64_t T, int64_t NH,
+                                     int64_t d, BqPrecision prec) {
     int64_t H = NH * d;
 #pragma omp parallel for schedule(static) if (B * NH > 1)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         int64_t b = bh / NH, h = bh % NH;
-        bq_gemm(prec, BQ_NOTRANS, BQ_TRANS, Tq, T, d, q + b * Tq * H + h * d, H, k + b * T * H + h * d, H, 0.0f,
-                scores + bh * Tq * T, T);
+        bq_gemm_mat(prec, BQ_NOTRANS, BQ_TRANS, Tq, T, d, bq_mat_at(q, b * Tq * H + h * d), H,
+                    bq_mat_at(k, b * T * H + h * d), H, 0.0f, scores + bh * Tq * T, T);
     }
 }
 
 void bq_kernel_attn_scores_backward(float *dq, float *dk, const float *dscores, const float *q, const float *k,
                                     int64_t B, int64_t T, int64_t NH, int64_t d, BqPrecision prec) {
+    bq_kernel_attn_scores_backward_m(dq, dk, dscores, bq_mat_f32(q), bq_mat_f32(k), B, T, NH, d, prec);
+}
+
+void bq_kernel_attn_scores_backward_m(float *dq, float *dk, const float *dscores, BqMat q, BqMat k, int64_t B,
+                                      int64_t T, int64_t NH, int64_t d, BqPrecision prec) {
     int64_t H = NH * d;
 #pragma omp parallel for schedule(static) if (B * NH > 1)
     for (int64_t bh = 0; bh < B * NH; bh++) {
@@ -135,34 +156,48 @@ void bq_kernel_attn_scores_backward(float *dq, float *dk, const float *dscores, 
         const float *ds = dscores + bh * T * T;
         int64_t off = b * T * H + h * d;
         if (dq) /* dQ_h += dS·K_h */
-            bq_gemm(prec, BQ_NOTRANS, BQ_NOTRANS, T, d, T, ds, T, k + off, H, 1.0f, dq + off, H);
+            bq_gemm_mat(prec, BQ_NOTRANS, BQ_NOTRANS, T, d, T, bq_mat_f32(ds), T, bq_mat_at(k, off), H, 1.0f, dq + off,
+                        H);
         if (dk) /* dK_h += dSᵀ·Q_h */
-            bq_gemm(prec, BQ_TRANS, BQ_NOTRANS, T, d, T, ds, T, q + off, H, 1.0f, dk + off, H);
+            bq_gemm_mat(prec, BQ_TRANS, BQ_NOTRANS, T, d, T, bq_mat_f32(ds), T, bq_mat_at(q, off), H, 1.0f, dk + off,
+                        H);
     }
 }
 
 void bq_kernel_attn_context_forward(float *ctx, const float *probs, const float *v, int64_t B, int64_t Tq,
                                     int64_t T, int64_t NH, int64_t d, BqPrecision prec) {
+    bq_kernel_attn_context_forward_m(ctx, bq_mat_f32(probs), bq_mat_f32(v), B, Tq, T, NH, d, prec);
+}
+
+void bq_kernel_attn_context_forward_m(float *ctx, BqMat probs, BqMat v, int64_t B, int64_t Tq, int64_t T, int64_t NH,
+                                      int64_t d, BqPrecision prec) {
     int64_t H = NH * d;
 #pragma omp parallel for schedule(static) if (B * NH > 1)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         int64_t b = bh / NH, h = bh % NH;
-        bq_gemm(prec, BQ_NOTRANS, BQ_NOTRANS, Tq, d, T, probs + bh * Tq * T, T, v + b * T * H + h * d, H, 0.0f,
-                ctx + b * Tq * H + h * d, H);
+        bq_gemm_mat(prec, BQ_NOTRANS, BQ_NOTRANS, Tq, d, T, bq_mat_at(probs, bh * Tq * T), T,
+                    bq_mat_at(v, b * T * H + h * d), H, 0.0f, ctx + b * Tq * H + h * d, H);
     }
 }
 
 void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx, const float *probs,
                                      const float *v, int64_t B, int64_t T, int64_t NH, int64_t d, BqPrecision prec) {
+    bq_kernel_attn_context_backward_m(dprobs, dv, dctx, bq_mat_f32(probs), bq_mat_f32(v), B, T, NH, d, prec);
+}
+
+void bq_kernel_attn_context_backward_m(float *dprobs, float *dv, const float *dctx, BqMat probs, BqMat v, int64_t B,
+                                       int64_t T, int64_t NH, int64_t d, BqPrecision prec) {
     int64_t H = NH * d;
 #pragma omp parallel for schedule(static) if (B * NH > 1)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         int64_t b = bh / NH, h = bh % NH;
         int64_t off = b * T * H + h * d, poff = bh * T * T;
         if (dprobs) /* dP += dC_h·V_hᵀ */
-            bq_gemm(prec, BQ_NOTRANS, BQ_TRANS, T, T, d, dctx + off, H, v + off, H, 1.0f, dprobs + poff, T);
+            bq_gemm_mat(prec, BQ_NOTRANS, BQ_TRANS, T, T, d, bq_mat_f32(dctx + off), H, bq_mat_at(v, off), H, 1.0f,
+                        dprobs + poff, T);
         if (dv) /* dV_h += Pᵀ·dC_h */
-            bq_gemm(prec, BQ_TRANS, BQ_NOTRANS, T, d, T, probs + poff, T, dctx + off, H, 1.0f, dv + off, H);
+            bq_gemm_mat(prec, BQ_TRANS, BQ_NOTRANS, T, d, T, bq_mat_at(probs, poff), T, bq_mat_f32(dctx + off), H, 1.0f,
+                        dv + off, H);
     }
 }
 
@@ -279,10 +314,17 @@ BQ_VEC void bq_kernel_attn_context_int_forward(float *ctx, void *scratch, int ns
 /* The (batch, head) loop of both kernels below: the forward when ctx is set (ctx = dropout(P)·V per
  * head), else the backward (dprobs and dv, either may be NULL). One loop, so both form dropout(P) the
  * same way in the same scratch. */
+/* One (batch, head) block of dropout(P) into S: P's n elements from poff on, each times its mask factor. */
+BQ_INLINE void dropped_probs(float *S, BqMat probs, int64_t poff, int64_t n, uint64_t key, float p, float inv) {
+    if (probs.h)
+        for (int64_t k = 0; k < n; k++) S[k] = bq_bf16_float(probs.h[poff + k]) * drop_factor(key, poff + k, p, inv);
+    else
+        for (int64_t k = 0; k < n; k++) S[k] = probs.f[poff + k] * drop_factor(key, poff + k, p, inv);
+}
+
 BQ_VEC static void context_dropout_heads(float *ctx, float *dprobs, float *dv, float *scratch, int nscratch,
-                                         const float *dctx, const float *probs, const float *v, float p,
-                                         uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d,
-                                         BqPrecision prec) {
+                                         const float *dctx, BqMat probs, BqMat v, float p, uint64_t key, int64_t B,
+                                         int64_t T, int64_t NH, int64_t d, BqPrecision prec) {
     int64_t H = NH * d;
     float inv = 1.0f / (1.0f - p);
 #pragma omp parallel for schedule(static) num_threads(nscratch) if (B * NH > 1)
@@ -291,20 +333,23 @@ BQ_VEC static void context_dropout_heads(float *ctx, float *dprobs, float *dv, f
         int64_t off = b * T * H + h * d, poff = bh * T * T;
         float *S = scratch + (int64_t)omp_get_thread_num() * T * T;
         if (ctx) {
-            for (int64_t k = 0; k < T * T; k++) S[k] = probs[poff + k] * drop_factor(key, poff + k, p, inv);
-            bq_gemm(prec, BQ_NOTRANS, BQ_NOTRANS, T, d, T, S, T, v + off, H, 0.0f, ctx + off, H);
+            dropped_probs(S, probs, poff, T * T, key, p, inv);
+            bq_gemm_mat(prec, BQ_NOTRANS, BQ_NOTRANS, T, d, T, bq_mat_f32(S), T, bq_mat_at(v, off), H, 0.0f, ctx + off,
+                        H);
             continue;
         }
-        /* dP += (dC_h·V_hᵀ)·m/(1−p); the same pass over the mask leaves dropout(P) in S for dV */
+        /* dP += (dC_h·V_hᵀ)·m/(1−p) */
         if (dprobs) {
-            bq_gemm(prec, BQ_NOTRANS, BQ_TRANS, T, T, d, dctx + off, H, v + off, H, 0.0f, S, T);
+            bq_gemm_mat(prec, BQ_NOTRANS, BQ_TRANS, T, T, d, bq_mat_f32(dctx + off), H, bq_mat_at(v, off), H, 0.0f, S,
+                        T);
+            /* the same pass over the mask leaves dropout(P) in S for dV */
             for (int64_t k = 0; k < T * T; k++) {
                 float f = drop_factor(key, poff + k, p, inv);
                 dprobs[poff + k] += S[k] * f;
-                S[k] = probs[poff + k] * f;
+                S[k] = (probs.h ? bq_bf16_float(probs.h[poff + k]) : probs.f[poff + k]) * f;
             }
         } else if (dv) {
-            for (int64_t k = 0; k < T * T; k++) S[k] = probs[poff + k] * drop_factor(key, poff + k, p, inv);
+            dropped_probs(S, probs, poff, T * T, key, p, inv);
         }
         if (dv) /* dV_h += dropout(P)ᵀ·dC_h */
             bq_gemm(prec, BQ_TRANS, BQ_NOTRANS, T, d, T, S, T, dctx + off, H, 1.0f, dv + off, H);
@@ -314,6 +359,13 @@ BQ_VEC static void context_dropout_heads(float *ctx, float *dprobs, float *dv, f
 void bq_kernel_attn_context_dropout_forward(float *ctx, float *scratch, int nscratch, const float *probs,
                                             const float *v, float p, uint64_t key, int64_t B, int64_t T, int64_t NH,
                                             int64_t d, BqPrecision prec) {
+    bq_kernel_attn_context_dropout_forward_m(ctx, scratch, nscratch, bq_mat_f32(probs), bq_mat_f32(v), p, key, B, T,
+                                             NH, d, prec);
+}
+
+void bq_kernel_attn_context_dropout_forward_m(float *ctx, float *scratch, int nscratch, BqMat probs, BqMat v, float p,
+                                              uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d,
+                                              BqPrecision prec) {
     BQ_CHECK(ctx != NULL);
     context_dropout_heads(ctx, NULL, NULL, scratch, nscratch, NULL, probs, v, p, key, B, T, NH, d, prec);
 }
@@ -322,6 +374,13 @@ void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, float *sc
                                              const float *dctx, const float *probs, const float *v, float p,
                                              uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d,
                                              BqPrecision prec) {
+    bq_kernel_attn_context_dropout_backward_m(dprobs, dv, scratch, nscratch, dctx, bq_mat_f32(probs), bq_mat_f32(v),
+                                              p, key, B, T, NH, d, prec);
+}
+
+void bq_kernel_attn_context_dropout_backward_m(float *dprobs, float *dv, float *scratch, int nscratch,
+                                               const float *dctx, BqMat probs, BqMat v, float p, uint64_t key,
+                                               int64_t B, int64_t T, int64_t NH, int64_t d, BqPrecision prec) {
     context_dropout_heads(NULL, dprobs, dv, scratch, nscratch, dctx, probs, v, p, key, B, T, NH, d, prec);
 }
 
@@ -601,6 +660,37 @@ BQ_INLINE float gelu_grad(float xi) {
     return normal_cdf(xi) + xi * pdf;
 }
 
+/* One row of bq_kernel_bias_gelu_forward_m; x16/out16 (compile-time constants at each call) select the
+ * storage, so each of the four loops vectorizes. */
+BQ_INLINE void gelu_fwd_row(float *y, uint16_t *y16, const float *x, const uint16_t *xh, const float *bias, int64_t C,
+                            int x16, int out16) {
+    for (int64_t c = 0; c < C; c++) {
+        float v = (x16 ? bq_bf16_float(xh[c]) : x[c]) + (bias ? bias[c] : 0.0f);
+        float g = v * normal_cdf(v);
+        if (out16)
+            y16[c] = bq_bf16_bits(g);
+        else
+            y[c] = g;
+    }
+}
+
+BQ_VEC void bq_kernel_bias_gelu_forward_m(float *out, uint16_t *out16, BqMat inp, const float *bias, int64_t N,
+                                          int64_t C) {
+    BQ_CHECK(!out != !out16 && !inp.f != !inp.h);
+#pragma omp parallel for if (N * C > PAR_MIN) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t o = n * C;
+        if (inp.h && out16)
+            gelu_fwd_row(NULL, out16 + o, NULL, inp.h + o, bias, C, 1, 1);
+        else if (inp.h)
+            gelu_fwd_row(out + o, NULL, NULL, inp.h + o, bias, C, 1, 0);
+        else if (out16)
+            gelu_fwd_row(NULL, out16 + o, inp.f + o, NULL, bias, C, 0, 1);
+        else
+            gelu_fwd_row(out + o, NULL, inp.f + o, NULL, bias, C, 0, 0);
+    }
+}
+
 BQ_VEC void bq_kernel_bias_gelu_forward(float *out, const float *inp, const float *bias, int64_t N, int64_t C) {
 #pragma omp parallel for if (N * C > PAR_MIN) schedule(static)
     for (int64_t n = 0; n < N; n++) {
@@ -628,6 +718,26 @@ BQ_INLINE void gelu_bwd_row(float *dx, const float *dy, const float *x, const fl
         for (int64_t c = 0; c < C; c++) dx[c] = dx[c] + dy[c] * gelu_grad(x[c] + bias[c]);
     else
         for (int64_t c = 0; c < C; c++) dx[c] = dx[c] + dy[c] * gelu_grad(x[c]);
+}
+
+/* gelu_bwd_row's shared case for an input stored as bf16 words. */
+BQ_INLINE void gelu_bwd_row_h(float *dx, const uint16_t *x, const float *bias, int64_t C) {
+    if (bias)
+        for (int64_t c = 0; c < C; c++) dx[c] = dx[c] * gelu_grad(bq_bf16_float(x[c]) + bias[c]);
+    else
+        for (int64_t c = 0; c < C; c++) dx[c] = dx[c] * gelu_grad(bq_bf16_float(x[c]));
+}
+
+BQ_VEC void bq_kernel_bias_gelu_backward_m(float *dinp, float *dbias, const float *dout, BqMat inp,
+                                           const float *bias, int64_t N, int64_t C) {
+    if (!inp.h) {
+        bq_kernel_bias_gelu_backward(dinp, dbias, dout, inp.f, bias, N, C);
+        return;
+    }
+    BQ_CHECK(dinp && dinp == dout); /* bf16 words: the shared-buffer form only */
+#pragma omp parallel for if (N * C > PAR_MIN) schedule(static)
+    for (int64_t n = 0; n < N; n++) gelu_bwd_row_h(dinp + n * C, inp.h + n * C, bias, C);
+    if (dbias) bq_kernel_colsum_acc(dbias, dinp, N, C);
 }
 
 /* Shared buffer (or no bias gradient): rows over the threads, then the column sums of the finished
@@ -701,6 +811,30 @@ BQ_VEC void bq_kernel_softmax_mask_backward(float *dx, const float *dout, const 
         float dot = row_dot(dy, y, T);
         float *d = dx + r * T;
         for (int64_t j = 0; j < T; j++) d[j] += scale * y[j] * (dy[j] - dot);
+    }
+}
+
+/* row_dot with y stored as bf16 words (the same lanes and order). */
+BQ_INLINE float row_dot_h(const float *x, const uint16_t *y, int64_t n) {
+    float a[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) a[l] += x[j + l] * bq_bf16_float(y[j + l]);
+    for (; j < n; j++) a[0] += x[j] * bq_bf16_float(y[j]);
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+BQ_VEC void bq_kernel_softmax_mask_backward_inplace_m(float *g, BqMat out, float scale, int64_t rows, int64_t T) {
+    if (!out.h) {
+        bq_kernel_softmax_mask_backward_inplace(g, out.f, scale, rows, T);
+        return;
+    }
+#pragma omp parallel for if (rows * T > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float *d = g + r * T;
+        const uint16_t *y = out.h + r * T;
+        float dot = row_dot_h(d, y, T);
+        for (int64_t j = 0; j < T; j++) d[j] = scale * bq_bf16_float(y[j]) * (d[j] - dot);
     }
 }
 

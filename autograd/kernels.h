@@ -21,12 +21,18 @@
 #include <stdint.h>
 
 #include "autograd/bq.h"
+#include "autograd/gemm.h"
 
 struct BqQGemmWeights; /* autograd/qgemm.h */
 
 /* out (N,OC) = inp (N,C) · weight(OC,C)ᵀ + bias (OC) (bias may be NULL). */
 void bq_kernel_linear_forward(float *out, const float *inp, const float *weight, const float *bias, int64_t N,
                               int64_t C, int64_t OC, BqPrecision prec);
+/* The kernels named *_m take the inputs marked BqMat in either storage (autograd/gemm.h; bf16 words only
+ * with prec BQ_PRECISION_BF16, where the products round them to bf16 anyway); the plain kernels are
+ * these on fp32 inputs. */
+void bq_kernel_linear_forward_m(float *out, BqMat inp, const float *weight, const float *bias, int64_t N, int64_t C,
+                                int64_t OC, BqPrecision prec);
 /* The same Linear on integers (autograd/qgemm.h) for inp on the per-tensor 8-bit grid sx (zero point 0)
  * and a weight whose codes and scales sw are in w (N = bq_qgemm_weights_n(w) rows of C): codes (N·C
  * bytes) = clamp(rne(inp/sx), -128, 127) + 128, acc (N·OC int32) = Σ_c code·qw exactly, out =
@@ -38,6 +44,8 @@ int bq_kernel_linear_qgemm_forward(float *out, uint8_t *codes, int32_t *acc, con
 /* dinp += dout·weight, dweight += doutᵀ·inp, dbias += Σ_n dout[n,:]. */
 void bq_kernel_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                const float *weight, int64_t N, int64_t C, int64_t OC, BqPrecision prec);
+void bq_kernel_linear_backward_m(float *dinp, float *dweight, float *dbias, const float *dout, BqMat inp,
+                                 const float *weight, int64_t N, int64_t C, int64_t OC, BqPrecision prec);
 
 /* q (B,Tq,H), k (B,T,H), H = NH·d; head h is the column block [h·d, (h+1)·d) (strided view, leading dim
  * H). scores (B,NH,Tq,T): scores[b,h,i,j] = Σ_e q[b,i,h·d+e]·k[b,j,h·d+e]. The forwards take Tq query rows
@@ -47,11 +55,19 @@ void bq_kernel_attn_scores_forward(float *scores, const float *q, const float *k
                                    int64_t T, int64_t NH, int64_t d, BqPrecision prec);
 void bq_kernel_attn_scores_backward(float *dq, float *dk, const float *dscores, const float *q, const float *k,
                                     int64_t B, int64_t T, int64_t NH, int64_t d, BqPrecision prec);
+void bq_kernel_attn_scores_forward_m(float *scores, BqMat q, BqMat k, int64_t B, int64_t Tq, int64_t T, int64_t NH,
+                                     int64_t d, BqPrecision prec);
+void bq_kernel_attn_scores_backward_m(float *dq, float *dk, const float *dscores, BqMat q, BqMat k, int64_t B,
+                                      int64_t T, int64_t NH, int64_t d, BqPrecision prec);
 /* probs (B,NH,Tq,T), v (B,T,H) → ctx (B,Tq,H): ctx[b,i,h·d+e] = Σ_j probs[b,h,i,j]·v[b,j,h·d+e]. */
 void bq_kernel_attn_context_forward(float *ctx, const float *probs, const float *v, int64_t B, int64_t Tq,
                                     int64_t T, int64_t NH, int64_t d, BqPrecision prec);
 void bq_kernel_attn_context_backward(float *dprobs, float *dv, const float *dctx, const float *probs,
                                      const float *v, int64_t B, int64_t T, int64_t NH, int64_t d, BqPrecision prec);
+void bq_kernel_attn_context_forward_m(float *ctx, BqMat probs, BqMat v, int64_t B, int64_t Tq, int64_t T, int64_t NH,
+                                      int64_t d, BqPrecision prec);
+void bq_kernel_attn_context_backward_m(float *dprobs, float *dv, const float *dctx, BqMat probs, BqMat v, int64_t B,
+                                       int64_t T, int64_t NH, int64_t d, BqPrecision prec);
 /* The two attention products on integer codes, for inputs that are fake-quant outputs of per-tensor
  * quantizers with scales sa, sb: codes rne(x/s) (exact on such values), int32 sums, one fp32 scaling,
  * out = fl(Σ ca·cb · fl(sa·sb)); shapes and layout as bq_kernel_attn_scores_forward /
@@ -76,6 +92,12 @@ void bq_kernel_attn_context_dropout_backward(float *dprobs, float *dv, float *sc
                                              const float *dctx, const float *probs, const float *v, float p,
                                              uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d,
                                              BqPrecision prec);
+void bq_kernel_attn_context_dropout_forward_m(float *ctx, float *scratch, int nscratch, BqMat probs, BqMat v, float p,
+                                              uint64_t key, int64_t B, int64_t T, int64_t NH, int64_t d,
+                                              BqPrecision prec);
+void bq_kernel_attn_context_dropout_backward_m(float *dprobs, float *dv, float *scratch, int nscratch,
+                                               const float *dctx, BqMat probs, BqMat v, float p, uint64_t key,
+                                               int64_t B, int64_t T, int64_t NH, int64_t d, BqPrecision prec);
 
 /* Elementwise with optional broadcast: b has n elements when bcast == 0, else C elements broadcast
  * over the rows of a (n = rows·C). */
@@ -132,6 +154,8 @@ void bq_kernel_softmax_mask_backward(float *dx, const float *dout, const float *
 /* The same backward for a softmax computed in place whose input and output share one gradient buffer:
  * g = scale·y⊙(g − Σ g⊙y) row by row. */
 void bq_kernel_softmax_mask_backward_inplace(float *g, const float *out, float scale, int64_t rows, int64_t T);
+/* The same with the probabilities in either storage. */
+void bq_kernel_softmax_mask_backward_inplace_m(float *g, BqMat out, float scale, int64_t rows, int64_t T);
 
 /* out = x·m/(1−p) with m[i] = bq_hash_uniform(key, i) >= p. Nothing is stored: the backward draws the
  * same mask again from (key, i), so the mask costs no memory (not even bits) and no pass of its own. */
@@ -151,6 +175,12 @@ void bq_kernel_dropout_scale_inplace(float *g, float p, uint64_t key, int64_t n)
 void bq_kernel_bias_gelu_forward(float *out, const float *inp, const float *bias, int64_t N, int64_t C);
 void bq_kernel_bias_gelu_backward(float *dinp, float *dbias, const float *dout, const float *inp, const float *bias,
                                   int64_t N, int64_t C);
+/* The same with the input in either storage and the output as floats (out) or as bf16 words (out16, the
+ * rounded values; exactly one of the two set). The backward takes bf16 words only in the shared-buffer
+ * form (dinp == dout). */
+void bq_kernel_bias_gelu_forward_m(float *out, uint16_t *out16, BqMat inp, const float *bias, int64_t N, int64_t C);
+void bq_kernel_bias_gelu_backward_m(float *dinp, float *dbias, const float *dout, BqMat inp, const float *bias,
+                                    int64_t N, int64_t C);
 
 /* Residual add and LayerNorm in one pass (BertSelfOutput / BertOutput): sum = drop(a) + b, out =
  * LayerNorm(sum)·weight + bias over rows of H, where drop(a) = a·m/(1−p) with the mask of

@@ -83,6 +83,7 @@ static BqNode *tape_push(BqCtx *ctx, BqOp op, BqTensor *out, BqTensor *in0, BqTe
         g_prof_last = now;
         size_t used = ctx->act->used, paged = 0;
         if (grad_block_of(out, in0, in1, in2)) paged = bq_arena_pages_len((size_t)bq_tensor_numel(out) * sizeof(float));
+        if (out->data_pages && out != in0) paged += bq_arena_pages_len((size_t)bq_tensor_numel(out) * sizeof(float));
         if (g_prof_used != SIZE_MAX && used >= g_prof_used + paged)
             g_prof.fwd_bytes[op] += (double)(used - g_prof_used - paged);
         g_prof_used = used;
@@ -124,12 +125,14 @@ void bq_tensor_set_shape(BqTensor *t, int ndim, const int64_t *shape) {
     for (int i = ndim; i < BQ_MAX_DIMS; i++) t->shape[i] = 1, t->stride[i] = 0;
 }
 
-BqTensor *bq_tensor_new(BqCtx *ctx, int ndim, const int64_t *shape) {
+/* bq_tensor_new; data_pages: the data as a page block (an output to be stored as bf16 words, seal_bf16). */
+static BqTensor *tensor_new(BqCtx *ctx, int ndim, const int64_t *shape, int data_pages) {
     BqTensor *t = bq_arena_alloc(ctx->act, sizeof(BqTensor));
     memset(t, 0, sizeof *t);
     bq_tensor_set_shape(t, ndim, shape);
     size_t bytes = (size_t)bq_tensor_numel(t) * sizeof(float);
-    t->data = bq_arena_alloc(ctx->act, bytes ? bytes : sizeof(float));
+    t->data_pages = data_pages;
+    t->data = data_pages ? bq_arena_alloc_pages(ctx->act, bytes) : bq_arena_alloc(ctx->act, bytes ? bytes : sizeof(float));
     if (ctx->tape && !ctx->grad_unpaged && bytes >= BQ_GRAD_PAGED_BYTES) {
         t->grad = bq_arena_alloc_pages(ctx->act, bytes);
         t->owns_grad = 1;
@@ -138,6 +141,8 @@ BqTensor *bq_tensor_new(BqCtx *ctx, int ndim, const int64_t *shape) {
     }
     return t;
 }
+
+BqTensor *bq_tensor_new(BqCtx *ctx, int ndim, const int64_t *shape) { return tensor_new(ctx, ndim, shape, 0); }
 
 BqTensor bq_tensor_wrap(float *data, float *grad, int ndim, const int64_t *shape) {
     BqTensor t;
@@ -154,12 +159,40 @@ static int64_t last_dim(const BqTensor *t) { return t->shape[t->ndim - 1]; }
 
 static BqTensor *new_like(BqCtx *ctx, const BqTensor *x) { return bq_tensor_new(ctx, x->ndim, x->shape); }
 
-/* Shape of x with its last dimension replaced. */
-static BqTensor *new_last(BqCtx *ctx, const BqTensor *x, int64_t last) {
+/* Shape of x with its last dimension replaced; data_pages as tensor_new. */
+static BqTensor *new_last_as(BqCtx *ctx, const BqTensor *x, int64_t last, int data_pages) {
     int64_t shape[BQ_MAX_DIMS];
     memcpy(shape, x->shape, sizeof shape);
     shape[x->ndim - 1] = last;
-    return bq_tensor_new(ctx, x->ndim, shape);
+    return tensor_new(ctx, x->ndim, shape, data_pages);
+}
+
+static BqTensor *new_last(BqCtx *ctx, const BqTensor *x, int64_t last) { return new_last_as(ctx, x, last, 0); }
+
+/* t's values in their storage (floats or bf16 words). */
+static BqMat mat_of(const BqTensor *t) {
+    BQ_CHECK(!t->data != !t->data16);
+    return t->data16 ? (BqMat){.f = NULL, .h = t->data16} : bq_mat_f32(t->data);
+}
+
+/* t's values as floats: for the ops that read no bf16 storage. */
+static float *f32_of(const BqTensor *t) {
+    BQ_CHECK(t->data != NULL);
+    return t->data;
+}
+
+/* Stores t's values (computed in its page block, tensor_new with data_pages) as bf16 words in ctx->act,
+ * rounded to nearest even, and gives the page block back. */
+static void seal_bf16(BqCtx *ctx, BqTensor *t) {
+    BQ_CHECK(t->data_pages && t->data && !t->data16 && ctx->prec == BQ_PRECISION_BF16);
+    const int64_t n = bq_tensor_numel(t);
+    uint16_t *h = bq_arena_alloc(ctx->act, (size_t)(n ? n : 1) * sizeof(uint16_t));
+    const float *f = t->data;
+#pragma omp parallel for if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; i++) h[i] = bq_bf16_bits(f[i]);
+    bq_arena_release(ctx->act, t->data, (size_t)n * sizeof(float));
+    t->data = NULL;
+    t->data16 = h;
 }
 
 #define CONTIG(t) BQ_CHECK((t) != NULL && bq_tensor_is_contiguous(t))
@@ -170,7 +203,8 @@ static uint64_t next_dropout_key(BqCtx *ctx) { return ctx->rng_key + ctx->rng_co
 
 /* ---- ops ---- */
 
-BqTensor *bq_op_linear(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b) {
+/* bq_op_linear; out16: the output stored as bf16 words. */
+static BqTensor *linear_op(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b, int out16) {
     CONTIG(x);
     CONTIG(w);
     BQ_CHECK(w->ndim == 2 && last_dim(x) == w->shape[1]);
@@ -179,14 +213,19 @@ BqTensor *bq_op_linear(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b) {
         CONTIG(b);
         BQ_CHECK(bq_tensor_numel(b) == OC);
     }
-    BqTensor *y = new_last(ctx, x, OC);
-    bq_kernel_linear_forward(y->data, x->data, w->data, b ? b->data : NULL, N, C, OC, ctx->prec);
+    BqTensor *y = new_last_as(ctx, x, OC, out16);
+    bq_kernel_linear_forward_m(y->data, mat_of(x), w->data, b ? b->data : NULL, N, C, OC, ctx->prec);
+    if (out16) seal_bf16(ctx, y);
     if (ctx->tape) {
         BqNode *nd = tape_push(ctx, BQ_OP_LINEAR, y, x, w, b);
         nd->iparam[0] = N, nd->iparam[1] = C, nd->iparam[2] = OC;
     }
     return y;
 }
+
+BqTensor *bq_op_linear(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b) { return linear_op(ctx, x, w, b, 0); }
+
+BqTensor *bq_op_linear_bf16(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b) { return linear_op(ctx, x, w, b, 1); }
 
 BqTensor *bq_op_linear_qgemm(BqCtx *ctx, BqTensor *x, float sx, BqTensor *w, struct BqQGemmWeights *pw,
                              BqTensor *b) {
@@ -202,7 +241,7 @@ BqTensor *bq_op_linear_qgemm(BqCtx *ctx, BqTensor *x, float sx, BqTensor *w, str
     const size_t mark = bq_arena_mark(ctx->act); /* the scratch below is released at once */
     uint8_t *codes = bq_arena_alloc(ctx->act, (size_t)(N * C));
     int32_t *acc = bq_arena_alloc(ctx->act, (size_t)(N * OC) * sizeof(int32_t));
-    int rc = bq_kernel_linear_qgemm_forward(y->data, codes, acc, x->data, pw, sx, b ? b->data : NULL, N, C, OC);
+    int rc = bq_kernel_linear_qgemm_forward(y->data, codes, acc, f32_of(x), pw, sx, b ? b->data : NULL, N, C, OC);
     bq_arena_rewind(ctx->act, mark);
     if (rc) { /* oneDNN could not run (out of memory): no status path through the ops, as bq_malloc */
         fprintf(stderr, "bertqat: %s\n", bq_errmsg());
@@ -217,32 +256,32 @@ BqTensor *bq_op_linear_qgemm(BqCtx *ctx, BqTensor *x, float sx, BqTensor *w, str
 
 static void back_linear(BqNode *nd) {
     BqTensor *x = nd->in[0], *w = nd->in[1], *b = nd->in[2];
-    bq_kernel_linear_backward(x->grad, w->grad, b ? b->grad : NULL, nd->out->grad, x->data, w->data, nd->iparam[0],
-                              nd->iparam[1], nd->iparam[2], nd->prec);
+    bq_kernel_linear_backward_m(x->grad, w->grad, b ? b->grad : NULL, nd->out->grad, mat_of(x), w->data,
+                                nd->iparam[0], nd->iparam[1], nd->iparam[2], nd->prec);
 }
 
 /* The scores (B,NH,Tq,T) of q (B,Tq,H) against k (B,T,H), allocated after the checks: Tq = T, or Tq < T
- * without a tape (the backwards take Tq = T). */
-static BqTensor *new_scores(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads) {
+ * without a tape (the backwards take Tq = T); data_pages as tensor_new. */
+static BqTensor *new_scores(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads, int data_pages) {
     CONTIG(q);
     CONTIG(k);
     BQ_CHECK(q->ndim == 3 && k->ndim == 3 && nheads > 0);
     BQ_CHECK(q->shape[0] == k->shape[0] && q->shape[2] == k->shape[2] && q->shape[2] % nheads == 0);
     BQ_CHECK(q->shape[1] == k->shape[1] || (!ctx->tape && q->shape[1] < k->shape[1]));
     int64_t shape[4] = {q->shape[0], nheads, q->shape[1], k->shape[1]};
-    return bq_tensor_new(ctx, 4, shape);
+    return tensor_new(ctx, 4, shape, data_pages);
 }
 
 /* The context (B,Tq,H) of probs (B,NH,Tq,T) over v (B,T,H), allocated after the checks (Tq as
  * new_scores). */
-static BqTensor *new_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nheads) {
+static BqTensor *new_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nheads, int data_pages) {
     CONTIG(probs);
     CONTIG(v);
     BQ_CHECK(probs->ndim == 4 && v->ndim == 3 && nheads > 0 && v->shape[2] % nheads == 0);
     BQ_CHECK(probs->shape[0] == v->shape[0] && probs->shape[1] == nheads && probs->shape[3] == v->shape[1]);
     BQ_CHECK(probs->shape[2] == v->shape[1] || (!ctx->tape && probs->shape[2] < v->shape[1]));
     int64_t shape[3] = {v->shape[0], probs->shape[2], v->shape[2]};
-    return bq_tensor_new(ctx, 3, shape);
+    return tensor_new(ctx, 3, shape, data_pages);
 }
 
 /* Records an attention product (op BQ_OP_ATTN_SCORES with q, k or BQ_OP_ATTN_CONTEXT with probs, v):
@@ -256,33 +295,32 @@ static BqNode *record_attn(BqCtx *ctx, BqOp op, BqTensor *out, BqTensor *a, BqTe
     return nd;
 }
 
-/* The two floating-point attention products (autograd/kernels.h bq_kernel_attn_{scores,context}_forward),
+/* The two floating-point attention products (autograd/kernels.h bq_kernel_attn_{scores,context}_forward_m),
  * which take the same arguments: (out, a, b, B, Tq, T, NH, d, precision). */
-typedef void (*AttnKernel)(float *, const float *, const float *, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           BqPrecision);
+typedef void (*AttnKernel)(float *, BqMat, BqMat, int64_t, int64_t, int64_t, int64_t, int64_t, BqPrecision);
 
 /* Runs kernel on a (Tq query rows) and b (B,T,H) into out and records the node. */
 static void attn_fp(BqCtx *ctx, AttnKernel kernel, BqOp op, BqTensor *out, BqTensor *a, BqTensor *b, int64_t Tq,
                     int nheads) {
-    kernel(out->data, a->data, b->data, b->shape[0], Tq, b->shape[1], nheads, b->shape[2] / nheads, ctx->prec);
+    kernel(out->data, mat_of(a), mat_of(b), b->shape[0], Tq, b->shape[1], nheads, b->shape[2] / nheads, ctx->prec);
     record_attn(ctx, op, out, a, b, nheads);
 }
 
 BqTensor *bq_op_attn_scores(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads) {
-    BqTensor *s = new_scores(ctx, q, k, nheads);
-    attn_fp(ctx, bq_kernel_attn_scores_forward, BQ_OP_ATTN_SCORES, s, q, k, q->shape[1], nheads);
+    BqTensor *s = new_scores(ctx, q, k, nheads, 0);
+    attn_fp(ctx, bq_kernel_attn_scores_forward_m, BQ_OP_ATTN_SCORES, s, q, k, q->shape[1], nheads);
     return s;
 }
 
 static void back_attn_scores(BqNode *nd) {
     BqTensor *q = nd->in[0], *k = nd->in[1];
-    bq_kernel_attn_scores_backward(q->grad, k->grad, nd->out->grad, q->data, k->data, nd->iparam[0], nd->iparam[1],
-                                   nd->iparam[2], nd->iparam[3], nd->prec);
+    bq_kernel_attn_scores_backward_m(q->grad, k->grad, nd->out->grad, mat_of(q), mat_of(k), nd->iparam[0],
+                                     nd->iparam[1], nd->iparam[2], nd->iparam[3], nd->prec);
 }
 
 BqTensor *bq_op_attn_context(BqCtx *ctx, BqTensor *probs, BqTensor *v, int nheads) {
-    BqTensor *c = new_context(ctx, probs, v, nheads);
-    attn_fp(ctx, bq_kernel_attn_context_forward, BQ_OP_ATTN_CONTEXT, c, probs, v, probs->shape[2], nheads);
+    BqTensor *c = new_context(ctx, probs, v, nheads, 0);
+    attn_fp(ctx, bq_kernel_attn_context_forward_m, BQ_OP_ATTN_CONTEXT, c, probs, v, probs->shape[2], nheads);
     return c;
 }
 
@@ -301,19 +339,19 @@ static void attn_int(BqCtx *ctx, AttnIntKernel kernel, BqOp op, BqTensor *out, B
     const size_t mark = bq_arena_mark(ctx->act);
     const int nthr = omp_get_max_threads();
     void *scratch = bq_arena_alloc(ctx->act, (size_t)nthr * bq_kernel_attn_int_scratch(T, d));
-    kernel(out->data, scratch, nthr, a->data, b->data, sa, sb, b->shape[0], Tq, T, nheads, d);
+    kernel(out->data, scratch, nthr, f32_of(a), f32_of(b), sa, sb, b->shape[0], Tq, T, nheads, d);
     bq_arena_rewind(ctx->act, mark);
     record_attn(ctx, op, out, a, b, nheads);
 }
 
 BqTensor *bq_op_attn_scores_int(BqCtx *ctx, BqTensor *q, BqTensor *k, float sq, float sk, int nheads) {
-    BqTensor *s = new_scores(ctx, q, k, nheads);
+    BqTensor *s = new_scores(ctx, q, k, nheads, 0);
     attn_int(ctx, bq_kernel_attn_scores_int_forward, BQ_OP_ATTN_SCORES, s, q, k, sq, sk, q->shape[1], nheads);
     return s;
 }
 
 BqTensor *bq_op_attn_context_int(BqCtx *ctx, BqTensor *probs, BqTensor *v, float sp, float sv, int nheads) {
-    BqTensor *c = new_context(ctx, probs, v, nheads);
+    BqTensor *c = new_context(ctx, probs, v, nheads, 0);
     attn_int(ctx, bq_kernel_attn_context_int_forward, BQ_OP_ATTN_CONTEXT, c, probs, v, sp, sv, probs->shape[2],
              nheads);
     return c;
@@ -325,18 +363,25 @@ typedef struct CtxDropSaved {
     uint64_t key;
 } CtxDropSaved;
 
-BqTensor *bq_op_attn_context_dropout(BqCtx *ctx, BqTensor *probs, float p, BqTensor *v, int nheads) {
+/* bq_op_attn_context_dropout; out16: the context stored as bf16 words. */
+static BqTensor *context_dropout(BqCtx *ctx, BqTensor *probs, float p, BqTensor *v, int nheads, int out16) {
     BQ_CHECK(p >= 0.0f && p < 1.0f);
-    if (!ctx->training || p == 0.0f) return bq_op_attn_context(ctx, probs, v, nheads);
-    BqTensor *c = new_context(ctx, probs, v, nheads);
+    if (!ctx->training || p == 0.0f) {
+        BqTensor *c = new_context(ctx, probs, v, nheads, out16);
+        attn_fp(ctx, bq_kernel_attn_context_forward_m, BQ_OP_ATTN_CONTEXT, c, probs, v, probs->shape[2], nheads);
+        if (out16) seal_bf16(ctx, c);
+        return c;
+    }
+    BqTensor *c = new_context(ctx, probs, v, nheads, out16);
     BQ_CHECK(probs->shape[2] == v->shape[1]); /* all T query rows: the backward recomputes the dropout */
     int64_t B = v->shape[0], T = v->shape[1], H = v->shape[2];
     CtxDropSaved *sv = bq_arena_alloc(ctx->act, sizeof(CtxDropSaved));
     sv->nscratch = omp_get_max_threads();
     sv->scratch = bq_arena_alloc(ctx->act, (size_t)sv->nscratch * (size_t)(T * T) * sizeof(float));
     sv->key = next_dropout_key(ctx);
-    bq_kernel_attn_context_dropout_forward(c->data, sv->scratch, sv->nscratch, probs->data, v->data, p, sv->key, B, T,
-                                           nheads, H / nheads, ctx->prec);
+    bq_kernel_attn_context_dropout_forward_m(c->data, sv->scratch, sv->nscratch, mat_of(probs), mat_of(v), p, sv->key,
+                                             B, T, nheads, H / nheads, ctx->prec);
+    if (out16) seal_bf16(ctx, c);
     BqNode *nd = record_attn(ctx, BQ_OP_ATTN_CONTEXT, c, probs, v, nheads);
     if (nd) {
         nd->saved = sv;
@@ -345,16 +390,24 @@ BqTensor *bq_op_attn_context_dropout(BqCtx *ctx, BqTensor *probs, float p, BqTen
     return c;
 }
 
+BqTensor *bq_op_attn_context_dropout(BqCtx *ctx, BqTensor *probs, float p, BqTensor *v, int nheads) {
+    return context_dropout(ctx, probs, p, v, nheads, 0);
+}
+
+BqTensor *bq_op_attn_context_dropout_bf16(BqCtx *ctx, BqTensor *probs, float p, BqTensor *v, int nheads) {
+    return context_dropout(ctx, probs, p, v, nheads, 1);
+}
+
 static void back_attn_context(BqNode *nd) {
     BqTensor *p = nd->in[0], *v = nd->in[1];
     const CtxDropSaved *sv = nd->saved;
     if (sv)
-        bq_kernel_attn_context_dropout_backward(p->grad, v->grad, sv->scratch, sv->nscratch, nd->out->grad, p->data,
-                                                v->data, nd->fval[0], sv->key, nd->iparam[0], nd->iparam[1],
-                                                nd->iparam[2], nd->iparam[3], nd->prec);
+        bq_kernel_attn_context_dropout_backward_m(p->grad, v->grad, sv->scratch, sv->nscratch, nd->out->grad,
+                                                  mat_of(p), mat_of(v), nd->fval[0], sv->key, nd->iparam[0],
+                                                  nd->iparam[1], nd->iparam[2], nd->iparam[3], nd->prec);
     else
-        bq_kernel_attn_context_backward(p->grad, v->grad, nd->out->grad, p->data, v->data, nd->iparam[0],
-                                        nd->iparam[1], nd->iparam[2], nd->iparam[3], nd->prec);
+        bq_kernel_attn_context_backward_m(p->grad, v->grad, nd->out->grad, mat_of(p), mat_of(v), nd->iparam[0],
+                                          nd->iparam[1], nd->iparam[2], nd->iparam[3], nd->prec);
 }
 
 /* Returns 1 when b broadcasts over a's leading dims, 0 for equal sizes. */
@@ -469,14 +522,18 @@ static void back_tanh(BqNode *nd) {
     if (nd->in[0]->grad) bq_kernel_tanh_backward(nd->in[0]->grad, nd->out->grad, nd->out->data, nd->iparam[0]);
 }
 
+/* sole: in place (bq_op_softmax_mask_sole); sole 2: in place, then the probabilities stored as bf16
+ * words (x's data a page block: bq_op_attn_probs_bf16). */
 static BqTensor *softmax_mask(BqCtx *ctx, BqTensor *x, const float *mask, float scale, float mask_value,
                               int sole) {
     CONTIG(x);
+    f32_of(x);
     /* (B,NH,Tq,T); Tq < T (a query subset) only without a tape, as the attention products */
     BQ_CHECK(x->ndim == 4 && (x->shape[2] == x->shape[3] || (!ctx->tape && x->shape[2] < x->shape[3])));
     int64_t B = x->shape[0], NH = x->shape[1], Tq = x->shape[2], T = x->shape[3];
     BqTensor *y = sole ? x : new_like(ctx, x);
     bq_kernel_softmax_mask_forward(y->data, x->data, mask, scale, mask_value, B, NH, Tq, T);
+    if (sole == 2) seal_bf16(ctx, y);
     if (ctx->tape) {
         /* the backward needs only y, the output itself */
         BqNode *nd = tape_push(ctx, BQ_OP_SOFTMAX_MASK, y, x, NULL, NULL);
@@ -495,10 +552,18 @@ BqTensor *bq_op_softmax_mask_sole(BqCtx *ctx, BqTensor *x, const float *mask, fl
     return softmax_mask(ctx, x, mask, scale, mask_value, 1);
 }
 
+BqTensor *bq_op_attn_probs_bf16(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads, const float *mask, float scale,
+                                float mask_value) {
+    BqTensor *s = new_scores(ctx, q, k, nheads, 1);
+    attn_fp(ctx, bq_kernel_attn_scores_forward_m, BQ_OP_ATTN_SCORES, s, q, k, q->shape[1], nheads);
+    return softmax_mask(ctx, s, mask, scale, mask_value, 2);
+}
+
 static void back_softmax_mask(BqNode *nd) {
     if (!nd->in[0]->grad) return;
     if (nd->iparam[2]) /* in place: input and output are one tensor */
-        bq_kernel_softmax_mask_backward_inplace(nd->out->grad, nd->out->data, nd->fval[0], nd->iparam[0], nd->iparam[1]);
+        bq_kernel_softmax_mask_backward_inplace_m(nd->out->grad, mat_of(nd->out), nd->fval[0], nd->iparam[0],
+                                                  nd->iparam[1]);
     else
         bq_kernel_softmax_mask_backward(nd->in[0]->grad, nd->out->grad, nd->out->data, nd->fval[0], nd->iparam[0],
                                         nd->iparam[1]);
@@ -544,6 +609,7 @@ static void back_dropout(BqNode *nd) {
 
 static BqTensor *bias_gelu(BqCtx *ctx, BqTensor *x, BqTensor *b, int sole) {
     CONTIG(x);
+    f32_of(x);
     int64_t C = last_dim(x), N = bq_tensor_numel(x) / (C ? C : 1);
     if (b) {
         CONTIG(b);
@@ -814,6 +880,13 @@ static void back_fakequant(BqNode *nd) {
                                      nd->iparam[1], nd->iparam[2], qmin, qmax);
 }
 
+/* Where bq_op_gelu_linear's backward finds the GELU output: u's gradient buffer, as floats kept from the
+ * forward, or in bf16 precision as bf16 words in the buffer's first half, formed again from u. */
+static BqMat gelu_out(const BqTensor *u, BqPrecision prec) {
+    return prec == BQ_PRECISION_BF16 ? (BqMat){.f = NULL, .h = (const uint16_t *)(const void *)u->grad}
+                                     : bq_mat_f32(u->grad);
+}
+
 BqTensor *bq_op_gelu_linear(BqCtx *ctx, BqTensor *u, BqTensor *bi, BqTensor *w, BqTensor *b) {
     CONTIG(u);
     CONTIG(w);
@@ -829,10 +902,22 @@ BqTensor *bq_op_gelu_linear(BqCtx *ctx, BqTensor *u, BqTensor *bi, BqTensor *w, 
         BQ_CHECK(bq_tensor_numel(b) == OC);
     }
     BqTensor *y = new_last(ctx, u, OC);
-    /* u's gradient buffer is untouched until this op's backward (u has no other consumer): it holds
-     * the GELU output meanwhile */
-    bq_kernel_bias_gelu_forward(u->grad, u->data, bi ? bi->data : NULL, N, C);
-    bq_kernel_linear_forward(y->data, u->grad, w->data, b ? b->data : NULL, N, C, OC, ctx->prec);
+    if (ctx->prec == BQ_PRECISION_BF16) {
+        /* bf16: the GELU output as bf16 words in a page block given back after the product; the
+         * backward forms it again (one GELU pass) rather than keep N·C words to the backward */
+        const size_t bytes = (size_t)(N * C) * sizeof(uint16_t), mark = bq_arena_mark(ctx->act);
+        uint16_t *g = bq_arena_alloc_pages(ctx->act, bytes);
+        bq_kernel_bias_gelu_forward_m(NULL, g, mat_of(u), bi ? bi->data : NULL, N, C);
+        bq_kernel_linear_forward_m(y->data, (BqMat){.f = NULL, .h = g}, w->data, b ? b->data : NULL, N, C, OC,
+                                   ctx->prec);
+        bq_arena_release(ctx->act, g, bytes);
+        bq_arena_rewind(ctx->act, mark);
+    } else {
+        /* u's gradient buffer is untouched until this op's backward (u has no other consumer): it holds
+         * the GELU output meanwhile */
+        bq_kernel_bias_gelu_forward(u->grad, u->data, bi ? bi->data : NULL, N, C);
+        bq_kernel_linear_forward(y->data, u->grad, w->data, b ? b->data : NULL, N, C, OC, ctx->prec);
+    }
     BqNode *nd = tape_push(ctx, BQ_OP_GELU_LINEAR, y, u, w, b);
     nd->saved = bi;
     nd->iparam[0] = N, nd->iparam[1] = C, nd->iparam[2] = OC;
@@ -842,12 +927,15 @@ BqTensor *bq_op_gelu_linear(BqCtx *ctx, BqTensor *u, BqTensor *bi, BqTensor *w, 
 static void back_gelu_linear(BqNode *nd) {
     BqTensor *u = nd->in[0], *w = nd->in[1], *b = nd->in[2], *bi = nd->saved;
     int64_t N = nd->iparam[0], C = nd->iparam[1], OC = nd->iparam[2];
-    /* dw and db from the GELU output still in u->grad; then u->grad = dy·w (the buffer's previous content
-     * was the GELU output, not a gradient) and the GELU backward in place */
-    bq_kernel_linear_backward(NULL, w->grad, b ? b->grad : NULL, nd->out->grad, u->grad, w->data, N, C, OC, nd->prec);
+    /* dw and db from the GELU output in u->grad (kept from the forward, or in bf16 formed again there now);
+     * then u->grad = dy·w (the buffer's previous content was the GELU output, not a gradient) and the
+     * GELU backward in place */
+    BqMat g = gelu_out(u, nd->prec);
+    if (g.h) bq_kernel_bias_gelu_forward_m(NULL, (uint16_t *)g.h, mat_of(u), bi ? bi->data : NULL, N, C);
+    bq_kernel_linear_backward_m(NULL, w->grad, b ? b->grad : NULL, nd->out->grad, g, w->data, N, C, OC, nd->prec);
     memset(u->grad, 0, (size_t)(N * C) * sizeof(float));
     bq_kernel_linear_backward(u->grad, NULL, NULL, nd->out->grad, NULL, w->data, N, C, OC, nd->prec);
-    bq_kernel_bias_gelu_backward(u->grad, bi ? bi->grad : NULL, u->grad, u->data, bi ? bi->data : NULL, N, C);
+    bq_kernel_bias_gelu_backward_m(u->grad, bi ? bi->grad : NULL, u->grad, mat_of(u), bi ? bi->data : NULL, N, C);
 }
 
 typedef struct EmbLnSaved {

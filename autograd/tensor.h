@@ -23,14 +23,18 @@
 #define BQ_GRAD_PAGED_BYTES ((size_t)64 << 10)
 
 typedef struct BqTensor {
-    float *data;  /* element (i0,i1,..) at data[sum i_k * stride[k]] */
+    float *data;  /* element (i0,i1,..) at data[sum i_k * stride[k]]; NULL when stored in data16 */
     float *grad;  /* same layout as data; NULL when no gradient is tracked */
+    uint16_t *data16; /* the values as bf16 words (same layout), for an activation of a bf16 step that only
+                       * readers rounding it to bf16 anyway consume (the *_bf16 ops below); else NULL */
     int ndim;
     int64_t shape[BQ_MAX_DIMS];
     int64_t stride[BQ_MAX_DIMS];
     const char *name; /* optional, for messages; not owned */
     int owns_grad;    /* 1: grad is this tensor's own bq_arena_alloc_pages block in ctx->act, released
                        * by bq_backward once the op that produced the tensor has run its backward */
+    int data_pages;   /* 1: data was computed in a bq_arena_alloc_pages block, given back once the values
+                       * went to data16 */
 } BqTensor;
 
 /* The closed set of recorded ops; bq_backward() dispatches on it. */
@@ -87,6 +91,8 @@ typedef struct BqCtx {
     BqPrecision prec;   /* GEMM precision of the floating-point products (autograd/gemm.h); 0: fp32 */
     int grad_unpaged;   /* 1: every activation gradient zeroed in place and kept to the end of the step
                          * (tests compare paged gradients against it); 0: bq_tensor_new's paging */
+    int keep_fp32;      /* 1: a bf16 forward stores every activation as floats (tests compare); 0: models
+                         * use the *_bf16 storage ops where they apply (layers/bert.c) */
 } BqCtx;
 
 int bq_tape_init(BqTape *t, int64_t capacity);
@@ -108,8 +114,26 @@ BqTensor bq_tensor_wrap(float *data, float *grad, int ndim, const int64_t *shape
 
 /* ---- recorded ops (each returns its output, allocated in ctx->act) ---- */
 
-/* x (..., C), w (OC, C), b (OC) or NULL → (..., OC). Through cblas_sgemm. */
+/* x (..., C), w (OC, C), b (OC) or NULL → (..., OC). Through bq_gemm in ctx->prec. x may be stored as
+ * bf16 words (in bf16 precision). */
 BqTensor *bq_op_linear(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b);
+
+/* ---- bf16 storage (ctx->prec BQ_PRECISION_BF16 only) ----
+ * The ops below compute what their fp32-stored namesakes compute and then keep the output as bf16
+ * words (data16, half the memory) instead of floats: its fp32 values live only in a page block that is
+ * given back at once. Their outputs may feed only ops that round them to bf16 anyway or that are
+ * written for the rounded values: bq_op_linear and bq_op_gelu_linear (input), the attention products
+ * (both inputs) and the softmax backward. The gradients stay fp32. This is torch.autocast's storage: a
+ * bf16 matmul's output is bf16, and so is what the backward saves of it. */
+/* bq_op_linear with the output stored as bf16 words. */
+BqTensor *bq_op_linear_bf16(BqCtx *ctx, BqTensor *x, BqTensor *w, BqTensor *b);
+/* softmax(scale·q·kᵀ + mask) per head, the probabilities (B,NH,T,T) stored as bf16 words: the ops
+ * bq_op_attn_scores and bq_op_softmax_mask_sole (two tape nodes), the scores in a page block given back
+ * once the probabilities are stored. Their backward reads the rounded probabilities. */
+BqTensor *bq_op_attn_probs_bf16(BqCtx *ctx, BqTensor *q, BqTensor *k, int nheads, const float *mask, float scale,
+                                float mask_value);
+/* bq_op_attn_context_dropout with the context stored as bf16 words. */
+BqTensor *bq_op_attn_context_dropout_bf16(BqCtx *ctx, BqTensor *probs, float p, BqTensor *v, int nheads);
 /* bq_op_linear for x and w on integer grids: x = qx·sx (fake-quantized per tensor to 8 bits, zero point
  * 0) and w = qw·sw[o] with codes qw and scales sw already set in pw (bq_qgemm_weights_set on this w).
  * The forward sums the codes exactly in int32 (autograd/qgemm.h) and rounds once:
@@ -192,8 +216,11 @@ BqTensor *bq_op_residual_layernorm_sole(BqCtx *ctx, BqTensor *a, float p, BqTens
  * intermediate GEMM output, bi (C) or NULL, w (OC, C), b (OC) or NULL. u's ONLY consumer must be this op.
  * In training the GELU output lives only in u's gradient buffer between the forward and this op's
  * backward (which uses it for dw, then overwrites the buffer with u's gradient), so no (..., C) tensor
- * is kept for it; without a tape the GELU runs in place on u. Same values and gradients, bit for bit, as
- * bq_op_linear(bq_op_bias_gelu_sole(u, bi), w, b). */
+ * is kept for it. In bf16 precision not even that: the forward's GELU output (bf16 words, the values
+ * the GEMMs round it to) lives in a page block given back after the product, and the backward forms
+ * the same words again from u in the buffer's first half. Without a tape the GELU runs in place on u. For u stored
+ * as floats, same values and gradients, bit for bit, as bq_op_linear(bq_op_bias_gelu_sole(u, bi), w, b);
+ * u may also be stored as bf16 words (bq_op_linear_bf16, training only): the GELU reads those values. */
 BqTensor *bq_op_gelu_linear(BqCtx *ctx, BqTensor *u, BqTensor *bi, BqTensor *w, BqTensor *b);
 /* x (B,T,H) → (B,H), token t of each sequence (t = 0 is [CLS]). */
 BqTensor *bq_op_select_token(BqCtx *ctx, BqTensor *x, int64_t t);

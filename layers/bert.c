@@ -368,6 +368,14 @@ enum {
     FEEDS_O = 1u << BQ_LIN_O, FEEDS_NONE = 0
 };
 
+/* 1 when the forward keeps the activations that only bf16 products read as bf16 words (autograd/tensor.h,
+ * "bf16 storage"): a bf16 training step (tape) of the float model, with no engine hook and no Linear
+ * outputs kept or reused for the caller, unless ctx->keep_fp32. Which tensors: the query, key and value,
+ * the attention probabilities and context, and the intermediate dense's output (the GELU's input). */
+static int store_bf16(const BqBert *m, const BqCtx *ctx, const BqLinearHook *hk, const BqBertReuse *ru) {
+    return ctx->prec == BQ_PRECISION_BF16 && ctx->tape && !ctx->keep_fp32 && !m->quant && !hk && !ru;
+}
+
 /* The first Linears of each point of the layer, indexed by BqQPoint. */
 static const unsigned point_feeds[BQ_QP_LAYER_COUNT] = {
 #define FEEDS_ROW_(point, role, is_weight, sole, schemes, feeds) [BQ_QP_##point] = FEEDS_##feeds,
@@ -440,7 +448,9 @@ static int attention_qkv(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const Bq
     static const int w_pt[3] = {BQ_QP_W_Q, BQ_QP_W_K, BQ_QP_W_V};
     BqTensor *W[3] = {&L->q_w, &L->k_w, &L->v_w}, *Bias[3] = {&L->q_b, &L->k_b, &L->v_b};
     if (hk && (st = hk->run(hk->user, ctx, l, BQ_LIN_QKV, x, NULL, NULL, qkv))) return st;
-    if (qkv[0]) {
+    if (store_bf16(m, ctx, hk, ru)) {
+        for (int j = 0; j < 3; j++) qkv[j] = bq_op_linear_bf16(ctx, x, W[j], Bias[j]);
+    } else if (qkv[0]) {
         for (int j = 0; j < 3; j++) qkv[j] = qact(qs, ctx, l, out_pt[j], qkv[j]);
         if (cls_only) qkv[0] = query_rows(ctx, bq_op_select_token(ctx, qkv[0], 0));
     } else {
@@ -476,6 +486,10 @@ static BqTensor *attention_context(BqBert *m, BqCtx *ctx, int l, BqTensor *const
     const int nh = c->num_attention_heads;
     const float scale = 1.0f / sqrtf((float)(c->hidden_size / nh));
 
+    if (qkv[0]->data16) /* bf16 storage (store_bf16): no quantizers, probabilities and context as bf16 words */
+        return bq_op_attn_context_dropout_bf16(
+            ctx, bq_op_attn_probs_bf16(ctx, qkv[0], qkv[1], nh, mask, scale, -FLT_MAX), c->attention_probs_dropout_prob,
+            qkv[2], nh);
     /* Q·Kᵀ and P·V on integer codes where both inputs are on 8-bit grids (ort, qdqbert; layers/quant.h) */
     BqTensor *qm = qact(qs, ctx, l, BQ_QP_MM1_Q, qkv[0]), *km = qact(qs, ctx, l, BQ_QP_MM1_K, qkv[1]);
     const BqQuantizer *gq = grid_of(qs, l, BQ_QP_MM1_Q, BQ_QP_Q_OUT), *gk = grid_of(qs, l, BQ_QP_MM1_K, BQ_QP_K_OUT);
@@ -549,9 +563,11 @@ static int feed_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const BqB
      * bias add and the GELU or an engine computes the Linear */
     BqTensor *h;
     int fuse_bias = !hk && !has_q(qs, l, BQ_QP_INTER_OUT);
-    if (!(h = lin_reused(ctx, ru, l, BQ_LIN_I, a, L->i_w.shape[0])) &&
-        (st = linear(ctx, hk, qs, l, BQ_LIN_I, a, a, BQ_QP_I_IN, grid_of(qs, l, BQ_QP_ATTN_LN, -1), &L->i_w,
-                     BQ_QP_W_I, fuse_bias ? NULL : &L->i_b, &h)))
+    if (store_bf16(m, ctx, hk, ru)) /* the GELU's input as bf16 words, read by bq_op_gelu_linear below */
+        h = bq_op_linear_bf16(ctx, a, &L->i_w, NULL);
+    else if (!(h = lin_reused(ctx, ru, l, BQ_LIN_I, a, L->i_w.shape[0])) &&
+             (st = linear(ctx, hk, qs, l, BQ_LIN_I, a, a, BQ_QP_I_IN, grid_of(qs, l, BQ_QP_ATTN_LN, -1), &L->i_w,
+                          BQ_QP_W_I, fuse_bias ? NULL : &L->i_b, &h)))
         return st;
     lin_kept(ru, l, BQ_LIN_I, h);
     h = qact(qs, ctx, l, BQ_QP_INTER_OUT, h);                                   /* (B,T,I) */

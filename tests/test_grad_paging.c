@@ -40,19 +40,6 @@ typedef struct Out {
     size_t block_bytes, resident_fwd;
 } Out;
 
-/* Bytes of the whole pages of [p, p + bytes) that are resident. */
-static size_t resident_bytes(const void *p, size_t bytes) {
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p, hi = lo + bytes;
-    const uintptr_t a = (lo + page - 1) / page * page, b = hi / page * page;
-    if (b <= a) return 0;
-    size_t np = (b - a) / page, in = 0;
-    unsigned char *vec = bq_malloc(np);
-    BQ_CHECK(mincore((void *)a, b - a, vec) == 0);
-    for (size_t k = 0; k < np; k++) in += vec[k] & 1;
-    free(vec);
-    return in * page;
-}
-
 /* 1 when t is the GELU input of a fused GELU-Linear node of the tape (its gradient block holds the
  * GELU output from the forward to that node's backward). */
 static int gelu_scratch(const BqTape *tape, const BqTensor *t) {
@@ -71,7 +58,7 @@ static size_t paged_resident(const BqTape *tape, int skip_scratch, Out *o) {
         for (int64_t j = 0; j < i; j++) seen |= tape->nodes[j].out == t; /* an in-place op's output */
         if (!t->owns_grad || seen || (skip_scratch && gelu_scratch(tape, t))) continue;
         size_t bytes = (size_t)bq_tensor_numel(t) * sizeof(float);
-        in += resident_bytes(t->grad, bytes);
+        in += bq_test_resident_bytes(t->grad, bytes);
         if (o) o->blocks++, o->block_bytes += bytes;
     }
     return in;
@@ -94,18 +81,10 @@ static void run(const char *scheme, int unpaged, Out *o) {
     }
     int32_t ids[B * T], types[B * T], labels[B] = {0, 2, 1, 2, 1, 0, 0, 2};
     float mask[B * T];
-    BqRng drng;
-    bq_rng_seed(&drng, 11);
-    bq_test_fill_padded(B, T, 60, &drng, ids, types, mask);
-    BqBertInput in = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types,
-                      .labels = labels};
+    BqBertInput in = bq_test_padded_input(B, T, 60, 11, ids, types, mask, labels);
     BqArena act;
     BqTape tape;
-    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 30, "act") == BQ_OK);
-    /* 4 KiB pages only: a huge page faulted in for an activation would also make the start of a
-     * neighbouring gradient block resident, and mincore could no longer tell which blocks were written. */
-    BQ_CHECK(madvise(act.base, act.cap, MADV_NOHUGEPAGE) == 0);
-    BQ_CHECK(bq_tape_init(&tape, 64) == BQ_OK);
+    bq_test_step_small_pages(&act, &tape);
     BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = 99, .grad_unpaged = unpaged};
     BqTensor *lg = NULL, *ls = NULL;
     BQ_CHECK(bq_bert_forward(&m, &ctx, &in, &lg, &ls) == BQ_OK);

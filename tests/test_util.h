@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "autograd/bq.h"
@@ -76,6 +77,39 @@ static inline void bq_test_fill_padded(int B, int T, int vocab, BqRng *rng, int3
             mask[i] = t < len ? 1.0f : 0.0f;
             types[i] = t >= len / 2 && t < len;
         }
+}
+
+/* bq_test_fill_padded from a generator seeded with seed, and the classification input over those arrays
+ * with labels (B entries). */
+static inline BqBertInput bq_test_padded_input(int B, int T, int vocab, uint64_t seed, int32_t *ids, int32_t *types,
+                                               float *mask, const int32_t *labels) {
+    BqRng rng;
+    bq_rng_seed(&rng, seed);
+    bq_test_fill_padded(B, T, vocab, &rng, ids, types, mask);
+    return (BqBertInput){.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types,
+                         .labels = labels};
+}
+
+/* A tape and an activation arena of 1 GiB reserved with 4 KiB pages only, so that residency
+ * (bq_test_resident_bytes) shows exactly which pages were written: a huge page faulted in for one buffer
+ * would also make its neighbours resident. */
+static inline void bq_test_step_small_pages(BqArena *act, BqTape *tape) {
+    BQ_CHECK(bq_arena_init(act, (size_t)1 << 30, "act") == BQ_OK);
+    BQ_CHECK(madvise(act->base, act->cap, MADV_NOHUGEPAGE) == 0);
+    BQ_CHECK(bq_tape_init(tape, 64) == BQ_OK);
+}
+
+/* Bytes of the whole pages of [p, p + bytes) that are resident (mincore). */
+static inline size_t bq_test_resident_bytes(const void *p, size_t bytes) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p, hi = lo + bytes;
+    const uintptr_t a = (lo + page - 1) / page * page, b = hi / page * page;
+    if (b <= a) return 0;
+    size_t np = (b - a) / page, in = 0;
+    unsigned char *vec = bq_malloc(np);
+    BQ_CHECK(mincore((void *)a, b - a, vec) == 0);
+    for (size_t k = 0; k < np; k++) in += vec[k] & 1;
+    free(vec);
+    return in * page;
 }
 
 static inline BqBertConfig bq_test_config(int vocab, int hidden, int layers, int heads, int inter, int maxpos,
