@@ -230,9 +230,9 @@ static void gemm_onednn(BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K,
 void bq_gemm_mat(BqPrecision prec, BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K, BqMat A, int64_t lda,
                  BqMat B, int64_t ldb, float beta, float *C, int64_t ldc) {
     BQ_CHECK(beta == 0.0f || beta == 1.0f);
-    BQ_CHECK(!A.f != !A.h && !B.f != !B.h);
     BQ_CHECK((!A.h && !B.h) || prec == BQ_PRECISION_BF16);
     if (M <= 0 || N <= 0) return;
+    BQ_CHECK(!(A.f && A.h) && !(B.f && B.h));
     const float *af = A.f, *bf = B.f;
     if (prec == BQ_PRECISION_BF16 && K > 0) {
         path_decide();

@@ -242,13 +242,70 @@ static void qat_case(const char *root, const char *vocab, BqBatchSource *train, 
     bq_bert_free(&ma), bq_bert_free(&mb);
 }
 
+/* The float model trained uninterrupted (A, into out/a) and interrupted after step 5, then resumed in a
+ * fresh model (B, into out/b): every loss and every final parameter must be the same bits. Counts into
+ * *same, *maxd and *pd for main's summary. */
+static void float_case(const char *out, const char *vocab, BqBatchSource *train, BqBatchSource *val, int *same,
+                       double *maxd, int64_t *pd) {
+    char outA[256], outB[256], p[512];
+    snprintf(outA, sizeof outA, "%s/a", out);
+    snprintf(outB, sizeof outB, "%s/b", out);
+    mkdir(out, 0755);
+    Rec ra, rb;
+    memset(&ra, 0, sizeof ra);
+    memset(&rb, 0, sizeof rb);
+    BqTrainConfig tc;
+    BqBert ma, mb;
+    make_model(&ma);
+    config(&tc, &ra, vocab);
+    BqTrainResult res;
+    int st = bq_train(&ma, &tc, train, val, outA, &res);
+    EXPECT(st == BQ_OK, "run A: %s", bq_errmsg());
+    EXPECT(res.steps == STEPS, "run A took %lld steps", (long long)res.steps);
+
+    make_model(&mb);
+    config(&tc, &rb, vocab);
+    tc.interrupt_at_step = 5;
+    st = bq_train(&mb, &tc, train, val, outB, &res);
+    EXPECT(st == BQ_EINTR && strstr(bq_errmsg(), "--resume"), "interrupt: %d %s", st, bq_errmsg());
+    bq_bert_free(&mb);
+    make_model(&mb);
+    for (int64_t i = 0; i < mb.params.total; i++) mb.params.data[i] = 0; /* must come from the checkpoint */
+    config(&tc, &rb, vocab);
+    tc.resume = 1;
+    st = bq_train(&mb, &tc, train, val, outB, &res);
+    EXPECT(st == BQ_OK, "resume: %s", bq_errmsg());
+    EXPECT(res.steps == STEPS, "resumed run ended at %lld", (long long)res.steps);
+
+    const char *prec = g_prec == BQ_PRECISION_BF16 ? "bf16 " : "";
+    int n_same = 0;
+    for (int s = 1; s <= STEPS; s++) {
+        double d = fabs(ra.loss[s] - rb.loss[s]);
+        if (d > *maxd) *maxd = d;
+        n_same += memcmp(&ra.loss[s], &rb.loss[s], sizeof(double)) == 0;
+        printf("%sstep %2d loss %.9f resumed %.9f\n", prec, s, ra.loss[s], rb.loss[s]);
+    }
+    EXPECT(n_same == STEPS, "%s%d of %d losses identical", prec, n_same, STEPS);
+    *same += n_same;
+    /* the parameters do move: losses are finite and not all the same */
+    int distinct = 0;
+    for (int s = 2; s <= STEPS; s++) distinct += isfinite(ra.loss[s]) && ra.loss[s] != ra.loss[s - 1];
+    EXPECT(distinct == STEPS - 1, "%slosses stuck or not finite", prec);
+    int64_t n_pd = 0;
+    for (int64_t i = 0; i < ma.params.total; i++) n_pd += memcmp(&ma.params.data[i], &mb.params.data[i], 4) != 0;
+    EXPECT(n_pd == 0, "%s%lld final parameters differ", prec, (long long)n_pd);
+    *pd += n_pd;
+    snprintf(p, sizeof p, "%s/training_log.jsonl", outB);
+    struct stat sb;
+    EXPECT(stat(p, &sb) == 0 && sb.st_size > 0, "%s missing", p);
+    bq_bert_free(&ma), bq_bert_free(&mb);
+}
+
 int main(void) {
     char root[64];
     bq_test_tmpdir(root, sizeof root, "resume");
-    char vocab[256], outA[256], outB[256], outC[256], p[512];
+    char vocab[256], outC[256], p[512];
     snprintf(vocab, sizeof vocab, "%s/vocab", root);
-    snprintf(outA, sizeof outA, "%s/a", root);
-    snprintf(outB, sizeof outB, "%s/b", root);
     snprintf(outC, sizeof outC, "%s/c", root);
     mkdir(vocab, 0755);
     snprintf(p, sizeof p, "%s/vocab.txt", vocab);
@@ -262,53 +319,15 @@ int main(void) {
     BqBatchSource train = {.ctx = &tr, .num_batches = s_num, .begin_epoch = s_begin, .next = s_next};
     BqBatchSource val = {.ctx = &va, .num_batches = s_num, .begin_epoch = s_begin, .next = s_next};
 
-    /* A: uninterrupted */
-    Rec ra, rb;
-    memset(&ra, 0, sizeof ra);
-    memset(&rb, 0, sizeof rb);
-    BqTrainConfig tc;
-    BqBert ma, mb;
-    make_model(&ma);
-    config(&tc, &ra, vocab);
-    BqTrainResult res;
-    int st = bq_train(&ma, &tc, &train, &val, outA, &res);
-    EXPECT(st == BQ_OK, "run A: %s", bq_errmsg());
-    EXPECT(res.steps == STEPS, "run A took %lld steps", (long long)res.steps);
-
-    /* B: interrupted after step 5, then resumed in a fresh model */
-    make_model(&mb);
-    config(&tc, &rb, vocab);
-    tc.interrupt_at_step = 5;
-    st = bq_train(&mb, &tc, &train, &val, outB, &res);
-    EXPECT(st == BQ_EINTR && strstr(bq_errmsg(), "--resume"), "interrupt: %d %s", st, bq_errmsg());
-    bq_bert_free(&mb);
-    make_model(&mb);
-    for (int64_t i = 0; i < mb.params.total; i++) mb.params.data[i] = 0; /* must come from the checkpoint */
-    config(&tc, &rb, vocab);
-    tc.resume = 1;
-    st = bq_train(&mb, &tc, &train, &val, outB, &res);
-    EXPECT(st == BQ_OK, "resume: %s", bq_errmsg());
-    EXPECT(res.steps == STEPS, "resumed run ended at %lld", (long long)res.steps);
-
+    /* A and B: the float model, uninterrupted and resumed */
     int same = 0;
     double maxd = 0;
-    for (int s = 1; s <= STEPS; s++) {
-        double d = fabs(ra.loss[s] - rb.loss[s]);
-        if (d > maxd) maxd = d;
-        same += memcmp(&ra.loss[s], &rb.loss[s], sizeof(double)) == 0;
-        printf("step %2d loss %.9f resumed %.9f\n", s, ra.loss[s], rb.loss[s]);
-    }
-    EXPECT(same == STEPS, "%d of %d losses identical", same, STEPS);
-    /* the parameters do move: losses are finite and not all the same */
-    int distinct = 0;
-    for (int s = 2; s <= STEPS; s++) distinct += isfinite(ra.loss[s]) && ra.loss[s] != ra.loss[s - 1];
-    EXPECT(distinct == STEPS - 1, "losses stuck or not finite");
     int64_t pd = 0;
-    for (int64_t i = 0; i < ma.params.total; i++) pd += memcmp(&ma.params.data[i], &mb.params.data[i], 4) != 0;
-    EXPECT(pd == 0, "%lld final parameters differ", (long long)pd);
-    snprintf(p, sizeof p, "%s/training_log.jsonl", outB);
-    struct stat sb;
-    EXPECT(stat(p, &sb) == 0 && sb.st_size > 0, "%s missing", p);
+    snprintf(p, sizeof p, "%s/fp32", root);
+    float_case(p, vocab, &train, &val, &same, &maxd, &pd);
+    BqTrainConfig tc;
+    BqTrainResult res;
+    int st;
 
     /* NaN: injected after step 7, detected in the loss of step 8 */
     Rec rc = {.nan_at = 7};
@@ -328,7 +347,7 @@ int main(void) {
     free(ts.best_params);
     bq_adamw_free(&o);
 
-    bq_bert_free(&ma), bq_bert_free(&mb), bq_bert_free(&mc), bq_bert_free(&md);
+    bq_bert_free(&mc), bq_bert_free(&md);
 
     /* QAT: interrupted while the observers move (step 5) and after the ranges froze (step 9 > 8). */
     const char *schemes[] = {"ort", "cpu"};
@@ -348,10 +367,13 @@ int main(void) {
     g_prec = BQ_PRECISION_BF16;
     printf("%s\n", bq_gemm_bf16_describe());
     for (int i = 0; i < 2; i++) qat_case(root, vocab, &train, &val, schemes[i], 5, 0);
+    /* and the float model, whose bf16 step stores activations as bf16 words (autograd/tensor.h) */
+    snprintf(p, sizeof p, "%s/bf16", root);
+    float_case(p, vocab, &train, &val, &same, &maxd, &pd);
 
     synth_free(&tr), synth_free(&va);
     bq_test_rmtree(root);
     printf("test_resume: %d/%d losses bit-identical, max loss difference %.3g, %lld parameters differ, %s\n", same,
-           STEPS, maxd, (long long)pd, fails ? "FAILED" : "ok");
+           2 * STEPS, maxd, (long long)pd, fails ? "FAILED" : "ok");
     return fails ? 1 : 0;
 }
