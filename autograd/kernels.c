@@ -343,11 +343,18 @@ BQ_VEC static void context_dropout_heads(float *ctx, float *dprobs, float *dv, f
             bq_gemm_mat(prec, BQ_NOTRANS, BQ_TRANS, T, T, d, bq_mat_f32(dctx + off), H, bq_mat_at(v, off), H, 0.0f, S,
                         T);
             /* the same pass over the mask leaves dropout(P) in S for dV */
-            for (int64_t k = 0; k < T * T; k++) {
-                float f = drop_factor(key, poff + k, p, inv);
-                dprobs[poff + k] += S[k] * f;
-                S[k] = (probs.h ? bq_bf16_float(probs.h[poff + k]) : probs.f[poff + k]) * f;
-            }
+            if (probs.h)
+                for (int64_t k = 0; k < T * T; k++) {
+                    float f = drop_factor(key, poff + k, p, inv);
+                    dprobs[poff + k] += S[k] * f;
+                    S[k] = bq_bf16_float(probs.h[poff + k]) * f;
+                }
+            else
+                for (int64_t k = 0; k < T * T; k++) {
+                    float f = drop_factor(key, poff + k, p, inv);
+                    dprobs[poff + k] += S[k] * f;
+                    S[k] = probs.f[poff + k] * f;
+                }
         } else if (dv) {
             dropped_probs(S, probs, poff, T * T, key, p, inv);
         }
