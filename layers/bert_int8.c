@@ -49,6 +49,7 @@ struct BqInt8Engine {
     Int8Layer *layers;
     int nlinear, ngemm, nwhole;
     int use_whole;       /* bq_int8_set_layer_fusion */
+    int64_t step_rows;   /* bq_int8_set_step_rows */
     int next_layer;      /* bq_int8_load_step: the first layer not packed yet */
 };
 
@@ -231,6 +232,7 @@ int bq_int8_begin(BqInt8Engine **out, const BqBert *m) {
     e->inter = c->intermediate_size;
     e->heads = c->num_attention_heads;
     e->use_whole = 1;
+    e->step_rows = BQ_INT8_STEP_ROWS;
     e->layers = bq_calloc((size_t)e->num_layers, sizeof *e->layers);
     int rc = BQ_OK;
     for (int l = 0; l < e->num_layers && !rc; l++) rc = plan_layer(e, m, l);
@@ -321,6 +323,7 @@ int64_t bq_int8_bytes(const BqInt8Engine *e) {
 int bq_int8_linear_count(const BqInt8Engine *e) { return e->nlinear; }
 int bq_int8_fused_layer_count(const BqInt8Engine *e) { return e->use_whole ? e->nwhole : 0; }
 void bq_int8_set_layer_fusion(BqInt8Engine *e, int on) { e->use_whole = on != 0; }
+void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows) { e->step_rows = rows > 0 ? rows : BQ_INT8_STEP_ROWS; }
 int bq_int8_gemm_count(const BqInt8Engine *e) { return e->ngemm; }
 
 const char *bq_int8_fp32_linears(const BqInt8Engine *e, char *buf, size_t n) {
@@ -403,35 +406,49 @@ static int int8_linear(BqCtx *ctx, const Int8Linear *il, const BqTensor *x, int 
  *   QKV → +bias → attention → codes(context) at the AO input scale;
  *   AO → +bias +x → LayerNorm = a, codes(a) at the I input scale;
  *   I → +bias → GELU → codes at the O input scale;
- *   O → +bias +a → LayerNorm = y, and (out->codes set) codes(y) at layer l+1's query/key/value scale. */
+ *   O → +bias +a → LayerNorm = y, and (out->codes set) codes(y) at layer l+1's query/key/value scale.
+ * Both run block by block over at most e->step_rows rows (bq_int8_set_step_rows), whole sequences for
+ * the attention, so the int32 sums take one block's room. */
 static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, const BqFusedStep *s, BqFusedAct *out) {
     const BqInt8Engine *e = user;
     const Int8Layer *IL = &e->layers[l];
     const Int8Linear *lq = &IL->qkv[0], *la = &IL->ao, *li = &IL->inter, *lo = &IL->out;
     const Int8Linear *il = s->id == BQ_LIN_QKV ? lq : s->id == BQ_LIN_AO ? la : s->id == BQ_LIN_I ? li : lo;
     BQ_CHECK(s->id == BQ_LIN_QKV || s->id == BQ_LIN_AO || s->id == BQ_LIN_I || s->id == BQ_LIN_O);
-    const int64_t R = s->rows, N = bq_qgemm_weights_n(il->w);
-    int32_t *acc = bq_arena_alloc(ctx->act, (size_t)(R * N) * sizeof(int32_t));
-    int rc = bq_qgemm_raw(il->w, in->codes, R, acc);
-    if (rc) return rc;
+    const int64_t R = s->rows, N = bq_qgemm_weights_n(il->w), K = bq_qgemm_weights_k(il->w), W = s->N;
+    /* blocks of whole units: sequences of T rows for the attention, single rows elsewhere */
+    const int64_t per = s->id == BQ_LIN_QKV ? s->T : 1, units = R / per;
+    const int64_t ub = e->step_rows / per > 1 ? e->step_rows / per : 1;
+    BQ_CHECK(units * per == R);
+    int32_t *acc = bq_arena_alloc(ctx->act, (size_t)((ub < units ? ub : units) * per * N) * sizeof(int32_t));
     const int32_t *comp = bq_qgemm_weights_comp(il->w);
-    switch (s->id) {
-    case BQ_LIN_QKV: {
-        const int64_t nthr = omp_get_max_threads();
-        float *scratch = bq_arena_alloc(ctx->act, (size_t)(nthr * bq_infer_attention_scratch(s->T, s->d)) * sizeof(float));
-        bq_infer_attention(out->codes, acc, comp, il->scale, il->bias, s->mask, scratch, nthr, s->scale, la->sx, s->B,
-                           s->T, s->NH, s->d);
-        break;
-    }
-    case BQ_LIN_AO:
-        bq_infer_residual_layernorm(out->f, out->codes, acc, comp, il->scale, il->bias, s->resid, s->lnw, s->lnb,
-                                    s->eps, li->sx, R, s->N);
-        break;
-    case BQ_LIN_I: bq_infer_gelu_quant(out->codes, acc, comp, il->scale, il->bias, lo->sx, R, s->N); break;
-    default:
-        bq_infer_residual_layernorm(out->f, out->codes, acc, comp, il->scale, il->bias, s->resid, s->lnw, s->lnb,
-                                    s->eps, out->codes ? e->layers[l + 1].qkv[0].sx : 1.0f, R, s->N);
-        break;
+    float *scratch = NULL;
+    const int64_t nthr = omp_get_max_threads();
+    if (s->id == BQ_LIN_QKV)
+        scratch = bq_arena_alloc(ctx->act, (size_t)(nthr * bq_infer_attention_scratch(s->T, s->d)) * sizeof(float));
+    for (int64_t u0 = 0; u0 < units; u0 += ub) {
+        const int64_t nb = units - u0 < ub ? units - u0 : ub, r0 = u0 * per, rb = nb * per;
+        int rc = bq_qgemm_raw(il->w, in->codes + r0 * K, rb, acc);
+        if (rc) return rc;
+        /* this block's rows of the outputs (W features each) and of the residual */
+        float *of = out->f ? out->f + r0 * W : NULL;
+        uint8_t *oc = out->codes ? out->codes + r0 * W : NULL;
+        const float *res = s->resid ? s->resid + r0 * W : NULL;
+        switch (s->id) {
+        case BQ_LIN_QKV:
+            bq_infer_attention(oc, acc, comp, il->scale, il->bias, s->mask ? s->mask + u0 * s->T : NULL, scratch, nthr,
+                               s->scale, la->sx, nb, s->T, s->NH, s->d);
+            break;
+        case BQ_LIN_AO:
+            bq_infer_residual_layernorm(of, oc, acc, comp, il->scale, il->bias, res, s->lnw, s->lnb, s->eps, li->sx, rb,
+                                        W);
+            break;
+        case BQ_LIN_I: bq_infer_gelu_quant(oc, acc, comp, il->scale, il->bias, lo->sx, rb, W); break;
+        default:
+            bq_infer_residual_layernorm(of, oc, acc, comp, il->scale, il->bias, res, s->lnw, s->lnb, s->eps,
+                                        out->codes ? e->layers[l + 1].qkv[0].sx : 1.0f, rb, W);
+            break;
+        }
     }
     return BQ_OK;
 }

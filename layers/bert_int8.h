@@ -59,6 +59,14 @@ const char *bq_int8_fp32_linears(const BqInt8Engine *e, char *buf, size_t n);
  * default; bq_int8_set_layer_fusion(e, 0) turns it off (tests compare both). */
 int bq_int8_fused_layer_count(const BqInt8Engine *e);
 void bq_int8_set_layer_fusion(BqInt8Engine *e, int on);
+/* A fused layer's GEMM and its epilogue cover at most this many rows at once (whole sequences for the
+ * query/key/value product and its attention): a step on more rows runs in blocks, so its int32 sums
+ * take one block's room, not the batch's. The results are the same bits for any block size (the sums
+ * are exact, every epilogue is row-wise and the attention is per sequence). 4096 rows by default, 32
+ * sequences of 128 tokens: a larger batch runs in blocks of the same shape as batch 32, whose oneDNN
+ * primitives and weight layouts it shares. rows <= 0 restores the default (tests set small blocks). */
+#define BQ_INT8_STEP_ROWS 4096
+void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows);
 
 /* logits (B, num_labels) of the batch, in ctx->act, as bq_bert_forward computes them in evaluation
  * (ctx->tape must be NULL and ctx->training 0). m must be the model e was prepared from. Bad ids,

@@ -3,7 +3,8 @@
  *  - every encoder Linear runs on integers (6 per layer, query/key/value as one GEMM);
  *  - logits against the fake-quant evaluation (bq_bert_forward without a tape), to the bound below;
  *  - batch 1 vs batch 4, each example unpadded (T = its length, as dynamic padding gives it when it is
- *    batched alone) vs padded to T = 12, and 1 vs 2 threads: bit-identical logits;
+ *    batched alone) vs padded to T = 12, 1 vs 2 threads, and the fused layers in blocks of T + 1 rows
+ *    (bq_int8_set_step_rows) vs the whole batch at once: bit-identical logits;
  *  - refusals: an fp32 model, an uncalibrated model. qdqbert is compared as cpu is; its 8-bit weights run
  *    as one GEMM with VNNI and as an exact sgemm on float codes without (autograd/qgemm.h). ort too: it has
  *    no Linear input quantizers, and its Linears run on the codes of the grids their inputs lie on (the
@@ -128,7 +129,7 @@ static void check_scheme(const char *scheme, int fusion) {
     BqRng rng;
     bq_rng_seed(&rng, 99);
     double maxd = 0.0, maxl = 0.0;
-    int over_sum = 0, n = 0, nbatch_bad = 0, nthread_bad = 0, npad_bad = 0;
+    int over_sum = 0, n = 0, nbatch_bad = 0, nthread_bad = 0, npad_bad = 0, nblock_bad = 0;
     for (int it = 0; it < 4; it++) {
         Batch bt;
         make_batch(&bt, &rng, m.cfg.vocab_size);
@@ -177,6 +178,13 @@ static void check_scheme(const char *scheme, int fusion) {
         bq_arena_rewind(&act, 0);
         bq_runtime_set_threads(prev);
         nthread_bad += memcmp(i8t1, i8, sizeof(float) * (size_t)(B * C)) != 0;
+        /* fused layers in blocks of T + 1 rows (one sequence per attention block, a remainder block
+         * elsewhere): the same bits (bq_int8_set_step_rows) */
+        bq_int8_set_step_rows(e, T + 1);
+        BQ_CHECK(bq_int8_forward(e, &m, &ctx, &in, &lg) == BQ_OK);
+        nblock_bad += memcmp(lg->data, i8, sizeof(float) * (size_t)(B * C)) != 0;
+        bq_arena_rewind(&act, 0);
+        bq_int8_set_step_rows(e, 0);
         for (int i = 0; i < B * C; i++) maxl = fmax(maxl, fabs(fq[i]));
         for (int i = 0; i < B * C; i++) {
             double d = fabs((double)fq[i] - i8[i]);
@@ -190,13 +198,15 @@ static void check_scheme(const char *scheme, int fusion) {
            "beyond the summation-order part alone\n",
            scheme, maxd, eps_sum + eps_step, eps_sum, eps_step, maxl, over_sum, n);
     printf("%s: batch 1 vs %d: %d examples differ; unpadded vs padded: %d differ; 1 vs 2 threads: %d batches "
-           "differ\n", scheme, B, nbatch_bad, npad_bad, nthread_bad);
+           "differ; blocks of %d rows vs one: %d batches differ\n", scheme, B, nbatch_bad, npad_bad, nthread_bad,
+           T + 1, nblock_bad);
     EXPECT(maxl > 0.0, "logits are all zero");
     EXPECT(maxd <= eps_sum + eps_step, "%s: int8 logits outside the bound", scheme);
     EXPECT(over_sum * 10 <= n, "%s: %d of %d logits beyond the summation-order bound", scheme, over_sum, n);
     EXPECT(nbatch_bad == 0, "%s: logits depend on the batch size", scheme);
     EXPECT(nthread_bad == 0, "%s: logits depend on the thread count", scheme);
     EXPECT(npad_bad == 0, "%s: logits depend on the padded length", scheme);
+    EXPECT(nblock_bad == 0, "%s: logits depend on the fused layers' row blocks", scheme);
     bq_arena_free(&act);
     bq_int8_free(e);
     unload(&m);
