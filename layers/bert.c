@@ -711,12 +711,38 @@ static int forward_run(BqBert *m, BqCtx *ctx, const BqBertInput *in, const BqLin
     BQ_CHECK(start >= 0 && start < c->num_hidden_layers && (!start || ru->start_hidden));
     BqTensor *x = start > 0 ? ru->start_hidden : embed(m, ctx, in);
     const int cls_last = cls_rows_only(m, ctx, in);
+    /* Without a tape a layer run op by op leaves its activations dead once its output exists: the output
+     * is copied into one of two buffers, in turn, and the arena rewound to before the layer, so the
+     * forward holds one layer's activations whatever the depth (the fused layers of an engine hook do the
+     * same with their own buffers, layers/bert_fused.h). Not when every output is kept (in->hidden). */
+    const int rewind = !ctx->tape && !in->hidden;
+    float *turn[2] = {NULL, NULL};
+    BqTensor *turn_t[2] = {NULL, NULL};
+    int64_t turn_n = 0;
     for (int l = start; l < c->num_hidden_layers; l++) {
         BqTensor *y = NULL;
         const int cls_only = cls_last && l == c->num_hidden_layers - 1;
         if (hook && hook->layer && (st = hook->layer(hook->user, ctx, l, x, in->attention_mask, cls_only, &y)))
             return st;
-        if (!y && (st = layer_forward(m, ctx, hook, ru, l, x, in->attention_mask, cls_only, &y))) return st;
+        if (!y) {
+            if (rewind && !turn[0]) {
+                turn_n = bq_tensor_numel(x);
+                for (int k = 0; k < 2; k++) {
+                    turn[k] = bq_arena_alloc(ctx->act, (size_t)turn_n * sizeof(float));
+                    turn_t[k] = bq_arena_alloc(ctx->act, sizeof(BqTensor));
+                }
+            }
+            const size_t mark = bq_arena_mark(ctx->act);
+            if ((st = layer_forward(m, ctx, hook, ru, l, x, in->attention_mask, cls_only, &y))) return st;
+            if (rewind) {
+                float *dst = turn[l & 1];
+                BQ_CHECK(dst != x->data && bq_tensor_numel(y) <= turn_n);
+                memcpy(dst, y->data, (size_t)bq_tensor_numel(y) * sizeof(float));
+                *turn_t[l & 1] = bq_tensor_wrap(dst, NULL, y->ndim, y->shape);
+                y = turn_t[l & 1];
+                bq_arena_rewind(ctx->act, mark);
+            }
+        }
         x = y;
         if (in->hidden) in->hidden[l] = x;
     }

@@ -15,8 +15,10 @@
  *  - a forward's activations take the room of one layer, not of every layer: the activation arena's
  *    high-water mark of one evaluation forward is the same, to the byte, for 2 and 4 encoder layers, on
  *    the fp32 engine (bq_fp32_forward) and on the integer engine, whose fused layers write their outputs
- *    into two alternating buffers (layers/bert_fused.h); keeping every layer's output (BqBertInput.hidden)
- *    gives the same logits, bit for bit.
+ *    into two alternating buffers (layers/bert_fused.h), and on the fake-quant forward op by op
+ *    (bq_bert_forward, the path of the ort and qdqbert schemes), which copies each layer's output into
+ *    one of two buffers and gives the layer's activations back; keeping every layer's output
+ *    (BqBertInput.hidden) takes more room and gives the same logits, bit for bit.
  * The model is a random cpu-scheme PTQ, 2 layers, hidden 256, intermediate 1024 (weights of whole pages),
  * max-calibrated on random batches and saved as a checkpoint. */
 #include <errno.h>
@@ -86,17 +88,24 @@ static void make_checkpoint(const char *dir) {
     free_model(&m);
 }
 
+/* The forwards compared by forward_peak. */
+enum { FWD_FP32, FWD_INT8, FWD_FAKE_QUANT, FWD_COUNT };
+static const char *const fwd_name[FWD_COUNT] = {"fp32", "int8", "fake quant, op by op"};
+
 /* The activation arena's high-water mark of one evaluation forward of bt on a random model of `layers`
- * encoder layers, on the fp32 engine or (int8) the integer engine of its cpu-scheme PTQ; the logits go
- * to out. With hidden, the forward keeps every layer's output (BqBertInput.hidden). */
-static size_t forward_peak(int layers, int int8, int hidden, const Batch *bt, float *out) {
+ * encoder layers: the fp32 engine, the integer engine of its cpu-scheme PTQ, or that PTQ's fake-quant
+ * forward op by op (bq_bert_forward, which copies each layer's output into one of two buffers and gives
+ * the layer's activations back); the logits go to out. With hidden, the forward keeps every layer's
+ * output (BqBertInput.hidden). */
+static size_t forward_peak(int layers, int fwd, int hidden, const Batch *bt, float *out) {
     BqBert m;
-    make_model(&m, layers, int8);
+    const int int8 = fwd == FWD_INT8;
+    make_model(&m, layers, fwd != FWD_FP32);
     BqInt8Engine *e = NULL;
     if (int8) {
         BQ_CHECK(bq_int8_prepare(&e, &m) == BQ_OK);
         EXPECT(bq_int8_fused_layer_count(e) == layers, "int8, %d layers: every layer fused", layers);
-    } else {
+    } else if (fwd == FWD_FP32) {
         EXPECT(bq_fp32_fused_layer_count(&m) == layers, "fp32, %d layers: every layer fused", layers);
     }
     BqArena act;
@@ -106,7 +115,9 @@ static size_t forward_peak(int layers, int int8, int hidden, const Batch *bt, fl
     BqTensor *hs[8], *logits;
     BQ_CHECK(layers <= 8);
     if (hidden) in.hidden = hs;
-    BQ_CHECK((int8 ? bq_int8_forward(e, &m, &ctx, &in, &logits) : bq_fp32_forward(&m, &ctx, &in, &logits)) == BQ_OK);
+    BQ_CHECK((int8                      ? bq_int8_forward(e, &m, &ctx, &in, &logits)
+              : fwd == FWD_FAKE_QUANT ? bq_bert_forward(&m, &ctx, &in, &logits, NULL)
+                                        : bq_fp32_forward(&m, &ctx, &in, &logits)) == BQ_OK);
     memcpy(out, logits->data, sizeof(float) * B * 2);
     const size_t peak = act.peak;
     bq_arena_free(&act);
@@ -117,11 +128,11 @@ static size_t forward_peak(int layers, int int8, int hidden, const Batch *bt, fl
 
 /* The activations of a forward do not grow with the number of layers (see the top of the file). */
 static void check_activation_peaks(const Batch *bt) {
-    for (int int8 = 0; int8 < 2; int8++) {
-        const char *name = int8 ? "int8" : "fp32";
+    for (int fwd = 0; fwd < FWD_COUNT; fwd++) {
+        const char *name = fwd_name[fwd];
         float l2[B * 2], l4[B * 2], k4[B * 2];
-        const size_t p2 = forward_peak(2, int8, 0, bt, l2), p4 = forward_peak(4, int8, 0, bt, l4);
-        const size_t k = forward_peak(4, int8, 1, bt, k4);
+        const size_t p2 = forward_peak(2, fwd, 0, bt, l2), p4 = forward_peak(4, fwd, 0, bt, l4);
+        const size_t k = forward_peak(4, fwd, 1, bt, k4);
         printf("%s: activation arena peak %zu bytes with 2 layers, %zu with 4; %zu keeping every layer's output\n",
                name, p2, p4, k);
         EXPECT(p2 == p4, "%s: the activation peak grows with the layers (%zu bytes for 2, %zu for 4)", name, p2, p4);
