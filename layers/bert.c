@@ -692,6 +692,41 @@ static int cls_rows_only(const BqBert *m, const BqCtx *ctx, const BqBertInput *i
     return 1;
 }
 
+/* The outputs of a forward's op-by-op layers without a tape (forward_run): each is copied into one of two
+ * buffers, in turn, and the arena rewound to before the layer, so the forward holds one layer's
+ * activations whatever the depth (an engine's fused layers do the same with their own buffers,
+ * layers/bert_fused.h). Off (on = 0) with a tape or when every layer's output is kept (in->hidden). */
+typedef struct Turns {
+    int on;
+    float *buf[2];  /* taken at the first op-by-op layer, n floats each */
+    BqTensor *t[2]; /* their tensor headers */
+    int64_t n;
+} Turns;
+
+/* Before an op-by-op layer on x: the buffers on first use; returns the arena mark to rewind to. */
+static size_t turns_reserve(Turns *tn, BqCtx *ctx, const BqTensor *x) {
+    if (tn->on && !tn->buf[0]) {
+        tn->n = bq_tensor_numel(x);
+        for (int k = 0; k < 2; k++) {
+            tn->buf[k] = bq_arena_alloc(ctx->act, (size_t)tn->n * sizeof(float));
+            tn->t[k] = bq_arena_alloc(ctx->act, sizeof(BqTensor));
+        }
+    }
+    return bq_arena_mark(ctx->act);
+}
+
+/* Layer l's output y: with turns on, its copy in buffer l mod 2 (the other buffer holds the layer's
+ * input when the previous layer ran op by op), the arena back at mark; else y itself. */
+static BqTensor *turns_keep(Turns *tn, BqCtx *ctx, int l, BqTensor *y, size_t mark) {
+    if (!tn->on) return y;
+    float *dst = tn->buf[l & 1];
+    BQ_CHECK(bq_tensor_numel(y) <= tn->n);
+    memcpy(dst, y->data, (size_t)bq_tensor_numel(y) * sizeof(float));
+    *tn->t[l & 1] = bq_tensor_wrap(dst, NULL, y->ndim, y->shape);
+    bq_arena_rewind(ctx->act, mark);
+    return tn->t[l & 1];
+}
+
 /* The forward of bq_bert_forward, bq_bert_forward_hooked and bq_bert_forward_reuse: hook (may be NULL) is
  * asked for every Linear, ru (may be NULL) names where to start and the Linear outputs to keep or reuse;
  * never both. */
@@ -711,37 +746,17 @@ static int forward_run(BqBert *m, BqCtx *ctx, const BqBertInput *in, const BqLin
     BQ_CHECK(start >= 0 && start < c->num_hidden_layers && (!start || ru->start_hidden));
     BqTensor *x = start > 0 ? ru->start_hidden : embed(m, ctx, in);
     const int cls_last = cls_rows_only(m, ctx, in);
-    /* Without a tape a layer run op by op leaves its activations dead once its output exists: the output
-     * is copied into one of two buffers, in turn, and the arena rewound to before the layer, so the
-     * forward holds one layer's activations whatever the depth (the fused layers of an engine hook do the
-     * same with their own buffers, layers/bert_fused.h). Not when every output is kept (in->hidden). */
-    const int rewind = !ctx->tape && !in->hidden;
-    float *turn[2] = {NULL, NULL};
-    BqTensor *turn_t[2] = {NULL, NULL};
-    int64_t turn_n = 0;
+    /* Without a tape a layer run op by op leaves its activations dead once its output exists (Turns) */
+    Turns turns = {.on = !ctx->tape && !in->hidden};
     for (int l = start; l < c->num_hidden_layers; l++) {
         BqTensor *y = NULL;
         const int cls_only = cls_last && l == c->num_hidden_layers - 1;
         if (hook && hook->layer && (st = hook->layer(hook->user, ctx, l, x, in->attention_mask, cls_only, &y)))
             return st;
         if (!y) {
-            if (rewind && !turn[0]) {
-                turn_n = bq_tensor_numel(x);
-                for (int k = 0; k < 2; k++) {
-                    turn[k] = bq_arena_alloc(ctx->act, (size_t)turn_n * sizeof(float));
-                    turn_t[k] = bq_arena_alloc(ctx->act, sizeof(BqTensor));
-                }
-            }
-            const size_t mark = bq_arena_mark(ctx->act);
+            const size_t mark = turns_reserve(&turns, ctx, x);
             if ((st = layer_forward(m, ctx, hook, ru, l, x, in->attention_mask, cls_only, &y))) return st;
-            if (rewind) {
-                float *dst = turn[l & 1];
-                BQ_CHECK(dst != x->data && bq_tensor_numel(y) <= turn_n);
-                memcpy(dst, y->data, (size_t)bq_tensor_numel(y) * sizeof(float));
-                *turn_t[l & 1] = bq_tensor_wrap(dst, NULL, y->ndim, y->shape);
-                y = turn_t[l & 1];
-                bq_arena_rewind(ctx->act, mark);
-            }
+            y = turns_keep(&turns, ctx, l, y, mark);
         }
         x = y;
         if (in->hidden) in->hidden[l] = x;

@@ -307,11 +307,7 @@ int main(void) {
     char vocab[256], outC[256], p[512];
     snprintf(vocab, sizeof vocab, "%s/vocab", root);
     snprintf(outC, sizeof outC, "%s/c", root);
-    mkdir(vocab, 0755);
-    snprintf(p, sizeof p, "%s/vocab.txt", vocab);
-    FILE *f = fopen(p, "w");
-    for (int i = 0; i < 40; i++) fprintf(f, "tok%d\n", i);
-    fclose(f);
+    bq_test_write_vocab(vocab, 40);
 
     Synth tr, va;
     synth_init(&tr, 5);

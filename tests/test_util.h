@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "autograd/bq.h"
@@ -61,10 +62,6 @@ static inline void bq_test_padded_batch(int32_t *ids, int32_t *types, float *mas
     }
 }
 
-/* A small BERT configuration: type vocabulary 2, pad id 0, LayerNorm eps 1e-12, dropout p on the
- * hidden states and attention probabilities (the classifier follows the hidden dropout),
- * initializer range init, labels named LABEL_0, LABEL_1, ... (freed by bq_config_free or with the
- * model). */
 /* A padded batch of B examples of T tokens (ids, types, mask: B·T each): example b has T − 2b real tokens
  * with ids drawn from rng in 1 … vocab − 1, then padding (id 0, mask 0); token type 1 on the second half
  * of the real tokens. */
@@ -112,6 +109,21 @@ static inline size_t bq_test_resident_bytes(const void *p, size_t bytes) {
     return in * page;
 }
 
+/* dir/vocab.txt of n tokens tok0 … tok(n−1), dir created (a tokenizer folder for trainer tests). */
+static inline void bq_test_write_vocab(const char *dir, int n) {
+    char p[512];
+    mkdir(dir, 0755);
+    snprintf(p, sizeof p, "%s/vocab.txt", dir);
+    FILE *f = fopen(p, "w");
+    BQ_CHECK(f != NULL);
+    for (int i = 0; i < n; i++) fprintf(f, "tok%d\n", i);
+    BQ_CHECK(fclose(f) == 0);
+}
+
+/* A small BERT configuration: type vocabulary 2, pad id 0, LayerNorm eps 1e-12, dropout p on the
+ * hidden states and attention probabilities (the classifier follows the hidden dropout),
+ * initializer range init, labels named LABEL_0, LABEL_1, ... (freed by bq_config_free or with the
+ * model). */
 static inline BqBertConfig bq_test_config(int vocab, int hidden, int layers, int heads, int inter, int maxpos,
                                           int labels, float dropout, float init) {
     BqBertConfig c;
