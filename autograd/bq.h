@@ -151,6 +151,30 @@ const char *bq_cpu_bf16_describe(void);
 
 /* Monotonic wall clock in seconds. */
 double bq_now(void);
+
+/* ---- wall-time sections, for benchmarks ----
+ * The passes that record no ops (the fused and tape-free forwards, the integer engine) are timed by
+ * section. While sections are on (bq_sections_enable), bq_section_end adds the wall time since t0 =
+ * bq_section_start() to section s; a call made inside an OpenMP parallel region (the attention's
+ * per-head products) is not counted, so the sums stay serial wall time. Sections nest: the bf16
+ * conversion is part of the bf16 GEMM's time. */
+typedef enum BqSection {
+    BQ_SEC_GEMM_F32,     /* bq_gemm_mat in fp32 (OpenBLAS) */
+    BQ_SEC_GEMM_BF16,    /* bq_gemm_mat in bf16, operand conversion included */
+    BQ_SEC_BF16_CONVERT, /* of which: operands converted to packed bf16 words */
+    BQ_SEC_GEMM_INT8,    /* integer GEMMs (autograd/qgemm.h) */
+    BQ_SEC_QUANTIZE,     /* activations quantized to codes outside an epilogue */
+    BQ_SEC_ATTENTION,    /* the fused attention kernels, fp32 and integer */
+    BQ_SEC_EPILOGUE,     /* the fused epilogues: bias, GELU, residual, LayerNorm, requantization */
+    BQ_SEC_COUNT
+} BqSection;
+void bq_sections_enable(int on);
+void bq_sections_reset(void);
+double bq_section_start(void); /* 0 while sections are off or inside a parallel region */
+void bq_section_end(BqSection s, double t0);
+double bq_section_seconds(BqSection s);
+int64_t bq_section_calls(BqSection s);
+const char *bq_section_name(BqSection s);
 /* Peak resident set size of this process in bytes (0 if unknown). */
 size_t bq_peak_rss(void);
 

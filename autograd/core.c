@@ -373,6 +373,33 @@ double bq_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static int g_sec_on;
+static double g_sec_s[BQ_SEC_COUNT];
+static int64_t g_sec_n[BQ_SEC_COUNT];
+
+void bq_sections_enable(int on) { g_sec_on = on; }
+void bq_sections_reset(void) {
+    memset(g_sec_s, 0, sizeof g_sec_s);
+    memset(g_sec_n, 0, sizeof g_sec_n);
+}
+double bq_section_start(void) { return g_sec_on && !omp_in_parallel() ? bq_now() : 0.0; }
+void bq_section_end(BqSection s, double t0) {
+    BQ_CHECK(s >= 0 && s < BQ_SEC_COUNT);
+    if (t0 <= 0.0) return;
+    g_sec_s[s] += bq_now() - t0;
+    g_sec_n[s]++;
+}
+double bq_section_seconds(BqSection s) { return s >= 0 && s < BQ_SEC_COUNT ? g_sec_s[s] : 0.0; }
+int64_t bq_section_calls(BqSection s) { return s >= 0 && s < BQ_SEC_COUNT ? g_sec_n[s] : 0; }
+const char *bq_section_name(BqSection s) {
+    static const char *const names[BQ_SEC_COUNT] = {
+        [BQ_SEC_GEMM_F32] = "gemm fp32", [BQ_SEC_GEMM_BF16] = "gemm bf16", [BQ_SEC_BF16_CONVERT] = "  bf16 convert",
+        [BQ_SEC_GEMM_INT8] = "gemm int8", [BQ_SEC_QUANTIZE] = "quantize", [BQ_SEC_ATTENTION] = "attention",
+        [BQ_SEC_EPILOGUE] = "epilogue",
+    };
+    return s >= 0 && s < BQ_SEC_COUNT ? names[s] : "?";
+}
+
 size_t bq_peak_rss(void) {
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;

@@ -24,6 +24,17 @@ BQ_FASTMATH_INLINE float rne_small(float x) {
     return (x + magic) - magic;
 }
 
+/* The bf16 word of x rounded to nearest, ties to even, without branches (so that it vectorizes):
+ * autograd/gemm.h bq_bf16_bits's bits (Inf kept, NaN kept and quieted). */
+BQ_FASTMATH_INLINE uint16_t bf16_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const uint32_t special = (u & 0x7f800000u) == 0x7f800000u;
+    const uint32_t quiet = special && (u & 0x007fffffu) ? 0x00400000u : 0u;
+    const uint32_t r = special ? u | quiet : u + 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(r >> 16);
+}
+
 /* e^x with relative error below 2e-7 for x in [-87.3, 88]; 0 below (the softmax's masked keys),
  * +inf above. 2^n·e^r with n = rne(x·log2 e), r = x − n·ln 2 in two parts (Cody-Waite), and the degree-7
  * Taylor polynomial of e^r on |r| <= ln2/2 (truncation error < 3e-9). */

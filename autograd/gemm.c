@@ -18,20 +18,39 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "autograd/fastmath.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(BQ_NO_CLONES)
+#define GEMM_VEC __attribute__((target_clones("default", "avx2", "avx512f")))
+#else
+#define GEMM_VEC
+#endif
+
 /* Threads that may hold scratch or a stream at once (OpenMP thread numbers below this). */
 #define MAX_THREADS 256
 /* Cached bf16 matmul primitives; a full cache replaces its entries in turn. */
 #define CACHE_MAX 128
 
 typedef struct Scratch {
-    void *a, *b, *pad;
-    size_t na, nb, npad; /* bytes */
+    void *a, *b, *c, *pad, *w;
+    size_t na, nb, nc, npad, nw; /* bytes */
 } Scratch;
 
+/* A primitive's shape and beta; the destination is always dense (M,N) (see gemm_onednn). Keys are
+ * compared with memcmp, so every byte is set (key_of), padding included. */
 typedef struct Key {
-    int64_t M, N, K, ldc;
-    int ta, tb, beta;
+    int64_t M, N, K;
+    int32_t ta, tb, beta, zero;
 } Key;
+
+_Static_assert(sizeof(Key) == 3 * sizeof(int64_t) + 4 * sizeof(int32_t), "Key has no padding");
+
+static Key key_of(int64_t M, int64_t N, int64_t K, int ta, int tb, int beta) {
+    Key k;
+    memset(&k, 0, sizeof k);
+    k.M = M, k.N = N, k.K = K, k.ta = ta, k.tb = tb, k.beta = beta;
+    return k;
+}
 
 typedef struct Entry {
     Key key;
@@ -71,6 +90,12 @@ static void round_f32(float *dst, BqMat src, int64_t rows, int64_t cols, int64_t
     }
 }
 
+/* dst[i] = bq_bf16_bits(src[i]) for i < n, in the branch-free form that vectorizes, compiled for
+ * baseline x86-64, AVX2 and AVX-512F (the same bits on each). */
+GEMM_VEC static void words_run(uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = bf16_bits(src[i]);
+}
+
 /* The same values as 16-bit bf16 words. */
 static void round_bf16(uint16_t *dst, BqMat src, int64_t rows, int64_t cols, int64_t ld) {
 #pragma omp parallel for schedule(static) if (!omp_in_parallel() && rows * cols > 65536)
@@ -78,7 +103,7 @@ static void round_bf16(uint16_t *dst, BqMat src, int64_t rows, int64_t cols, int
         if (src.h)
             memcpy(dst + r * cols, src.h + r * ld, (size_t)cols * sizeof(uint16_t));
         else
-            for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = bq_bf16_bits(src.f[r * ld + c]);
+            words_run(dst + r * cols, src.f + r * ld, cols);
     }
 }
 
@@ -96,14 +121,14 @@ static void dnnl_die(dnnl_status_t s, const char *what) {
 }
 
 /* Creates the bf16 matmul for key k: src (M,K) bf16, weights (K,N) bf16, both packed in their stored
- * orientation, dst (M,N) f32 with rows ldc apart, a sum post-op for beta 1. Returns the oneDNN status. */
+ * orientation, dst (M,N) f32 dense, a sum post-op for beta 1. Returns the oneDNN status. */
 static dnnl_status_t entry_create(Entry *e, const Key *k) {
     memset(e, 0, sizeof *e);
     e->key = *k;
     dnnl_dims_t ds = {k->M, k->K}, dw = {k->K, k->N}, dd = {k->M, k->N};
     dnnl_dims_t ss = {k->ta ? 1 : k->K, k->ta ? k->M : 1};
     dnnl_dims_t sw = {k->tb ? 1 : k->N, k->tb ? k->K : 1};
-    dnnl_dims_t sd = {k->ldc, 1};
+    dnnl_dims_t sd = {k->N, 1};
     dnnl_matmul_desc_t mm;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
@@ -141,20 +166,29 @@ static void entry_destroy(Entry *e) {
     memset(e, 0, sizeof *e);
 }
 
-/* The cached primitive for k, created on first use. Thread-safe. */
-static Entry *entry_get(const Key *k) {
+/* The cached primitive for k, created on first use. Thread-safe. A full cache replaces its entries in
+ * turn, but only from the serial region: inside a parallel region another thread may be running the
+ * entry that would go, so there a miss on a full cache creates the primitive in *tmp, returned for the
+ * caller to destroy after its call. */
+static Entry *entry_get(const Key *k, Entry *tmp) {
     Entry *e = NULL;
+    const int in_parallel = omp_in_parallel();
 #pragma omp critical(bq_gemm_cache)
     {
         for (int i = 0; i < g_cache_n && !e; i++)
             if (!memcmp(&g_cache[i].key, k, sizeof *k)) e = &g_cache[i];
-        if (!e) {
+        if (!e && (g_cache_n < CACHE_MAX || !in_parallel)) {
             int slot = g_cache_n < CACHE_MAX ? g_cache_n++ : g_cache_next++ % CACHE_MAX;
             entry_destroy(&g_cache[slot]);
             dnnl_status_t s = entry_create(&g_cache[slot], k);
             if (s != dnnl_success) dnnl_die(s, "bf16 matmul primitive");
             e = &g_cache[slot];
         }
+    }
+    if (!e) {
+        dnnl_status_t s = entry_create(tmp, k);
+        if (s != dnnl_success) dnnl_die(s, "bf16 matmul primitive");
+        e = tmp;
     }
     return e;
 }
@@ -176,7 +210,7 @@ static void path_decide(void) {
         int path = BQ_BF16_EMULATED;
         if ((f->avx512_bf16 || f->amx_bf16) && dnnl_engine_create(&g_engine, dnnl_cpu, 0) == dnnl_success) {
             Entry probe;
-            Key k = {.M = 64, .N = 64, .K = 64, .ldc = 64};
+            Key k = key_of(64, 64, 64, 0, 0, 0);
             if (entry_create(&probe, &k) == dnnl_success) {
                 const char *impl = NULL;
                 if (dnnl_primitive_desc_query(probe.pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
@@ -202,17 +236,26 @@ static void gemm_onednn(BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K,
                         int64_t ldb, float beta, float *C, int64_t ldc) {
     const int t = thread_slot();
     Scratch *sc = &g_scratch[t];
+    const double t0 = bq_section_start();
     const uint16_t *a = words_packed(&sc->a, &sc->na, A, ta ? K : M, ta ? M : K, lda);
     const uint16_t *b = words_packed(&sc->b, &sc->nb, B, tb ? N : K, tb ? K : N, ldb);
-    Key k = {.M = M, .N = N, .K = K, .ldc = ldc, .ta = ta, .tb = tb, .beta = beta != 0.0f};
-    Entry *e = entry_get(&k);
+    bq_section_end(BQ_SEC_BF16_CONVERT, t0);
+    /* oneDNN 2.6 runs its brgemm kernels (AMX, AVX512-BF16) only on a dense destination: a strided one
+     * (the attention's per-head products, the query/key/value block of the fused forward) falls back to
+     * gemm:jit, which took 2.5 times as long per head product on an AMX Xeon (ONEDNN_VERBOSE). So a
+     * strided destination gets a dense per-thread one, then copied into C, or added for beta 1 (the
+     * sum post-op adds the same fp32 values). */
+    const int direct = ldc == N;
+    float *d = direct ? C : scratch_get(&sc->c, &sc->nc, (size_t)(M * N) * sizeof(float));
+    const Key k = key_of(M, N, K, ta, tb, direct && beta != 0.0f);
+    Entry tmp, *e = entry_get(&k, &tmp);
     void *pad = e->pad_bytes ? scratch_get(&sc->pad, &sc->npad, e->pad_bytes) : NULL;
     dnnl_memory_t ms = NULL, mw = NULL, md = NULL, mp = NULL;
     dnnl_status_t s;
     /* oneDNN takes non-const handles; the source and weights are only read */
     if ((s = dnnl_memory_create(&ms, &e->src_md, g_engine, (void *)a)) != dnnl_success ||
         (s = dnnl_memory_create(&mw, &e->wei_md, g_engine, (void *)b)) != dnnl_success ||
-        (s = dnnl_memory_create(&md, &e->dst_md, g_engine, C)) != dnnl_success ||
+        (s = dnnl_memory_create(&md, &e->dst_md, g_engine, d)) != dnnl_success ||
         (pad && (s = dnnl_memory_create(&mp, &e->pad_md, g_engine, pad)) != dnnl_success))
         dnnl_die(s, "memory creation");
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, md}, {DNNL_ARG_SCRATCHPAD, mp}};
@@ -223,6 +266,17 @@ static void gemm_onednn(BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K,
     dnnl_memory_destroy(mw);
     dnnl_memory_destroy(md);
     if (mp) dnnl_memory_destroy(mp);
+    if (e == &tmp) entry_destroy(&tmp);
+    if (direct) return;
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && M * N > 65536)
+    for (int64_t r = 0; r < M; r++) {
+        float *c = C + r * ldc;
+        const float *p = d + r * N;
+        if (beta != 0.0f)
+            for (int64_t j = 0; j < N; j++) c[j] += p[j];
+        else
+            memcpy(c, p, (size_t)N * sizeof(float));
+    }
 }
 
 /* ---- entry point ---- */
@@ -234,10 +288,13 @@ void bq_gemm_mat(BqPrecision prec, BqTrans ta, BqTrans tb, int64_t M, int64_t N,
     if (M <= 0 || N <= 0) return;
     BQ_CHECK(!(A.f && A.h) && !(B.f && B.h));
     const float *af = A.f, *bf = B.f;
-    if (prec == BQ_PRECISION_BF16 && K > 0) {
+    const double t0 = bq_section_start();
+    const int bf16 = prec == BQ_PRECISION_BF16 && K > 0;
+    if (bf16) {
         path_decide();
         if (g_path == BQ_BF16_ONEDNN) {
             gemm_onednn(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+            bq_section_end(BQ_SEC_GEMM_BF16, t0);
             return;
         }
         Scratch *sc = &g_scratch[thread_slot()];
@@ -245,16 +302,33 @@ void bq_gemm_mat(BqPrecision prec, BqTrans ta, BqTrans tb, int64_t M, int64_t N,
         float *b = scratch_get(&sc->b, &sc->nb, (size_t)(K * N) * sizeof(float));
         round_f32(a, A, ta ? K : M, ta ? M : K, lda);
         round_f32(b, B, tb ? N : K, tb ? K : N, ldb);
+        bq_section_end(BQ_SEC_BF16_CONVERT, t0);
         af = a, lda = ta ? M : K;
         bf = b, ldb = tb ? K : N;
     }
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
                 1.0f, af, (int)lda, bf, (int)ldb, beta, C, (int)ldc);
+    bq_section_end(bf16 ? BQ_SEC_GEMM_BF16 : BQ_SEC_GEMM_F32, t0);
 }
 
 void bq_gemm(BqPrecision prec, BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K, const float *A,
              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     bq_gemm_mat(prec, ta, tb, M, N, K, bq_mat_f32(A), lda, bq_mat_f32(B), ldb, beta, C, ldc);
+}
+
+void bq_bf16_words(uint16_t *dst, const float *src, int64_t n) {
+    const int64_t chunk = 16384, nc = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && n > 65536)
+    for (int64_t c = 0; c < nc; c++) words_run(dst + c * chunk, src + c * chunk, c + 1 < nc ? chunk : n - c * chunk);
+}
+
+BqMat bq_gemm_words(const float *x, int64_t rows, int64_t cols) {
+    Scratch *sc = &g_scratch[thread_slot()];
+    const double t0 = bq_section_start();
+    uint16_t *w = scratch_get(&sc->w, &sc->nw, (size_t)(rows * cols) * sizeof(uint16_t));
+    round_bf16(w, bq_mat_f32(x), rows, cols, cols);
+    bq_section_end(BQ_SEC_BF16_CONVERT, t0);
+    return (BqMat){.f = NULL, .h = w};
 }
 
 BqBf16Path bq_gemm_bf16_path(void) {

@@ -47,6 +47,14 @@ static inline BqMat bq_mat_at(BqMat m, int64_t off) {
 void bq_gemm_mat(BqPrecision prec, BqTrans ta, BqTrans tb, int64_t M, int64_t N, int64_t K, BqMat A, int64_t lda,
                  BqMat B, int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* dst[i] = bq_bf16_bits(src[i]) for i < n, threaded outside parallel regions. */
+void bq_bf16_words(uint16_t *dst, const float *src, int64_t n);
+
+/* The bf16 words of x (rows, cols), packed, in the calling thread's own buffer (grown on demand, kept
+ * for the process), valid until that thread's next call: an operand that two products read (a Linear's
+ * dout in its backward) is converted once. */
+BqMat bq_gemm_words(const float *x, int64_t rows, int64_t cols);
+
 /* How bf16 products run in this process. */
 typedef enum BqBf16Path {
     BQ_BF16_EMULATED = 0, /* rounded operands, cblas_sgemm */

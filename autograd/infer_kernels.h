@@ -57,6 +57,9 @@ void bq_infer_bias_residual_layernorm_f32(float *out, const float *x, const floa
 /* x (M,N) = gelu(x + bias) in place, the exact-erf GELU of autograd/kernels.c (with fused multiply-adds
  * where the CPU has AVX2 and FMA and N is a multiple of 8). */
 void bq_infer_bias_gelu_f32(float *x, const float *bias, int64_t M, int64_t N);
+/* The same GELU values rounded to bf16 (ties to even) as words into h (M,N); x is only read. One pass for
+ * the bf16 forward, whose next product reads the GELU output as bf16 anyway. */
+void bq_infer_bias_gelu_bf16(uint16_t *h, const float *x, const float *bias, int64_t M, int64_t N);
 
 /* bq_infer_attention on the fp32 output qkv (B,T,3H) of the bias-free fused query/key/value GEMM: for
  * every (b, h), Q_h, K_h, V_h = its columns + bias (3H), S = Q_h·K_hᵀ, P = softmax(scale·S + (1 −

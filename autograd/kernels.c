@@ -109,14 +109,13 @@ void bq_kernel_colsum_acc(float *dst, const float *src, int64_t rows, int64_t C)
 
 void bq_kernel_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                const float *weight, int64_t N, int64_t C, int64_t OC, BqPrecision prec) {
-    bq_kernel_linear_backward_m(dinp, dweight, dbias, dout, bq_mat_f32(inp), weight, N, C, OC, prec);
+    bq_kernel_linear_backward_m(dinp, dweight, dbias, dout, bq_mat_f32(dout), bq_mat_f32(inp), weight, N, C, OC, prec);
 }
 
-void bq_kernel_linear_backward_m(float *dinp, float *dweight, float *dbias, const float *dout, BqMat inp,
+void bq_kernel_linear_backward_m(float *dinp, float *dweight, float *dbias, const float *dout, BqMat dy, BqMat inp,
                                  const float *weight, int64_t N, int64_t C, int64_t OC, BqPrecision prec) {
-    if (dinp) bq_gemm(prec, BQ_NOTRANS, BQ_NOTRANS, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
-    if (dweight)
-        bq_gemm_mat(prec, BQ_TRANS, BQ_NOTRANS, OC, C, N, bq_mat_f32(dout), OC, inp, C, 1.0f, dweight, C);
+    if (dinp) bq_gemm_mat(prec, BQ_NOTRANS, BQ_NOTRANS, N, C, OC, dy, OC, bq_mat_f32(weight), C, 1.0f, dinp, C);
+    if (dweight) bq_gemm_mat(prec, BQ_TRANS, BQ_NOTRANS, OC, C, N, dy, OC, inp, C, 1.0f, dweight, C);
     if (dbias) bq_kernel_colsum_acc(dbias, dout, N, OC);
 }
 

@@ -44,7 +44,10 @@ int bq_kernel_linear_qgemm_forward(float *out, uint8_t *codes, int32_t *acc, con
 /* dinp += dout·weight, dweight += doutᵀ·inp, dbias += Σ_n dout[n,:]. */
 void bq_kernel_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                const float *weight, int64_t N, int64_t C, int64_t OC, BqPrecision prec);
-void bq_kernel_linear_backward_m(float *dinp, float *dweight, float *dbias, const float *dout, BqMat inp,
+/* The same with the input in either storage, and dy the operand both products read: dout itself
+ * (bq_mat_f32(dout)) or, in bf16, its words from bq_gemm_words, converted once for the two products
+ * (the same values either way); dbias reads dout. */
+void bq_kernel_linear_backward_m(float *dinp, float *dweight, float *dbias, const float *dout, BqMat dy, BqMat inp,
                                  const float *weight, int64_t N, int64_t C, int64_t OC, BqPrecision prec);
 
 /* q (B,Tq,H), k (B,T,H), H = NH·d; head h is the column block [h·d, (h+1)·d) (strided view, leading dim

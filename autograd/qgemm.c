@@ -470,16 +470,20 @@ QG_VEC static void split_sums(BqQGemmWeights *w, const float *fx, int64_t M, int
 /* acc = Σ (qx+128)·qw, not yet corrected: one oneDNN GEMM, or split_sums. */
 static int run_raw(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc) {
     BQ_CHECK(w && xu8 && acc && M > 0);
+    const double t0 = bq_section_start();
+    int rc = BQ_OK;
     if (w->split) {
         float *fx = grow(&g_fx, &g_fx_n, M * w->K);
 #pragma omp parallel for if (M * w->K > 65536) schedule(static)
         for (int64_t i = 0; i < M * w->K; i++) fx[i] = (float)((int)xu8[i] - 128);
         split_sums(w, fx, M, acc);
-        return BQ_OK;
+    } else {
+        CacheEntry *e;
+        rc = cache_get(M, w->N, w->K, &e);
+        if (!rc) rc = run_onednn(w, &w->h, e, xu8, acc);
     }
-    CacheEntry *e;
-    int rc = cache_get(M, w->N, w->K, &e);
-    return rc ? rc : run_onednn(w, &w->h, e, xu8, acc);
+    bq_section_end(BQ_SEC_GEMM_INT8, t0);
+    return rc;
 }
 
 int bq_qgemm_raw(BqQGemmWeights *w, const uint8_t *xu8, int64_t M, int32_t *acc) {
@@ -555,8 +559,10 @@ int bq_qgemm_linear_f32(BqQGemmWeights *w, const float *x, int64_t M, float sx, 
 }
 
 QG_VEC void bq_qgemm_quantize_u8(uint8_t *out, const float *x, int64_t n, float sx) {
+    const double t0 = bq_section_start();
 #pragma omp parallel for if (n > 65536) schedule(static)
     for (int64_t i = 0; i < n; i++) out[i] = (uint8_t)((int)code_of(x[i], sx) + 128);
+    bq_section_end(BQ_SEC_QUANTIZE, t0);
 }
 
 /* ---- weights refilled every step (the QAT forward) ---- */

@@ -187,9 +187,7 @@ static void seal_bf16(BqCtx *ctx, BqTensor *t) {
     BQ_CHECK(t->data_pages && t->data && !t->data16 && ctx->prec == BQ_PRECISION_BF16);
     const int64_t n = bq_tensor_numel(t);
     uint16_t *h = bq_arena_alloc(ctx->act, (size_t)(n ? n : 1) * sizeof(uint16_t));
-    const float *f = t->data;
-#pragma omp parallel for if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; i++) h[i] = bq_bf16_bits(f[i]);
+    bq_bf16_words(h, t->data, n);
     bq_arena_release(ctx->act, t->data, (size_t)n * sizeof(float));
     t->data = NULL;
     t->data16 = h;
@@ -254,10 +252,18 @@ BqTensor *bq_op_linear_qgemm(BqCtx *ctx, BqTensor *x, float sx, BqTensor *w, str
     return y;
 }
 
+/* The operand a Linear's two backward products read for dout (N,OC): in bf16, when both run, its bf16
+ * words converted once (bq_gemm_words); else dout itself. */
+static BqMat dy_operand(const float *dout, int64_t N, int64_t OC, BqPrecision prec, int both) {
+    return prec == BQ_PRECISION_BF16 && both ? bq_gemm_words(dout, N, OC) : bq_mat_f32(dout);
+}
+
 static void back_linear(BqNode *nd) {
     BqTensor *x = nd->in[0], *w = nd->in[1], *b = nd->in[2];
-    bq_kernel_linear_backward_m(x->grad, w->grad, b ? b->grad : NULL, nd->out->grad, mat_of(x), w->data,
-                                nd->iparam[0], nd->iparam[1], nd->iparam[2], nd->prec);
+    const int64_t N = nd->iparam[0], C = nd->iparam[1], OC = nd->iparam[2];
+    const BqMat dy = dy_operand(nd->out->grad, N, OC, nd->prec, x->grad && w->grad);
+    bq_kernel_linear_backward_m(x->grad, w->grad, b ? b->grad : NULL, nd->out->grad, dy, mat_of(x), w->data, N, C,
+                                OC, nd->prec);
 }
 
 /* The scores (B,NH,Tq,T) of q (B,Tq,H) against k (B,T,H), allocated after the checks: Tq = T, or Tq < T
@@ -932,9 +938,10 @@ static void back_gelu_linear(BqNode *nd) {
      * GELU backward in place */
     BqMat g = gelu_out(u, nd->prec);
     if (g.h) bq_kernel_bias_gelu_forward_m(NULL, (uint16_t *)g.h, mat_of(u), bi ? bi->data : NULL, N, C);
-    bq_kernel_linear_backward_m(NULL, w->grad, b ? b->grad : NULL, nd->out->grad, g, w->data, N, C, OC, nd->prec);
+    const BqMat dy = dy_operand(nd->out->grad, N, OC, nd->prec, 1);
+    bq_kernel_linear_backward_m(NULL, w->grad, b ? b->grad : NULL, nd->out->grad, dy, g, w->data, N, C, OC, nd->prec);
     memset(u->grad, 0, (size_t)(N * C) * sizeof(float));
-    bq_kernel_linear_backward(u->grad, NULL, NULL, nd->out->grad, NULL, w->data, N, C, OC, nd->prec);
+    bq_kernel_linear_backward_m(u->grad, NULL, NULL, nd->out->grad, dy, bq_mat_f32(NULL), w->data, N, C, OC, nd->prec);
     bq_kernel_bias_gelu_backward_m(u->grad, bi ? bi->grad : NULL, u->grad, mat_of(u), bi ? bi->data : NULL, N, C);
 }
 

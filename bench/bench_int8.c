@@ -66,7 +66,27 @@ static void time_paths(double med[3], BqBert *m, BqQuantState *qs, BqInt8Engine 
     }
 }
 
+/* The int8 engine's forward by section (autograd/bq.h), the mean of `reps` forwards. */
+static void print_sections(BqBert *m, BqQuantState *qs, BqInt8Engine *e, BqArena *act, const BqBertInput *in,
+                           int reps) {
+    bq_sections_reset();
+    bq_sections_enable(1);
+    double t = 0.0;
+    for (int r = 0; r < reps; r++) t += run_path(2, m, qs, e, act, in);
+    bq_sections_enable(0);
+    printf("       int8 forward %.2f ms by section:", t * 1e3 / reps);
+    for (int k = 0; k < BQ_SEC_COUNT; k++)
+        if (bq_section_calls((BqSection)k))
+            printf(" %s %.2f", bq_section_name((BqSection)k), bq_section_seconds((BqSection)k) * 1e3 / reps);
+    printf("\n");
+}
+
 int main(int argc, char **argv) {
+    /* the OpenBLAS kernel bertqat picks (SkylakeX on AVX-512 CPUs) for the fp32 column, as in bertqat */
+    if (bq_runtime_boot(argc, argv) != BQ_OK) {
+        fprintf(stderr, "bench_int8: %s\n", bq_errmsg());
+        return 1;
+    }
     bq_runtime_set_threads(0);
     const char *dir = argc > 1 ? argv[1] : "data/models/all-MiniLM-L6-v2";
     struct stat sb;
@@ -137,6 +157,7 @@ int main(int argc, char **argv) {
         time_paths(med, &m, qs, e, &act, &in, reps);
         double f = med[0], q = med[1], n = med[2];
         printf("%6d %12.2f %12.2f %12.2f %9.2fx %9.2fx\n", B, f * 1e3, q * 1e3, n * 1e3, f / n, q / n);
+        print_sections(&m, qs, e, &act, &in, reps);
     }
     /* agreement on the last batch: int8 engine vs fake quant (same checkpoint), and fake quant vs fp32
      * for the scale of the quantization error itself */

@@ -193,6 +193,8 @@ int main(int argc, char **argv) {
         if (s == warmup) {
             bq_profile_reset();
             bq_profile_enable(profile);
+            bq_sections_reset();
+            bq_sections_enable(profile);
         }
         BqCtx ctx = {.act = &act, .tape = &tape, .training = 1, .rng_key = bq_hash64(1, (uint64_t)s), .prec = m.prec};
         double t0 = bq_now(), c0 = cpu_now();
@@ -215,6 +217,7 @@ int main(int argc, char **argv) {
         if (s >= warmup) times[s - warmup] = cpu_clock ? dc : dt, ctimes[s - warmup] = dc;
     }
     bq_profile_enable(0);
+    bq_sections_enable(0);
     double *sorted = bq_malloc(sizeof(double) * (size_t)steps);
     memcpy(sorted, times, sizeof(double) * (size_t)steps);
     qsort(sorted, (size_t)steps, sizeof(double), cmp_double);
@@ -235,6 +238,12 @@ int main(int argc, char **argv) {
                 "", tm / steps / 1048576.0);
         fprintf(stderr, "%-14s %10.1f %10.1f   (step %.1f ms: the rest is clip + AdamW + zeroing)\n", "total",
                 tf * 1e3 / steps, tb * 1e3 / steps, ms);
+        fprintf(stderr, "%-14s %10s %8s   (wall time by section, every pass; bf16 convert is part of gemm bf16)\n",
+                "section", "ms/step", "calls");
+        for (int k = 0; k < BQ_SEC_COUNT; k++)
+            if (bq_section_calls((BqSection)k))
+                fprintf(stderr, "%-14s %10.1f %8lld\n", bq_section_name((BqSection)k),
+                        bq_section_seconds((BqSection)k) * 1e3 / steps, (long long)(bq_section_calls((BqSection)k) / steps));
     }
     printf("{\"peer\": \"bertqat\", \"task\": \"%s\", \"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"qat\": %s, "
            "\"scheme\": \"%s\", \"linear\": \"%s\", \"clock\": \"%s\", \"mode\": \"%s\", \"precision\": \"%s\", \"ms_per_step\": %.3f, \"cpu_ms_per_step\": %.3f, \"cpu_ms_min_step\": %.3f, "

@@ -1,8 +1,10 @@
 /* The fp32 and bf16 engine of the fused evaluation forward (layers/bert_fp32.h): the Linear of
  * layers/bert_fused.h's shared encoder layer as a GEMM in ctx->prec (bq_gemm: OpenBLAS in fp32, bf16
  * operands with fp32 sums in bf16; threaded inside each call) followed by one fused fp32 pass of
- * autograd/infer_kernels.h; in bf16 the attention products stay fp32 inside the fused attention kernel.
- * The embeddings, pooler and classifier stay layers/bert.c's ops. */
+ * autograd/infer_kernels.h; in bf16 the attention products stay fp32 inside the fused attention kernel,
+ * the query/key/value product is one GEMM on the stacked weights, and the intermediate dense's GELU is
+ * written as the bf16 words the output dense reads. The embeddings, pooler and classifier stay
+ * layers/bert.c's ops. */
 #include "layers/bert_fp32.h"
 
 #include <math.h>
@@ -47,27 +49,58 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
         float *bqkv = bq_arena_alloc(ctx->act, (size_t)(3 * H) * sizeof(float));
         float *qkv = bq_arena_alloc(ctx->act, (size_t)(R * 3 * H) * sizeof(float));
         const BqTensor *W[3] = {&L->q_w, &L->k_w, &L->v_w}, *Bs[3] = {&L->q_b, &L->k_b, &L->v_b};
-        for (int j = 0; j < 3; j++) {
-            memcpy(bqkv + j * H, Bs[j]->data, (size_t)H * sizeof(float));
-            gemm_nt_ld(ctx->prec, qkv + j * H, 3 * H, in->f, W[j]->data, R, H, H);
+        for (int j = 0; j < 3; j++) memcpy(bqkv + j * H, Bs[j]->data, (size_t)H * sizeof(float));
+        if (ctx->prec == BQ_PRECISION_BF16) {
+            /* one (R,3H) product on the three weights' bf16 words stacked as (3H,H): the input is
+             * converted once, and the destination is dense */
+            uint16_t *w3 = bq_arena_alloc(ctx->act, (size_t)(3 * H * H) * sizeof(uint16_t));
+            for (int j = 0; j < 3; j++) bq_bf16_words(w3 + j * H * H, W[j]->data, H * H);
+            bq_gemm_mat(ctx->prec, BQ_NOTRANS, BQ_TRANS, R, 3 * H, H, bq_mat_f32(in->f), H,
+                        (BqMat){.f = NULL, .h = w3}, H, 0.0f, qkv, 3 * H);
+        } else {
+            for (int j = 0; j < 3; j++) gemm_nt_ld(ctx->prec, qkv + j * H, 3 * H, in->f, W[j]->data, R, H, H);
         }
         const int64_t nthr = omp_get_max_threads();
         float *scratch = bq_arena_alloc(ctx->act, (size_t)(nthr * bq_infer_attention_scratch(T, d)) * sizeof(float));
+        const double t0 = bq_section_start();
         bq_infer_attention_f32(out->f, qkv, bqkv, s->mask, scratch, nthr, s->scale, s->B, T, s->NH, d);
+        bq_section_end(BQ_SEC_ATTENTION, t0);
         return BQ_OK;
     }
-    case BQ_LIN_AO:
+    case BQ_LIN_AO: {
         gemm_nt(ctx->prec, out->f, in->f, L->ao_w.data, R, N, L->ao_w.shape[1]);
+        const double t0 = bq_section_start();
         bq_infer_bias_residual_layernorm_f32(out->f, out->f, L->ao_b.data, s->resid, s->lnw, s->lnb, s->eps, R, N);
+        bq_section_end(BQ_SEC_EPILOGUE, t0);
         return BQ_OK;
-    case BQ_LIN_I:
+    }
+    case BQ_LIN_I: {
         gemm_nt(ctx->prec, out->f, in->f, L->i_w.data, R, N, L->i_w.shape[1]);
+        if (ctx->prec == BQ_PRECISION_BF16) return BQ_OK; /* bias and GELU in the output dense's step */
+        const double t0 = bq_section_start();
         bq_infer_bias_gelu_f32(out->f, L->i_b.data, R, N);
+        bq_section_end(BQ_SEC_EPILOGUE, t0);
         return BQ_OK;
-    case BQ_LIN_O:
-        gemm_nt(ctx->prec, out->f, in->f, L->o_w.data, R, N, L->o_w.shape[1]);
+    }
+    case BQ_LIN_O: {
+        const int64_t K = L->o_w.shape[1];
+        if (ctx->prec == BQ_PRECISION_BF16) {
+            /* the intermediate dense's bias and GELU, written straight as the bf16 words this product
+             * reads (one pass instead of GELU in place and a conversion) */
+            uint16_t *h = bq_arena_alloc(ctx->act, (size_t)(R * K) * sizeof(uint16_t));
+            double t0 = bq_section_start();
+            bq_infer_bias_gelu_bf16(h, in->f, L->i_b.data, R, K);
+            bq_section_end(BQ_SEC_EPILOGUE, t0);
+            bq_gemm_mat(ctx->prec, BQ_NOTRANS, BQ_TRANS, R, N, K, (BqMat){.f = NULL, .h = h}, K, bq_mat_f32(L->o_w.data),
+                        K, 0.0f, out->f, N);
+        } else {
+            gemm_nt(ctx->prec, out->f, in->f, L->o_w.data, R, N, K);
+        }
+        const double t0 = bq_section_start();
         bq_infer_bias_residual_layernorm_f32(out->f, out->f, L->o_b.data, s->resid, s->lnw, s->lnb, s->eps, R, N);
+        bq_section_end(BQ_SEC_EPILOGUE, t0);
         return BQ_OK;
+    }
     default: BQ_CHECK(!"a fused layer has no such Linear");
     }
     return BQ_OK;

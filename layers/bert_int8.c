@@ -434,6 +434,7 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
         float *of = out->f ? out->f + r0 * W : NULL;
         uint8_t *oc = out->codes ? out->codes + r0 * W : NULL;
         const float *res = s->resid ? s->resid + r0 * W : NULL;
+        const double t0 = bq_section_start();
         switch (s->id) {
         case BQ_LIN_QKV:
             bq_infer_attention(oc, acc, comp, il->scale, il->bias, s->mask ? s->mask + u0 * s->T : NULL, scratch, nthr,
@@ -449,6 +450,7 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
                                         out->codes ? e->layers[l + 1].qkv[0].sx : 1.0f, rb, W);
             break;
         }
+        bq_section_end(s->id == BQ_LIN_QKV ? BQ_SEC_ATTENTION : BQ_SEC_EPILOGUE, t0);
     }
     return BQ_OK;
 }

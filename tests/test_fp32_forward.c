@@ -8,7 +8,9 @@
  *    threads. (The whole forward inherits the thread behaviour of OpenBLAS's sgemm, which the op-by-op
  *    forward shares: on small shapes like these its 1- and 2-thread results already differ there.)
  *  - a head size that is not a multiple of 8 (hidden 60, 4 heads of 15): no layer fused, the logits are
- *    bq_bert_forward's bit for bit.
+ *    bq_bert_forward's bit for bit;
+ *  - the same comparisons in bf16 (ctx.prec; on the CPU's bf16 units where it has them, else emulated),
+ *    with the bf16 bound below.
  *
  * The bound. Both forwards compute the same ops in the same order on the same values; they differ only
  * in rounding: the query/key/value GEMM is one call instead of three (OpenBLAS sums each output in
@@ -20,13 +22,25 @@
  * normalised values) carry such a difference along without growing it by more than a small factor
  * per op; 2 layers of about 8 ops each give well under 10^-4 of the values' scale. The test allows
  * max|Δ| <= 1e-4·max(1, max|reference|) for every layer output and the logits; a wrong bias, a
- * missing residual or a transposed head block moves values by their own size (order 1) and fails. */
+ * missing residual or a transposed head block moves values by their own size (order 1) and fails.
+ *
+ * The bf16 bound. Both bf16 forwards round every Linear's operands to bf16 (unit roundoff u_b = 2^-9) the
+ * same way, the fused one by stacking the query/key/value weights into one product and writing the GELU
+ * output straight as bf16 words, which are the values the op-by-op product rounds it to. They differ
+ * where the fused forward keeps the attention in fp32: the op-by-op products round Q, K, P and V to
+ * bf16, moving each score and context value by at most 2·u_b of its terms' magnitudes; a Linear's input
+ * that moved by a fraction e of its scale may then round to the neighbouring bf16 value, one more u_b.
+ * With at most 8 such roundings on a layer's path (Q, K, P, V, and the inputs of the four dense
+ * products) and gains of order 1 between them, each layer adds at most 8·u_b relative to the values'
+ * scale: the test allows 8·L·u_b·max(1, max|reference|), 0.031 of the scale for 2 layers. A wrong bias or
+ * a transposed head block still moves values by their own size and fails. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "autograd/bq.h"
+#include "autograd/gemm.h"
 #include "autograd/infer_kernels.h"
 #include "autograd/tensor.h"
 #include "layers/bert.h"
@@ -80,8 +94,8 @@ static void diff(const float *a, const float *r, int64_t n, double *md, double *
     }
 }
 
-/* One comparison of the fused forward with the reference on a batch of length T. */
-static void compare(BqBert *m, BqArena *act, int T, const char *what) {
+/* One comparison of the fused forward with the reference on a batch of length T, in precision prec. */
+static void compare(BqBert *m, BqArena *act, int T, const char *what, BqPrecision prec) {
     BqRng rng;
     bq_rng_seed(&rng, 7 + (uint64_t)T);
     Batch bt;
@@ -90,8 +104,10 @@ static void compare(BqBert *m, BqArena *act, int T, const char *what) {
     /* every token of every layer (the [CLS]-only last layer is tests/test_bert_cls_rows.c's) */
     BqBertInput in = {.B = B, .T = T, .input_ids = bt.ids, .token_type_ids = bt.types, .attention_mask = bt.mask,
                       .all_rows = 1};
-    BqCtx ctx = {.act = act, .tape = NULL, .training = 0};
+    BqCtx ctx = {.act = act, .tape = NULL, .training = 0, .prec = prec};
     BqTensor *lr = NULL, *lf = NULL;
+    const double rel = prec == BQ_PRECISION_BF16 ? 8.0 * L * ldexp(1.0, -9) : 1e-4;
+    const char *pn = bq_precision_name(prec);
     in.hidden = hr;
     BQ_CHECK(bq_bert_forward(m, &ctx, &in, &lr, NULL) == BQ_OK);
     in.hidden = hf;
@@ -102,17 +118,17 @@ static void compare(BqBert *m, BqArena *act, int T, const char *what) {
     for (int l = 0; l < L; l++) {
         double md, mr;
         diff(hf[l]->data, hr[l]->data, bq_tensor_numel(hr[l]), &md, &mr);
-        double tol = 1e-4 * (mr > 1.0 ? mr : 1.0);
-        EXPECT(md <= tol, "%s T=%d: layer %d output differs by %.3g (bound %.3g)", what, T, l, md, tol);
+        double tol = rel * (mr > 1.0 ? mr : 1.0);
+        EXPECT(md <= tol, "%s %s T=%d: layer %d output differs by %.3g (bound %.3g)", pn, what, T, l, md, tol);
         if (md > worst) worst = md;
     }
     double md, mr;
     int64_t n = bq_tensor_numel(lr);
     diff(lf->data, lr->data, n, &md, &mr);
-    double tol = 1e-4 * (mr > 1.0 ? mr : 1.0);
-    EXPECT(md <= tol, "%s T=%d: logits differ by %.3g (bound %.3g)", what, T, md, tol);
-    printf("%s T=%d: max |fused - op by op| %.3g over layer outputs, %.3g over logits (max |logit| %.3g)\n", what,
-           T, worst, md, mr);
+    double tol = rel * (mr > 1.0 ? mr : 1.0);
+    EXPECT(md <= tol, "%s %s T=%d: logits differ by %.3g (bound %.3g)", pn, what, T, md, tol);
+    printf("%s %s T=%d: max |fused - op by op| %.3g over layer outputs, %.3g over logits (max |logit| %.3g, bound "
+           "%.3g)\n", pn, what, T, worst, md, mr, tol);
 }
 
 static void fill(float *v, int64_t n, BqRng *r, float s) {
@@ -165,12 +181,17 @@ int main(void) {
     BqBert m;
     make_model(&m, 64, 4, 96, 1);
     EXPECT(bq_fp32_fused_layer_count(&m) == L, "fused layers: %d of %d", bq_fp32_fused_layer_count(&m), L);
-    compare(&m, &act, 24, "classification");
-    compare(&m, &act, 13, "classification");
+    printf("%s\n", bq_gemm_bf16_describe());
+    for (int p = 0; p < 2; p++) {
+        const BqPrecision prec = p ? BQ_PRECISION_BF16 : BQ_PRECISION_FP32;
+        compare(&m, &act, 24, "classification", prec);
+        compare(&m, &act, 13, "classification", prec);
+    }
     BqRng hr;
     bq_rng_seed(&hr, 3);
     BQ_CHECK(bq_bert_set_head(&m, BQ_HEAD_QA, &hr) == BQ_OK);
-    compare(&m, &act, 24, "question answering");
+    compare(&m, &act, 24, "question answering", BQ_PRECISION_FP32);
+    compare(&m, &act, 24, "question answering", BQ_PRECISION_BF16);
     bq_bert_free(&m);
 
     /* head size 15: nothing fused, the reference's bits */

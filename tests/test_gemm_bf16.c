@@ -1,6 +1,8 @@
 /* The GEMM entry point (autograd/gemm.h) in bf16 and fp32.
  *
- * 1. bq_bf16_round: ties to even, carries into the exponent, ±0, subnormals, Inf, NaN, overflow to Inf.
+ * 1. bq_bf16_round: ties to even, carries into the exponent, ±0, subnormals, Inf, NaN, overflow to Inf;
+ *    bq_bf16_words (the vectorized conversion of the bf16 products and forwards) gives bq_bf16_bits's
+ *    word for those values, for NaNs with payloads in either half, and for 2^20 random bit patterns.
  * 2. Every transpose pair, beta 0 and 1, leading dimensions wider than the operands (the attention's head
  *    views), at the shapes of a training step (the Linears' forward (N,C)·(OC,C)ᵀ, their two backward
  *    GEMMs, the attention's four products) scaled down: each element of the bf16 result against a double
@@ -59,6 +61,30 @@ static void check_round(void) {
     } nan = {.u = 0x7f800001u}, r; /* a NaN whose payload is all in the low half */
     r.f = bq_bf16_round(nan.f);
     EXPECT(isnan(r.f) && (r.u & 0xffffu) == 0, "NaN stays NaN: 0x%08x", r.u);
+
+    /* bq_bf16_words against bq_bf16_bits, element by element */
+    enum { NR = 1 << 20, NC = sizeof cases / sizeof cases[0] };
+    static const uint32_t nans[4] = {0x7f800001u, 0xff800001u, 0x7fc00000u, 0x7fa00000u};
+    uint32_t *in = bq_malloc(sizeof(uint32_t) * (NR + NC + 4));
+    uint16_t *out = bq_malloc(sizeof(uint16_t) * (NR + NC + 4));
+    BqRng rng;
+    bq_rng_seed(&rng, 9);
+    for (int i = 0; i < NC; i++) in[i] = cases[i].in;
+    for (int i = 0; i < 4; i++) in[NC + i] = nans[i];
+    for (int i = 0; i < NR; i++) in[NC + 4 + i] = (uint32_t)bq_rng_u64(&rng);
+    bq_bf16_words(out, (const float *)in, NR + NC + 4);
+    int64_t bad = 0;
+    for (int i = 0; i < NR + NC + 4; i++) {
+        float f;
+        memcpy(&f, &in[i], sizeof f);
+        if (out[i] != bq_bf16_bits(f) && bad++ < 5)
+            printf("bq_bf16_words of 0x%08x: 0x%04x, bq_bf16_bits 0x%04x\n", in[i], out[i], bq_bf16_bits(f));
+    }
+    EXPECT(bad == 0, "bq_bf16_words differs from bq_bf16_bits on %lld of %d values", (long long)bad, NR + NC + 4);
+    printf("bq_bf16_words: %d values (specials, NaNs, random bit patterns), %lld differ from bq_bf16_bits\n",
+           NR + NC + 4, (long long)bad);
+    free(in);
+    free(out);
 }
 
 static void fill(float *x, int64_t n, BqRng *rng) {

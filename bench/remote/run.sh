@@ -7,8 +7,8 @@
 #   bash DIR/run.sh [STAGE...]        (default: info tests int8 train)
 # Stages:
 #   info          lscpu, the CPU's ISA flags, bertqat --version, the Python packages (always run first)
-#   tests         the bf16 hardware tests (test_gemm_bf16, test_bf16_step, test_precision) with their
-#                 output, then every other test_* binary (a log per failure)
+#   tests         the bf16 and integer hardware tests ($HW_TESTS below) with their output, then every
+#                 other test_* binary (a log per failure)
 #   train         bench/bench_train.py on the BERT-base shape at $THREADS threads (default: all CPUs),
 #                 $STEPS timed steps (default 2) after one warm-up, PyTorch as the peer
 #   train-minilm  the same on all-MiniLM-L6-v2's shapes (random weights) at $THREADS threads, then pinned
@@ -57,18 +57,20 @@ info() {
     "$TORCH_PYTHON" -c "import torch; print('torch', torch.__version__)" 2>/dev/null || echo "torch ($TORCH_PYTHON): not installed"
 }
 
+# the tests whose bf16 and integer paths differ on a CPU with bf16 units, VNNI or AMX: output printed
+HW_TESTS="test_gemm_bf16 test_bf16_step test_bf16_storage test_fp32_forward test_resume test_precision test_int8_forward"
 tests() {  # from src/, as ctest runs them (some read tests/fixtures relative to the working folder)
     local logs=$OUT/test-logs n rc fails=0
     mkdir -p "$logs"
     cd "$W/src" || return 1
     export BQ_SOURCE_DIR=$W/src BQ_BUILD_DIR=$B
-    for n in test_gemm_bf16 test_bf16_step test_precision; do
+    for n in $HW_TESTS; do
         timeout 300 "$B/$n" > "$logs/$n.log" 2>&1
         rc=$?
         echo "== $n rc=$rc"; cat "$logs/$n.log"
         [ $rc = 0 ] || fails=$((fails + 1))
     done
-    ls "$B" | grep '^test_' | grep -v -x -E 'test_gemm_bf16|test_bf16_step|test_precision' |
+    ls "$B" | grep '^test_' | grep -v -x -E "$(echo $HW_TESTS | tr ' ' '|')" |
         xargs -P "$THREADS" -I{} sh -c 'timeout 300 "$1/$2" > "$3/$2.log" 2>&1; echo "$2 rc=$?"' _ "$B" {} "$logs" |
         sort > "$OUT/tests-rc.txt"
     grep -v ' rc=0$' "$OUT/tests-rc.txt" | while read -r n rc; do echo "== $n $rc"; tail -20 "$logs/$n.log"; done
