@@ -1115,33 +1115,46 @@ BQ_VEC void bq_kernel_fakequant_backward_scale(float *dscale, const float *dout,
 
 /* ---- min/max (observers) ---- */
 
+/* *lo = min(*lo, p[0..len)), *hi = max(*hi, ...), in LANES lanes (min and max are exact: any order gives
+ * the same result). */
+BQ_INLINE void minmax_span(const float *p, int64_t len, float *lo, float *hi) {
+    float l[LANES], h[LANES];
+    for (int k = 0; k < LANES; k++) l[k] = INFINITY, h[k] = -INFINITY;
+    int64_t j = 0;
+    for (; j + LANES <= len; j += LANES)
+        for (int k = 0; k < LANES; k++) {
+            l[k] = p[j + k] < l[k] ? p[j + k] : l[k];
+            h[k] = p[j + k] > h[k] ? p[j + k] : h[k];
+        }
+    for (; j < len; j++) {
+        l[0] = p[j] < l[0] ? p[j] : l[0];
+        h[0] = p[j] > h[0] ? p[j] : h[0];
+    }
+    for (int k = 0; k < LANES; k++) {
+        *lo = l[k] < *lo ? l[k] : *lo;
+        *hi = h[k] > *hi ? h[k] : *hi;
+    }
+}
+
 BQ_VEC void bq_kernel_minmax(const float *x, int64_t n, float *mn, float *mx) {
     enum { CHUNK = 1 << 16 };
     int64_t nch = (n + CHUNK - 1) / CHUNK;
     float lo = INFINITY, hi = -INFINITY;
 #pragma omp parallel for if (n > PAR_MIN) schedule(static) reduction(min : lo) reduction(max : hi)
-    for (int64_t c = 0; c < nch; c++) {
-        const float *p = x + c * CHUNK;
-        int64_t len = c * CHUNK + CHUNK <= n ? CHUNK : n - c * CHUNK;
-        float l[LANES], h[LANES];
-        for (int k = 0; k < LANES; k++) l[k] = INFINITY, h[k] = -INFINITY;
-        int64_t j = 0;
-        for (; j + LANES <= len; j += LANES)
-            for (int k = 0; k < LANES; k++) {
-                l[k] = p[j + k] < l[k] ? p[j + k] : l[k];
-                h[k] = p[j + k] > h[k] ? p[j + k] : h[k];
-            }
-        for (; j < len; j++) {
-            l[0] = p[j] < l[0] ? p[j] : l[0];
-            h[0] = p[j] > h[0] ? p[j] : h[0];
-        }
-        for (int k = 0; k < LANES; k++) {
-            lo = l[k] < lo ? l[k] : lo;
-            hi = h[k] > hi ? h[k] : hi;
-        }
-    }
+    for (int64_t c = 0; c < nch; c++)
+        minmax_span(x + c * CHUNK, c * CHUNK + CHUNK <= n ? CHUNK : n - c * CHUNK, &lo, &hi);
     *mn = lo;
     *mx = hi;
+}
+
+BQ_VEC void bq_kernel_minmax_rows(const float *x, int64_t rows, int64_t n, float *mn, float *mx) {
+#pragma omp parallel for if (rows * n > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float lo = INFINITY, hi = -INFINITY;
+        minmax_span(x + r * n, n, &lo, &hi);
+        mn[r] = lo;
+        mx[r] = hi;
+    }
 }
 
 /* ---- distillation: KL at temperature T, mean squared error, constant scale ---- */

@@ -264,5 +264,7 @@ void bq_kernel_fakequant_backward_scale(float *dscale, const float *dout, const 
                                         float grad_factor);
 /* Minimum and maximum of x (n > 0); NaNs are ignored. Order-independent, so exact for any thread count. */
 void bq_kernel_minmax(const float *x, int64_t n, float *mn, float *mx);
+/* mn[r], mx[r] = min and max of row r of x (rows, n): per-channel weight ranges, rows in parallel. */
+void bq_kernel_minmax_rows(const float *x, int64_t rows, int64_t n, float *mn, float *mx);
 
 #endif

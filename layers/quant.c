@@ -120,7 +120,7 @@ static void weight_minmax(const BqQuantizer *q, const BqTensor *w, float *mn, fl
         return;
     }
     BQ_CHECK(q->nch == out);
-    for (int64_t o = 0; o < out; o++) minmax(w->data + o * in, in, &mn[o], &mx[o]);
+    bq_kernel_minmax_rows(w->data, out, in, mn, mx);
 }
 
 /* Moving-average per-channel observer step for a weight (MovingAveragePerChannelMinMaxObserver);
