@@ -205,6 +205,45 @@ def test_eval_equals_onnx_runtime(runs, tmp_path):
     assert "exact match" in t and "f1" in t and "engine       int8" in t
 
 
+def test_compare_qa_predictions(runs, tmp_path):
+    """scripts/compare_qa_predictions.py scores answers as bertqat eval does (the official v1.1 EM and F1),
+    and reports the F1 difference and equal answers of a changed copy."""
+    n = 200
+    p = run_bq("eval", "--model", runs / "fp32", "--data", SQUAD_DEV, "--samples", n, "--json", "--predictions",
+               tmp_path / "a.json", "--threads", THREADS, "--cache-dir", runs / "cache", "--doc-stride", 32)
+    c = json.loads(p.stdout)
+    a = json.load(open(tmp_path / "a.json"))
+    refs = {}
+    for art in json.load(open(SQUAD_DEV))["data"]:
+        for para in art["paragraphs"]:
+            for qa in para["qas"]:
+                refs[qa["id"]] = qa["answers"][0]["text"]
+    b = dict(a)
+    changed = sorted(b)[:20]
+    for k in changed:
+        b[k] = refs[k]  # the first reference answer: exact match and F1 1 there
+    json.dump(b, open(tmp_path / "b.json", "w"))
+    script = os.path.join(ROOT, "scripts", "compare_qa_predictions.py")
+    q = subprocess.run([sys.executable, script, SQUAD_DEV, str(tmp_path / "a.json"), str(tmp_path / "b.json")],
+                       capture_output=True, text=True, timeout=120)
+    print(q.stdout)
+    assert q.returncode == 0, q.stderr
+    lines = dict(line.split(": ", 1) for line in q.stdout.splitlines() if ": " in line)
+    assert lines["A"] == f"exact match {c['exact_match']:.2f}, F1 {c['f1']:.2f}"
+    same = sum(a[k] == b[k] for k in a)
+    assert lines["answers equal"].startswith(f"{same} of {n} ")
+    assert float(lines["F1 B - A"].split()[0]) > 0
+    # the same questions are required, and --max-f1-diff fails a larger difference
+    q = subprocess.run([sys.executable, script, SQUAD_DEV, str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                        "--max-f1-diff", "0"], capture_output=True, text=True, timeout=120)
+    assert q.returncode == 1 and "FAIL" in q.stdout
+    del b[changed[0]]
+    json.dump(b, open(tmp_path / "b.json", "w"))
+    q = subprocess.run([sys.executable, script, SQUAD_DEV, str(tmp_path / "a.json"), str(tmp_path / "b.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert q.returncode == 1 and "answer different questions" in q.stderr
+
+
 def on_word_boundaries(answer, context):
     """Whether answer occurs in context starting and ending at word boundaries (a letter or digit at
     either edge of the answer has no letter or digit next to it outside)."""
