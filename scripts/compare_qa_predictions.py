@@ -13,35 +13,19 @@ difference| exceeds it.
 usage: compare_qa_predictions.py DEV.json A.json B.json [--max-f1-diff POINTS]
 """
 import argparse
-import collections
 import json
 import math
-import re
-import string
+import os
 import sys
 
-
-def normalize(s):
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in set(string.punctuation))
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
-
-
-def f1(pred, ref):
-    p, r = normalize(pred).split(), normalize(ref).split()
-    common = collections.Counter(p) & collections.Counter(r)
-    same = sum(common.values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(p), same / len(r)
-    return 2 * precision * recall / (precision + recall)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from onnx_eval_qa import f1_score, normalize  # noqa: E402  (the official v1.1 scoring of the ONNX evaluation)
 
 
 def score(pred, refs):
     """(exact match, F1) of one answer against its references, each the maximum over them."""
     em = max(float(normalize(pred) == normalize(r)) for r in refs)
-    return em, max(f1(pred, r) for r in refs)
+    return em, max(f1_score(pred, r) for r in refs)
 
 
 def references(dev_path):
