@@ -317,8 +317,12 @@ void bq_gemm(BqPrecision prec, BqTrans ta, BqTrans tb, int64_t M, int64_t N, int
 }
 
 void bq_bf16_words(uint16_t *dst, const float *src, int64_t n) {
+    if (n <= 65536 || omp_in_parallel()) { /* no parallel region at all: callers convert rows inside theirs */
+        words_run(dst, src, n);
+        return;
+    }
     const int64_t chunk = 16384, nc = (n + chunk - 1) / chunk;
-#pragma omp parallel for schedule(static) if (!omp_in_parallel() && n > 65536)
+#pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < nc; c++) words_run(dst + c * chunk, src + c * chunk, c + 1 < nc ? chunk : n - c * chunk);
 }
 
@@ -326,7 +330,7 @@ BqMat bq_gemm_words(const float *x, int64_t rows, int64_t cols) {
     Scratch *sc = &g_scratch[thread_slot()];
     const double t0 = bq_section_start();
     uint16_t *w = scratch_get(&sc->w, &sc->nw, (size_t)(rows * cols) * sizeof(uint16_t));
-    round_bf16(w, bq_mat_f32(x), rows, cols, cols);
+    bq_bf16_words(w, x, rows * cols);
     bq_section_end(BQ_SEC_BF16_CONVERT, t0);
     return (BqMat){.f = NULL, .h = w};
 }

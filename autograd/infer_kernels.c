@@ -15,6 +15,7 @@
 
 #include "autograd/bq.h"
 #include "autograd/fastmath.h"
+#include "autograd/gemm.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(BQ_NO_CLONES)
 #define IK_VEC __attribute__((target_clones("default", "avx2", "avx512f")))
@@ -452,21 +453,9 @@ IK_FMA static void bias_gelu_rows_fma(float *x, const float *bias, int64_t M, in
                              gelu8_fma(_mm256_add_ps(_mm256_loadu_ps(x + m * N + n), _mm256_loadu_ps(bias + n))));
 }
 
-/* The bf16 words of 8 floats: fastmath.h bf16_bits's bits (ties to even; Inf kept, NaN kept and quieted). */
-IK_FMA_INLINE __m128i bf16x8_fma(__m256 v) {
-    const __m256i u = _mm256_castps_si256(v), expm = _mm256_set1_epi32(0x7f800000);
-    const __m256i special = _mm256_cmpeq_epi32(_mm256_and_si256(u, expm), expm);
-    const __m256i mant0 = _mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x007fffff)), _mm256_setzero_si256());
-    const __m256i nan = _mm256_andnot_si256(mant0, special);
-    const __m256i kept = _mm256_or_si256(u, _mm256_and_si256(nan, _mm256_set1_epi32(0x00400000)));
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-    const __m256i r = _mm256_srli_epi32(_mm256_blendv_epi8(rounded, kept, special), 16);
-    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-
 /* bias_gelu_rows_fma's values as bf16 words into h (N a multiple of 8): each block of up to 256 columns
- * goes through a buffer in L1, GELU first and conversion second (one loop doing both ran slower). */
+ * goes through a buffer in L1, GELU first and then autograd/gemm.h's conversion (one loop doing both ran
+ * slower). */
 IK_FMA static void bias_gelu_bf16_rows_fma(uint16_t *h, const float *x, const float *bias, int64_t M, int64_t N) {
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++)
@@ -476,8 +465,7 @@ IK_FMA static void bias_gelu_bf16_rows_fma(uint16_t *h, const float *x, const fl
             for (int64_t n = 0; n < nb; n += 8)
                 _mm256_storeu_ps(g + n, gelu8_fma(_mm256_add_ps(_mm256_loadu_ps(x + m * N + n0 + n),
                                                                 _mm256_loadu_ps(bias + n0 + n))));
-            for (int64_t n = 0; n < nb; n += 8)
-                _mm_storeu_si128((__m128i *)(h + m * N + n0 + n), bf16x8_fma(_mm256_loadu_ps(g + n)));
+            bq_bf16_words(h + m * N + n0, g, nb);
         }
 }
 

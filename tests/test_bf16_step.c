@@ -59,7 +59,7 @@ static void run(const char *scheme, BqPrecision prec, Out *o) {
     float mask[B * T];
     BqRng drng;
     bq_rng_seed(&drng, 9);
-    bq_test_fill_padded(B, T, 60, &drng, ids, types, mask);
+    bq_test_padded_batch(ids, types, mask, B, T, &drng, 60, 2);
     BqBatch bt = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types, .labels = labels};
     BqArena act;
     BqTape tape;

@@ -52,7 +52,7 @@ typedef struct Batch {
 } Batch;
 
 static void make_batch(Batch *bt, BqRng *rng, int vocab) {
-    bq_test_padded_batch(bt->ids, bt->types, bt->mask, B, T, rng, vocab);
+    bq_test_padded_batch(bt->ids, bt->types, bt->mask, B, T, rng, vocab, 3);
 }
 
 static BqBertInput input_of(const Batch *bt, int b0, int nb) {

@@ -63,7 +63,7 @@ static void make_model(BqBert *m, int layers, int quant) {
     bq_quant_calib_begin(m->quant, BQ_CALIBRATOR_MAX);
     for (int i = 0; i < NCAL; i++) {
         Batch bt;
-        bq_test_padded_batch(bt.ids, bt.types, bt.mask, B, T, &rng, VOCAB);
+        bq_test_padded_batch(bt.ids, bt.types, bt.mask, B, T, &rng, VOCAB, 3);
         BqBertInput in = input_of(&bt);
         BqCtx ctx = {.act = &act};
         BqTensor *logits;
@@ -205,7 +205,7 @@ int main(void) {
     BqRng rng;
     bq_rng_seed(&rng, 5);
     Batch bt;
-    bq_test_padded_batch(bt.ids, bt.types, bt.mask, B, T, &rng, VOCAB);
+    bq_test_padded_batch(bt.ids, bt.types, bt.mask, B, T, &rng, VOCAB, 3);
 
     /* the reference: the whole model loaded, then the engine prepared from it */
     BqBert m1;

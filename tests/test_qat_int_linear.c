@@ -195,7 +195,7 @@ typedef struct Batch {
 } Batch;
 
 static void make_batch(Batch *bt, BqRng *rng, int vocab) {
-    bq_test_padded_batch(bt->ids, bt->types, bt->mask, BB, TT, rng, vocab);
+    bq_test_padded_batch(bt->ids, bt->types, bt->mask, BB, TT, rng, vocab, 3);
 }
 
 static BqBertInput input_of(Batch *bt) {

@@ -46,7 +46,7 @@ static void run(const char *scheme, int plain, Out *o) {
     enum { B = 4, T = 9 };
     int32_t ids[B * T], types[B * T], labels[B] = {0, 2, 1, 2};
     float mask[B * T];
-    bq_test_fill_padded(B, T, 50, &rng, ids, types, mask);
+    bq_test_padded_batch(ids, types, mask, B, T, &rng, 50, 2);
     BqBatch bt = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types, .labels = labels};
     BqArena act;
     BqTape tape;

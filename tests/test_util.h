@@ -47,12 +47,13 @@ static inline void bq_test_fail(const char *file, int line, const char *cond, co
         if (!(cond)) bq_test_fail(__FILE__, __LINE__, #cond, " " __VA_ARGS__);   \
     } while (0)
 
-/* A padded batch of random token ids for the tiny-model tests, (B,T) each: example b has T − 3b tokens
- * (ids in [1, vocab), then [PAD] 0), mask 1 on its tokens, token type 1 on the second half of them. */
+/* A padded batch of random token ids for the tiny-model tests, (B,T) each: example b has T − short_by·b
+ * tokens (ids drawn from rng in [1, vocab), then [PAD] 0), mask 1 on its tokens, token type 1 on the
+ * second half of them. */
 static inline void bq_test_padded_batch(int32_t *ids, int32_t *types, float *mask, int B, int T, BqRng *rng,
-                                        int vocab) {
+                                        int vocab, int short_by) {
     for (int b = 0; b < B; b++) {
-        int len = T - 3 * b;
+        int len = T - short_by * b;
         for (int t = 0; t < T; t++) {
             int i = b * T + t;
             ids[i] = t < len ? 1 + (int32_t)bq_rng_below(rng, (uint64_t)vocab - 1) : 0;
@@ -62,27 +63,13 @@ static inline void bq_test_padded_batch(int32_t *ids, int32_t *types, float *mas
     }
 }
 
-/* A padded batch of B examples of T tokens (ids, types, mask: B·T each): example b has T − 2b real tokens
- * with ids drawn from rng in 1 … vocab − 1, then padding (id 0, mask 0); token type 1 on the second half
- * of the real tokens. */
-static inline void bq_test_fill_padded(int B, int T, int vocab, BqRng *rng, int32_t *ids, int32_t *types,
-                                       float *mask) {
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            int len = T - 2 * b, i = b * T + t;
-            ids[i] = t < len ? 1 + (int32_t)bq_rng_below(rng, (uint64_t)(vocab - 1)) : 0;
-            mask[i] = t < len ? 1.0f : 0.0f;
-            types[i] = t >= len / 2 && t < len;
-        }
-}
-
-/* bq_test_fill_padded from a generator seeded with seed, and the classification input over those arrays
- * with labels (B entries). */
+/* bq_test_padded_batch (each example 2 tokens shorter) from a generator seeded with seed, and the
+ * classification input over those arrays with labels (B entries). */
 static inline BqBertInput bq_test_padded_input(int B, int T, int vocab, uint64_t seed, int32_t *ids, int32_t *types,
                                                float *mask, const int32_t *labels) {
     BqRng rng;
     bq_rng_seed(&rng, seed);
-    bq_test_fill_padded(B, T, vocab, &rng, ids, types, mask);
+    bq_test_padded_batch(ids, types, mask, B, T, &rng, vocab, 2);
     return (BqBertInput){.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types,
                          .labels = labels};
 }
