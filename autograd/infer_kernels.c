@@ -114,22 +114,27 @@ int64_t bq_infer_attention_scratch(int64_t T, int64_t d) {
     return d * pad16(T) + T * pad16(T) + 3 * pad16(T * d) + 16;
 }
 
+/* Rows ahead that dequant_head and load_head_f32 prefetch. */
+#define PREFETCH_ROWS 16
+
 /* Q_h, K_h, V_h (T, d) each, contiguous at dst, dst + Td, dst + 2·Td (Td = pad16(T·d)), dequantized
- * from the query/key/value accumulators acc (T rows, leading dim ld) of head h. */
+ * from the query/key/value accumulators acc (T rows, leading dim ld) of head h. Row by row, the three
+ * parts of a row together: each row is in another 4 KiB page, where the hardware prefetchers stop, so
+ * the rows PREFETCH_ROWS ahead are fetched by hand (without it the accumulator loads took a third of
+ * the attention's time). */
 IK_INLINE void dequant_head(float *dst, const int32_t *acc, int64_t ld, const int32_t *comp, const float *scale,
                             const float *bias, int64_t H, int64_t h, int64_t T, int64_t d) {
     const int64_t Td = pad16(T * d);
-    for (int part = 0; part < 3; part++) {
-        const int64_t c0 = part * H + h * d;
-        float *o = dst + part * Td;
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t e = 0; e < d; e++)
-                o[t * d + e] = dequant(acc[t * ld + c0 + e], comp[c0 + e], scale[c0 + e], bias[c0 + e]);
-    }
+    for (int64_t t = 0; t < T; t++)
+        for (int part = 0; part < 3; part++) {
+            const int64_t c0 = part * H + h * d;
+            const int32_t *a = acc + t * ld + c0;
+            for (int64_t e = 0; e < d && t + PREFETCH_ROWS < T; e += 16)
+                __builtin_prefetch(a + PREFETCH_ROWS * ld + e, 0, 3);
+            float *o = dst + part * Td + t * d;
+            for (int64_t e = 0; e < d; e++) o[e] = dequant(a[e], comp[c0 + e], scale[c0 + e], bias[c0 + e]);
+        }
 }
-
-/* Rows ahead that load_head_f32 prefetches. */
-#define PREFETCH_ROWS 16
 
 /* Q_h, K_h, V_h (T, d) each, contiguous at dst, dst + Td, dst + 2·Td, from the fp32 query/key/value
  * GEMM output qkv (T rows, leading dim ld, no bias yet) plus bias. */
@@ -157,6 +162,7 @@ typedef struct AttnIn {
     const float *qscale, *qkv, *bias, *mask;
     float scale, sq;
     int64_t T, NH, d;
+    const BqFq *fq; /* the ort scheme's quantizers (BQ_ORT_FQ_ATTN), or NULL */
 } AttnIn;
 
 /* Q_h, K_h, V_h of sequence b and head h into the scratch after K_hᵀ and S (Kt + d·Tp + T·Tp), from
@@ -239,6 +245,25 @@ IK_INLINE void softmax_row(float *y, const float *mrow, float scale, int64_t T) 
     for (int64_t j = 0; j < T; j++) y[j] = exp_fast(y[j] - mx);
     const float inv = 1.0f / row_sum(y, T);
     for (int64_t j = 0; j < T; j++) y[j] *= inv;
+}
+
+/* ---- the ort scheme's fake quantizers ---- */
+
+/* The fake-quantized value of x: autograd/kernels.c fq_value's operations. */
+IK_INLINE float fq_value(float x, BqFq q) {
+    float v = x / q.s;
+    v = v < q.lo ? q.lo : v;
+    v = v > q.hi ? q.hi : v;
+    return rne_small(v) * q.s;
+}
+
+/* The code of a fake-quantized value x on the grid of scale s, as a float: the recovery of the integer
+ * attention products (autograd/kernels.c head_codes), exact for a value fq_value made. */
+IK_INLINE float grid_code(float x, float s) {
+    float v = x / s;
+    v = v < -32768.0f ? -32768.0f : v;
+    v = v > 32767.0f ? 32767.0f : v;
+    return rne_small(v);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -416,24 +441,43 @@ IK_FMA static void gelu_quant_rows_fma(uint8_t *codes, const int32_t *acc, const
         }
 }
 
+/* Kt (d, Tp) = kᵀ for the head block k (T, d), zero in the padding columns: 8×8 blocks, then the tail. */
+IK_FMA static void transpose_all_fma(float *Kt, int64_t Tp, const float *k, int64_t T, int64_t d) {
+    const int64_t T8 = T / 8 * 8;
+    transpose_fma(Kt, Tp, k, d, T8, d);
+    transpose_tail(Kt, Tp, k, d, T8, T, d);
+}
+
+/* S (T rows, leading dim Tp) = q (T, d) · Kt (d, Tp), 4 query rows at a time. */
+IK_FMA static void scores_all_fma(float *S, int64_t Tp, const float *q, const float *Kt, int64_t T, int64_t d) {
+    int64_t i = 0;
+    for (; i + 4 <= T; i += 4) scores_rows_fma(S + i * Tp, Tp, q + i * d, d, Kt, d, 4);
+    for (; i < T; i++) scores_rows_fma(S + i * Tp, Tp, q + i * d, d, Kt, d, 1);
+}
+
+/* The context (T, d) = P (T rows, leading dim Tp) · V (T, d) as codes at scale sq when codes is not
+ * NULL, else as fp32 to C; either with leading dim ldc. */
+IK_FMA static void context_all_fma(uint8_t *codes, float *C, int64_t ldc, const float *S, int64_t Tp,
+                                   const float *V, int64_t T, int64_t d, float sq) {
+    int64_t i = 0;
+    for (; i + 4 <= T; i += 4) context_rows_fma(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 4);
+    for (; i < T; i++) context_rows_fma(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 1);
+}
+
 /* The attention of one (batch, head) pair on AVX2 + FMA, its query, key and value (T, d) each already at
  * Kt + d·Tp + T·Tp and the next two pad16(T·d) blocks: scores, softmax (softmax_row's bits), context
  * rows written as codes at scale sq when codes is not NULL, else as fp32 to C (leading dim ldc). */
 IK_FMA static void attn_core_fma(uint8_t *codes, float *C, int64_t ldc, const float *mrow, float *Kt, float scale,
                                  float sq, int64_t T, int64_t d) {
-    const int64_t Tp = pad16(T), T8 = T / 8 * 8, ld = d;
+    const int64_t Tp = pad16(T);
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
-    transpose_fma(Kt, Tp, k, ld, T8, d);
-    transpose_tail(Kt, Tp, k, ld, T8, T, d);
-    int64_t i = 0;
-    for (; i + 4 <= T; i += 4) scores_rows_fma(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 4);
-    for (; i < T; i++) scores_rows_fma(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 1);
-    for (i = 0; i < T; i++) {
-        if (T == T8) softmax_row_fma(S + i * Tp, mrow, scale, T);
+    transpose_all_fma(Kt, Tp, k, T, d);
+    scores_all_fma(S, Tp, q, Kt, T, d);
+    for (int64_t i = 0; i < T; i++) {
+        if (T % 8 == 0) softmax_row_fma(S + i * Tp, mrow, scale, T);
         else softmax_row(S + i * Tp, mrow, scale, T);
     }
-    for (i = 0; i + 4 <= T; i += 4) context_rows_fma(codes, C, ldc, i, S, Tp, v, ld, T, d, sq, 4);
-    for (; i < T; i++) context_rows_fma(codes, C, ldc, i, S, Tp, v, ld, T, d, sq, 1);
+    context_all_fma(codes, C, ldc, S, Tp, v, T, d, sq);
 }
 
 /* One (batch, head) pair on AVX2 + FMA: its query, key and value loaded (here, so that the loads get
@@ -480,24 +524,81 @@ static int have_fma(void) {
 static int have_fma(void) { return 0; }
 #endif
 
+/* scores_all_fma, portable. */
+static void scores_all(float *S, int64_t Tp, const float *q, const float *Kt, int64_t T, int64_t d) {
+    int64_t i = 0;
+    for (; i + 4 <= T; i += 4) scores_rows(S + i * Tp, Tp, q + i * d, d, Kt, d, 4);
+    for (; i < T; i++) scores_rows(S + i * Tp, Tp, q + i * d, d, Kt, d, 1);
+}
+
+/* context_all_fma, portable. */
+static void context_all(uint8_t *codes, float *C, int64_t ldc, const float *S, int64_t Tp, const float *V,
+                        int64_t T, int64_t d, float sq) {
+    int64_t i = 0;
+    for (; i + 4 <= T; i += 4) context_rows(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 4);
+    for (; i < T; i++) context_rows(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 1);
+}
+
 /* attn_core_fma's steps, portable (vector extensions, separate multiply and add). */
 static void attn_core(uint8_t *codes, float *C, int64_t ldc, const float *mrow, float *Kt, float scale, float sq,
                       int64_t T, int64_t d) {
-    const int64_t Tp = pad16(T), ld = d;
+    const int64_t Tp = pad16(T);
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
-    transpose_tail(Kt, Tp, k, ld, 0, T, d);
-    int64_t i = 0;
-    for (; i + 4 <= T; i += 4) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 4);
-    for (; i < T; i++) scores_rows(S + i * Tp, Tp, q + i * ld, ld, Kt, d, 1);
-    for (i = 0; i < T; i++) softmax_row(S + i * Tp, mrow, scale, T);
-    for (i = 0; i + 4 <= T; i += 4) context_rows(codes, C, ldc, i, S, Tp, v, ld, T, d, sq, 4);
-    for (; i < T; i++) context_rows(codes, C, ldc, i, S, Tp, v, ld, T, d, sq, 1);
+    transpose_tail(Kt, Tp, k, d, 0, T, d);
+    scores_all(S, Tp, q, Kt, T, d);
+    for (int64_t i = 0; i < T; i++) softmax_row(S + i * Tp, mrow, scale, T);
+    context_all(codes, C, ldc, S, Tp, v, T, d, sq);
 }
 
 /* One (batch, head) pair, portable: attn_head_fma's steps. */
 static void attn_head(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int64_t h, float *Kt) {
     load_head(Kt, in, b, h);
     attn_core(codes, C, in->NH * in->d, in->mask ? in->mask + b * in->T : NULL, Kt, in->scale, in->sq, in->T, in->d);
+}
+
+/* One (batch, head) pair of the ort scheme (bq_infer_attention_ort) into its codes (leading dim H), in the
+ * op order of layers/bert.c attention_context: the query, key and value through their quantizers and
+ * turned into codes, the scores' integer sums scaled and fake-quantized, the masked softmax
+ * (softmax_row: bq_kernel_softmax_mask_forward's bits) and its quantizer, the context's integer sums
+ * scaled and fake-quantized, then its uint8 codes at in->sq. The products sum integers exactly, so fma
+ * (the AVX2 kernels) changes nothing but speed; everything else is portable arithmetic. */
+IK_VEC static void attn_head_ort(uint8_t *codes, const AttnIn *in, int64_t b, int64_t h, float *Kt, int fma) {
+    const int64_t T = in->T, d = in->d, Tp = pad16(T), Td = pad16(T * d), H = in->NH * d;
+    const BqFq *fq = in->fq;
+    float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + Td, *v = k + Td;
+    load_head(Kt, in, b, h);
+    for (int part = 0; part < 3; part++) {
+        const BqFq f = fq[BQ_ORT_FQ_Q + part];
+        float *x = q + part * Td;
+        for (int64_t i = 0; i < T * d; i++) x[i] = grid_code(fq_value(x[i], f), f.s);
+    }
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (fma) {
+        transpose_all_fma(Kt, Tp, k, T, d);
+        scores_all_fma(S, Tp, q, Kt, T, d);
+    }
+#endif
+    if (!fma) {
+        transpose_tail(Kt, Tp, k, d, 0, T, d);
+        scores_all(S, Tp, q, Kt, T, d);
+    }
+    const float fqk = fq[BQ_ORT_FQ_Q].s * fq[BQ_ORT_FQ_K].s, fpv = fq[BQ_ORT_FQ_PROBS].s * fq[BQ_ORT_FQ_V].s;
+    const BqFq fs = fq[BQ_ORT_FQ_SCORES], fp = fq[BQ_ORT_FQ_PROBS], fc = fq[BQ_ORT_FQ_CONTEXT];
+    const float *mrow = in->mask ? in->mask + b * T : NULL;
+    for (int64_t i = 0; i < T; i++) {
+        float *y = S + i * Tp;
+        for (int64_t j = 0; j < T; j++) y[j] = fq_value(y[j] * fqk, fs);
+        softmax_row(y, mrow, in->scale, T);
+        for (int64_t j = 0; j < T; j++) y[j] = grid_code(fq_value(y[j], fp), fp.s);
+    }
+    /* the context's sums (T, d) over the query block, which the scores no longer need */
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (fma) context_all_fma(NULL, q, d, S, Tp, v, T, d, 0.0f);
+#endif
+    if (!fma) context_all(NULL, q, d, S, Tp, v, T, d, 0.0f);
+    uint8_t *c = codes + b * T * H + h * d;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t e = 0; e < d; e++) c[t * H + e] = quant_u8(fq_value(q[t * d + e] * fpv, fc), in->sq);
 }
 
 /* The (batch, head) loop of both engines' attention, the context written as codes when codes is not
@@ -515,6 +616,10 @@ static void attn_heads(uint8_t *codes, float *ctx, const AttnIn *in, float *scra
         float *Kt = scratch + (int64_t)omp_get_thread_num() * per;
         uint8_t *c = codes ? codes + off : NULL;
         float *f = ctx ? ctx + off : NULL;
+        if (in->fq) {
+            attn_head_ort(codes, in, b, h, Kt, fma);
+            continue;
+        }
 #if defined(__x86_64__) && defined(__GNUC__)
         if (fma) {
             attn_head_fma(c, f, in, b, h, Kt);
@@ -528,8 +633,43 @@ static void attn_heads(uint8_t *codes, float *ctx, const AttnIn *in, float *scra
 void bq_infer_attention(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
                         const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
                         float sq, int64_t B, int64_t T, int64_t NH, int64_t d) {
-    const AttnIn in = {acc, comp, qscale, NULL, bias, mask, scale, sq, T, NH, d};
+    const AttnIn in = {acc, comp, qscale, NULL, bias, mask, scale, sq, T, NH, d, NULL};
     attn_heads(codes, NULL, &in, scratch, nthreads, B);
+}
+
+void bq_infer_attention_ort(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
+                            const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
+                            const BqFq *fq, float sq, int64_t B, int64_t T, int64_t NH, int64_t d) {
+    BQ_CHECK(fq && codes);
+    const AttnIn in = {acc, comp, qscale, NULL, bias, mask, scale, sq, T, NH, d, fq};
+    attn_heads(codes, NULL, &in, scratch, nthreads, B);
+}
+
+IK_VEC void bq_infer_residual_layernorm_fq(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
+                                           const float *scale, const float *bias, const float *resid, BqFq fres,
+                                           const float *lnw, const float *lnb, float eps, BqFq fln, float sq,
+                                           int64_t M, int64_t N) {
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        float *y = out + m * N;
+        const int32_t *a = acc + m * N;
+        const float *r = resid + m * N;
+        for (int64_t n = 0; n < N; n++) y[n] = fq_value(dequant(a[n], comp[n], scale[n], bias[n]) + r[n], fres);
+        float mean, rstd;
+        ln_row_forward(y, &mean, &rstd, y, lnw, lnb, N, eps);
+        for (int64_t n = 0; n < N; n++) y[n] = fq_value(y[n], fln);
+        if (codes)
+            for (int64_t n = 0; n < N; n++) codes[m * N + n] = quant_u8(y[n], sq);
+    }
+}
+
+IK_VEC void bq_infer_gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                                   const float *bias, BqFq fin, BqFq fout, float sq, int64_t M, int64_t N) {
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++)
+            codes[m * N + n] =
+                quant_u8(fq_value(gelu(fq_value(dequant(acc[m * N + n], comp[n], scale[n], bias[n]), fin)), fout), sq);
 }
 
 /* With AVX2 and FMA (and N a multiple of 8) the fused multiply-add version: its values differ from the
@@ -551,7 +691,7 @@ void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp
 void bq_infer_attention_f32(float *ctx, const float *qkv, const float *bias, const float *mask, float *scratch,
                             int64_t nthreads, float scale, int64_t B, int64_t T, int64_t NH, int64_t d) {
     BQ_CHECK(qkv != NULL);
-    const AttnIn in = {NULL, NULL, NULL, qkv, bias, mask, scale, 0.0f, T, NH, d};
+    const AttnIn in = {NULL, NULL, NULL, qkv, bias, mask, scale, 0.0f, T, NH, d, NULL};
     attn_heads(NULL, ctx, &in, scratch, nthreads, B);
 }
 

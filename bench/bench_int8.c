@@ -6,7 +6,9 @@
  * initialised model of the same shapes; the BERT-base shape: the directory bench/make_random_bert.py
  * writes). Threads: BQ_THREADS (default all cores). Prints the CPU model,
  * oneDNN's ISA, the OpenBLAS kernel, the median latency of each path (paths alternate within each
- * round) and the ratios. */
+ * round) and the ratios. BQ_SWEEP_ROWS=N instead times the int8 forward at batch 32 for each block size
+ * of the fused layers (bq_int8_set_step_rows), median of N rounds: the figure that sets
+ * BQ_INT8_STEP_ROWS on a new CPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +83,30 @@ static void print_sections(BqBert *m, BqQuantState *qs, BqInt8Engine *e, BqArena
     printf("\n");
 }
 
+/* The int8 forward at batch 32 for each block size of the fused layers (bq_int8_set_step_rows), the
+ * sizes alternating within each round; median of `reps` rounds. The block bounds the int32 sums a GEMM
+ * writes before its epilogue reads them back, so it sets how much of that round trip stays in cache. */
+static void sweep_step_rows(BqBert *m, BqQuantState *qs, BqInt8Engine *e, BqArena *act, const BqBertInput *in,
+                            int reps) {
+    static const int64_t rows[] = {4096, 2048, 1024, 512, 256, 128};
+    enum { NR = sizeof rows / sizeof rows[0] };
+    double t[NR][64];
+    BQ_CHECK(reps <= 64);
+    for (int r = -1; r < reps; r++)
+        for (int k = 0; k < NR; k++) {
+            bq_int8_set_step_rows(e, rows[k]);
+            double dt = run_path(2, m, qs, e, act, in);
+            if (r >= 0) t[k][r] = dt;
+        }
+    bq_int8_set_step_rows(e, 0);
+    printf("int8 forward, batch %d, by block rows (median of %d):", (int)in->B, reps);
+    for (int k = 0; k < NR; k++) {
+        qsort(t[k], (size_t)reps, sizeof t[k][0], cmp_d);
+        printf(" %lld: %.2f ms", (long long)rows[k], t[k][reps / 2] * 1e3);
+    }
+    printf("\n");
+}
+
 int main(int argc, char **argv) {
     /* the OpenBLAS kernel bertqat picks (SkylakeX on AVX-512 CPUs) for the fp32 column, as in bertqat */
     if (bq_runtime_boot(argc, argv) != BQ_OK) {
@@ -148,6 +174,13 @@ int main(int argc, char **argv) {
            bq_int8_linear_count(e), bq_int8_gemm_count(e), tp * 1e3, T);
     printf("%6s %12s %12s %12s %10s %10s\n", "batch", "fp32 ms", "fakequant ms", "int8 ms", "fp32/int8",
            "fq/int8");
+    if (getenv("BQ_SWEEP_ROWS")) { /* only the block-size sweep */
+        fill_input(ids, mask, 32, &rng, m.cfg.vocab_size);
+        BqBertInput in = {.B = 32, .T = T, .input_ids = ids, .attention_mask = mask};
+        const int reps = atoi(getenv("BQ_SWEEP_ROWS"));
+        sweep_step_rows(&m, qs, e, &act, &in, reps > 0 && reps <= 64 ? reps : 5);
+        goto cleanup;
+    }
     static const int batches[2] = {1, 32};
     for (int i = 0; i < 2; i++) {
         int B = batches[i], reps = B == 1 ? 21 : 5;
@@ -204,6 +237,7 @@ int main(int argc, char **argv) {
                d_iq, agree_iq, d_q1, d_qf, agree_qf);
         bq_arena_rewind(&act, 0);
     }
+cleanup:
     bq_int8_free(e);
     bq_quant_free(qs);
     m.quant = NULL;

@@ -35,9 +35,18 @@ typedef struct Int8Linear {
     float *scale;      /* (N) fl(sx·sw[n]), the dequantization factors of autograd/qgemm.h */
 } Int8Linear;
 
+/* The ort scheme's output quantizers of a layer, BQ_QP_Q_OUT … BQ_QP_OUT_LN in BQ_QPOINTS order (the first
+ * BQ_ORT_FQ_ATTN of them in the order bq_infer_attention_ort reads). */
+enum { ORT_FQ_COUNT = BQ_QP_OUT_LN - BQ_QP_Q_OUT + 1 };
+#define ORT_FQ(point) (BQ_QP_##point - BQ_QP_Q_OUT)
+_Static_assert(ORT_FQ(CONTEXT) == BQ_ORT_FQ_CONTEXT && ORT_FQ(ATTN_RESID) == BQ_ORT_FQ_ATTN && ORT_FQ_COUNT == 12,
+               "the ort output quantizers follow autograd/infer_kernels.h's order");
+
 typedef struct Int8Layer {
     int fused_qkv;       /* qkv[0] is the (3H, H) product of query, key and value */
     int whole;           /* the layer runs as one fused block (layers/bert_fused.h); see bq_int8_prepare */
+    int ort;             /* whole, with the ort scheme's output quantizers fq between the GEMMs */
+    BqFq fq[ORT_FQ_COUNT];
     int ok[6];           /* Linear j (query … output.dense) runs on integers (plan_layer) */
     BqQuantizer *iq[6];  /* the grid of Linear j's input, where ok[j] */
     int packed;          /* bq_int8_pack_layer ran */
@@ -97,6 +106,28 @@ static int linear_points_only(BqQuantState *qs, int l) {
 }
 
 static const int weight_point[6] = {BQ_QP_W_Q, BQ_QP_W_K, BQ_QP_W_V, BQ_QP_W_AO, BQ_QP_W_I, BQ_QP_W_O};
+
+/* 1 when layer l has the ort scheme's quantizers and no others: its six weights and the twelve output
+ * quantizers Q_OUT … OUT_LN, each of these enabled, with a range and per tensor, so the layer can run as
+ * one fused block whose kernels apply them (autograd/infer_kernels.h, "the ort scheme's fused layers");
+ * their fake quantizers go to fq. A quantizer left in fp32 (--keep-fp32) keeps the layer op by op. */
+static int ort_points_only(BqQuantState *qs, int l, BqFq fq[ORT_FQ_COUNT]) {
+    for (int pt = 0; pt < BQ_QP_LAYER_COUNT; pt++) {
+        const BqQuantizer *q = bq_quant_at(qs, l, pt);
+        const int out = pt >= BQ_QP_Q_OUT && pt <= BQ_QP_OUT_LN;
+        if (!q) {
+            if (out) return 0;
+            continue;
+        }
+        if (!out) {
+            if (q->is_weight) continue;
+            return 0;
+        }
+        if (!q->enabled || !q->initialized || q->nch != 1 || q->bits > 8 || !(q->scale[0] > 0.0f)) return 0;
+        fq[pt - BQ_QP_Q_OUT] = (BqFq){q->scale[0], (float)bq_quant_qmin(q), (float)bq_quant_qmax(q)};
+    }
+    return 1;
+}
 
 static const BqTensor *linear_weight(const BqBertLayer *L, int j) {
     const BqTensor *w[6] = {&L->q_w, &L->k_w, &L->v_w, &L->ao_w, &L->i_w, &L->o_w};
@@ -209,8 +240,12 @@ static int plan_layer(BqInt8Engine *e, const BqBert *m, int l) {
     IL->fused_qkv = ok[0] && ok[1] && ok[2] && IL->iq[0] == IL->iq[1] && IL->iq[1] == IL->iq[2];
     for (int j = 0; j < 6; j++) e->nlinear += ok[j];
     e->ngemm += IL->fused_qkv ? 1 + ok[3] + ok[4] + ok[5] : ok[0] + ok[1] + ok[2] + ok[3] + ok[4] + ok[5];
-    IL->whole = IL->fused_qkv && ok[3] && ok[4] && ok[5] && linear_points_only(qs, l) &&
-                (c->hidden_size / c->num_attention_heads) % 8 == 0;
+    const int d = c->hidden_size / c->num_attention_heads, linears = IL->fused_qkv && ok[3] && ok[4] && ok[5];
+    /* the ort block's attention products sum codes of at most 8 bits in fp32: exact while d·128² and
+     * T·128² stay within 2^24 (autograd/infer_kernels.h) */
+    const int exact = (int64_t)d * 128 * 128 <= (1 << 24) && (int64_t)c->max_position_embeddings * 128 * 128 <= (1 << 24);
+    IL->ort = linears && d % 8 == 0 && exact && ort_points_only(qs, l, IL->fq);
+    IL->whole = linears && d % 8 == 0 && (linear_points_only(qs, l) || IL->ort);
     e->nwhole += IL->whole;
     return BQ_OK;
 }
@@ -435,19 +470,40 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
         uint8_t *oc = out->codes ? out->codes + r0 * W : NULL;
         const float *res = s->resid ? s->resid + r0 * W : NULL;
         const double t0 = bq_section_start();
+        const float *mask = s->mask ? s->mask + u0 * s->T : NULL;
+        const float next_sx = out->codes ? e->layers[l + 1].qkv[0].sx : 1.0f;
+        const BqFq *fq = IL->fq;
         switch (s->id) {
         case BQ_LIN_QKV:
-            bq_infer_attention(oc, acc, comp, il->scale, il->bias, s->mask ? s->mask + u0 * s->T : NULL, scratch, nthr,
-                               s->scale, la->sx, nb, s->T, s->NH, s->d);
+            if (IL->ort)
+                bq_infer_attention_ort(oc, acc, comp, il->scale, il->bias, mask, scratch, nthr, s->scale, fq, la->sx, nb,
+                                       s->T, s->NH, s->d);
+            else
+                bq_infer_attention(oc, acc, comp, il->scale, il->bias, mask, scratch, nthr, s->scale, la->sx, nb, s->T,
+                                   s->NH, s->d);
             break;
         case BQ_LIN_AO:
-            bq_infer_residual_layernorm(of, oc, acc, comp, il->scale, il->bias, res, s->lnw, s->lnb, s->eps, li->sx, rb,
-                                        W);
+            if (IL->ort)
+                bq_infer_residual_layernorm_fq(of, oc, acc, comp, il->scale, il->bias, res, fq[ORT_FQ(ATTN_RESID)], s->lnw,
+                                               s->lnb, s->eps, fq[ORT_FQ(ATTN_LN)], li->sx, rb, W);
+            else
+                bq_infer_residual_layernorm(of, oc, acc, comp, il->scale, il->bias, res, s->lnw, s->lnb, s->eps, li->sx,
+                                            rb, W);
             break;
-        case BQ_LIN_I: bq_infer_gelu_quant(oc, acc, comp, il->scale, il->bias, lo->sx, rb, W); break;
+        case BQ_LIN_I:
+            if (IL->ort)
+                bq_infer_gelu_fq_quant(oc, acc, comp, il->scale, il->bias, fq[ORT_FQ(INTER_OUT)], fq[ORT_FQ(GELU_OUT)],
+                                       lo->sx, rb, W);
+            else
+                bq_infer_gelu_quant(oc, acc, comp, il->scale, il->bias, lo->sx, rb, W);
+            break;
         default:
-            bq_infer_residual_layernorm(of, oc, acc, comp, il->scale, il->bias, res, s->lnw, s->lnb, s->eps,
-                                        out->codes ? e->layers[l + 1].qkv[0].sx : 1.0f, rb, W);
+            if (IL->ort)
+                bq_infer_residual_layernorm_fq(of, oc, acc, comp, il->scale, il->bias, res, fq[ORT_FQ(OUT_RESID)], s->lnw,
+                                               s->lnb, s->eps, fq[ORT_FQ(OUT_LN)], next_sx, rb, W);
+            else
+                bq_infer_residual_layernorm(of, oc, acc, comp, il->scale, il->bias, res, s->lnw, s->lnb, s->eps, next_sx,
+                                            rb, W);
             break;
         }
         bq_section_end(s->id == BQ_LIN_QKV ? BQ_SEC_ATTENTION : BQ_SEC_EPILOGUE, t0);

@@ -8,7 +8,10 @@
  *  - refusals: an fp32 model, an uncalibrated model. qdqbert is compared as cpu is; its 8-bit weights run
  *    as one GEMM with VNNI and as an exact sgemm on float codes without (autograd/qgemm.h). ort too: it has
  *    no Linear input quantizers, and its Linears run on the codes of the grids their inputs lie on (the
- *    output quantizers of the embeddings' and layers' LayerNorms, the context and the GELU).
+ *    output quantizers of the embeddings' and layers' LayerNorms, the context and the GELU);
+ *  - ort: every layer runs fused with its output quantizers (autograd/infer_kernels.h) and every layer's
+ *    output equals fake quant's bit for bit, fused and op by op, with the AVX2 attention products and
+ *    with the portable ones (BQ_INFER_PORTABLE=1).
  *
  * Since fake quant sums the codes of its quantized Linears exactly too (layers/quant.h, bq_quant_linear),
  * the first effect below is gone op by op; the bound is kept for the fused kernels' own rounding.
@@ -99,7 +102,7 @@ static void unload(BqBert *m) {
 }
 
 /* Compares the engine with fake quant on fresh batches and checks batch and thread invariance; fusion
- * 0 runs every layer op by op (bq_int8_set_layer_fusion), 1 lets the cpu scheme's layers run fused. */
+ * 0 runs every layer op by op (bq_int8_set_layer_fusion), 1 lets the cpu and ort schemes' layers run fused. */
 static void check_scheme(const char *scheme, int fusion) {
     BqBert m;
     BQ_CHECK(load_model(&m, scheme, 1) == BQ_OK);
@@ -119,7 +122,8 @@ static void check_scheme(const char *scheme, int fusion) {
     if (!strcmp(scheme, "cpu"))
         EXPECT(bq_int8_gemm_count(e) == 4 * L, "cpu: %d GEMMs, expected %d (fused qkv)", bq_int8_gemm_count(e), 4 * L);
     bq_int8_set_layer_fusion(e, fusion);
-    const int want_fused = fusion && !strcmp(scheme, "cpu") ? L : 0;
+    const int ort = !strcmp(scheme, "ort");
+    const int want_fused = fusion && (!strcmp(scheme, "cpu") || ort) ? L : 0;
     printf("%s, fusion %d: %d of %d layers fused\n", scheme, fusion, bq_int8_fused_layer_count(e), L);
     EXPECT(bq_int8_fused_layer_count(e) == want_fused, "%s: %d fused layers, expected %d", scheme,
            bq_int8_fused_layer_count(e), want_fused);
@@ -128,8 +132,8 @@ static void check_scheme(const char *scheme, int fusion) {
     BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "act") == BQ_OK);
     BqRng rng;
     bq_rng_seed(&rng, 99);
-    double maxd = 0.0, maxl = 0.0;
-    int over_sum = 0, n = 0, nbatch_bad = 0, nthread_bad = 0, npad_bad = 0, nblock_bad = 0;
+    double maxd = 0.0, maxl = 0.0, maxh = 0.0;
+    int over_sum = 0, n = 0, nbatch_bad = 0, nthread_bad = 0, npad_bad = 0, nblock_bad = 0, nhidden_bad = 0;
     for (int it = 0; it < 4; it++) {
         Batch bt;
         make_batch(&bt, &rng, m.cfg.vocab_size);
@@ -146,6 +150,25 @@ static void check_scheme(const char *scheme, int fusion) {
         if (rc) break;
         memcpy(i8, lg->data, sizeof(float) * (size_t)(B * C));
         bq_arena_rewind(&act, 0);
+        /* ort: every layer's output equals fake quant's bit for bit (the same ops on the same values in
+         * the same order, fused or not: autograd/infer_kernels.h); only the pooler's and classifier's
+         * summation orders differ */
+        if (ort) {
+            BqTensor *hf[8], *hi[8];
+            BQ_CHECK(L <= 8);
+            BqBertInput hin = in;
+            hin.hidden = hf;
+            BQ_CHECK(bq_bert_forward(&m, &ctx, &hin, &lg, NULL) == BQ_OK);
+            hin.hidden = hi;
+            BQ_CHECK(bq_int8_forward(e, &m, &ctx, &hin, &lg) == BQ_OK);
+            for (int l = 0; l < L; l++) {
+                const int64_t nh = bq_tensor_numel(hf[l]);
+                BQ_CHECK(nh == bq_tensor_numel(hi[l]));
+                for (int64_t i = 0; i < nh; i++) maxh = fmax(maxh, fabs((double)hf[l]->data[i] - hi[l]->data[i]));
+                nhidden_bad += memcmp(hf[l]->data, hi[l]->data, sizeof(float) * (size_t)nh) != 0;
+            }
+            bq_arena_rewind(&act, 0);
+        }
         /* batch 1, each example alone */
         for (int b = 0; b < B; b++) {
             BqBertInput one = input_of(&bt, b, 1);
@@ -200,6 +223,10 @@ static void check_scheme(const char *scheme, int fusion) {
     printf("%s: batch 1 vs %d: %d examples differ; unpadded vs padded: %d differ; 1 vs 2 threads: %d batches "
            "differ; blocks of %d rows vs one: %d batches differ\n", scheme, B, nbatch_bad, npad_bad, nthread_bad,
            T + 1, nblock_bad);
+    if (ort) {
+        printf("ort: layer outputs against fake quant: %d of %d differ, max |d| %.3g\n", nhidden_bad, 4 * L, maxh);
+        EXPECT(nhidden_bad == 0, "ort: %d layer outputs differ from fake quant (max |d| %.3g)", nhidden_bad, maxh);
+    }
     EXPECT(maxl > 0.0, "logits are all zero");
     EXPECT(maxd <= eps_sum + eps_step, "%s: int8 logits outside the bound", scheme);
     EXPECT(over_sum * 10 <= n, "%s: %d of %d logits beyond the summation-order bound", scheme, over_sum, n);
@@ -233,6 +260,12 @@ int main(void) {
     check_scheme("cpu", 0);
     check_scheme("qdqbert", 1);
     check_scheme("ort", 1);
+    check_scheme("ort", 0);
+    /* the ort block's portable products (the AVX2 ones above where the CPU has them): the same bits */
+    setenv("BQ_INFER_PORTABLE", "1", 1);
+    printf("ort with BQ_INFER_PORTABLE=1:\n");
+    check_scheme("ort", 1);
+    unsetenv("BQ_INFER_PORTABLE");
     check_refusals();
     bq_qgemm_cache_clear();
     if (fails) printf("%d check(s) FAILED\n", fails);
