@@ -257,12 +257,14 @@ IK_INLINE float fq_value(float x, BqFq q) {
     return rne_small(v) * q.s;
 }
 
-/* The code of a fake-quantized value x on the grid of scale s, as a float: the recovery of the integer
- * attention products (autograd/kernels.c head_codes), exact for a value fq_value made. */
-IK_INLINE float grid_code(float x, float s) {
-    float v = x / s;
-    v = v < -32768.0f ? -32768.0f : v;
-    v = v > 32767.0f ? 32767.0f : v;
+/* The code c = clamp(rne(x/s), lo, hi) of x, as a float. The integer attention products of the op-by-op
+ * forward take the codes of fake-quantized values, rne(fl(fl(c·s)/s)) (autograd/kernels.c head_codes),
+ * which is c itself: for |c| <= 2^15 the two roundings move c·s/s by less than 2^15·2^-23 < 1/2. So one
+ * division gives what fq_value and head_codes give with two. */
+IK_INLINE float fq_code(float x, BqFq q) {
+    float v = x / q.s;
+    v = v < q.lo ? q.lo : v;
+    v = v > q.hi ? q.hi : v;
     return rne_small(v);
 }
 
@@ -570,7 +572,7 @@ IK_VEC static void attn_head_ort(uint8_t *codes, const AttnIn *in, int64_t b, in
     for (int part = 0; part < 3; part++) {
         const BqFq f = fq[BQ_ORT_FQ_Q + part];
         float *x = q + part * Td;
-        for (int64_t i = 0; i < T * d; i++) x[i] = grid_code(fq_value(x[i], f), f.s);
+        for (int64_t i = 0; i < T * d; i++) x[i] = fq_code(x[i], f);
     }
 #if defined(__x86_64__) && defined(__GNUC__)
     if (fma) {
@@ -589,7 +591,7 @@ IK_VEC static void attn_head_ort(uint8_t *codes, const AttnIn *in, int64_t b, in
         float *y = S + i * Tp;
         for (int64_t j = 0; j < T; j++) y[j] = fq_value(y[j] * fqk, fs);
         softmax_row(y, mrow, in->scale, T);
-        for (int64_t j = 0; j < T; j++) y[j] = grid_code(fq_value(y[j], fp), fp.s);
+        for (int64_t j = 0; j < T; j++) y[j] = fq_code(y[j], fp);
     }
     /* the context's sums (T, d) over the query block, which the scores no longer need */
 #if defined(__x86_64__) && defined(__GNUC__)
