@@ -143,14 +143,14 @@ def test_int8_matches_onnxruntime_on_the_export(ckpts):
 def test_ort_scheme_on_the_engine(ckpts):
     """The ort scheme quantizes op outputs, not Linear inputs: the engine runs each Linear on the codes of
     the grid its input already lies on (the embeddings', LayerNorm, context or GELU output quantizer), as
-    fake quant does, so every one of MiniLM's 36 encoder Linears is integer and the result is fake
-    quant's up to the pooler's and classifier's fixed summation order: every label the same, median
-    |dp| 0 (6 printed decimals). auto picks the engine for ort too."""
+    fake quant does, so every one of MiniLM's 36 encoder Linears is integer, every layer runs as one fused
+    block, and the result is fake quant's up to the pooler's and classifier's fixed summation order: every
+    label the same, median |dp| 0 (6 printed decimals). auto picks the engine for ort too."""
     d = ckpts["dir"]
     j8, err8 = eval_json(ckpts["ort"], d / "ort_int8.tsv", "--engine", "int8", "--threads", 2)
     jf, _ = eval_json(ckpts["ort"], d / "ort_fq.tsv", "--engine", "fake-quant", "--threads", 2)
     print("\n".join(l for l in err8.splitlines() if "engine" in l))
-    assert j8["engine"] == "int8" and "engine: int8 (36 integer Linears in 24 GEMMs" in err8, err8
+    assert j8["engine"] == "int8" and "engine: int8 (36 integer Linears in 24 GEMMs, 6 of 6 layers fused" in err8, err8
     assert "stay fp32" not in err8, err8
     p = compare(d / "ort_int8.tsv", d / "ort_fq.tsv", "--min-agree", "100", "--max-median-dp", "1e-6")
     assert p.returncode == 0, p.stdout + p.stderr
@@ -174,7 +174,8 @@ def test_kept_fp32_linears_and_fallback(ckpts, tmp_path):
     jf, _ = eval_json(keep, d / "keep_fq.tsv", "--engine", "fake-quant", "--threads", 2, samples=64)
     lines = [l for l in err8.splitlines() if "engine:" in l]
     print("\n".join(lines))
-    assert j8["engine"] == "int8" and "engine: int8 (31 integer Linears" in err8, err8
+    # layers 0 and 3 have an fp32 Linear, so they run op by op; the other four run as fused blocks
+    assert j8["engine"] == "int8" and "engine: int8 (31 integer Linears in 21 GEMMs, 4 of 6 layers fused" in err8, err8
     assert any("5 encoder Linears stay fp32" in l and "layer 0: query key value attention.output; layer 3: output"
                in l for l in lines), lines
     p = compare(d / "keep_int8.tsv", d / "keep_fq.tsv", "--min-agree", "98")
