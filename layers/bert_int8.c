@@ -471,7 +471,9 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
         const float *res = s->resid ? s->resid + r0 * W : NULL;
         const double t0 = bq_section_start();
         const float *mask = s->mask ? s->mask + u0 * s->T : NULL;
-        const float next_sx = out->codes ? e->layers[l + 1].qkv[0].sx : 1.0f;
+        /* the output dense's codes are the next layer's query/key/value input (the other brackets' out->codes
+         * are this layer's) */
+        const float next_sx = s->id == BQ_LIN_O && out->codes ? e->layers[l + 1].qkv[0].sx : 1.0f;
         const BqFq *fq = IL->fq;
         switch (s->id) {
         case BQ_LIN_QKV:
