@@ -249,14 +249,6 @@ IK_INLINE void softmax_row(float *y, const float *mrow, float scale, int64_t T) 
 
 /* ---- the ort scheme's fake quantizers ---- */
 
-/* The fake-quantized value of x: autograd/kernels.c fq_value's operations. */
-IK_INLINE float fq_value(float x, BqFq q) {
-    float v = x / q.s;
-    v = v < q.lo ? q.lo : v;
-    v = v > q.hi ? q.hi : v;
-    return rne_small(v) * q.s;
-}
-
 /* The code c = clamp(rne(x/s), lo, hi) of x, as a float. The integer attention products of the op-by-op
  * forward take the codes of fake-quantized values, rne(fl(fl(c·s)/s)) (autograd/kernels.c head_codes),
  * which is c itself: for |c| <= 2^15 the two roundings move c·s/s by less than 2^15·2^-23 < 1/2. So one
@@ -267,6 +259,9 @@ IK_INLINE float fq_code(float x, BqFq q) {
     v = v > q.hi ? q.hi : v;
     return rne_small(v);
 }
+
+/* The fake-quantized value of x, fq_code(x)·s: autograd/kernels.c fq_value's operations. */
+IK_INLINE float fq_value(float x, BqFq q) { return fq_code(x, q) * q.s; }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
