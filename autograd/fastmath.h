@@ -24,6 +24,16 @@ BQ_FASTMATH_INLINE float rne_small(float x) {
     return (x + magic) - magic;
 }
 
+/* The code clamp(rne(x/s), lo, hi) of a fake quantizer with scale s and integer bounds lo, hi, as a float:
+ * rne(clamp(x/s, lo, hi)), which is the same (rounding is monotonic, the bounds are integers) and keeps
+ * the argument small enough for rne_small. A NaN x/s stays NaN. */
+BQ_FASTMATH_INLINE float fq_code_of(float x, float s, float lo, float hi) {
+    float v = x / s;
+    v = v < lo ? lo : v;
+    v = v > hi ? hi : v;
+    return rne_small(v);
+}
+
 /* The bf16 word of x rounded to nearest, ties to even, without branches (so that it vectorizes):
  * autograd/gemm.h bq_bf16_bits's bits (Inf kept, NaN kept and quieted). */
 BQ_FASTMATH_INLINE uint16_t bf16_bits(float x) {

@@ -253,12 +253,7 @@ IK_INLINE void softmax_row(float *y, const float *mrow, float scale, int64_t T) 
  * forward take the codes of fake-quantized values, rne(fl(fl(c·s)/s)) (autograd/kernels.c head_codes),
  * which is c itself: for |c| <= 2^15 the two roundings move c·s/s by less than 2^15·2^-23 < 1/2. So one
  * division gives what fq_value and head_codes give with two. */
-IK_INLINE float fq_code(float x, BqFq q) {
-    float v = x / q.s;
-    v = v < q.lo ? q.lo : v;
-    v = v > q.hi ? q.hi : v;
-    return rne_small(v);
-}
+IK_INLINE float fq_code(float x, BqFq q) { return fq_code_of(x, q.s, q.lo, q.hi); }
 
 /* The fake-quantized value of x, fq_code(x)·s: autograd/kernels.c fq_value's operations. */
 IK_INLINE float fq_value(float x, BqFq q) { return fq_code(x, q) * q.s; }

@@ -964,12 +964,7 @@ void bq_kernel_span_ce_backward(float *dlogits, float dloss, const float *probs,
 /* ---- fake quantization ---- */
 
 /* One fake-quantized value, clamp(rne(x/s), lo, hi)·s (see below); shared by both forward kernels. */
-BQ_INLINE float fq_value(float x, float s, float lo, float hi) {
-    float v = x / s;
-    v = v < lo ? lo : v;
-    v = v > hi ? hi : v;
-    return rne_small(v) * s;
-}
+BQ_INLINE float fq_value(float x, float s, float lo, float hi) { return fq_code_of(x, s, lo, hi) * s; }
 
 /* q = clamp(rne(x/s), qmin, qmax) is computed as rne(clamp(x/s, qmin, qmax)): rounding is monotonic
  * and the bounds are integers, so the two agree, and the clamped value is small enough for rne_small.
