@@ -162,7 +162,7 @@ typedef struct AttnIn {
     const float *qscale, *qkv, *bias, *mask;
     float scale, sq;
     int64_t T, NH, d;
-    const BqFq *fq; /* the ort scheme's quantizers (BQ_ORT_FQ_ATTN), or NULL */
+    const BqFq *fq; /* the fake quantizers of the attention (BQ_FQ_ATTN: ort, qdqbert), or NULL */
 } AttnIn;
 
 /* Q_h, K_h, V_h of sequence b and head h into the scratch after K_hᵀ and S (Kt + d·Tp + T·Tp), from
@@ -247,7 +247,7 @@ IK_INLINE void softmax_row(float *y, const float *mrow, float scale, int64_t T) 
     for (int64_t j = 0; j < T; j++) y[j] *= inv;
 }
 
-/* ---- the ort scheme's fake quantizers ---- */
+/* ---- fake quantizers (ort, qdqbert) ---- */
 
 /* The code c = clamp(rne(x/s), lo, hi) of x, as a float. The integer attention products of the op-by-op
  * forward take the codes of fake-quantized values, rne(fl(fl(c·s)/s)) (autograd/kernels.c head_codes),
@@ -257,6 +257,9 @@ IK_INLINE float fq_code(float x, BqFq q) { return fq_code_of(x, q.s, q.lo, q.hi)
 
 /* The fake-quantized value of x, fq_code(x)·s: autograd/kernels.c fq_value's operations. */
 IK_INLINE float fq_value(float x, BqFq q) { return fq_code(x, q) * q.s; }
+
+/* fq_value where q is a quantizer, x itself where the place has none (q.s = 0). */
+IK_INLINE float fq_apply(float x, BqFq q) { return q.s > 0.0f ? fq_value(x, q) : x; }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -548,19 +551,19 @@ static void attn_head(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int
     attn_core(codes, C, in->NH * in->d, in->mask ? in->mask + b * in->T : NULL, Kt, in->scale, in->sq, in->T, in->d);
 }
 
-/* One (batch, head) pair of the ort scheme (bq_infer_attention_ort) into its codes (leading dim H), in the
- * op order of layers/bert.c attention_context: the query, key and value through their quantizers and
- * turned into codes, the scores' integer sums scaled and fake-quantized, the masked softmax
- * (softmax_row: bq_kernel_softmax_mask_forward's bits) and its quantizer, the context's integer sums
- * scaled and fake-quantized, then its uint8 codes at in->sq. The products sum integers exactly, so fma
+/* One (batch, head) pair with fake quantizers (bq_infer_attention_fq) into its codes (leading dim H), in
+ * the op order of layers/bert.c attention_context: the query, key and value through their quantizers and
+ * turned into codes, the scores' integer sums scaled and fake-quantized where a quantizer sits there, the
+ * masked softmax (softmax_row: bq_kernel_softmax_mask_forward's bits) and its quantizer, the context's
+ * integer sums scaled and fake-quantized where a quantizer sits there, then its uint8 codes at in->sq. The products sum integers exactly, so fma
  * (the AVX2 kernels) changes nothing but speed; everything else is portable arithmetic. */
-IK_VEC static void attn_head_ort(uint8_t *codes, const AttnIn *in, int64_t b, int64_t h, float *Kt, int fma) {
+IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int64_t h, float *Kt, int fma) {
     const int64_t T = in->T, d = in->d, Tp = pad16(T), Td = pad16(T * d), H = in->NH * d;
     const BqFq *fq = in->fq;
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + Td, *v = k + Td;
     load_head(Kt, in, b, h);
     for (int part = 0; part < 3; part++) {
-        const BqFq f = fq[BQ_ORT_FQ_Q + part];
+        const BqFq f = fq[BQ_FQ_Q + part];
         float *x = q + part * Td;
         for (int64_t i = 0; i < T * d; i++) x[i] = fq_code(x[i], f);
     }
@@ -574,12 +577,12 @@ IK_VEC static void attn_head_ort(uint8_t *codes, const AttnIn *in, int64_t b, in
         transpose_tail(Kt, Tp, k, d, 0, T, d);
         scores_all(S, Tp, q, Kt, T, d);
     }
-    const float fqk = fq[BQ_ORT_FQ_Q].s * fq[BQ_ORT_FQ_K].s, fpv = fq[BQ_ORT_FQ_PROBS].s * fq[BQ_ORT_FQ_V].s;
-    const BqFq fs = fq[BQ_ORT_FQ_SCORES], fp = fq[BQ_ORT_FQ_PROBS], fc = fq[BQ_ORT_FQ_CONTEXT];
+    const float fqk = fq[BQ_FQ_Q].s * fq[BQ_FQ_K].s, fpv = fq[BQ_FQ_PROBS].s * fq[BQ_FQ_V].s;
+    const BqFq fs = fq[BQ_FQ_SCORES], fp = fq[BQ_FQ_PROBS], fc = fq[BQ_FQ_CONTEXT];
     const float *mrow = in->mask ? in->mask + b * T : NULL;
     for (int64_t i = 0; i < T; i++) {
         float *y = S + i * Tp;
-        for (int64_t j = 0; j < T; j++) y[j] = fq_value(y[j] * fqk, fs);
+        for (int64_t j = 0; j < T; j++) y[j] = fq_apply(y[j] * fqk, fs);
         softmax_row(y, mrow, in->scale, T);
         for (int64_t j = 0; j < T; j++) y[j] = fq_code(y[j], fp);
     }
@@ -590,7 +593,7 @@ IK_VEC static void attn_head_ort(uint8_t *codes, const AttnIn *in, int64_t b, in
     if (!fma) context_all(NULL, q, d, S, Tp, v, T, d, 0.0f);
     uint8_t *c = codes + b * T * H + h * d;
     for (int64_t t = 0; t < T; t++)
-        for (int64_t e = 0; e < d; e++) c[t * H + e] = quant_u8(fq_value(q[t * d + e] * fpv, fc), in->sq);
+        for (int64_t e = 0; e < d; e++) c[t * H + e] = quant_u8(fq_apply(q[t * d + e] * fpv, fc), in->sq);
 }
 
 /* The (batch, head) loop of both engines' attention, the context written as codes when codes is not
@@ -609,7 +612,7 @@ static void attn_heads(uint8_t *codes, float *ctx, const AttnIn *in, float *scra
         uint8_t *c = codes ? codes + off : NULL;
         float *f = ctx ? ctx + off : NULL;
         if (in->fq) {
-            attn_head_ort(codes, in, b, h, Kt, fma);
+            attn_head_fq(codes, in, b, h, Kt, fma);
             continue;
         }
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -629,27 +632,30 @@ void bq_infer_attention(uint8_t *codes, const int32_t *acc, const int32_t *comp,
     attn_heads(codes, NULL, &in, scratch, nthreads, B);
 }
 
-void bq_infer_attention_ort(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
-                            const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
-                            const BqFq *fq, float sq, int64_t B, int64_t T, int64_t NH, int64_t d) {
-    BQ_CHECK(fq && codes);
+void bq_infer_attention_fq(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
+                           const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
+                           const BqFq *fq, float sq, int64_t B, int64_t T, int64_t NH, int64_t d) {
+    BQ_CHECK(fq && codes && fq[BQ_FQ_Q].s > 0.0f && fq[BQ_FQ_K].s > 0.0f && fq[BQ_FQ_V].s > 0.0f &&
+             fq[BQ_FQ_PROBS].s > 0.0f);
     const AttnIn in = {acc, comp, qscale, NULL, bias, mask, scale, sq, T, NH, d, fq};
     attn_heads(codes, NULL, &in, scratch, nthreads, B);
 }
 
 IK_VEC void bq_infer_residual_layernorm_fq(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
-                                           const float *scale, const float *bias, const float *resid, BqFq fres,
-                                           const float *lnw, const float *lnb, float eps, BqFq fln, float sq,
-                                           int64_t M, int64_t N) {
+                                           const float *scale, const float *bias, const float *resid, const BqFq *f,
+                                           const float *lnw, const float *lnb, float eps, float sq, int64_t M,
+                                           int64_t N) {
+    const BqFq floc = f[BQ_FQ_LOCAL], fskip = f[BQ_FQ_SKIP], fsum = f[BQ_FQ_SUM], fln = f[BQ_FQ_LN];
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++) {
         float *y = out + m * N;
         const int32_t *a = acc + m * N;
         const float *r = resid + m * N;
-        for (int64_t n = 0; n < N; n++) y[n] = fq_value(dequant(a[n], comp[n], scale[n], bias[n]) + r[n], fres);
+        for (int64_t n = 0; n < N; n++)
+            y[n] = fq_apply(fq_apply(dequant(a[n], comp[n], scale[n], bias[n]), floc) + fq_apply(r[n], fskip), fsum);
         float mean, rstd;
         ln_row_forward(y, &mean, &rstd, y, lnw, lnb, N, eps);
-        for (int64_t n = 0; n < N; n++) y[n] = fq_value(y[n], fln);
+        for (int64_t n = 0; n < N; n++) y[n] = fq_apply(y[n], fln);
         if (codes)
             for (int64_t n = 0; n < N; n++) codes[m * N + n] = quant_u8(y[n], sq);
     }
@@ -661,7 +667,7 @@ IK_VEC void bq_infer_gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++)
             codes[m * N + n] =
-                quant_u8(fq_value(gelu(fq_value(dequant(acc[m * N + n], comp[n], scale[n], bias[n]), fin)), fout), sq);
+                quant_u8(fq_apply(gelu(fq_apply(dequant(acc[m * N + n], comp[n], scale[n], bias[n]), fin)), fout), sq);
 }
 
 /* With AVX2 and FMA (and N a multiple of 8) the fused multiply-add version: its values differ from the

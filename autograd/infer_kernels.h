@@ -46,42 +46,56 @@ void bq_infer_attention(uint8_t *codes, const int32_t *acc, const int32_t *comp,
                         const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
                         float sq, int64_t B, int64_t T, int64_t NH, int64_t d);
 
-/* ---- the ort scheme's fused layers ----
- * The ort scheme fake-quantizes op outputs (layers/quant.h): between two GEMMs its layer runs fp32 ops
- * with fake quantizers among them. These kernels do the same ops in the same order with the same
- * arithmetic as the op-by-op forward (autograd/kernels.c: bq_kernel_fakequant_forward, the integer
- * attention products, bq_kernel_softmax_mask_forward, bq_kernel_layernorm_forward's rows,
- * bq_kernel_bias_gelu_forward), without fused multiply-adds, so they give its bits exactly. The two
- * attention products sum codes (integers of at most 8 bits) in fp32, exact while every partial sum
- * stays below 2^24: the caller guarantees T·|qmin|² <= 2^24 and d·|qmin|² <= 2^24 (T <= 1024 and
- * d <= 1024 at 8 bits), as the op-by-op kernels then take the same exact path. */
+/* ---- the fused layers with fake quantizers between the GEMMs (ort, qdqbert) ----
+ * The ort scheme fake-quantizes op outputs, qdqbert the inputs of the attention products and of the
+ * residual adds (layers/quant.h): between two GEMMs their layers run fp32 ops with fake quantizers among
+ * them. These kernels do the same ops in the same order with the same arithmetic as the op-by-op
+ * forward (autograd/kernels.c: bq_kernel_fakequant_forward, the integer attention products,
+ * bq_kernel_softmax_mask_forward, bq_kernel_layernorm_forward's rows, bq_kernel_bias_gelu_forward),
+ * without fused multiply-adds, so they give its bits exactly. The two attention products sum codes
+ * (integers of at most 8 bits) in fp32, exact while every partial sum stays below 2^24: the caller
+ * guarantees T·|qmin|² <= 2^24 and d·|qmin|² <= 2^24 (T <= 1024 and d <= 1024 at 8 bits), as the
+ * op-by-op kernels then take the same exact path. */
 
-/* One per-tensor fake quantizer: x → clamp(rne(x/s), lo, hi)·s, lo and hi its integer bounds. */
+/* One per-tensor fake quantizer: x → clamp(rne(x/s), lo, hi)·s, lo and hi its integer bounds; s = 0:
+ * none at that place (the value passes unchanged). */
 typedef struct BqFq {
     float s, lo, hi;
 } BqFq;
 
-/* The fake quantizers of the ort attention block, in the order of BqFq arrays below. */
-enum { BQ_ORT_FQ_Q, BQ_ORT_FQ_K, BQ_ORT_FQ_V, BQ_ORT_FQ_SCORES, BQ_ORT_FQ_PROBS, BQ_ORT_FQ_CONTEXT, BQ_ORT_FQ_ATTN };
+/* The places of a layer's fake quantizers, the index of a BqFq array of BQ_FQ_LAYER: the attention's
+ * (bq_infer_attention_fq reads the first BQ_FQ_ATTN), then for each residual block (the attention's
+ * BertSelfOutput, the feed-forward's BertOutput) the dense output, the skip input, the sum and the
+ * LayerNorm output (bq_infer_residual_layernorm_fq reads the four from its first), with the
+ * intermediate dense's and the GELU's outputs between them. Q, K, V and PROBS are the grids of the two
+ * attention products' inputs and must be quantizers (s > 0); every other place may be empty. */
+enum {
+    BQ_FQ_Q, BQ_FQ_K, BQ_FQ_V, BQ_FQ_SCORES, BQ_FQ_PROBS, BQ_FQ_CONTEXT, BQ_FQ_ATTN,
+    BQ_FQ_ATTN_LOCAL = BQ_FQ_ATTN, BQ_FQ_ATTN_SKIP, BQ_FQ_ATTN_SUM, BQ_FQ_ATTN_LN,
+    BQ_FQ_INTER, BQ_FQ_GELU,
+    BQ_FQ_OUT_LOCAL, BQ_FQ_OUT_SKIP, BQ_FQ_OUT_SUM, BQ_FQ_OUT_LN,
+    BQ_FQ_LAYER
+};
+/* Offsets from a residual block's first place (BQ_FQ_ATTN_LOCAL or BQ_FQ_OUT_LOCAL). */
+enum { BQ_FQ_LOCAL, BQ_FQ_SKIP, BQ_FQ_SUM, BQ_FQ_LN };
 
-/* bq_infer_attention with the ort scheme's quantizers (fq, BQ_ORT_FQ_ATTN of them): Q_h, K_h, V_h =
- * fq_Q/K/V(dequant + bias); S = fq_SCORES(Σ codes(Q_h)·codes(K_h)ᵀ · fl(s_Q·s_K)); P = fq_PROBS(masked
- * softmax(scale·S)); C_h = fq_CONTEXT(Σ codes(P)·codes(V_h) · fl(s_PROBS·s_V)); codes (B,T,H) = uint8
- * codes of C at scale sq. Scratch as bq_infer_attention's. */
-void bq_infer_attention_ort(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
-                            const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
-                            const BqFq *fq, float sq, int64_t B, int64_t T, int64_t NH, int64_t d);
+/* bq_infer_attention with fake quantizers (fq, BQ_FQ_ATTN of them): Q_h, K_h, V_h = fq_Q/K/V(dequant +
+ * bias); S = fq_SCORES(Σ codes(Q_h)·codes(K_h)ᵀ · fl(s_Q·s_K)); P = fq_PROBS(masked softmax(scale·S));
+ * C_h = fq_CONTEXT(Σ codes(P)·codes(V_h) · fl(s_PROBS·s_V)); codes (B,T,H) = uint8 codes of C at scale
+ * sq. Scratch as bq_infer_attention's. */
+void bq_infer_attention_fq(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
+                           const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
+                           const BqFq *fq, float sq, int64_t B, int64_t T, int64_t NH, int64_t d);
 
-/* out (M,N) = fq_ln(LayerNorm(fq_res(dequant(acc) + bias + resid))) (the ort scheme's BertSelfOutput and
- * BertOutput: residual-add and LayerNorm output quantizers), and, when codes is not NULL, codes (M,N) = its
- * uint8 codes at scale sq. out may not alias resid. */
+/* out (M,N) = f[LN](LayerNorm(f[SUM](f[LOCAL](dequant(acc) + bias) + f[SKIP](resid)))) (BertSelfOutput and
+ * BertOutput with their quantizers: f points at the block's four places), and, when codes is not NULL,
+ * codes (M,N) = its uint8 codes at scale sq. out may not alias resid. */
 void bq_infer_residual_layernorm_fq(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
-                                    const float *scale, const float *bias, const float *resid, BqFq fres,
-                                    const float *lnw, const float *lnb, float eps, BqFq fln, float sq, int64_t M,
-                                    int64_t N);
+                                    const float *scale, const float *bias, const float *resid, const BqFq *f,
+                                    const float *lnw, const float *lnb, float eps, float sq, int64_t M, int64_t N);
 
-/* codes (M,N) = uint8 codes at scale sq of fq_out(gelu(fq_in(dequant(acc) + bias))) (the ort scheme's
- * BertIntermediate: dense and GELU output quantizers). */
+/* codes (M,N) = uint8 codes at scale sq of fout(gelu(fin(dequant(acc) + bias))) (BertIntermediate with the
+ * dense's and the GELU's output quantizers). */
 void bq_infer_gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
                             const float *bias, BqFq fin, BqFq fout, float sq, int64_t M, int64_t N);
 

@@ -35,18 +35,11 @@ typedef struct Int8Linear {
     float *scale;      /* (N) fl(sx·sw[n]), the dequantization factors of autograd/qgemm.h */
 } Int8Linear;
 
-/* The ort scheme's output quantizers of a layer, BQ_QP_Q_OUT … BQ_QP_OUT_LN in BQ_QPOINTS order (the first
- * BQ_ORT_FQ_ATTN of them in the order bq_infer_attention_ort reads). */
-enum { ORT_FQ_COUNT = BQ_QP_OUT_LN - BQ_QP_Q_OUT + 1 };
-#define ORT_FQ(point) (BQ_QP_##point - BQ_QP_Q_OUT)
-_Static_assert(ORT_FQ(CONTEXT) == BQ_ORT_FQ_CONTEXT && ORT_FQ(ATTN_RESID) == BQ_ORT_FQ_ATTN && ORT_FQ_COUNT == 12,
-               "the ort output quantizers follow autograd/infer_kernels.h's order");
-
 typedef struct Int8Layer {
     int fused_qkv;       /* qkv[0] is the (3H, H) product of query, key and value */
     int whole;           /* the layer runs as one fused block (layers/bert_fused.h); see bq_int8_prepare */
-    int ort;             /* whole, with the ort scheme's output quantizers fq between the GEMMs */
-    BqFq fq[ORT_FQ_COUNT];
+    int with_fq;         /* whole, with the fake quantizers fq between the GEMMs (ort, qdqbert: fq_points) */
+    BqFq fq[BQ_FQ_LAYER];
     int ok[6];           /* Linear j (query … output.dense) runs on integers (plan_layer) */
     BqQuantizer *iq[6];  /* the grid of Linear j's input, where ok[j] */
     int packed;          /* bq_int8_pack_layer ran */
@@ -107,26 +100,60 @@ static int linear_points_only(BqQuantState *qs, int l) {
 
 static const int weight_point[6] = {BQ_QP_W_Q, BQ_QP_W_K, BQ_QP_W_V, BQ_QP_W_AO, BQ_QP_W_I, BQ_QP_W_O};
 
-/* 1 when layer l has the ort scheme's quantizers and no others: its six weights and the twelve output
- * quantizers Q_OUT … OUT_LN, each of these enabled, with a range and per tensor, so the layer can run as
- * one fused block whose kernels apply them (autograd/infer_kernels.h, "the ort scheme's fused layers");
- * their fake quantizers go to fq. A quantizer left in fp32 (--keep-fp32) keeps the layer op by op. */
-static int ort_points_only(BqQuantState *qs, int l, BqFq fq[ORT_FQ_COUNT]) {
+/* The place (autograd/infer_kernels.h, BQ_FQ_*) of each quantizer that sits between a layer's GEMMs: the
+ * ort scheme's op outputs and qdqbert's inputs of the attention products and residual adds. The two
+ * attention products read their inputs' grids (layers/bert.c attention_context, grid_of): the query's,
+ * key's and value's output quantizers (ort) or the products' input quantizers (qdqbert); the
+ * probabilities' output quantizer (ort) or the context product's (qdqbert). -1: a Linear's weight or
+ * input quantizer, which the Linears take. */
+static int fq_place(int pt) {
+    switch (pt) {
+    case BQ_QP_Q_OUT: case BQ_QP_MM1_Q: return BQ_FQ_Q;
+    case BQ_QP_K_OUT: case BQ_QP_MM1_K: return BQ_FQ_K;
+    case BQ_QP_V_OUT: case BQ_QP_MM2_V: return BQ_FQ_V;
+    case BQ_QP_SCORES: return BQ_FQ_SCORES;
+    case BQ_QP_PROBS: case BQ_QP_MM2_P: return BQ_FQ_PROBS;
+    case BQ_QP_CONTEXT: return BQ_FQ_CONTEXT;
+    case BQ_QP_ADD1_LOCAL: return BQ_FQ_ATTN_LOCAL;
+    case BQ_QP_ADD1_RESID: return BQ_FQ_ATTN_SKIP;
+    case BQ_QP_ATTN_RESID: return BQ_FQ_ATTN_SUM;
+    case BQ_QP_ATTN_LN: return BQ_FQ_ATTN_LN;
+    case BQ_QP_INTER_OUT: return BQ_FQ_INTER;
+    case BQ_QP_GELU_OUT: return BQ_FQ_GELU;
+    case BQ_QP_ADD2_LOCAL: return BQ_FQ_OUT_LOCAL;
+    case BQ_QP_ADD2_RESID: return BQ_FQ_OUT_SKIP;
+    case BQ_QP_OUT_RESID: return BQ_FQ_OUT_SUM;
+    case BQ_QP_OUT_LN: return BQ_FQ_OUT_LN;
+    default: return -1;
+    }
+}
+
+/* 1 when layer l's quantizers between the GEMMs let it run as one fused block whose kernels apply them
+ * (autograd/infer_kernels.h, "the fused layers with fake quantizers"): both attention products on codes
+ * (the query's, key's, value's and probabilities' grids enabled), every other place holding at most one
+ * quantizer, each enabled one per tensor with a range of at most 8 bits; a place whose quantizer is left
+ * in fp32 (--keep-fp32) is empty. The fake quantizers go to fq (s = 0 where a place is empty). The ort
+ * and qdqbert schemes' layers qualify; a layer kept in fp32 where the attention products read their
+ * grids stays op by op (layers/bert.c then multiplies floats). */
+static int fq_points(BqQuantState *qs, int l, BqFq fq[BQ_FQ_LAYER]) {
+    int taken[BQ_FQ_LAYER] = {0};
+    memset(fq, 0, BQ_FQ_LAYER * sizeof *fq);
     for (int pt = 0; pt < BQ_QP_LAYER_COUNT; pt++) {
         const BqQuantizer *q = bq_quant_at(qs, l, pt);
-        const int out = pt >= BQ_QP_Q_OUT && pt <= BQ_QP_OUT_LN;
-        if (!q) {
-            if (out) return 0;
-            continue;
-        }
-        if (!out) {
-            if (q->is_weight) continue;
-            return 0;
-        }
-        if (!q->enabled || !q->initialized || q->nch != 1 || q->bits > 8 || !(q->scale[0] > 0.0f)) return 0;
-        fq[pt - BQ_QP_Q_OUT] = (BqFq){q->scale[0], (float)bq_quant_qmin(q), (float)bq_quant_qmax(q)};
+        const int place = fq_place(pt);
+        if (!q || place < 0) continue;
+        if (taken[place]++) return 0; /* two chained quantizers: no scheme places them */
+        if (!q->enabled) continue;
+        if (!q->initialized || q->nch != 1 || q->bits > 8 || !(q->scale[0] > 0.0f)) return 0;
+        fq[place] = (BqFq){q->scale[0], (float)bq_quant_qmin(q), (float)bq_quant_qmax(q)};
     }
-    return 1;
+    return fq[BQ_FQ_Q].s > 0.0f && fq[BQ_FQ_K].s > 0.0f && fq[BQ_FQ_V].s > 0.0f && fq[BQ_FQ_PROBS].s > 0.0f;
+}
+
+/* 1 when a and b put a Linear's input on the same codes: the same quantizer, or two 8-bit per-tensor ones
+ * with equal scales (qdqbert's query, key and value input quantizers, calibrated on one tensor). */
+static int same_grid(const BqQuantizer *a, const BqQuantizer *b) {
+    return a == b || (a->nch == 1 && b->nch == 1 && a->bits == b->bits && a->scale[0] == b->scale[0]);
 }
 
 static const BqTensor *linear_weight(const BqBertLayer *L, int j) {
@@ -237,15 +264,16 @@ static int plan_layer(BqInt8Engine *e, const BqBert *m, int l) {
                           IL->iq[j]->name, IL->iq[j]->bits, (long long)IL->iq[j]->nch);
     }
     const int *ok = IL->ok;
-    IL->fused_qkv = ok[0] && ok[1] && ok[2] && IL->iq[0] == IL->iq[1] && IL->iq[1] == IL->iq[2];
+    IL->fused_qkv = ok[0] && ok[1] && ok[2] && same_grid(IL->iq[0], IL->iq[1]) && same_grid(IL->iq[1], IL->iq[2]);
     for (int j = 0; j < 6; j++) e->nlinear += ok[j];
     e->ngemm += IL->fused_qkv ? 1 + ok[3] + ok[4] + ok[5] : ok[0] + ok[1] + ok[2] + ok[3] + ok[4] + ok[5];
     const int d = c->hidden_size / c->num_attention_heads, linears = IL->fused_qkv && ok[3] && ok[4] && ok[5];
-    /* the ort block's attention products sum codes of at most 8 bits in fp32: exact while d·128² and
+    /* the fake-quant block's attention products sum codes of at most 8 bits in fp32: exact while d·128² and
      * T·128² stay within 2^24 (autograd/infer_kernels.h) */
     const int exact = (int64_t)d * 128 * 128 <= (1 << 24) && (int64_t)c->max_position_embeddings * 128 * 128 <= (1 << 24);
-    IL->ort = linears && d % 8 == 0 && exact && ort_points_only(qs, l, IL->fq);
-    IL->whole = linears && d % 8 == 0 && (linear_points_only(qs, l) || IL->ort);
+    const int plain = linear_points_only(qs, l);
+    IL->with_fq = linears && d % 8 == 0 && exact && !plain && fq_points(qs, l, IL->fq);
+    IL->whole = linears && d % 8 == 0 && (plain || IL->with_fq);
     e->nwhole += IL->whole;
     return BQ_OK;
 }
@@ -477,32 +505,32 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
         const BqFq *fq = IL->fq;
         switch (s->id) {
         case BQ_LIN_QKV:
-            if (IL->ort)
-                bq_infer_attention_ort(oc, acc, comp, il->scale, il->bias, mask, scratch, nthr, s->scale, fq, la->sx, nb,
+            if (IL->with_fq)
+                bq_infer_attention_fq(oc, acc, comp, il->scale, il->bias, mask, scratch, nthr, s->scale, fq, la->sx, nb,
                                        s->T, s->NH, s->d);
             else
                 bq_infer_attention(oc, acc, comp, il->scale, il->bias, mask, scratch, nthr, s->scale, la->sx, nb, s->T,
                                    s->NH, s->d);
             break;
         case BQ_LIN_AO:
-            if (IL->ort)
-                bq_infer_residual_layernorm_fq(of, oc, acc, comp, il->scale, il->bias, res, fq[ORT_FQ(ATTN_RESID)], s->lnw,
-                                               s->lnb, s->eps, fq[ORT_FQ(ATTN_LN)], li->sx, rb, W);
+            if (IL->with_fq)
+                bq_infer_residual_layernorm_fq(of, oc, acc, comp, il->scale, il->bias, res, fq + BQ_FQ_ATTN_LOCAL, s->lnw,
+                                               s->lnb, s->eps, li->sx, rb, W);
             else
                 bq_infer_residual_layernorm(of, oc, acc, comp, il->scale, il->bias, res, s->lnw, s->lnb, s->eps, li->sx,
                                             rb, W);
             break;
         case BQ_LIN_I:
-            if (IL->ort)
-                bq_infer_gelu_fq_quant(oc, acc, comp, il->scale, il->bias, fq[ORT_FQ(INTER_OUT)], fq[ORT_FQ(GELU_OUT)],
-                                       lo->sx, rb, W);
+            if (IL->with_fq)
+                bq_infer_gelu_fq_quant(oc, acc, comp, il->scale, il->bias, fq[BQ_FQ_INTER], fq[BQ_FQ_GELU], lo->sx, rb,
+                                       W);
             else
                 bq_infer_gelu_quant(oc, acc, comp, il->scale, il->bias, lo->sx, rb, W);
             break;
         default:
-            if (IL->ort)
-                bq_infer_residual_layernorm_fq(of, oc, acc, comp, il->scale, il->bias, res, fq[ORT_FQ(OUT_RESID)], s->lnw,
-                                               s->lnb, s->eps, fq[ORT_FQ(OUT_LN)], next_sx, rb, W);
+            if (IL->with_fq)
+                bq_infer_residual_layernorm_fq(of, oc, acc, comp, il->scale, il->bias, res, fq + BQ_FQ_OUT_LOCAL, s->lnw,
+                                               s->lnb, s->eps, next_sx, rb, W);
             else
                 bq_infer_residual_layernorm(of, oc, acc, comp, il->scale, il->bias, res, s->lnw, s->lnb, s->eps, next_sx,
                                             rb, W);

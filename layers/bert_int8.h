@@ -9,8 +9,9 @@
  * size or thread count.
  *
  * Schemes: `cpu` runs all 6 Linears of every layer on integers (query/key/value as one fused GEMM);
- * `qdqbert` runs them too (8-bit weights: one GEMM where oneDNN's ISA has VNNI/AMX, an exact sgemm on
- * float codes elsewhere); `ort` quantizes op outputs rather than Linear inputs, and its Linears run on
+ * `qdqbert` runs them too (query/key/value as one GEMM where their three input quantizers have one
+ * scale; 8-bit weights: one GEMM where oneDNN's ISA has VNNI/AMX, an exact sgemm on float codes
+ * elsewhere); `ort` quantizes op outputs rather than Linear inputs, and its Linears run on
  * the codes of the grid their input already lies on (the output quantizer of the LayerNorm, context or
  * GELU before them), as its fake-quant forward does. A Linear with no grid, or whose quantizers are
  * disabled (--keep-fp32), stays the fp32 fake-quant Linear; bq_int8_fp32_linears names them. */
@@ -51,12 +52,14 @@ int bq_int8_gemm_count(const BqInt8Engine *e);
  * to n bytes with "..."), "" when there are none; returns buf. */
 const char *bq_int8_fp32_linears(const BqInt8Engine *e, char *buf, size_t n);
 
-/* Encoder layers that run as one fused block: when the layer's only quantizers are its Linears'
- * inputs and weights (the cpu scheme), query/key/value share one input quantizer and the head size is
- * a multiple of 8, the layer is 4 integer GEMMs, each followed by a single pass that dequantizes,
- * adds bias (and residual + LayerNorm, or GELU) and quantizes for the next GEMM, with the attention
- * block in between (autograd/infer_kernels.h). Other layers run op by op through layers/bert.c. On by
- * default; bq_int8_set_layer_fusion(e, 0) turns it off (tests compare both). */
+/* Encoder layers that run as one fused block: when all 6 Linears run on integers with query/key/value
+ * as one GEMM and the head size is a multiple of 8, the layer is 4 integer GEMMs, each followed by a
+ * single pass that dequantizes, adds bias (and residual + LayerNorm, or GELU) and quantizes for the next
+ * GEMM, with the attention block in between (autograd/infer_kernels.h): a layer whose only quantizers
+ * are its Linears' (the cpu scheme) with the fused multiply-add kernels, a layer with fake quantizers
+ * between the GEMMs (ort, qdqbert) with kernels that give fake quant's bits, provided both attention
+ * products read codes. Other layers run op by op through layers/bert.c. On by default;
+ * bq_int8_set_layer_fusion(e, 0) turns it off (tests compare both). */
 int bq_int8_fused_layer_count(const BqInt8Engine *e);
 void bq_int8_set_layer_fusion(BqInt8Engine *e, int on);
 /* A fused layer's GEMM and its epilogue cover at most this many rows at once (whole sequences for the

@@ -9,9 +9,14 @@
  *    as one GEMM with VNNI and as an exact sgemm on float codes without (autograd/qgemm.h). ort too: it has
  *    no Linear input quantizers, and its Linears run on the codes of the grids their inputs lie on (the
  *    output quantizers of the embeddings' and layers' LayerNorms, the context and the GELU);
- *  - ort: every layer runs fused with its output quantizers (autograd/infer_kernels.h) and every layer's
- *    output equals fake quant's bit for bit, fused and op by op, with the AVX2 attention products and
- *    with the portable ones (BQ_INFER_PORTABLE=1).
+ *  - ort and qdqbert: every layer runs fused with its fake quantizers between the GEMMs
+ *    (autograd/infer_kernels.h) and every layer's output equals fake quant's bit for bit, fused and op by
+ *    op, with the AVX2 attention products and with the portable ones (BQ_INFER_PORTABLE=1); qdqbert's
+ *    query, key and value inputs (three quantizers of equal scale) run as one GEMM;
+ *  - the same with quantizers changed after calibration: ort with three of layer 0's elementwise
+ *    quantizers left in fp32 (still fused: those places pass values through), ort with layer 1's softmax
+ *    quantizer in fp32 (layer 1 op by op: its context product multiplies floats), qdqbert with layer 0's
+ *    key input on another scale (layer 0 op by op, its query, key and value as three GEMMs).
  *
  * Since fake quant sums the codes of its quantized Linears exactly too (layers/quant.h, bq_quant_linear),
  * the first effect below is gone op by op; the bound is kept for the fused kernels' own rounding.
@@ -101,11 +106,31 @@ static void unload(BqBert *m) {
     bq_bert_free(m);
 }
 
+/* Changes to the calibrated quantizers before the engine is prepared (see the file comment). */
+typedef enum Variant { AS_CALIBRATED, KEEP_ELEMENTWISE, KEEP_PROBS, SPLIT_QKV } Variant;
+static const char *const variant_names[] = {"", " (layer 0: residual sum, scores and dense output in fp32)",
+                                            " (layer 1: probabilities in fp32)", " (layer 0: key input scale x1.25)"};
+
+static void apply_variant(BqBert *m, Variant v) {
+    BqQuantState *qs = m->quant;
+    if (v == KEEP_ELEMENTWISE) {
+        static const int pts[3] = {BQ_QP_ATTN_RESID, BQ_QP_SCORES, BQ_QP_INTER_OUT};
+        for (int i = 0; i < 3; i++) bq_quant_at(qs, 0, pts[i])->enabled = 0;
+    } else if (v == KEEP_PROBS) {
+        bq_quant_at(qs, 1, BQ_QP_PROBS)->enabled = 0;
+    } else if (v == SPLIT_QKV) {
+        BqQuantizer *k = bq_quant_at(qs, 0, BQ_QP_K_IN);
+        k->amax[0] *= 1.25f;
+        k->scale[0] *= 1.25f;
+    }
+}
+
 /* Compares the engine with fake quant on fresh batches and checks batch and thread invariance; fusion
- * 0 runs every layer op by op (bq_int8_set_layer_fusion), 1 lets the cpu and ort schemes' layers run fused. */
-static void check_scheme(const char *scheme, int fusion) {
+ * 0 runs every layer op by op (bq_int8_set_layer_fusion), 1 lets the layers run fused where they can. */
+static void check_scheme(const char *scheme, int fusion, Variant variant) {
     BqBert m;
     BQ_CHECK(load_model(&m, scheme, 1) == BQ_OK);
+    apply_variant(&m, variant);
     BqInt8Engine *e = NULL;
     int rc = bq_int8_prepare(&e, &m);
     if (!strcmp(scheme, "qdqbert"))
@@ -119,12 +144,15 @@ static void check_scheme(const char *scheme, int fusion) {
     const int L = m.cfg.num_hidden_layers, C = m.cfg.num_labels;
     EXPECT(bq_int8_linear_count(e) == 6 * L, "%s: %d integer Linears, expected %d", scheme, bq_int8_linear_count(e),
            6 * L);
-    if (!strcmp(scheme, "cpu"))
-        EXPECT(bq_int8_gemm_count(e) == 4 * L, "cpu: %d GEMMs, expected %d (fused qkv)", bq_int8_gemm_count(e), 4 * L);
+    /* query, key and value as one GEMM in every layer but the one whose key input has its own scale */
+    const int want_gemms = 4 * L + (variant == SPLIT_QKV ? 2 : 0);
+    EXPECT(bq_int8_gemm_count(e) == want_gemms, "%s: %d GEMMs, expected %d", scheme, bq_int8_gemm_count(e), want_gemms);
     bq_int8_set_layer_fusion(e, fusion);
-    const int ort = !strcmp(scheme, "ort");
-    const int want_fused = fusion && (!strcmp(scheme, "cpu") || ort) ? L : 0;
-    printf("%s, fusion %d: %d of %d layers fused\n", scheme, fusion, bq_int8_fused_layer_count(e), L);
+    /* exact: the schemes with fake quantizers between the GEMMs, whose layers give fake quant's bits */
+    const int exact = !strcmp(scheme, "ort") || !strcmp(scheme, "qdqbert");
+    const int want_fused = !fusion ? 0 : variant == AS_CALIBRATED || variant == KEEP_ELEMENTWISE ? L : L - 1;
+    printf("%s%s, fusion %d: %d of %d layers fused\n", scheme, variant_names[variant], fusion,
+           bq_int8_fused_layer_count(e), L);
     EXPECT(bq_int8_fused_layer_count(e) == want_fused, "%s: %d fused layers, expected %d", scheme,
            bq_int8_fused_layer_count(e), want_fused);
 
@@ -150,10 +178,10 @@ static void check_scheme(const char *scheme, int fusion) {
         if (rc) break;
         memcpy(i8, lg->data, sizeof(float) * (size_t)(B * C));
         bq_arena_rewind(&act, 0);
-        /* ort: every layer's output equals fake quant's bit for bit (the same ops on the same values in
-         * the same order, fused or not: autograd/infer_kernels.h); only the pooler's and classifier's
+        /* ort, qdqbert: every layer's output equals fake quant's bit for bit (the same ops on the same values
+         * in the same order, fused or not: autograd/infer_kernels.h); only the pooler's and classifier's
          * summation orders differ */
-        if (ort) {
+        if (exact) {
             BqTensor *hf[8], *hi[8];
             BQ_CHECK(L <= 8);
             BqBertInput hin = in;
@@ -223,9 +251,11 @@ static void check_scheme(const char *scheme, int fusion) {
     printf("%s: batch 1 vs %d: %d examples differ; unpadded vs padded: %d differ; 1 vs 2 threads: %d batches "
            "differ; blocks of %d rows vs one: %d batches differ\n", scheme, B, nbatch_bad, npad_bad, nthread_bad,
            T + 1, nblock_bad);
-    if (ort) {
-        printf("ort: layer outputs against fake quant: %d of %d differ, max |d| %.3g\n", nhidden_bad, 4 * L, maxh);
-        EXPECT(nhidden_bad == 0, "ort: %d layer outputs differ from fake quant (max |d| %.3g)", nhidden_bad, maxh);
+    if (exact) {
+        printf("%s: layer outputs against fake quant: %d of %d differ, max |d| %.3g\n", scheme, nhidden_bad, 4 * L,
+               maxh);
+        EXPECT(nhidden_bad == 0, "%s: %d layer outputs differ from fake quant (max |d| %.3g)", scheme, nhidden_bad,
+               maxh);
     }
     EXPECT(maxl > 0.0, "logits are all zero");
     EXPECT(maxd <= eps_sum + eps_step, "%s: int8 logits outside the bound", scheme);
@@ -256,15 +286,20 @@ static void check_refusals(void) {
 int main(void) {
     bq_runtime_set_threads(2);
     printf("%s\n", bq_dnnl_describe());
-    check_scheme("cpu", 1);
-    check_scheme("cpu", 0);
-    check_scheme("qdqbert", 1);
-    check_scheme("ort", 1);
-    check_scheme("ort", 0);
-    /* the ort block's portable products (the AVX2 ones above where the CPU has them): the same bits */
+    check_scheme("cpu", 1, AS_CALIBRATED);
+    check_scheme("cpu", 0, AS_CALIBRATED);
+    check_scheme("qdqbert", 1, AS_CALIBRATED);
+    check_scheme("qdqbert", 0, AS_CALIBRATED);
+    check_scheme("qdqbert", 1, SPLIT_QKV);
+    check_scheme("ort", 1, AS_CALIBRATED);
+    check_scheme("ort", 0, AS_CALIBRATED);
+    check_scheme("ort", 1, KEEP_ELEMENTWISE);
+    check_scheme("ort", 1, KEEP_PROBS);
+    /* the fused blocks' portable products (the AVX2 ones above where the CPU has them): the same bits */
     setenv("BQ_INFER_PORTABLE", "1", 1);
-    printf("ort with BQ_INFER_PORTABLE=1:\n");
-    check_scheme("ort", 1);
+    printf("with BQ_INFER_PORTABLE=1:\n");
+    check_scheme("ort", 1, AS_CALIBRATED);
+    check_scheme("qdqbert", 1, AS_CALIBRATED);
     unsetenv("BQ_INFER_PORTABLE");
     check_refusals();
     bq_qgemm_cache_clear();

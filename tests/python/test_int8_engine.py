@@ -1,8 +1,8 @@
 """The integer engine (layers/bert_int8.h) through the CLI: `eval`/`predict --engine`, and `bench`.
 
 One small fine-tune of all-MiniLM-L6-v2 (720 IMDB reviews, seq 64) is calibrated with the `cpu` scheme
-(which the integer engine runs on every x86-64 CPU: 7-bit weights) and with the `ort` scheme (whose
-Linears it runs on the grids their inputs lie on). On 200 test reviews the int8 engine must agree with
+(which the integer engine runs on every x86-64 CPU: 7-bit weights), with the `ort` scheme (whose
+Linears it runs on the grids their inputs lie on) and with the `qdqbert` scheme. On 200 test reviews the int8 engine must agree with
 the same checkpoint's fake-quant eval and with ONNX Runtime on its export; its predictions must not
 depend on batch size or threads; Linears kept in fp32 stay fp32 and are named."""
 import json
@@ -30,11 +30,11 @@ def require(ok, why):
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory, bin_path):
-    """Paths of the fp32 fine-tune, its cpu-scheme PTQ, its ort-scheme PTQ and the cpu PTQ's ONNX export."""
+    """Paths of the fp32 fine-tune, its cpu-, ort- and qdqbert-scheme PTQs and the cpu PTQ's ONNX export."""
     require(os.path.isdir(MODEL), f"pretrained model not found at {MODEL}")
     require(os.path.exists(IMDB), f"IMDB archive missing: {IMDB}")
     d = tmp_path_factory.mktemp("int8")
-    fp32, cpu, ort, onnx = d / "fp32", d / "ptq_cpu", d / "ptq_ort", d / "ptq_cpu.onnx"
+    fp32, cpu, ort, qdq, onnx = d / "fp32", d / "ptq_cpu", d / "ptq_ort", d / "ptq_qdqbert", d / "ptq_cpu.onnx"
     run_bq("finetune", "--model", MODEL, "--data", IMDB, "--out", fp32, "--train-samples", 800,
            "--val-fraction", 0.1, "--eval-samples", 32, "--epochs", 1, "--lr", 1e-4, "--batch-size", 16,
            "--max-seq-len", SEQ, "--threads", 2, "--seed", 7)
@@ -42,8 +42,10 @@ def ckpts(tmp_path_factory, bin_path):
            "--threads", 2)
     run_bq("calibrate", "--model", fp32, "--data", IMDB, "--out", ort, "--scheme", "ort", "--calib-samples", 32,
            "--threads", 2)
+    run_bq("calibrate", "--model", fp32, "--data", IMDB, "--out", qdq, "--scheme", "qdqbert", "--calib-samples", 32,
+           "--threads", 2)
     run_bq("export", "--model", cpu, "--out", onnx)
-    return {"fp32": fp32, "cpu": cpu, "ort": ort, "onnx": onnx, "dir": d}
+    return {"fp32": fp32, "cpu": cpu, "ort": ort, "qdqbert": qdq, "onnx": onnx, "dir": d}
 
 
 def eval_json(model, preds, *extra, samples=SAMPLES):
@@ -140,25 +142,28 @@ def test_int8_matches_onnxruntime_on_the_export(ckpts):
     assert p.returncode == 0, p.stdout + p.stderr
 
 
-def test_ort_scheme_on_the_engine(ckpts):
+@pytest.mark.parametrize("scheme", ["ort", "qdqbert"])
+def test_fake_quant_schemes_on_the_engine(ckpts, scheme):
     """The ort scheme quantizes op outputs, not Linear inputs: the engine runs each Linear on the codes of
     the grid its input already lies on (the embeddings', LayerNorm, context or GELU output quantizer), as
-    fake quant does, so every one of MiniLM's 36 encoder Linears is integer, every layer runs as one fused
-    block, and the result is fake quant's up to the pooler's and classifier's fixed summation order: every
-    label the same, median |dp| 0 (6 printed decimals). auto picks the engine for ort too."""
+    fake quant does. qdqbert quantizes every Linear's input, whose three query/key/value quantizers get
+    one scale from calibration, so its query, key and value run as one GEMM. In both every one of MiniLM's
+    36 encoder Linears is integer, every layer runs as one fused block with the fake quantizers between
+    its GEMMs, and the result is fake quant's up to the pooler's and classifier's fixed summation order:
+    every label the same, median |dp| 0 (6 printed decimals). auto picks the engine for both."""
     d = ckpts["dir"]
-    j8, err8 = eval_json(ckpts["ort"], d / "ort_int8.tsv", "--engine", "int8", "--threads", 2)
-    jf, _ = eval_json(ckpts["ort"], d / "ort_fq.tsv", "--engine", "fake-quant", "--threads", 2)
+    j8, err8 = eval_json(ckpts[scheme], d / f"{scheme}_int8.tsv", "--engine", "int8", "--threads", 2)
+    jf, _ = eval_json(ckpts[scheme], d / f"{scheme}_fq.tsv", "--engine", "fake-quant", "--threads", 2)
     print("\n".join(l for l in err8.splitlines() if "engine" in l))
     assert j8["engine"] == "int8" and "engine: int8 (36 integer Linears in 24 GEMMs, 6 of 6 layers fused" in err8, err8
     assert "stay fp32" not in err8, err8
-    p = compare(d / "ort_int8.tsv", d / "ort_fq.tsv", "--min-agree", "100", "--max-median-dp", "1e-6")
+    p = compare(d / f"{scheme}_int8.tsv", d / f"{scheme}_fq.tsv", "--min-agree", "100", "--max-median-dp", "1e-6")
     assert p.returncode == 0, p.stdout + p.stderr
-    a, b = p_positive(d / "ort_int8.tsv"), p_positive(d / "ort_fq.tsv")
+    a, b = p_positive(d / f"{scheme}_int8.tsv"), p_positive(d / f"{scheme}_fq.tsv")
     worst = max(abs(a[k] - b[k]) for k in a)
-    print(f"ort: int8 accuracy {j8['accuracy']:.4f}, fake quant {jf['accuracy']:.4f}, max |dp| {worst:.2e}")
+    print(f"{scheme}: int8 accuracy {j8['accuracy']:.4f}, fake quant {jf['accuracy']:.4f}, max |dp| {worst:.2e}")
     assert len(a) == SAMPLES and worst < 1e-4 and j8["accuracy"] == jf["accuracy"]
-    ja, erra = eval_json(ckpts["ort"], d / "ort_auto.tsv", samples=8)
+    ja, erra = eval_json(ckpts[scheme], d / f"{scheme}_auto.tsv", samples=8)
     assert ja["engine"] == "int8", erra
 
 
