@@ -507,7 +507,7 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
         case BQ_LIN_QKV:
             if (IL->with_fq)
                 bq_infer_attention_fq(oc, acc, comp, il->scale, il->bias, mask, scratch, nthr, s->scale, fq, la->sx, nb,
-                                       s->T, s->NH, s->d);
+                                      s->T, s->NH, s->d);
             else
                 bq_infer_attention(oc, acc, comp, il->scale, il->bias, mask, scratch, nthr, s->scale, la->sx, nb, s->T,
                                    s->NH, s->d);
