@@ -16,7 +16,7 @@
 #   int8          a `cpu`-scheme PTQ of the random MiniLM (64 calibration reviews), its export, and
 #                 `bertqat bench` of fp32, fake quant, the int8 engine and ONNX Runtime at batch 1 and 32,
 #                 seq 128: at $THREADS threads (10 rounds), then pinned to two physical cores (6 rounds); then
-#                 the same for an `ort`-scheme PTQ and its CPU-layout export at $THREADS threads, and
+#                 the same for `ort`- and `qdqbert`-scheme PTQs and their CPU-layout exports at $THREADS threads, and
 #                 bench_int8's time by section and its sweep of the fused layers' block size
 #   eval          on two pinned physical cores: `ort` and `cpu` PTQs of the random MiniLM, then eval of
 #                 the fp32 model and both PTQs on 512 test reviews (and again with bertqat-old, if packed)
@@ -112,13 +112,16 @@ int8() {
         --threads "$THREADS" --python "$PYTHON" --precision "$PRECISION"
     $T2 "$B/bertqat" bench --model "$P" --onnx "$P.onnx" --batch-sizes 1,32 --seq 128 --rounds "${ROUNDS:-6}" \
         --threads 2 --python "$PYTHON" --precision "$PRECISION"
-    # the ort scheme's PTQ (its layers fused on the engine, its 8-bit weights on oneDNN where VNNI or AMX)
-    # against ONNX Runtime on its CPU-layout export
-    "$B/bertqat" calibrate --model "$W/model" --data "$D" --out "$P-ort" --scheme ort --calib-samples 64 \
-        --threads "$THREADS" 2>&1 | tail -1
-    "$B/bertqat" export --model "$P-ort" --out "$P-ort.onnx" --cpu-layout 2>&1 | tail -1
-    "$B/bertqat" bench --model "$P-ort" --onnx "$P-ort.onnx" --batch-sizes 1,32 --seq 128 --rounds "${ROUNDS:-10}" \
-        --threads "$THREADS" --python "$PYTHON" --precision "$PRECISION"
+    # the ort and qdqbert schemes' PTQs (their layers fused on the engine, their 8-bit weights on oneDNN
+    # where VNNI or AMX) against ONNX Runtime on their CPU-layout exports
+    local s
+    for s in ort qdqbert; do
+        "$B/bertqat" calibrate --model "$W/model" --data "$D" --out "$P-$s" --scheme $s --calib-samples 64 \
+            --threads "$THREADS" 2>&1 | tail -1
+        "$B/bertqat" export --model "$P-$s" --out "$P-$s.onnx" --cpu-layout 2>&1 | tail -1
+        "$B/bertqat" bench --model "$P-$s" --onnx "$P-$s.onnx" --batch-sizes 1,32 --seq 128 --rounds "${ROUNDS:-10}" \
+            --threads "$THREADS" --python "$PYTHON" --precision "$PRECISION"
+    done
     # the engine's time by section, and by block size of its fused layers (BQ_INT8_STEP_ROWS)
     BQ_THREADS=$THREADS "$B/bench_int8" "$W/model"
     BQ_THREADS=$THREADS BQ_SWEEP_ROWS=7 "$B/bench_int8" "$W/model" | tail -1
