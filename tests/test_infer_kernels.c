@@ -1,0 +1,416 @@
+/* The integer engine's fused kernels (autograd/infer_kernels.h) one by one, against references in double
+ * precision, with inputs chosen so that every requantize saturates on both sides: the final uint8 codes
+ * of each kernel, and every fake quantizer inside the fake-quant kernels (ort, qdqbert). Each kernel runs
+ * with its AVX2 + FMA code (where the CPU has it) and with the portable code (BQ_INFER_PORTABLE=1).
+ *
+ * How a reference code is judged. For a value v = x / s in code units (double), the kernel's code must be
+ * clamp(rint(v), -128, 127) (+128 for uint8 codes), and where v lies beyond the range, the saturated end;
+ * NaN gives the zero code. The kernels compute x in fp32 (and GELU, exp and LayerNorm with their own
+ * approximations), so x differs from the double reference by a few units in the last place; a value
+ * within MARGIN code units of a rounding boundary (a half-integer) may round either way and is skipped
+ * (counted; the test requires that few are). MARGIN = 0.01 code units lies far above those errors (below
+ * 1e-3 code units at the scales used) and far below one code, so a wrong scale, a missing clamp, a wrap of
+ * an out-of-range value or a wrong rounding fails.
+ *
+ * Exact parts. Where a kernel's inputs are on power-of-two grids (dequantization scale 2^-k, biases and
+ * residuals multiples of it, fake-quant scales powers of two) its values before GELU, exp or LayerNorm
+ * are exact in fp32 and in double, and a fake quantizer on them is exact too: the reference then gives
+ * the kernel's code exactly, ties to even included. The attention's products on codes are exact integer
+ * sums, and a scaled sum is one fp32 rounding, replicated in the reference. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/infer_kernels.h"
+#include "tests/test_util.h"
+
+#define MARGIN 0.01
+
+/* Tally of one kernel's codes against the reference. */
+typedef struct Tally {
+    long checked, skipped, sat_hi, sat_lo, bad;
+} Tally;
+
+/* The expected signed code of v (code units) in [lo, hi], or INT32_MIN when v is within margin of a
+ * rounding boundary; counts the saturated ends. Margin 0: v is the kernel's own fp32 value, and ties
+ * round to even as in the kernel. */
+static int ref_code_m(double v, double lo, double hi, double margin, Tally *t) {
+    if (v != v) return 0;
+    if (v > hi + 0.5 + margin) return t->sat_hi++, (int)hi;
+    if (v < lo - 0.5 - margin) return t->sat_lo++, (int)lo;
+    const double f = v - floor(v);
+    if (margin > 0.0 && fabs(f - 0.5) < margin) return INT32_MIN;
+    const double r = rint(v);
+    return (int)(r < lo ? lo : r > hi ? hi : r);
+}
+
+static int ref_code(double v, double lo, double hi, Tally *t) { return ref_code_m(v, lo, hi, MARGIN, t); }
+
+/* Checks one uint8 code against the reference value v (code units at the final scale), skipping it
+ * within margin of a boundary. */
+static void check_code_m(Tally *t, uint8_t got, double v, double margin) {
+    const int want = ref_code_m(v, -128.0, 127.0, margin, t);
+    if (want == INT32_MIN) {
+        t->skipped++;
+        return;
+    }
+    t->checked++;
+    if ((int)got - 128 != want) {
+        if (t->bad < 3) fprintf(stderr, "  code %d, expected %d (v = %.6f)\n", (int)got - 128, want, v);
+        t->bad++;
+    }
+}
+
+static void check_code(Tally *t, uint8_t got, double v) { check_code_m(t, got, v, MARGIN); }
+/* v exactly the kernel's fp32 value: no code is skipped. */
+static void check_code_exact(Tally *t, uint8_t got, float v) { check_code_m(t, got, v, 0.0); }
+
+static void report(const char *what, int portable, const Tally *t) {
+    printf("%-34s %s: %ld codes checked, %ld skipped near a boundary, saturated %ld high / %ld low, %ld wrong\n",
+           what, portable ? "portable" : "AVX2/FMA", t->checked, t->skipped, t->sat_hi, t->sat_lo, t->bad);
+    EXPECT(t->bad == 0, "%s: %ld wrong codes", what, t->bad);
+    EXPECT(t->sat_hi > 0 && t->sat_lo > 0, "%s: the inputs do not saturate both ends", what);
+    EXPECT(t->skipped * 20 <= t->checked, "%s: %ld of %ld codes skipped", what, t->skipped, t->checked);
+}
+
+/* An exact fake quantizer in double: clamp(rint(x/s), lo, hi)·s, for x/s exact (power-of-two scales). */
+static double fq_exact(double x, BqFq q) {
+    if (!(q.s > 0.0f)) return x;
+    double v = rint(x / q.s);
+    return (v < q.lo ? q.lo : v > q.hi ? q.hi : v) * q.s;
+}
+
+/* The expected fake-quant code of a value that is not exact (after GELU or LayerNorm): INT32_MIN near a
+ * boundary. */
+static int fq_code_ref(double x, BqFq q, Tally *t) { return ref_code(x / q.s, q.lo, q.hi, t); }
+
+static double gelu_ref(double x) { return 0.5 * x * erfc(-x / sqrt(2.0)); }
+
+static float *floats(BqRng *r, int64_t n, double lo, double hi) {
+    float *a = malloc((size_t)n * sizeof *a);
+    for (int64_t i = 0; i < n; i++) a[i] = (float)(lo + (hi - lo) * bq_rng_uniform(r));
+    return a;
+}
+
+/* Accumulators acc = comp[n] + r with r in [-range, range], comp in [-1000, 1000]: acc − comp = r. */
+static void accumulators(BqRng *rng, int32_t *acc, int32_t *comp, int64_t M, int64_t N, int range) {
+    for (int64_t n = 0; n < N; n++) comp[n] = (int32_t)bq_rng_below(rng, 2001) - 1000;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++)
+            acc[m * N + n] = comp[n] + (int32_t)bq_rng_below(rng, (uint64_t)(2 * range + 1)) - range;
+}
+
+static const BqFq FQ_NONE = {0.0f, 0.0f, 0.0f};
+static BqFq fq8(float s) { return (BqFq){s, -128.0f, 127.0f}; }
+
+/* ---- GELU epilogues ---- */
+
+static void check_gelu(BqRng *rng, int portable) {
+    enum { M = 33, N = 48 };
+    int32_t acc[M * N], comp[N];
+    uint8_t codes[M * N];
+    accumulators(rng, acc, comp, M, N, 2000);
+    float scale[N], *bias = floats(rng, N, -1.0, 1.0);
+    for (int n = 0; n < N; n++) scale[n] = 1.0f / 64.0f;
+    bias[5] = NAN; /* a NaN column: code 0 */
+    const float sq = 0.001f;
+    bq_infer_gelu_quant(codes, acc, comp, scale, bias, sq, M, N);
+    Tally t = {0};
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            const double x = (double)(acc[m * N + n] - comp[n]) / 64.0 + bias[n];
+            check_code(&t, codes[m * N + n], gelu_ref(x) / sq);
+        }
+    report("gelu_quant", portable, &t);
+
+    /* with the fake quantizers of the dense and GELU outputs (ort), then the GELU's alone: inputs on the
+     * 2^-6 grid, fin 2^-4 (clamps at -8 and 7.9375), fout 2^-6 */
+    for (int withfin = 1; withfin >= 0; withfin--) {
+        for (int n = 0; n < N; n++) bias[n] = (float)((int)bq_rng_below(rng, 129) - 64) / 64.0f;
+        const BqFq fin = withfin ? fq8(1.0f / 16.0f) : FQ_NONE, fout = fq8(1.0f / 64.0f);
+        bq_infer_gelu_fq_quant(codes, acc, comp, scale, bias, fin, fout, sq, M, N);
+        Tally tf = {0}, tin = {0}, tout = {0};
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                const double x = fq_exact((double)(acc[m * N + n] - comp[n]) / 64.0 + bias[n], fin);
+                if (withfin) ref_code(((double)(acc[m * N + n] - comp[n]) / 64.0 + bias[n]) / fin.s, -128, 127, &tin);
+                const int c = fq_code_ref(gelu_ref(x), fout, &tout);
+                if (c == INT32_MIN) {
+                    tf.skipped++;
+                    continue;
+                }
+                /* the code of fout's value c·2^-6 at sq: one fp32 division, replicated */
+                check_code_exact(&tf, codes[m * N + n], (float)((double)c * fout.s / sq));
+            }
+        report(withfin ? "gelu_fq_quant (fin, fout)" : "gelu_fq_quant (fout)", portable, &tf);
+        printf("  fin saturated %ld high / %ld low, fout %ld high\n", tin.sat_hi, tin.sat_lo, tout.sat_hi);
+        EXPECT(tout.sat_hi > 0, "gelu_fq_quant: fout does not saturate");
+        if (withfin) EXPECT(tin.sat_hi > 0 && tin.sat_lo > 0, "gelu_fq_quant: fin does not saturate both ends");
+    }
+    free(bias);
+}
+
+/* ---- residual + LayerNorm epilogues ---- */
+
+/* LayerNorm of one row in double (biased variance, as bq_kernel_layernorm_forward). */
+static void ln_ref(double *y, const double *x, const float *w, const float *b, double eps, int N) {
+    double mean = 0.0, var = 0.0;
+    for (int n = 0; n < N; n++) mean += x[n];
+    mean /= N;
+    for (int n = 0; n < N; n++) var += (x[n] - mean) * (x[n] - mean);
+    var /= N;
+    for (int n = 0; n < N; n++) y[n] = (x[n] - mean) / sqrt(var + eps) * w[n] + b[n];
+}
+
+static void check_residual_layernorm(BqRng *rng, int portable) {
+    enum { M = 21, N = 40 };
+    int32_t acc[M * N], comp[N];
+    uint8_t codes[M * N];
+    float out[M * N], scale[N], resid[M * N];
+    accumulators(rng, acc, comp, M, N, 1000);
+    float *bias = floats(rng, N, -1.0, 1.0), *lnw = floats(rng, N, 1.0, 6.0), *lnb = floats(rng, N, -1.0, 1.0);
+    for (int n = 0; n < N; n++) scale[n] = 1.0f / 64.0f;
+    for (int i = 0; i < M * N; i++) resid[i] = 2.0f * bq_rng_normal(rng);
+    const float eps = 1e-12f, sq = 0.02f;
+    bq_infer_residual_layernorm(out, codes, acc, comp, scale, bias, resid, lnw, lnb, eps, sq, M, N);
+    Tally t = {0};
+    double maxd = 0.0;
+    for (int m = 0; m < M; m++) {
+        double x[N], y[N];
+        for (int n = 0; n < N; n++) x[n] = (double)(acc[m * N + n] - comp[n]) / 64.0 + bias[n] + resid[m * N + n];
+        ln_ref(y, x, lnw, lnb, eps, N);
+        for (int n = 0; n < N; n++) {
+            maxd = fmax(maxd, fabs(out[m * N + n] - y[n]) / fmax(1.0, fabs(y[n])));
+            check_code(&t, codes[m * N + n], y[n] / sq);
+        }
+    }
+    report("residual_layernorm", portable, &t);
+    printf("  max relative |out - reference| %.3g\n", maxd);
+    EXPECT(maxd < 1e-5, "residual_layernorm: outputs off by %.3g", maxd);
+
+    /* with fake quantizers, on power-of-two grids: dense output 2^-4, skip input 2^-3 (resid j/32), sum
+     * 2^-3, LayerNorm output 2^-3 (ort: sum and LayerNorm; qdqbert: dense output and skip input; all four) */
+    static const int on[3][4] = {{0, 0, 1, 1}, {1, 1, 0, 0}, {1, 1, 1, 1}};
+    static const char *const names[3] = {"residual_layernorm_fq (ort)", "residual_layernorm_fq (qdqbert)",
+                                         "residual_layernorm_fq (all four)"};
+    for (int n = 0; n < N; n++) bias[n] = (float)((int)bq_rng_below(rng, 129) - 64) / 64.0f;
+    for (int i = 0; i < M * N; i++) resid[i] = (float)((int)bq_rng_below(rng, 801) - 400) / 32.0f;
+    const float sq2 = 0.05f;
+    for (int v = 0; v < 3; v++) {
+        const float s[4] = {1.0f / 16.0f, 0.125f, 0.125f, 0.125f};
+        BqFq f[4];
+        for (int k = 0; k < 4; k++) f[k] = on[v][k] ? fq8(s[k]) : FQ_NONE;
+        bq_infer_residual_layernorm_fq(out, codes, acc, comp, scale, bias, resid, f, lnw, lnb, eps, sq2, M, N);
+        Tally tf = {0}, tsum = {0}, tln = {0};
+        int outbad = 0;
+        for (int m = 0; m < M; m++) {
+            double x[N], y[N];
+            for (int n = 0; n < N; n++) {
+                const double loc = fq_exact((double)(acc[m * N + n] - comp[n]) / 64.0 + bias[n], f[BQ_FQ_LOCAL]);
+                const double sum = loc + fq_exact(resid[m * N + n], f[BQ_FQ_SKIP]);
+                if (on[v][BQ_FQ_SUM]) ref_code(sum / f[BQ_FQ_SUM].s, -128, 127, &tsum);
+                x[n] = fq_exact(sum, f[BQ_FQ_SUM]);
+            }
+            ln_ref(y, x, lnw, lnb, eps, N);
+            for (int n = 0; n < N; n++) {
+                if (on[v][BQ_FQ_LN]) {
+                    const int c = fq_code_ref(y[n], f[BQ_FQ_LN], &tln);
+                    if (c == INT32_MIN) {
+                        tf.skipped++;
+                        continue;
+                    }
+                    const double val = c * (double)f[BQ_FQ_LN].s;
+                    outbad += out[m * N + n] != (float)val; /* the fake-quantized value exactly */
+                    check_code_exact(&tf, codes[m * N + n], (float)(val / sq2));
+                } else {
+                    outbad += fabs(out[m * N + n] - y[n]) > 1e-5 * fmax(1.0, fabs(y[n]));
+                    check_code(&tf, codes[m * N + n], y[n] / sq2);
+                }
+            }
+        }
+        report(names[v], portable, &tf);
+        EXPECT(outbad == 0, "%s: %d outputs differ from the reference", names[v], outbad);
+        printf("  sum saturated %ld high / %ld low, LayerNorm output %ld / %ld\n", tsum.sat_hi, tsum.sat_lo, tln.sat_hi,
+               tln.sat_lo);
+        if (on[v][BQ_FQ_SUM]) EXPECT(tsum.sat_hi > 0 && tsum.sat_lo > 0, "%s: the sum does not saturate", names[v]);
+    }
+    free(bias);
+    free(lnw);
+    free(lnb);
+}
+
+/* ---- attention ---- */
+
+enum { AB = 2, NH = 2, HD = 16, AH = NH * HD };
+
+/* The attention's inputs: query/key/value accumulators (AB·T, 3H) with acc − comp = r in [-range, range],
+ * dequantization scale 2^-4 and biases k/16, so Q, K, V = (r + k)/16 exactly; the last 3 keys of
+ * sequence 1 masked. */
+typedef struct AttnCase {
+    int T;
+    int32_t *acc, comp[3 * AH];
+    float qscale[3 * AH], bias[3 * AH], *mask;
+} AttnCase;
+
+static void attn_case(AttnCase *c, BqRng *rng, int T, int range) {
+    c->T = T;
+    c->acc = malloc((size_t)(AB * T * 3 * AH) * sizeof *c->acc);
+    c->mask = malloc((size_t)(AB * T) * sizeof *c->mask);
+    accumulators(rng, c->acc, c->comp, AB * T, 3 * AH, range);
+    for (int n = 0; n < 3 * AH; n++) {
+        c->qscale[n] = 1.0f / 16.0f;
+        c->bias[n] = (float)((int)bq_rng_below(rng, 9) - 4) / 16.0f;
+    }
+    for (int b = 0; b < AB; b++)
+        for (int t = 0; t < T; t++) c->mask[b * T + t] = b == 1 && t >= T - 3 ? 0.0f : 1.0f;
+}
+
+/* Q, K or V (part 0, 1, 2) of token t of sequence b, head h, element e: exact. */
+static double attn_in(const AttnCase *c, int part, int b, int t, int h, int e) {
+    const int col = part * AH + h * HD + e;
+    return (double)(c->acc[(b * c->T + t) * 3 * AH + col] - c->comp[col]) / 16.0 + c->bias[col];
+}
+
+static float *attn_scratch(int T) {
+    const size_t n = (size_t)omp_get_max_threads() * (size_t)bq_infer_attention_scratch(T, HD);
+    return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+}
+
+/* Softmax of scale·s over the T keys of sequence b, masked keys weight 0, in double. */
+static void softmax_ref(double *p, const double *s, const AttnCase *c, int b, double scale) {
+    double mx = -INFINITY, sum = 0.0;
+    for (int j = 0; j < c->T; j++)
+        if (c->mask[b * c->T + j] != 0.0f) mx = fmax(mx, scale * s[j]);
+    for (int j = 0; j < c->T; j++) sum += p[j] = c->mask[b * c->T + j] != 0.0f ? exp(scale * s[j] - mx) : 0.0;
+    for (int j = 0; j < c->T; j++) p[j] /= sum;
+}
+
+static void check_attention(BqRng *rng, int portable) {
+    const float scale = 0.25f, sq = 0.004f;
+    for (int T = 12; T <= 16; T += 4) { /* 16: the AVX2 softmax (T a multiple of 8); 12: its other branch */
+        AttnCase c;
+        attn_case(&c, rng, T, 20);
+        uint8_t *codes = malloc((size_t)(AB * T * AH));
+        float *scratch = attn_scratch(T);
+        bq_infer_attention(codes, c.acc, c.comp, c.qscale, c.bias, c.mask, scratch, omp_get_max_threads(), scale, sq,
+                           AB, T, NH, HD);
+        Tally t = {0};
+        for (int b = 0; b < AB; b++)
+            for (int h = 0; h < NH; h++)
+                for (int i = 0; i < T; i++) {
+                    double s[16], p[16];
+                    for (int j = 0; j < T; j++) {
+                        s[j] = 0.0;
+                        for (int e = 0; e < HD; e++) s[j] += attn_in(&c, 0, b, i, h, e) * attn_in(&c, 1, b, j, h, e);
+                    }
+                    softmax_ref(p, s, &c, b, scale);
+                    for (int e = 0; e < HD; e++) {
+                        double ctx = 0.0;
+                        for (int j = 0; j < T; j++) ctx += p[j] * attn_in(&c, 2, b, j, h, e);
+                        check_code(&t, codes[(b * T + i) * AH + h * HD + e], ctx / sq);
+                    }
+                }
+        char what[64];
+        snprintf(what, sizeof what, "attention (T %d)", T);
+        report(what, portable, &t);
+        free(codes);
+        free(scratch);
+        free(c.acc);
+        free(c.mask);
+    }
+}
+
+/* The fake-quant attention: Q, K, V codes on 2^-4 (r up to ±200: they saturate), scores on 2^-2 (their
+ * sums reach ±1024, far beyond ±32), probabilities on fl(1/127), context on 2^-5 (ort: every quantizer;
+ * qdqbert: no scores or context quantizer), final codes at 2^-6 or 2^-5. */
+static void check_attention_fq(BqRng *rng, int portable) {
+    const float scale = 0.25f;
+    for (int v = 0; v < 2; v++) {
+        const int T = 16, all = v == 0;
+        const float sq = all ? 1.0f / 64.0f : 1.0f / 32.0f;
+        AttnCase c;
+        attn_case(&c, rng, T, 200);
+        BqFq fq[BQ_FQ_ATTN];
+        fq[BQ_FQ_Q] = fq[BQ_FQ_K] = fq[BQ_FQ_V] = fq8(1.0f / 16.0f);
+        fq[BQ_FQ_SCORES] = all ? fq8(0.25f) : FQ_NONE;
+        fq[BQ_FQ_PROBS] = fq8(1.0f / 127.0f);
+        fq[BQ_FQ_CONTEXT] = all ? fq8(1.0f / 32.0f) : FQ_NONE;
+        uint8_t *codes = malloc((size_t)(AB * T * AH));
+        float *scratch = attn_scratch(T);
+        bq_infer_attention_fq(codes, c.acc, c.comp, c.qscale, c.bias, c.mask, scratch, omp_get_max_threads(), scale,
+                              fq, sq, AB, T, NH, HD);
+        Tally t = {0}, tin = {0}, ts = {0}, tc = {0};
+        long rows_skipped = 0;
+        const float fqk = fq[BQ_FQ_Q].s * fq[BQ_FQ_K].s, fpv = fq[BQ_FQ_PROBS].s * fq[BQ_FQ_V].s;
+        for (int b = 0; b < AB; b++)
+            for (int h = 0; h < NH; h++)
+                for (int i = 0; i < T; i++) {
+                    double s[16], p[16];
+                    int pc[16], amb = 0;
+                    for (int j = 0; j < T; j++) {
+                        long sum = 0;
+                        for (int e = 0; e < HD; e++)
+                            sum += (long)ref_code(attn_in(&c, 0, b, i, h, e) * 16.0, -128, 127, &tin) *
+                                   ref_code(attn_in(&c, 1, b, j, h, e) * 16.0, -128, 127, &tin);
+                        s[j] = (double)sum * fqk; /* exact: a sum of at most 2^18 times 2^-8 */
+                        if (all) {
+                            ref_code(s[j] / fq[BQ_FQ_SCORES].s, -128, 127, &ts);
+                            s[j] = fq_exact(s[j], fq[BQ_FQ_SCORES]);
+                        }
+                    }
+                    softmax_ref(p, s, &c, b, scale);
+                    Tally tp = {0};
+                    /* margin 1e-3 code units: the fp32 softmax is within 1e-6 of the double one, 1.3e-4 codes */
+                    for (int j = 0; j < T; j++)
+                        amb |= (pc[j] = ref_code_m(p[j] / fq[BQ_FQ_PROBS].s, -128, 127, 1e-3, &tp)) == INT32_MIN;
+                    if (amb) { /* a probability near a boundary: the whole row may move */
+                        rows_skipped++;
+                        t.skipped += HD;
+                        continue;
+                    }
+                    for (int e = 0; e < HD; e++) {
+                        long sum = 0;
+                        for (int j = 0; j < T; j++)
+                            sum += (long)pc[j] * ref_code(attn_in(&c, 2, b, j, h, e) * 16.0, -128, 127, &tin);
+                        double cx = (double)(float)((double)sum * fpv); /* one fp32 rounding, as the kernel */
+                        if (all) {
+                            ref_code(cx / fq[BQ_FQ_CONTEXT].s, -128, 127, &tc);
+                            cx = fq_exact(cx, fq[BQ_FQ_CONTEXT]);
+                        }
+                        check_code_exact(&t, codes[(b * T + i) * AH + h * HD + e], (float)(cx / sq));
+                    }
+                }
+        const char *what = all ? "attention_fq (ort)" : "attention_fq (qdqbert)";
+        report(what, portable, &t);
+        printf("  %ld rows skipped; query/key/value codes saturated %ld high / %ld low", rows_skipped, tin.sat_hi,
+               tin.sat_lo);
+        if (all) printf(", scores %ld / %ld, context %ld / %ld", ts.sat_hi, ts.sat_lo, tc.sat_hi, tc.sat_lo);
+        printf("\n");
+        EXPECT(tin.sat_hi > 0 && tin.sat_lo > 0, "%s: the query/key/value quantizers do not saturate", what);
+        if (all) EXPECT(ts.sat_hi > 0 && ts.sat_lo > 0 && tc.sat_hi > 0 && tc.sat_lo > 0,
+                        "%s: the scores or context quantizers do not saturate both ends", what);
+        free(codes);
+        free(scratch);
+        free(c.acc);
+        free(c.mask);
+    }
+}
+
+int main(void) {
+    bq_runtime_set_threads(2);
+    for (int portable = 0; portable < 2; portable++) {
+        if (portable) setenv("BQ_INFER_PORTABLE", "1", 1);
+        BqRng rng;
+        bq_rng_seed(&rng, 11);
+        check_gelu(&rng, portable);
+        check_residual_layernorm(&rng, portable);
+        check_attention(&rng, portable);
+        check_attention_fq(&rng, portable);
+    }
+    unsetenv("BQ_INFER_PORTABLE");
+    if (fails) printf("%d check(s) FAILED\n", fails);
+    else printf("all fused-kernel checks passed\n");
+    return fails ? 1 : 0;
+}
