@@ -118,21 +118,20 @@ int64_t bq_infer_attention_scratch(int64_t T, int64_t d) {
 #define PREFETCH_ROWS 16
 
 /* Q_h, K_h, V_h (T, d) each, contiguous at dst, dst + Td, dst + 2·Td (Td = pad16(T·d)), dequantized
- * from the query/key/value accumulators acc (T rows, leading dim ld) of head h. Row by row, the three
- * parts of a row together: each row is in another 4 KiB page, where the hardware prefetchers stop, so
- * the rows PREFETCH_ROWS ahead are fetched by hand (without it the accumulator loads took a third of
- * the attention's time). */
-IK_INLINE void dequant_head(float *dst, const int32_t *acc, int64_t ld, const int32_t *comp, const float *scale,
-                            const float *bias, int64_t H, int64_t h, int64_t T, int64_t d) {
-    const int64_t Td = pad16(T * d);
+ * from the query/key/value sums s of head h, rows [r0, r0 + T). Row by row, the three parts of a row
+ * together: each row is in another 4 KiB page, where the hardware prefetchers stop, so the rows
+ * PREFETCH_ROWS ahead are fetched by hand (without it the accumulator loads took a third of the
+ * attention's time). */
+IK_INLINE void dequant_head(float *dst, const BqQkvSums *s, int64_t r0, int64_t h, int64_t T, int64_t d) {
+    const int64_t Td = pad16(T * d), ld = s->ld, c0 = h * d;
     for (int64_t t = 0; t < T; t++)
         for (int part = 0; part < 3; part++) {
-            const int64_t c0 = part * H + h * d;
-            const int32_t *a = acc + t * ld + c0;
+            const int32_t *a = s->acc[part] + (r0 + t) * ld + c0, *comp = s->comp[part] + c0;
+            const float *scale = s->scale[part] + c0, *bias = s->bias[part] + c0;
             for (int64_t e = 0; e < d && t + PREFETCH_ROWS < T; e += 16)
                 __builtin_prefetch(a + PREFETCH_ROWS * ld + e, 0, 3);
             float *o = dst + part * Td + t * d;
-            for (int64_t e = 0; e < d; e++) o[e] = dequant(a[e], comp[c0 + e], scale[c0 + e], bias[c0 + e]);
+            for (int64_t e = 0; e < d; e++) o[e] = dequant(a[e], comp[e], scale[e], bias[e]);
         }
 }
 
@@ -153,13 +152,12 @@ IK_INLINE void load_head_f32(float *dst, const float *qkv, int64_t ld, const flo
     }
 }
 
-/* What one attention call reads, for either engine: the integer engine's query/key/value accumulators acc
- * (B·T rows, leading dim 3H) with their compensation comp and scales qscale (3H), or, when acc is NULL,
- * the fp32 engine's bias-free GEMM output qkv (B·T rows, leading dim 3H); the bias (3H), the optional
- * (B,T) mask, the softmax scale, the context's code scale sq (integer engine) and the sizes. */
+/* What one attention call reads, for either engine: the integer engine's query/key/value sums, or, when
+ * sums is NULL, the fp32 engine's bias-free GEMM output qkv (B·T rows, leading dim 3H) and its bias (3H);
+ * the optional (B,T) mask, the softmax scale, the context's code scale sq (integer engine) and the sizes. */
 typedef struct AttnIn {
-    const int32_t *acc, *comp;
-    const float *qscale, *qkv, *bias, *mask;
+    const BqQkvSums *sums;
+    const float *qkv, *bias, *mask;
     float scale, sq;
     int64_t T, NH, d;
     const BqFq *fq; /* the fake quantizers of the attention (BQ_FQ_ATTN: ort, qdqbert), or NULL */
@@ -170,7 +168,7 @@ typedef struct AttnIn {
 IK_INLINE void load_head(float *Kt, const AttnIn *in, int64_t b, int64_t h) {
     const int64_t T = in->T, d = in->d, H = in->NH * d, ld = 3 * H;
     float *dst = Kt + d * pad16(T) + T * pad16(T);
-    if (in->acc) dequant_head(dst, in->acc + b * T * ld, ld, in->comp, in->qscale, in->bias, H, h, T, d);
+    if (in->sums) dequant_head(dst, in->sums, b * T, h, T, d);
     else load_head_f32(dst, in->qkv + b * T * ld, ld, in->bias, H, h, T, d);
 }
 
@@ -625,19 +623,31 @@ static void attn_heads(uint8_t *codes, float *ctx, const AttnIn *in, float *scra
     }
 }
 
-void bq_infer_attention(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
-                        const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
-                        float sq, int64_t B, int64_t T, int64_t NH, int64_t d) {
-    const AttnIn in = {acc, comp, qscale, NULL, bias, mask, scale, sq, T, NH, d, NULL};
+BqQkvSums bq_qkv_sums_fused(const int32_t *acc, const int32_t *comp, const float *scale, const float *bias,
+                            int64_t H) {
+    BqQkvSums s = {.ld = 3 * H};
+    for (int p = 0; p < 3; p++) {
+        s.acc[p] = acc + p * H;
+        s.comp[p] = comp + p * H;
+        s.scale[p] = scale + p * H;
+        s.bias[p] = bias + p * H;
+    }
+    return s;
+}
+
+void bq_infer_attention(uint8_t *codes, const BqQkvSums *sums, const float *mask, float *scratch, int64_t nthreads,
+                        float scale, float sq, int64_t B, int64_t T, int64_t NH, int64_t d) {
+    BQ_CHECK(sums && codes);
+    const AttnIn in = {sums, NULL, NULL, mask, scale, sq, T, NH, d, NULL};
     attn_heads(codes, NULL, &in, scratch, nthreads, B);
 }
 
-void bq_infer_attention_fq(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
-                           const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
-                           const BqFq *fq, float sq, int64_t B, int64_t T, int64_t NH, int64_t d) {
-    BQ_CHECK(fq && codes && fq[BQ_FQ_Q].s > 0.0f && fq[BQ_FQ_K].s > 0.0f && fq[BQ_FQ_V].s > 0.0f &&
+void bq_infer_attention_fq(uint8_t *codes, const BqQkvSums *sums, const float *mask, float *scratch,
+                           int64_t nthreads, float scale, const BqFq *fq, float sq, int64_t B, int64_t T, int64_t NH,
+                           int64_t d) {
+    BQ_CHECK(sums && fq && codes && fq[BQ_FQ_Q].s > 0.0f && fq[BQ_FQ_K].s > 0.0f && fq[BQ_FQ_V].s > 0.0f &&
              fq[BQ_FQ_PROBS].s > 0.0f);
-    const AttnIn in = {acc, comp, qscale, NULL, bias, mask, scale, sq, T, NH, d, fq};
+    const AttnIn in = {sums, NULL, NULL, mask, scale, sq, T, NH, d, fq};
     attn_heads(codes, NULL, &in, scratch, nthreads, B);
 }
 
@@ -689,7 +699,7 @@ void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp
 void bq_infer_attention_f32(float *ctx, const float *qkv, const float *bias, const float *mask, float *scratch,
                             int64_t nthreads, float scale, int64_t B, int64_t T, int64_t NH, int64_t d) {
     BQ_CHECK(qkv != NULL);
-    const AttnIn in = {NULL, NULL, NULL, qkv, bias, mask, scale, 0.0f, T, NH, d, NULL};
+    const AttnIn in = {NULL, qkv, bias, mask, scale, 0.0f, T, NH, d, NULL};
     attn_heads(NULL, ctx, &in, scratch, nthreads, B);
 }
 

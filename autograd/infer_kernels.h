@@ -36,15 +36,28 @@ void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp
 /* Scratch floats per thread that bq_infer_attention needs for sequences of T tokens and head size d. */
 int64_t bq_infer_attention_scratch(int64_t T, int64_t d);
 
-/* The attention block of one layer on the accumulators acc (B,T,3H) of the fused query/key/value GEMM
- * (query | key | value column blocks, H = NH·d, d a multiple of 8; comp, qscale, bias: (3H)): for every
- * (b, h), Q_h, K_h, V_h = dequant + bias of its columns, S = Q_h·K_hᵀ,
- * P = softmax(scale·S + (1 − mask)·(−FLT_MAX)) over keys (mask (B,T) of 0/1, or NULL), C_h = P·V_h;
- * codes (B,T,H) = uint8 codes of C at scale sq. scratch: nthreads · bq_infer_attention_scratch(T, d)
- * floats, 64-byte aligned, where nthreads is at least omp_get_max_threads(). */
-void bq_infer_attention(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
-                        const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
-                        float sq, int64_t B, int64_t T, int64_t NH, int64_t d);
+/* The query/key/value accumulators of one attention call: the sum of part p (0 query, 1 key, 2 value),
+ * row r (of B·T), column c (of H = NH·d) is acc[p][r·ld + c], with its compensation comp[p][c],
+ * dequantization scale scale[p][c] and bias bias[p][c]. One fused GEMM's (B·T, 3H) sums are three column
+ * blocks of one array (bq_qkv_sums_fused); three GEMMs' (B·T, H) sums, when query, key and value have
+ * input quantizers of different scales, are three arrays with ld = H. */
+typedef struct BqQkvSums {
+    const int32_t *acc[3], *comp[3];
+    const float *scale[3], *bias[3];
+    int64_t ld;
+} BqQkvSums;
+
+/* The sums of the fused GEMM: acc (B·T, 3H) of query | key | value column blocks, comp, scale, bias (3H). */
+BqQkvSums bq_qkv_sums_fused(const int32_t *acc, const int32_t *comp, const float *scale, const float *bias,
+                            int64_t H);
+
+/* The attention block of one layer on the query/key/value sums (d a multiple of 8): for every (b, h),
+ * Q_h, K_h, V_h = dequant + bias of its columns, S = Q_h·K_hᵀ, P = softmax(scale·S + (1 − mask)·(−FLT_MAX))
+ * over keys (mask (B,T) of 0/1, or NULL), C_h = P·V_h; codes (B,T,H) = uint8 codes of C at scale sq.
+ * scratch: nthreads · bq_infer_attention_scratch(T, d) floats, 64-byte aligned, where nthreads is at
+ * least omp_get_max_threads(). */
+void bq_infer_attention(uint8_t *codes, const BqQkvSums *sums, const float *mask, float *scratch, int64_t nthreads,
+                        float scale, float sq, int64_t B, int64_t T, int64_t NH, int64_t d);
 
 /* ---- the fused layers with fake quantizers between the GEMMs (ort, qdqbert) ----
  * The ort scheme fake-quantizes op outputs, qdqbert the inputs of the attention products and of the
@@ -83,9 +96,9 @@ enum { BQ_FQ_LOCAL, BQ_FQ_SKIP, BQ_FQ_SUM, BQ_FQ_LN };
  * bias); S = fq_SCORES(Σ codes(Q_h)·codes(K_h)ᵀ · fl(s_Q·s_K)); P = fq_PROBS(masked softmax(scale·S));
  * C_h = fq_CONTEXT(Σ codes(P)·codes(V_h) · fl(s_PROBS·s_V)); codes (B,T,H) = uint8 codes of C at scale
  * sq. Scratch as bq_infer_attention's. */
-void bq_infer_attention_fq(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *qscale,
-                           const float *bias, const float *mask, float *scratch, int64_t nthreads, float scale,
-                           const BqFq *fq, float sq, int64_t B, int64_t T, int64_t NH, int64_t d);
+void bq_infer_attention_fq(uint8_t *codes, const BqQkvSums *sums, const float *mask, float *scratch,
+                           int64_t nthreads, float scale, const BqFq *fq, float sq, int64_t B, int64_t T, int64_t NH,
+                           int64_t d);
 
 /* out (M,N) = f[LN](LayerNorm(f[SUM](f[LOCAL](dequant(acc) + bias) + f[SKIP](resid)))) (BertSelfOutput and
  * BertOutput with their quantizers: f points at the block's four places), and, when codes is not NULL,

@@ -267,7 +267,8 @@ static int plan_layer(BqInt8Engine *e, const BqBert *m, int l) {
     IL->fused_qkv = ok[0] && ok[1] && ok[2] && same_grid(IL->iq[0], IL->iq[1]) && same_grid(IL->iq[1], IL->iq[2]);
     for (int j = 0; j < 6; j++) e->nlinear += ok[j];
     e->ngemm += IL->fused_qkv ? 1 + ok[3] + ok[4] + ok[5] : ok[0] + ok[1] + ok[2] + ok[3] + ok[4] + ok[5];
-    const int d = c->hidden_size / c->num_attention_heads, linears = IL->fused_qkv && ok[3] && ok[4] && ok[5];
+    const int d = c->hidden_size / c->num_attention_heads,
+              linears = ok[0] && ok[1] && ok[2] && ok[3] && ok[4] && ok[5];
     /* the fake-quant block's attention products sum codes of at most 8 bits in fp32: exact while d·128² and
      * T·128² stay within 2^24 (autograd/infer_kernels.h) */
     const int exact = (int64_t)d * 128 * 128 <= (1 << 24) && (int64_t)c->max_position_embeddings * 128 * 128 <= (1 << 24);
@@ -478,20 +479,38 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
     const Int8Linear *lq = &IL->qkv[0], *la = &IL->ao, *li = &IL->inter, *lo = &IL->out;
     const Int8Linear *il = s->id == BQ_LIN_QKV ? lq : s->id == BQ_LIN_AO ? la : s->id == BQ_LIN_I ? li : lo;
     BQ_CHECK(s->id == BQ_LIN_QKV || s->id == BQ_LIN_AO || s->id == BQ_LIN_I || s->id == BQ_LIN_O);
-    const int64_t R = s->rows, N = bq_qgemm_weights_n(il->w), K = bq_qgemm_weights_k(il->w), W = s->N;
+    /* split: query, key and value as three GEMMs (input quantizers of different scales) */
+    const int split = s->id == BQ_LIN_QKV && !IL->fused_qkv;
+    const int64_t R = s->rows, K = bq_qgemm_weights_k(il->w), W = s->N;
+    const int64_t N = split ? 3 * bq_qgemm_weights_n(il->w) : bq_qgemm_weights_n(il->w);
     /* blocks of whole units: sequences of T rows for the attention, single rows elsewhere */
     const int64_t per = s->id == BQ_LIN_QKV ? s->T : 1, units = R / per;
-    const int64_t ub = e->step_rows / per > 1 ? e->step_rows / per : 1;
+    const int64_t ub = e->step_rows / per > 1 ? e->step_rows / per : 1, brows = (ub < units ? ub : units) * per;
     BQ_CHECK(units * per == R);
-    int32_t *acc = bq_arena_alloc(ctx->act, (size_t)((ub < units ? ub : units) * per * N) * sizeof(int32_t));
+    int32_t *acc = bq_arena_alloc(ctx->act, (size_t)(brows * N) * sizeof(int32_t));
     const int32_t *comp = bq_qgemm_weights_comp(il->w);
     float *scratch = NULL;
     const int64_t nthr = omp_get_max_threads();
     if (s->id == BQ_LIN_QKV)
         scratch = bq_arena_alloc(ctx->act, (size_t)(nthr * bq_infer_attention_scratch(s->T, s->d)) * sizeof(float));
+    /* split: the codes of the key's and value's inputs where their scales differ from the query's, whose
+     * codes in->codes holds */
+    uint8_t *xc[3] = {NULL, NULL, NULL};
+    for (int p = 1; p < 3 && split; p++)
+        if (IL->qkv[p].sx != lq->sx) xc[p] = bq_arena_alloc(ctx->act, (size_t)(brows * K));
+    BQ_CHECK(!split || in->f);
     for (int64_t u0 = 0; u0 < units; u0 += ub) {
         const int64_t nb = units - u0 < ub ? units - u0 : ub, r0 = u0 * per, rb = nb * per;
-        int rc = bq_qgemm_raw(il->w, in->codes + r0 * K, rb, acc);
+        int rc = BQ_OK;
+        if (!split) rc = bq_qgemm_raw(il->w, in->codes + r0 * K, rb, acc);
+        for (int p = 0; p < 3 && split && !rc; p++) {
+            const uint8_t *xp = in->codes + r0 * K;
+            if (xc[p]) {
+                bq_qgemm_quantize_u8(xc[p], in->f + r0 * K, rb * K, IL->qkv[p].sx);
+                xp = xc[p];
+            }
+            rc = bq_qgemm_raw(IL->qkv[p].w, xp, rb, acc + p * rb * (N / 3));
+        }
         if (rc) return rc;
         /* this block's rows of the outputs (W features each) and of the residual */
         float *of = out->f ? out->f + r0 * W : NULL;
@@ -503,14 +522,25 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
          * are this layer's) */
         const float next_sx = s->id == BQ_LIN_O && out->codes ? e->layers[l + 1].qkv[0].sx : 1.0f;
         const BqFq *fq = IL->fq;
+        BqQkvSums sums;
         switch (s->id) {
         case BQ_LIN_QKV:
+            if (split) {
+                sums = (BqQkvSums){.ld = N / 3};
+                for (int p = 0; p < 3; p++) {
+                    const Int8Linear *lp = &IL->qkv[p];
+                    sums.acc[p] = acc + p * rb * (N / 3);
+                    sums.comp[p] = bq_qgemm_weights_comp(lp->w);
+                    sums.scale[p] = lp->scale;
+                    sums.bias[p] = lp->bias;
+                }
+            } else {
+                sums = bq_qkv_sums_fused(acc, comp, il->scale, il->bias, N / 3);
+            }
             if (IL->with_fq)
-                bq_infer_attention_fq(oc, acc, comp, il->scale, il->bias, mask, scratch, nthr, s->scale, fq, la->sx, nb,
-                                      s->T, s->NH, s->d);
+                bq_infer_attention_fq(oc, &sums, mask, scratch, nthr, s->scale, fq, la->sx, nb, s->T, s->NH, s->d);
             else
-                bq_infer_attention(oc, acc, comp, il->scale, il->bias, mask, scratch, nthr, s->scale, la->sx, nb, s->T,
-                                   s->NH, s->d);
+                bq_infer_attention(oc, &sums, mask, scratch, nthr, s->scale, la->sx, nb, s->T, s->NH, s->d);
             break;
         case BQ_LIN_AO:
             if (IL->with_fq)

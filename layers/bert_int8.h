@@ -52,8 +52,9 @@ int bq_int8_gemm_count(const BqInt8Engine *e);
  * to n bytes with "..."), "" when there are none; returns buf. */
 const char *bq_int8_fp32_linears(const BqInt8Engine *e, char *buf, size_t n);
 
-/* Encoder layers that run as one fused block: when all 6 Linears run on integers with query/key/value
- * as one GEMM and the head size is a multiple of 8, the layer is 4 integer GEMMs, each followed by a
+/* Encoder layers that run as one fused block: when all 6 Linears run on integers and the head size is a
+ * multiple of 8, the layer is 4 integer GEMMs (query/key/value as one, or as three where their input
+ * quantizers' scales differ), each followed by a
  * single pass that dequantizes, adds bias (and residual + LayerNorm, or GELU) and quantizes for the next
  * GEMM, with the attention block in between (autograd/infer_kernels.h): a layer whose only quantizers
  * are its Linears' (the cpu scheme) with the fused multiply-add kernels, a layer with fake quantizers

@@ -16,7 +16,11 @@
  * residuals multiples of it, fake-quant scales powers of two) its values before GELU, exp or LayerNorm
  * are exact in fp32 and in double, and a fake quantizer on them is exact too: the reference then gives
  * the kernel's code exactly, ties to even included. The attention's products on codes are exact integer
- * sums, and a scaled sum is one fp32 rounding, replicated in the reference. */
+ * sums, and a scaled sum is one fp32 rounding, replicated in the reference.
+ *
+ * tests/test_qgemm.c runs the three kernels without fake quantizers on MiniLM's shapes (codes within one
+ * step of a reference, independence of batch and thread count); this file checks exact codes, the
+ * saturated ends and NaN, and the fake-quant kernels, including the query/key/value sums of three GEMMs. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -294,8 +298,8 @@ static void check_attention(BqRng *rng, int portable) {
         attn_case(&c, rng, T, 20);
         uint8_t *codes = malloc((size_t)(AB * T * AH));
         float *scratch = attn_scratch(T);
-        bq_infer_attention(codes, c.acc, c.comp, c.qscale, c.bias, c.mask, scratch, omp_get_max_threads(), scale, sq,
-                           AB, T, NH, HD);
+        const BqQkvSums sums = bq_qkv_sums_fused(c.acc, c.comp, c.qscale, c.bias, AH);
+        bq_infer_attention(codes, &sums, c.mask, scratch, omp_get_max_threads(), scale, sq, AB, T, NH, HD);
         Tally t = {0};
         for (int b = 0; b < AB; b++)
             for (int h = 0; h < NH; h++)
@@ -339,8 +343,17 @@ static void check_attention_fq(BqRng *rng, int portable) {
         fq[BQ_FQ_CONTEXT] = all ? fq8(1.0f / 32.0f) : FQ_NONE;
         uint8_t *codes = malloc((size_t)(AB * T * AH));
         float *scratch = attn_scratch(T);
-        bq_infer_attention_fq(codes, c.acc, c.comp, c.qscale, c.bias, c.mask, scratch, omp_get_max_threads(), scale,
-                              fq, sq, AB, T, NH, HD);
+        BqQkvSums sums = bq_qkv_sums_fused(c.acc, c.comp, c.qscale, c.bias, AH);
+        if (!all) { /* qdqbert: the sums of three GEMMs, three arrays of (AB·T, H) (layers/bert_int8.c) */
+            for (int p = 0; p < 3; p++) {
+                int32_t *a = malloc((size_t)(AB * T * AH) * sizeof *a);
+                for (int r = 0; r < AB * T; r++) memcpy(a + r * AH, c.acc + r * 3 * AH + p * AH, AH * sizeof *a);
+                sums.acc[p] = a;
+            }
+            sums.ld = AH;
+        }
+        bq_infer_attention_fq(codes, &sums, c.mask, scratch, omp_get_max_threads(), scale, fq, sq, AB, T, NH, HD);
+        for (int p = 0; p < 3 && !all; p++) free((void *)sums.acc[p]);
         Tally t = {0}, tin = {0}, ts = {0}, tc = {0};
         long rows_skipped = 0;
         const float fqk = fq[BQ_FQ_Q].s * fq[BQ_FQ_K].s, fpv = fq[BQ_FQ_PROBS].s * fq[BQ_FQ_V].s;
@@ -382,7 +395,7 @@ static void check_attention_fq(BqRng *rng, int portable) {
                         check_code_exact(&t, codes[(b * T + i) * AH + h * HD + e], (float)(cx / sq));
                     }
                 }
-        const char *what = all ? "attention_fq (ort)" : "attention_fq (qdqbert)";
+        const char *what = all ? "attention_fq (ort)" : "attention_fq (qdqbert, three GEMMs' sums)";
         report(what, portable, &t);
         printf("  %ld rows skipped; query/key/value codes saturated %ld high / %ld low", rows_skipped, tin.sat_hi,
                tin.sat_lo);

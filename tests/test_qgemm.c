@@ -300,7 +300,8 @@ static void check_infer_attention(int64_t B, int64_t T, int64_t NH, int64_t d, B
     BQ_CHECK(posix_memalign((void **)&scratch, 64, sizeof(float) * (size_t)(nthr * per)) == 0);
     uint8_t *codes = bq_malloc((size_t)(M * H)), *one = bq_malloc((size_t)(T * H));
     const float sc = 1.0f / sqrtf((float)d), sq = 1.5f / 127.0f;
-    bq_infer_attention(codes, acc, comp, scale, bias, mask, scratch, nthr, sc, sq, B, T, NH, d);
+    const BqQkvSums sums = bq_qkv_sums_fused(acc, comp, scale, bias, H);
+    bq_infer_attention(codes, &sums, mask, scratch, nthr, sc, sq, B, T, NH, d);
     double *ref = bq_malloc(sizeof(double) * (size_t)(M * H)), *p = bq_malloc(sizeof(double) * (size_t)T);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < NH; h++)
@@ -330,13 +331,14 @@ static void check_infer_attention(int64_t B, int64_t T, int64_t NH, int64_t d, B
     compare_codes(what, codes, ref, M * H, sq);
     int alone_bad = 0;
     for (int64_t b = 0; b < B; b++) {
-        bq_infer_attention(one, acc + b * T * N, comp, scale, bias, mask + b * T, scratch, nthr, sc, sq, 1, T, NH, d);
+        const BqQkvSums sb = bq_qkv_sums_fused(acc + b * T * N, comp, scale, bias, H);
+        bq_infer_attention(one, &sb, mask + b * T, scratch, nthr, sc, sq, 1, T, NH, d);
         alone_bad += memcmp(one, codes + b * T * H, (size_t)(T * H)) != 0;
     }
     int prev = bq_runtime_threads();
     bq_runtime_set_threads(1);
     uint8_t *t1 = bq_malloc((size_t)(M * H));
-    bq_infer_attention(t1, acc, comp, scale, bias, mask, scratch, nthr, sc, sq, B, T, NH, d);
+    bq_infer_attention(t1, &sums, mask, scratch, nthr, sc, sq, B, T, NH, d);
     bq_runtime_set_threads(prev);
     const int thr_bad = memcmp(t1, codes, (size_t)(M * H)) != 0;
     printf("%s: %d sequences differ alone, 1 vs %d threads differ: %d\n", what, alone_bad, prev, thr_bad);
