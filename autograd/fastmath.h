@@ -62,7 +62,9 @@ BQ_FASTMATH_INLINE float exp_fast(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
+    /* n is in [-126, 127] unless x is NaN, whose NaN comes through p; 0 then keeps the conversion and the
+     * shift defined */
+    int32_t bits = ((int32_t)(n == n ? n : 0.0f) + 127) << 23;
     float two_n;
     memcpy(&two_n, &bits, sizeof two_n);
     float y = p * two_n;
