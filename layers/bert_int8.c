@@ -6,7 +6,8 @@
  *   y     = fl(fl(Σ codes·qw · fl(sx·sw[n])) + b[n])   (bq_qgemm_linear, exact integer sum)
  * with qw = clamp(rne(w / sw[n]), qmin, qmax), the weight quantizer's codes (so fl(qw·sw) is exactly
  * the fake-quantized weight). Query, key and value share one input quantizer in the cpu scheme
- * (attention.self.input_quantizer) and run as one (3H, H) GEMM.
+ * (attention.self.input_quantizer), and qdqbert's three have one scale unless learned apart: then they
+ * run as one (3H, H) GEMM.
  *
  * Memory: the engine owns the packed codes, the scales and copies of the biases; a forward takes its
  * activations, codes and int32 accumulators from ctx->act, which the caller rewinds. Packed while a
