@@ -553,8 +553,9 @@ static void attn_head(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int
  * the op order of layers/bert.c attention_context: the query, key and value through their quantizers and
  * turned into codes, the scores' integer sums scaled and fake-quantized where a quantizer sits there, the
  * masked softmax (softmax_row: bq_kernel_softmax_mask_forward's bits) and its quantizer, the context's
- * integer sums scaled and fake-quantized where a quantizer sits there, then its uint8 codes at in->sq. The products sum integers exactly, so fma
- * (the AVX2 kernels) changes nothing but speed; everything else is portable arithmetic. */
+ * integer sums scaled and fake-quantized where a quantizer sits there, then its uint8 codes at in->sq.
+ * The products sum integers exactly, so fma (the AVX2 kernels) changes nothing but speed; everything
+ * else is portable arithmetic. */
 IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int64_t h, float *Kt, int fma) {
     const int64_t T = in->T, d = in->d, Tp = pad16(T), Td = pad16(T * d), H = in->NH * d;
     const BqFq *fq = in->fq;

@@ -465,6 +465,36 @@ static int int8_linear(BqCtx *ctx, const Int8Linear *il, const BqTensor *x, int 
     return bq_qgemm_linear(il->w, codes, M, il->sx, il->bias, nout, dst, acc);
 }
 
+/* The query/key/value GEMMs of layer IL on rows [r0, r0 + rb) of its input into acc (rb·3H int32), and in
+ * *sums where the attention reads them: one GEMM on in->codes; or, where the three input quantizers' scales
+ * differ (!IL->fused_qkv), three, with the key's and value's inputs quantized from in->f into xc[p] where
+ * xc[p] is set (their scale differs from the query's, whose codes in->codes holds). */
+static int qkv_gemms(const Int8Layer *IL, const BqFusedAct *in, uint8_t *const xc[3], int64_t r0, int64_t rb,
+                     int32_t *acc, BqQkvSums *sums) {
+    const Int8Linear *lq = &IL->qkv[0];
+    const int64_t K = bq_qgemm_weights_k(lq->w), N = bq_qgemm_weights_n(lq->w);
+    if (IL->fused_qkv) {
+        *sums = bq_qkv_sums_fused(acc, bq_qgemm_weights_comp(lq->w), lq->scale, lq->bias, N / 3);
+        return bq_qgemm_raw(lq->w, in->codes + r0 * K, rb, acc);
+    }
+    *sums = (BqQkvSums){.ld = N};
+    for (int p = 0; p < 3; p++) {
+        const Int8Linear *lp = &IL->qkv[p];
+        const uint8_t *xp = in->codes + r0 * K;
+        if (xc[p]) {
+            bq_qgemm_quantize_u8(xc[p], in->f + r0 * K, rb * K, lp->sx);
+            xp = xc[p];
+        }
+        sums->acc[p] = acc + p * rb * N;
+        sums->comp[p] = bq_qgemm_weights_comp(lp->w);
+        sums->scale[p] = lp->scale;
+        sums->bias[p] = lp->bias;
+        int rc = bq_qgemm_raw(lp->w, xp, rb, acc + p * rb * N);
+        if (rc) return rc;
+    }
+    return BQ_OK;
+}
+
 /* The int8 engine's Linear (layers/bert_fused.h): the integer GEMM on in->codes, then the epilogue
  * kernel of autograd/infer_kernels.h that dequantizes the int32 sums and ends in the next Linear's
  * codes:
@@ -480,10 +510,8 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
     const Int8Linear *lq = &IL->qkv[0], *la = &IL->ao, *li = &IL->inter, *lo = &IL->out;
     const Int8Linear *il = s->id == BQ_LIN_QKV ? lq : s->id == BQ_LIN_AO ? la : s->id == BQ_LIN_I ? li : lo;
     BQ_CHECK(s->id == BQ_LIN_QKV || s->id == BQ_LIN_AO || s->id == BQ_LIN_I || s->id == BQ_LIN_O);
-    /* split: query, key and value as three GEMMs (input quantizers of different scales) */
-    const int split = s->id == BQ_LIN_QKV && !IL->fused_qkv;
     const int64_t R = s->rows, K = bq_qgemm_weights_k(il->w), W = s->N;
-    const int64_t N = split ? 3 * bq_qgemm_weights_n(il->w) : bq_qgemm_weights_n(il->w);
+    const int64_t N = s->id == BQ_LIN_QKV ? 3 * W : bq_qgemm_weights_n(il->w); /* query | key | value */
     /* blocks of whole units: sequences of T rows for the attention, single rows elsewhere */
     const int64_t per = s->id == BQ_LIN_QKV ? s->T : 1, units = R / per;
     const int64_t ub = e->step_rows / per > 1 ? e->step_rows / per : 1, brows = (ub < units ? ub : units) * per;
@@ -494,24 +522,17 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
     const int64_t nthr = omp_get_max_threads();
     if (s->id == BQ_LIN_QKV)
         scratch = bq_arena_alloc(ctx->act, (size_t)(nthr * bq_infer_attention_scratch(s->T, s->d)) * sizeof(float));
-    /* split: the codes of the key's and value's inputs where their scales differ from the query's, whose
-     * codes in->codes holds */
+    /* three query/key/value GEMMs: room for the key's and value's codes where their scales differ from the
+     * query's */
     uint8_t *xc[3] = {NULL, NULL, NULL};
-    for (int p = 1; p < 3 && split; p++)
+    for (int p = 1; p < 3 && s->id == BQ_LIN_QKV && !IL->fused_qkv; p++)
         if (IL->qkv[p].sx != lq->sx) xc[p] = bq_arena_alloc(ctx->act, (size_t)(brows * K));
-    BQ_CHECK(!split || in->f);
+    BQ_CHECK((!xc[1] && !xc[2]) || in->f);
+    BqQkvSums sums;
     for (int64_t u0 = 0; u0 < units; u0 += ub) {
         const int64_t nb = units - u0 < ub ? units - u0 : ub, r0 = u0 * per, rb = nb * per;
-        int rc = BQ_OK;
-        if (!split) rc = bq_qgemm_raw(il->w, in->codes + r0 * K, rb, acc);
-        for (int p = 0; p < 3 && split && !rc; p++) {
-            const uint8_t *xp = in->codes + r0 * K;
-            if (xc[p]) {
-                bq_qgemm_quantize_u8(xc[p], in->f + r0 * K, rb * K, IL->qkv[p].sx);
-                xp = xc[p];
-            }
-            rc = bq_qgemm_raw(IL->qkv[p].w, xp, rb, acc + p * rb * (N / 3));
-        }
+        int rc = s->id == BQ_LIN_QKV ? qkv_gemms(IL, in, xc, r0, rb, acc, &sums)
+                                     : bq_qgemm_raw(il->w, in->codes + r0 * K, rb, acc);
         if (rc) return rc;
         /* this block's rows of the outputs (W features each) and of the residual */
         float *of = out->f ? out->f + r0 * W : NULL;
@@ -523,21 +544,8 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
          * are this layer's) */
         const float next_sx = s->id == BQ_LIN_O && out->codes ? e->layers[l + 1].qkv[0].sx : 1.0f;
         const BqFq *fq = IL->fq;
-        BqQkvSums sums;
         switch (s->id) {
         case BQ_LIN_QKV:
-            if (split) {
-                sums = (BqQkvSums){.ld = N / 3};
-                for (int p = 0; p < 3; p++) {
-                    const Int8Linear *lp = &IL->qkv[p];
-                    sums.acc[p] = acc + p * rb * (N / 3);
-                    sums.comp[p] = bq_qgemm_weights_comp(lp->w);
-                    sums.scale[p] = lp->scale;
-                    sums.bias[p] = lp->bias;
-                }
-            } else {
-                sums = bq_qkv_sums_fused(acc, comp, il->scale, il->bias, N / 3);
-            }
             if (IL->with_fq)
                 bq_infer_attention_fq(oc, &sums, mask, scratch, nthr, s->scale, fq, la->sx, nb, s->T, s->NH, s->d);
             else
@@ -545,8 +553,8 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
             break;
         case BQ_LIN_AO:
             if (IL->with_fq)
-                bq_infer_residual_layernorm_fq(of, oc, acc, comp, il->scale, il->bias, res, fq + BQ_FQ_ATTN_LOCAL, s->lnw,
-                                               s->lnb, s->eps, li->sx, rb, W);
+                bq_infer_residual_layernorm_fq(of, oc, acc, comp, il->scale, il->bias, res, fq + BQ_FQ_ATTN_LOCAL,
+                                               s->lnw, s->lnb, s->eps, li->sx, rb, W);
             else
                 bq_infer_residual_layernorm(of, oc, acc, comp, il->scale, il->bias, res, s->lnw, s->lnb, s->eps, li->sx,
                                             rb, W);
@@ -560,8 +568,8 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
             break;
         default:
             if (IL->with_fq)
-                bq_infer_residual_layernorm_fq(of, oc, acc, comp, il->scale, il->bias, res, fq + BQ_FQ_OUT_LOCAL, s->lnw,
-                                               s->lnb, s->eps, next_sx, rb, W);
+                bq_infer_residual_layernorm_fq(of, oc, acc, comp, il->scale, il->bias, res, fq + BQ_FQ_OUT_LOCAL,
+                                               s->lnw, s->lnb, s->eps, next_sx, rb, W);
             else
                 bq_infer_residual_layernorm(of, oc, acc, comp, il->scale, il->bias, res, s->lnw, s->lnb, s->eps, next_sx,
                                             rb, W);

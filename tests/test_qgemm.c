@@ -12,20 +12,14 @@
  *    γ_K·S from the summation and the rounding of each fake-quantized value, I one rounding of the
  *    scale, the product and the bias);
  *  - rows do not depend on M (M = 1 vs M = 67) nor on the thread count (1 vs 2), and primitives are
- *    cached per (M,N,K);
- *  - the fused inference kernels of autograd/infer_kernels.h against double-precision references on
- *    random accumulators: every code within one step of the reference code, and at most 1% of them off
- *    by one (values within float rounding of a rounding boundary); LayerNorm outputs within 1e-5 of the
- *    reference; attention with padding masks (T = 37 and 128, head sizes 16 and 32) giving the same
- *    bytes for a sequence alone as inside a batch, and for 1 and 2 threads. */
+ *    cached per (M,N,K).
+ * The fused inference kernels that finish these sums are tested in tests/test_infer_kernels.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <omp.h>
 
-#include "autograd/infer_kernels.h"
 #include "autograd/kernels.h"
 #include "autograd/qgemm.h"
 #include "tests/test_util.h"
@@ -207,146 +201,6 @@ static void check_refusals(void) {
     bq_qgemm_weights_free(w);
 }
 
-/* ---- fused inference kernels ---- */
-
-static int ref_code(double v, double s) {
-    double q = nearbyint(fmin(fmax(v / s, -128.0), 127.0)); /* default rounding mode: ties to even */
-    return (int)q + 128;
-}
-
-/* Compares n codes with reference values ref at scale s: counts codes off by one, fails on more. */
-static void compare_codes(const char *what, const uint8_t *got, const double *ref, int64_t n, double s) {
-    int64_t off1 = 0, worse = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int d = abs((int)got[i] - ref_code(ref[i], s));
-        off1 += d == 1;
-        worse += d > 1;
-    }
-    printf("%s: %lld codes, %lld off by one, %lld further\n", what, (long long)n, (long long)off1, (long long)worse);
-    EXPECT(worse == 0, "%s: %lld codes more than one step from the reference", what, (long long)worse);
-    EXPECT(off1 * 100 <= n, "%s: %lld of %lld codes off by one", what, (long long)off1, (long long)n);
-}
-
-static void fill_acc(int32_t *acc, int32_t *comp, float *scale, float *bias, int64_t M, int64_t N, float amp,
-                     BqRng *rng) {
-    for (int64_t n = 0; n < N; n++) {
-        comp[n] = (int32_t)bq_rng_below(rng, 2001) - 1000;
-        scale[n] = amp * (0.5f + bq_rng_uniform(rng)) / 20000.0f;
-        bias[n] = 0.2f * (bq_rng_uniform(rng) - 0.5f);
-    }
-    for (int64_t i = 0; i < M * N; i++) acc[i] = (int32_t)bq_rng_below(rng, 40001) - 20000 + comp[i % N];
-}
-
-static double ref_dequant(const int32_t *acc, const int32_t *comp, const float *scale, const float *bias, int64_t i,
-                          int64_t n) {
-    return (double)(acc[i] - comp[n]) * scale[n] + bias[n];
-}
-
-static void check_infer_epilogues(BqRng *rng) {
-    enum { M = 70, H = 384, I = 1536 };
-    int32_t *acc = bq_malloc(sizeof(int32_t) * M * I), comp[I];
-    float scale[I], bias[I], lnw[H], lnb[H];
-    float *resid = bq_malloc(sizeof(float) * M * H), *out = bq_malloc(sizeof(float) * M * H);
-    uint8_t *codes = bq_malloc((size_t)M * I);
-    double *ref = bq_malloc(sizeof(double) * M * I);
-    /* GELU: pre-activations over about ±6 */
-    fill_acc(acc, comp, scale, bias, M, I, 6.0f, rng);
-    const float sg = 4.0f / 127.0f;
-    bq_infer_gelu_quant(codes, acc, comp, scale, bias, sg, M, I);
-    for (int64_t i = 0; i < (int64_t)M * I; i++) {
-        double x = ref_dequant(acc, comp, scale, bias, i, i % I);
-        ref[i] = 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
-    }
-    compare_codes("gelu + quantize", codes, ref, (int64_t)M * I, sg);
-    /* residual + LayerNorm */
-    fill_acc(acc, comp, scale, bias, M, H, 3.0f, rng);
-    for (int64_t i = 0; i < (int64_t)M * H; i++) resid[i] = 2.0f * (bq_rng_uniform(rng) - 0.5f);
-    for (int n = 0; n < H; n++) lnw[n] = 0.5f + bq_rng_uniform(rng), lnb[n] = 0.1f * (bq_rng_uniform(rng) - 0.5f);
-    const float sl = 6.0f / 127.0f;
-    bq_infer_residual_layernorm(out, codes, acc, comp, scale, bias, resid, lnw, lnb, 1e-12f, sl, M, H);
-    double maxe = 0.0;
-    for (int64_t m = 0; m < M; m++) {
-        double y[H], mean = 0.0, var = 0.0;
-        for (int n = 0; n < H; n++) y[n] = ref_dequant(acc, comp, scale, bias, m * H + n, n) + resid[m * H + n];
-        for (int n = 0; n < H; n++) mean += y[n] / H;
-        for (int n = 0; n < H; n++) var += (y[n] - mean) * (y[n] - mean) / H;
-        for (int n = 0; n < H; n++) {
-            ref[m * H + n] = (y[n] - mean) / sqrt(var + 1e-12) * lnw[n] + lnb[n];
-            maxe = fmax(maxe, fabs(ref[m * H + n] - out[m * H + n]));
-        }
-    }
-    printf("residual + LayerNorm: max |out - reference| %.3g\n", maxe);
-    EXPECT(maxe <= 1e-5, "residual + LayerNorm: max error %.3g", maxe);
-    compare_codes("residual + LayerNorm + quantize", codes, ref, (int64_t)M * H, sl);
-    free(acc);
-    free(resid);
-    free(out);
-    free(codes);
-    free(ref);
-}
-
-/* Attention of B sequences of T tokens (lengths T, T−5, ...: padding masked) against a double
- * reference, and batch/thread invariance. */
-static void check_infer_attention(int64_t B, int64_t T, int64_t NH, int64_t d, BqRng *rng) {
-    const int64_t H = NH * d, N = 3 * H, M = B * T;
-    int32_t *acc = bq_malloc(sizeof(int32_t) * (size_t)(M * N)), *comp = bq_malloc(sizeof(int32_t) * (size_t)N);
-    float *scale = bq_malloc(sizeof(float) * (size_t)N), *bias = bq_malloc(sizeof(float) * (size_t)N);
-    float *mask = bq_malloc(sizeof(float) * (size_t)M);
-    fill_acc(acc, comp, scale, bias, M, N, 3.0f, rng);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) mask[b * T + t] = t < T - 5 * b ? 1.0f : 0.0f;
-    const int64_t nthr = omp_get_max_threads(), per = bq_infer_attention_scratch(T, d);
-    float *scratch = NULL;
-    BQ_CHECK(posix_memalign((void **)&scratch, 64, sizeof(float) * (size_t)(nthr * per)) == 0);
-    uint8_t *codes = bq_malloc((size_t)(M * H)), *one = bq_malloc((size_t)(T * H));
-    const float sc = 1.0f / sqrtf((float)d), sq = 1.5f / 127.0f;
-    const BqQkvSums sums = bq_qkv_sums_fused(acc, comp, scale, bias, H);
-    bq_infer_attention(codes, &sums, mask, scratch, nthr, sc, sq, B, T, NH, d);
-    double *ref = bq_malloc(sizeof(double) * (size_t)(M * H)), *p = bq_malloc(sizeof(double) * (size_t)T);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++)
-            for (int64_t i = 0; i < T; i++) {
-                double mx = -INFINITY, sum = 0.0;
-                for (int64_t j = 0; j < T; j++) {
-                    double s = 0.0;
-                    for (int64_t e = 0; e < d; e++) {
-                        int64_t cq = h * d + e, ck = H + h * d + e;
-                        s += ref_dequant(acc, comp, scale, bias, (b * T + i) * N + cq, cq) *
-                             ref_dequant(acc, comp, scale, bias, (b * T + j) * N + ck, ck);
-                    }
-                    p[j] = mask[b * T + j] > 0.0f ? s * sc : -INFINITY;
-                    mx = fmax(mx, p[j]);
-                }
-                for (int64_t j = 0; j < T; j++) sum += (p[j] = exp(p[j] - mx));
-                for (int64_t e = 0; e < d; e++) {
-                    double c = 0.0;
-                    const int64_t cv = 2 * H + h * d + e;
-                    for (int64_t j = 0; j < T; j++) c += p[j] / sum * ref_dequant(acc, comp, scale, bias, (b * T + j) * N + cv, cv);
-                    ref[(b * T + i) * H + h * d + e] = c;
-                }
-            }
-    char what[96];
-    snprintf(what, sizeof what, "attention B=%lld T=%lld NH=%lld d=%lld", (long long)B, (long long)T, (long long)NH,
-             (long long)d);
-    compare_codes(what, codes, ref, M * H, sq);
-    int alone_bad = 0;
-    for (int64_t b = 0; b < B; b++) {
-        const BqQkvSums sb = bq_qkv_sums_fused(acc + b * T * N, comp, scale, bias, H);
-        bq_infer_attention(one, &sb, mask + b * T, scratch, nthr, sc, sq, 1, T, NH, d);
-        alone_bad += memcmp(one, codes + b * T * H, (size_t)(T * H)) != 0;
-    }
-    int prev = bq_runtime_threads();
-    bq_runtime_set_threads(1);
-    uint8_t *t1 = bq_malloc((size_t)(M * H));
-    bq_infer_attention(t1, &sums, mask, scratch, nthr, sc, sq, B, T, NH, d);
-    bq_runtime_set_threads(prev);
-    const int thr_bad = memcmp(t1, codes, (size_t)(M * H)) != 0;
-    printf("%s: %d sequences differ alone, 1 vs %d threads differ: %d\n", what, alone_bad, prev, thr_bad);
-    EXPECT(alone_bad == 0 && thr_bad == 0, "%s depends on the batch or the thread count", what);
-    free(acc), free(comp), free(scale), free(bias), free(mask), free(scratch), free(codes), free(one), free(ref);
-    free(p), free(t1);
-}
-
 int main(void) {
     bq_runtime_set_threads(2);
     printf("%s\n", bq_dnnl_describe());
@@ -365,15 +219,6 @@ int main(void) {
     }
     check_invariance(&rng);
     check_refusals();
-    for (int portable = 0; portable < 2; portable++) {
-        /* the AVX2+FMA kernels where the CPU has them, then the portable ones (autograd/infer_kernels.c) */
-        if (portable) setenv("BQ_INFER_PORTABLE", "1", 1);
-        printf("fused inference kernels, %s:\n", portable ? "portable" : "as dispatched on this CPU");
-        check_infer_epilogues(&rng);
-        check_infer_attention(3, 37, 2, 16, &rng);
-        check_infer_attention(2, 128, 12, 32, &rng);
-    }
-    unsetenv("BQ_INFER_PORTABLE");
     bq_qgemm_cache_clear();
     if (fails) printf("%d check(s) FAILED\n", fails);
     else printf("all qgemm checks passed\n");
