@@ -53,10 +53,10 @@ IK_INLINE float dequant(int32_t a, int32_t comp, float scale, float bias) {
 
 /* ---- GEMM epilogues ---- */
 
-IK_VEC void bq_infer_residual_layernorm(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
-                                        const float *scale, const float *bias, const float *resid,
-                                        const float *lnw, const float *lnb, float eps, float sq, int64_t M,
-                                        int64_t N) {
+IK_VEC static void residual_layernorm_portable(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
+                                               const float *scale, const float *bias, const float *resid,
+                                               const float *lnw, const float *lnb, float eps, float sq, int64_t M,
+                                               int64_t N) {
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++) {
         float *y = out + m * N;
@@ -506,6 +506,387 @@ IK_FMA static void bias_gelu_bf16_rows_fma(uint16_t *h, const float *x, const fl
         }
 }
 
+/* ---- AVX-512: the same kernels 16 lanes wide ----
+ * Every lane runs the AVX2 kernels' operations in their order (the products' multiply-add chains over
+ * the head dimension or the keys, the dequantization, GELU, exp and the code conversion), and the
+ * softmax sums its 16-wide blocks into the AVX2 kernel's 8 lanes, low half then high half. So the
+ * AVX-512 kernels give the AVX2 kernels' bits; they only do twice the work per instruction
+ * (tests/test_infer_kernels.c compares the two bit for bit). */
+#define IK_512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+#define IK_512_INLINE static inline __attribute__((always_inline, target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+
+/* quant8_fma for 16 lanes. */
+IK_512_INLINE void quant16(uint8_t *dst, __m512 x, __m512 s) {
+    __m512 v = _mm512_div_ps(x, s);
+    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
+    const __m512i i = _mm512_add_epi32(
+        _mm512_cvtps_epi32(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
+        _mm512_set1_epi32(128));
+    _mm_storeu_si128((__m128i *)dst, _mm512_cvtepi32_epi8(i));
+}
+
+/* exp8_fma for 16 lanes. */
+IK_512_INLINE __m512 exp16(__m512 x) {
+    const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    static const float cf[8] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    for (int i = 0; i < 7; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(cf[i]));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ), _mm512_setzero_ps());
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.0f), _CMP_GT_OQ), _mm512_set1_ps(INFINITY));
+}
+
+/* gelu8_fma for 16 lanes. */
+IK_512_INLINE __m512 gelu16(__m512 x) {
+    static const float cf[10] = {0.17087277f, -0.82215223f, 1.48851587f,  -1.13520398f, 0.27886807f,
+                                 -0.18628806f, 0.09678418f, 0.37409196f, 1.00002368f,  -1.26551223f};
+    const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
+    const __m512 z = _mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps((float)M_SQRT1_2));
+    const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(half, z, one));
+    __m512 p = _mm512_set1_ps(cf[0]);
+    for (int i = 1; i < 10; i++) p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(cf[i]));
+    const __m512 h = _mm512_mul_ps(half, _mm512_mul_ps(t, exp16(_mm512_fnmadd_ps(z, z, p))));
+    const __m512 cdf =
+        _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), _mm512_sub_ps(one, h), h);
+    return _mm512_mul_ps(x, cdf);
+}
+
+/* gelu_quant_rows_fma, 16 columns at a time (N a multiple of 16). */
+IK_512 static void gelu_quant_rows_512(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                                       const float *bias, float sq, int64_t M, int64_t N) {
+    const __m512 s = _mm512_set1_ps(sq);
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n += 16) {
+            const __m512i a = _mm512_sub_epi32(_mm512_loadu_si512(acc + m * N + n), _mm512_loadu_si512(comp + n));
+            const __m512 x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_loadu_ps(scale + n), _mm512_loadu_ps(bias + n));
+            quant16(codes + m * N + n, gelu16(x), s);
+        }
+}
+
+/* R (1..4) rows of S = Q·Kt, 32 keys at a time (16 in a last block of 16). */
+IK_512_INLINE void scores_rows_512(float *S, int64_t Tp, const float *q, int64_t ldq, const float *Kt, int64_t d,
+                                   const int R) {
+    for (int64_t j = 0; j < Tp; j += 32) {
+        const int two = j + 32 <= Tp;
+        __m512 acc[4][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        for (int64_t e = 0; e < d; e++) {
+            const __m512 k0 = _mm512_loadu_ps(Kt + e * Tp + j);
+            const __m512 k1 = two ? _mm512_loadu_ps(Kt + e * Tp + j + 16) : k0;
+            for (int r = 0; r < R; r++) {
+                const __m512 qb = _mm512_set1_ps(q[r * ldq + e]);
+                acc[r][0] = _mm512_fmadd_ps(qb, k0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(qb, k1, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            _mm512_storeu_ps(S + r * Tp + j, acc[r][0]);
+            if (two) _mm512_storeu_ps(S + r * Tp + j + 16, acc[r][1]);
+        }
+    }
+}
+
+/* context_rows_fma with 16-lane blocks: d columns 32 or 16 at a time (d a multiple of 16). */
+IK_512_INLINE void context_rows_512(uint8_t *codes, float *C, int64_t ldc, int64_t i, const float *S, int64_t Tp,
+                                    const float *V, int64_t ldv, int64_t T, int64_t d, float sq, const int R) {
+    const __m512 s = _mm512_set1_ps(sq);
+    const float *P = S + i * Tp;
+    for (int64_t c = 0; c < d; c += 32) {
+        const int two = c + 32 <= d;
+        __m512 acc[4][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < T; j++) {
+            const __m512 v0 = _mm512_loadu_ps(V + j * ldv + c);
+            const __m512 v1 = two ? _mm512_loadu_ps(V + j * ldv + c + 16) : v0;
+            for (int r = 0; r < R; r++) {
+                const __m512 pb = _mm512_set1_ps(P[r * Tp + j]);
+                acc[r][0] = _mm512_fmadd_ps(pb, v0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(pb, v1, acc[r][1]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            if (codes) {
+                quant16(codes + (i + r) * ldc + c, acc[r][0], s);
+                if (two) quant16(codes + (i + r) * ldc + c + 16, acc[r][1], s);
+            } else {
+                _mm512_storeu_ps(C + (i + r) * ldc + c, acc[r][0]);
+                if (two) _mm512_storeu_ps(C + (i + r) * ldc + c + 16, acc[r][1]);
+            }
+        }
+    }
+}
+
+/* softmax_row_fma 16 lanes wide (T a multiple of 16); its sum in the AVX2 kernel's 8 lanes and order. */
+IK_512_INLINE void softmax_row_512(float *y, const float *mrow, float scale, int64_t T) {
+    const __m512 sc = _mm512_set1_ps(scale), one = _mm512_set1_ps(1.0f), mv = _mm512_set1_ps(-FLT_MAX);
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < T; j += 16) {
+        __m512 v = _mm512_mul_ps(sc, _mm512_loadu_ps(y + j));
+        if (mrow) v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_sub_ps(one, _mm512_loadu_ps(mrow + j)), mv));
+        _mm512_storeu_ps(y + j, v);
+        mx = _mm512_max_ps(mx, v);
+    }
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < T; j += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(y + j), m));
+        _mm512_storeu_ps(y + j, e);
+        sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
+        sum = _mm256_add_ps(sum, _mm512_extractf32x8_ps(e, 1));
+    }
+    float l[8];
+    _mm256_storeu_ps(l, sum);
+    const __m512 inv = _mm512_set1_ps(1.0f / (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))));
+    for (int64_t j = 0; j < T; j += 16) _mm512_storeu_ps(y + j, _mm512_mul_ps(_mm512_loadu_ps(y + j), inv));
+}
+
+/* S = q · Kt, 4 query rows at a time. */
+IK_512 static void scores_all_512(float *S, int64_t Tp, const float *q, const float *Kt, int64_t T, int64_t d) {
+    int64_t i = 0;
+    for (; i + 4 <= T; i += 4) scores_rows_512(S + i * Tp, Tp, q + i * d, d, Kt, d, 4);
+    for (; i < T; i++) scores_rows_512(S + i * Tp, Tp, q + i * d, d, Kt, d, 1);
+}
+
+/* context_all_fma with context_rows_512 (d a multiple of 16). */
+IK_512 static void context_all_512(uint8_t *codes, float *C, int64_t ldc, const float *S, int64_t Tp,
+                                   const float *V, int64_t T, int64_t d, float sq) {
+    int64_t i = 0;
+    for (; i + 4 <= T; i += 4) context_rows_512(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 4);
+    for (; i < T; i++) context_rows_512(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 1);
+}
+
+/* attn_head_fma with the 16-lane kernels (T and d multiples of 16): the loads compiled for AVX-512, the
+ * transpose of AVX2. */
+IK_512 static void attn_head_512(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int64_t h, float *Kt) {
+    const int64_t T = in->T, d = in->d, Tp = pad16(T);
+    const float *mrow = in->mask ? in->mask + b * T : NULL;
+    float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
+    load_head(Kt, in, b, h);
+    transpose_all_fma(Kt, Tp, k, T, d);
+    scores_all_512(S, Tp, q, Kt, T, d);
+    for (int64_t i = 0; i < T; i++) softmax_row_512(S + i * Tp, mrow, in->scale, T);
+    context_all_512(codes, C, in->NH * d, S, Tp, v, T, d, in->sq);
+}
+
+/* The running sum s of autograd/fastmath.h row_sum's 8 lanes, with the 16 values of x added in its order
+ * (the low 8, then the high 8). */
+IK_512_INLINE __m256 sum8_add16(__m256 s, __m512 x) {
+    return _mm256_add_ps(_mm256_add_ps(s, _mm512_castps512_ps256(x)), _mm512_extractf32x8_ps(x, 1));
+}
+
+/* row_sum's pairwise combination of its 8 lanes. */
+IK_512_INLINE float sum8_total(__m256 s) {
+    float l[8];
+    _mm256_storeu_ps(l, s);
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* bq_infer_residual_layernorm 16 columns at a time (N a multiple of 16), in the portable kernel's
+ * operations: the dequantization with a separate multiply and add, then the residual; ln_row_forward's
+ * two sums in its 8 lanes and order, its normalization left to right; quant_u8's codes. */
+IK_512 static void residual_layernorm_512(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
+                                          const float *scale, const float *bias, const float *resid,
+                                          const float *lnw, const float *lnb, float eps, float sq, int64_t M,
+                                          int64_t N) {
+    const __m512 s = _mm512_set1_ps(sq);
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        float *y = out + m * N;
+        const int32_t *a = acc + m * N;
+        const float *r = resid + m * N;
+        __m256 s8 = _mm256_setzero_ps();
+        for (int64_t n = 0; n < N; n += 16) {
+            const __m512 q = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(a + n), _mm512_loadu_si512(comp + n)));
+            const __m512 v = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(q, _mm512_loadu_ps(scale + n)), _mm512_loadu_ps(bias + n)),
+                                           _mm512_loadu_ps(r + n));
+            _mm512_storeu_ps(y + n, v);
+            s8 = sum8_add16(s8, v);
+        }
+        const __m512 mean = _mm512_set1_ps(sum8_total(s8) / (float)N);
+        s8 = _mm256_setzero_ps();
+        for (int64_t n = 0; n < N; n += 16) {
+            const __m512 xc = _mm512_sub_ps(_mm512_loadu_ps(y + n), mean);
+            s8 = sum8_add16(s8, _mm512_mul_ps(xc, xc));
+        }
+        const __m512 rstd = _mm512_set1_ps(1.0f / sqrtf(sum8_total(s8) / (float)N + eps));
+        for (int64_t n = 0; n < N; n += 16) {
+            const __m512 v = _mm512_add_ps(
+                _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(y + n), mean), rstd), _mm512_loadu_ps(lnw + n)),
+                _mm512_loadu_ps(lnb + n));
+            _mm512_storeu_ps(y + n, v);
+            if (codes) quant16(codes + m * N + n, v, s);
+        }
+    }
+}
+
+/* bias_gelu_rows_fma, 16 columns at a time (N a multiple of 16). */
+IK_512 static void bias_gelu_rows_512(float *x, const float *bias, int64_t M, int64_t N) {
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n += 16)
+            _mm512_storeu_ps(x + m * N + n,
+                             gelu16(_mm512_add_ps(_mm512_loadu_ps(x + m * N + n), _mm512_loadu_ps(bias + n))));
+}
+
+/* ---- AVX-512 kernels with fake quantizers (ort, qdqbert) ----
+ * These replicate the portable kernels' bits (no fused multiply-add: autograd/fastmath.h's exp_fast,
+ * erfc_pos and fq_code_of, operation for operation), since fake quant's forward runs those. The max and
+ * min below take the bound as the first operand, so a NaN lane keeps its NaN as the scalar compares do. */
+
+/* exp_fast of 16 lanes. */
+IK_512_INLINE __m512 exp16_exact(__m512 x) {
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    const __m512 xc = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.3f), x));
+    const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)), magic), magic);
+    __m512 r = _mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+    static const float cf[7] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    for (int i = 0; i < 7; i++) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(cf[i]));
+    const __m512 nz = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(n, n, _CMP_ORD_Q), n);
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(nz), _mm512_set1_epi32(127)), 23);
+    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ), _mm512_setzero_ps());
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.0f), _CMP_GT_OQ), _mm512_set1_ps(INFINITY));
+}
+
+/* gelu (erfc_pos, exp_fast) of 16 lanes. */
+IK_512_INLINE __m512 gelu16_exact(__m512 x) {
+    static const float cf[9] = {-0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f, -0.18628806f,
+                                0.09678418f,  0.37409196f, 1.00002368f,  -1.26551223f};
+    const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
+    const __m512 z = _mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps((float)M_SQRT1_2));
+    const __m512 t = _mm512_div_ps(one, _mm512_add_ps(one, _mm512_mul_ps(half, z)));
+    __m512 p = _mm512_set1_ps(0.17087277f);
+    for (int i = 0; i < 9; i++) p = _mm512_add_ps(_mm512_mul_ps(p, t), _mm512_set1_ps(cf[i]));
+    const __m512 mz = _mm512_xor_ps(z, _mm512_set1_ps(-0.0f));
+    const __m512 h = _mm512_mul_ps(half, _mm512_mul_ps(t, exp16_exact(_mm512_add_ps(_mm512_mul_ps(mz, z), p))));
+    const __m512 cdf =
+        _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ), h, _mm512_sub_ps(one, h));
+    return _mm512_mul_ps(x, cdf);
+}
+
+/* fq_code of 16 lanes: clamp(x/s) to [lo, hi], rounded as rne_small rounds. */
+IK_512_INLINE __m512 fq_code16(__m512 x, BqFq q) {
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    __m512 v = _mm512_div_ps(x, _mm512_set1_ps(q.s));
+    v = _mm512_min_ps(_mm512_set1_ps(q.hi), _mm512_max_ps(_mm512_set1_ps(q.lo), v));
+    return _mm512_sub_ps(_mm512_add_ps(v, magic), magic);
+}
+
+/* fq_apply of 16 lanes. */
+IK_512_INLINE __m512 fq_apply16(__m512 x, BqFq q) {
+    return q.s > 0.0f ? _mm512_mul_ps(fq_code16(x, q), _mm512_set1_ps(q.s)) : x;
+}
+
+/* The portable dequantization (a separate multiply and add) of 16 accumulators. */
+IK_512_INLINE __m512 dequant16(const int32_t *a, const int32_t *comp, const float *scale, const float *bias) {
+    const __m512 q = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(a), _mm512_loadu_si512(comp)));
+    return _mm512_add_ps(_mm512_mul_ps(q, _mm512_loadu_ps(scale)), _mm512_loadu_ps(bias));
+}
+
+/* bq_infer_gelu_fq_quant 16 columns at a time (N a multiple of 16). */
+IK_512 static void gelu_fq_quant_512(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                                     const float *bias, BqFq fin, BqFq fout, float sq, int64_t M, int64_t N) {
+    const __m512 s = _mm512_set1_ps(sq);
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n += 16) {
+            const __m512 x = fq_apply16(dequant16(acc + m * N + n, comp + n, scale + n, bias + n), fin);
+            quant16(codes + m * N + n, fq_apply16(gelu16_exact(x), fout), s);
+        }
+}
+
+/* bq_infer_residual_layernorm_fq 16 columns at a time (N a multiple of 16), with residual_layernorm_512's
+ * LayerNorm. */
+IK_512 static void residual_layernorm_fq_512(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
+                                             const float *scale, const float *bias, const float *resid,
+                                             const BqFq *f, const float *lnw, const float *lnb, float eps, float sq,
+                                             int64_t M, int64_t N) {
+    const BqFq floc = f[BQ_FQ_LOCAL], fskip = f[BQ_FQ_SKIP], fsum = f[BQ_FQ_SUM], fln = f[BQ_FQ_LN];
+    const __m512 s = _mm512_set1_ps(sq);
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        float *y = out + m * N;
+        __m256 s8 = _mm256_setzero_ps();
+        for (int64_t n = 0; n < N; n += 16) {
+            const __m512 loc = fq_apply16(dequant16(acc + m * N + n, comp + n, scale + n, bias + n), floc);
+            const __m512 v = fq_apply16(_mm512_add_ps(loc, fq_apply16(_mm512_loadu_ps(resid + m * N + n), fskip)), fsum);
+            _mm512_storeu_ps(y + n, v);
+            s8 = sum8_add16(s8, v);
+        }
+        const __m512 mean = _mm512_set1_ps(sum8_total(s8) / (float)N);
+        s8 = _mm256_setzero_ps();
+        for (int64_t n = 0; n < N; n += 16) {
+            const __m512 xc = _mm512_sub_ps(_mm512_loadu_ps(y + n), mean);
+            s8 = sum8_add16(s8, _mm512_mul_ps(xc, xc));
+        }
+        const __m512 rstd = _mm512_set1_ps(1.0f / sqrtf(sum8_total(s8) / (float)N + eps));
+        for (int64_t n = 0; n < N; n += 16) {
+            __m512 v = _mm512_add_ps(
+                _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(y + n), mean), rstd), _mm512_loadu_ps(lnw + n)),
+                _mm512_loadu_ps(lnb + n));
+            v = fq_apply16(v, fln);
+            _mm512_storeu_ps(y + n, v);
+            if (codes) quant16(codes + m * N + n, v, s);
+        }
+    }
+}
+
+/* x[i] = fq_code(x[i], f) for n values (n a multiple of 16). */
+IK_512 static void fq_codes_512(float *x, int64_t n, BqFq f) {
+    for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(x + i, fq_code16(_mm512_loadu_ps(x + i), f));
+}
+
+/* One row of attn_head_fq's scores (T a multiple of 16), in place: scaled and fake-quantized, the masked
+ * softmax with softmax_row's operations (exp_fast), the probabilities' codes. */
+IK_512 static void scores_fq_row_512(float *y, const float *mrow, float scale, float fqk, BqFq fs, BqFq fp, int64_t T) {
+    const __m512 sc = _mm512_set1_ps(scale), one = _mm512_set1_ps(1.0f), mv = _mm512_set1_ps(-FLT_MAX);
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < T; j += 16) {
+        __m512 v = _mm512_mul_ps(sc, fq_apply16(_mm512_mul_ps(_mm512_loadu_ps(y + j), _mm512_set1_ps(fqk)), fs));
+        if (mrow) v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_sub_ps(one, _mm512_loadu_ps(mrow + j)), mv));
+        _mm512_storeu_ps(y + j, v);
+        mx = _mm512_max_ps(v, mx);
+    }
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m256 s8 = _mm256_setzero_ps();
+    for (int64_t j = 0; j < T; j += 16) {
+        const __m512 e = exp16_exact(_mm512_sub_ps(_mm512_loadu_ps(y + j), m));
+        _mm512_storeu_ps(y + j, e);
+        s8 = sum8_add16(s8, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / sum8_total(s8));
+    for (int64_t j = 0; j < T; j += 16)
+        _mm512_storeu_ps(y + j, fq_code16(_mm512_mul_ps(_mm512_loadu_ps(y + j), inv), fp));
+}
+
+/* The context codes of attn_head_fq (d a multiple of 16): c[t·H + e] = quant_u8(fq_apply(q[t·d + e]·fpv, fc)). */
+IK_512 static void context_fq_codes_512(uint8_t *c, const float *q, float fpv, BqFq fc, float sq, int64_t T, int64_t d,
+                                        int64_t H) {
+    const __m512 s = _mm512_set1_ps(sq), f = _mm512_set1_ps(fpv);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t e = 0; e < d; e += 16)
+            quant16(c + t * H + e, fq_apply16(_mm512_mul_ps(_mm512_loadu_ps(q + t * d + e), f), fc), s);
+}
+
+/* 1 when the CPU has AVX-512 F/VL/BW/DQ and the environment sets neither BQ_INFER_PORTABLE nor
+ * BQ_INFER_AVX2 (which tests set to run the AVX2 kernels on such CPUs too). */
+static int have_512(void) {
+    static int v = -1;
+    if (v < 0)
+        v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+    return v && !getenv("BQ_INFER_PORTABLE") && !getenv("BQ_INFER_AVX2");
+}
+
 /* 1 when the CPU has AVX2 and FMA and the environment does not set BQ_INFER_PORTABLE (which tests
  * set to run the portable kernels on such CPUs too). */
 static int have_fma(void) {
@@ -515,6 +896,7 @@ static int have_fma(void) {
 }
 #else
 static int have_fma(void) { return 0; }
+static int have_512(void) { return 0; }
 #endif
 
 /* scores_all_fma, portable. */
@@ -554,25 +936,31 @@ static void attn_head(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int
  * turned into codes, the scores' integer sums scaled and fake-quantized where a quantizer sits there, the
  * masked softmax (softmax_row: bq_kernel_softmax_mask_forward's bits) and its quantizer, the context's
  * integer sums scaled and fake-quantized where a quantizer sits there, then its uint8 codes at in->sq.
- * The products sum integers exactly, so fma (the AVX2 kernels) changes nothing but speed; everything
- * else is portable arithmetic. */
-IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int64_t h, float *Kt, int fma) {
+ * The products sum integers exactly, so isa (attn_heads: 0 portable, 1 AVX2, 2 AVX-512) changes nothing
+ * but speed; everything else is portable arithmetic. */
+IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int64_t h, float *Kt, int isa) {
     const int64_t T = in->T, d = in->d, Tp = pad16(T), Td = pad16(T * d), H = in->NH * d;
     const BqFq *fq = in->fq;
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + Td, *v = k + Td;
     load_head(Kt, in, b, h);
+    const int w16 = isa == 2 && T % 16 == 0; /* the AVX-512 elementwise loops (d is a multiple of 16) */
     for (int part = 0; part < 3; part++) {
         const BqFq f = fq[BQ_FQ_Q + part];
         float *x = q + part * Td;
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (w16) {
+            fq_codes_512(x, T * d, f);
+            continue;
+        }
+#endif
         for (int64_t i = 0; i < T * d; i++) x[i] = fq_code(x[i], f);
     }
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (fma) {
-        transpose_all_fma(Kt, Tp, k, T, d);
-        scores_all_fma(S, Tp, q, Kt, T, d);
-    }
+    if (isa) transpose_all_fma(Kt, Tp, k, T, d);
+    if (isa == 2) scores_all_512(S, Tp, q, Kt, T, d);
+    if (isa == 1) scores_all_fma(S, Tp, q, Kt, T, d);
 #endif
-    if (!fma) {
+    if (!isa) {
         transpose_tail(Kt, Tp, k, d, 0, T, d);
         scores_all(S, Tp, q, Kt, T, d);
     }
@@ -581,16 +969,29 @@ IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int
     const float *mrow = in->mask ? in->mask + b * T : NULL;
     for (int64_t i = 0; i < T; i++) {
         float *y = S + i * Tp;
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (w16) {
+            scores_fq_row_512(y, mrow, in->scale, fqk, fs, fp, T);
+            continue;
+        }
+#endif
         for (int64_t j = 0; j < T; j++) y[j] = fq_apply(y[j] * fqk, fs);
         softmax_row(y, mrow, in->scale, T);
         for (int64_t j = 0; j < T; j++) y[j] = fq_code(y[j], fp);
     }
     /* the context's sums (T, d) over the query block, which the scores no longer need */
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (fma) context_all_fma(NULL, q, d, S, Tp, v, T, d, 0.0f);
+    if (isa == 2) context_all_512(NULL, q, d, S, Tp, v, T, d, 0.0f);
+    if (isa == 1) context_all_fma(NULL, q, d, S, Tp, v, T, d, 0.0f);
 #endif
-    if (!fma) context_all(NULL, q, d, S, Tp, v, T, d, 0.0f);
+    if (!isa) context_all(NULL, q, d, S, Tp, v, T, d, 0.0f);
     uint8_t *c = codes + b * T * H + h * d;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (w16) {
+        context_fq_codes_512(c, q, fpv, fc, in->sq, T, d, H);
+        return;
+    }
+#endif
     for (int64_t t = 0; t < T; t++)
         for (int64_t e = 0; e < d; e++) c[t * H + e] = quant_u8(fq_apply(q[t * d + e] * fpv, fc), in->sq);
 }
@@ -603,7 +1004,9 @@ IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int
 static void attn_heads(uint8_t *codes, float *ctx, const AttnIn *in, float *scratch, int64_t nthreads, int64_t B) {
     BQ_CHECK(in->d % 8 == 0 && omp_get_max_threads() <= nthreads);
     const int64_t NH = in->NH, H = NH * in->d, per = bq_infer_attention_scratch(in->T, in->d);
-    const int fma = have_fma();
+    /* 0 portable, 1 AVX2 + FMA, 2 AVX-512 (the 16-lane kernels need d, and T outside the products, to be
+     * multiples of 16) */
+    const int isa = have_fma() ? (have_512() && in->d % 16 == 0 ? 2 : 1) : 0;
 #pragma omp parallel for if (B * NH > 1) schedule(static)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         const int64_t b = bh / NH, h = bh % NH, off = b * in->T * H + h * in->d;
@@ -611,11 +1014,15 @@ static void attn_heads(uint8_t *codes, float *ctx, const AttnIn *in, float *scra
         uint8_t *c = codes ? codes + off : NULL;
         float *f = ctx ? ctx + off : NULL;
         if (in->fq) {
-            attn_head_fq(codes, in, b, h, Kt, fma);
+            attn_head_fq(codes, in, b, h, Kt, isa);
             continue;
         }
 #if defined(__x86_64__) && defined(__GNUC__)
-        if (fma) {
+        if (isa == 2 && in->T % 16 == 0) {
+            attn_head_512(c, f, in, b, h, Kt);
+            continue;
+        }
+        if (isa) {
             attn_head_fma(c, f, in, b, h, Kt);
             continue;
         }
@@ -652,10 +1059,10 @@ void bq_infer_attention_fq(uint8_t *codes, const BqQkvSums *sums, const float *m
     attn_heads(codes, NULL, &in, scratch, nthreads, B);
 }
 
-IK_VEC void bq_infer_residual_layernorm_fq(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
-                                           const float *scale, const float *bias, const float *resid, const BqFq *f,
-                                           const float *lnw, const float *lnb, float eps, float sq, int64_t M,
-                                           int64_t N) {
+IK_VEC static void residual_layernorm_fq_portable(float *out, uint8_t *codes, const int32_t *acc,
+                                                  const int32_t *comp, const float *scale, const float *bias,
+                                                  const float *resid, const BqFq *f, const float *lnw,
+                                                  const float *lnb, float eps, float sq, int64_t M, int64_t N) {
     const BqFq floc = f[BQ_FQ_LOCAL], fskip = f[BQ_FQ_SKIP], fsum = f[BQ_FQ_SUM], fln = f[BQ_FQ_LN];
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++) {
@@ -672,8 +1079,9 @@ IK_VEC void bq_infer_residual_layernorm_fq(float *out, uint8_t *codes, const int
     }
 }
 
-IK_VEC void bq_infer_gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                                   const float *bias, BqFq fin, BqFq fout, float sq, int64_t M, int64_t N) {
+IK_VEC static void gelu_fq_quant_portable(uint8_t *codes, const int32_t *acc, const int32_t *comp,
+                                          const float *scale, const float *bias, BqFq fin, BqFq fout, float sq,
+                                          int64_t M, int64_t N) {
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++)
@@ -687,6 +1095,10 @@ IK_VEC void bq_infer_gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int
 void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
                          const float *bias, float sq, int64_t M, int64_t N) {
 #if defined(__x86_64__) && defined(__GNUC__)
+    if (have_512() && N % 16 == 0) {
+        gelu_quant_rows_512(codes, acc, comp, scale, bias, sq, M, N);
+        return;
+    }
     if (have_fma() && N % 8 == 0) {
         gelu_quant_rows_fma(codes, acc, comp, scale, bias, sq, M, N);
         return;
@@ -694,6 +1106,45 @@ void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp
 #endif
     gelu_quant_portable(codes, acc, comp, scale, bias, sq, M, N);
 }
+
+/* The fake-quant kernels give the same bits on every CPU, as fake quant's own ops do. */
+void bq_infer_residual_layernorm_fq(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
+                                    const float *scale, const float *bias, const float *resid, const BqFq *f,
+                                    const float *lnw, const float *lnb, float eps, float sq, int64_t M, int64_t N) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_512() && N % 16 == 0) {
+        residual_layernorm_fq_512(out, codes, acc, comp, scale, bias, resid, f, lnw, lnb, eps, sq, M, N);
+        return;
+    }
+#endif
+    residual_layernorm_fq_portable(out, codes, acc, comp, scale, bias, resid, f, lnw, lnb, eps, sq, M, N);
+}
+
+void bq_infer_gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                            const float *bias, BqFq fin, BqFq fout, float sq, int64_t M, int64_t N) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_512() && N % 16 == 0) {
+        gelu_fq_quant_512(codes, acc, comp, scale, bias, fin, fout, sq, M, N);
+        return;
+    }
+#endif
+    gelu_fq_quant_portable(codes, acc, comp, scale, bias, fin, fout, sq, M, N);
+}
+
+/* Every CPU gives the same bits here: the portable loops have no fused multiply-add to differ by. */
+void bq_infer_residual_layernorm(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
+                                 const float *scale, const float *bias, const float *resid, const float *lnw,
+                                 const float *lnb, float eps, float sq, int64_t M, int64_t N) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_512() && N % 16 == 0) {
+        residual_layernorm_512(out, codes, acc, comp, scale, bias, resid, lnw, lnb, eps, sq, M, N);
+        return;
+    }
+#endif
+    residual_layernorm_portable(out, codes, acc, comp, scale, bias, resid, lnw, lnb, eps, sq, M, N);
+}
+
+const char *bq_infer_isa(void) { return have_512() ? "AVX-512" : have_fma() ? "AVX2" : "portable"; }
 
 /* ---- fp32 attention and GELU (layers/bert_fp32.c) ---- */
 
@@ -706,6 +1157,10 @@ void bq_infer_attention_f32(float *ctx, const float *qkv, const float *bias, con
 
 void bq_infer_bias_gelu_f32(float *x, const float *bias, int64_t M, int64_t N) {
 #if defined(__x86_64__) && defined(__GNUC__)
+    if (have_512() && N % 16 == 0) {
+        bias_gelu_rows_512(x, bias, M, N);
+        return;
+    }
     if (have_fma() && N % 8 == 0) {
         bias_gelu_rows_fma(x, bias, M, N);
         return;

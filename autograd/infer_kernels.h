@@ -21,6 +21,13 @@
 
 #include <stdint.h>
 
+/* The vector code the fused kernels run on this CPU: "AVX-512" (16 lanes, where the CPU has AVX-512
+ * F/VL/BW/DQ), "AVX2" (8 lanes, AVX2 + FMA) or "portable". The AVX-512 kernels give the AVX2 kernels' bits;
+ * the portable ones differ from both in the last bits of GELU, exp and the attention products (no fused
+ * multiply-add). BQ_INFER_AVX2=1 in the environment keeps a CPU with AVX-512 on the AVX2 kernels and
+ * BQ_INFER_PORTABLE=1 any CPU on the portable ones (the tests compare them). */
+const char *bq_infer_isa(void);
+
 /* out (M,N) = LayerNorm(dequant(acc) + bias + resid) with weight lnw and bias lnb (BertSelfOutput,
  * BertOutput without dropout), and, when codes is not NULL, codes (M,N) = its uint8 codes at scale sq
  * (the next Linear's input quantizer). out may not alias resid. */

@@ -1,7 +1,9 @@
 /* The integer engine's fused kernels (autograd/infer_kernels.h) one by one, against references in double
  * precision, with inputs chosen so that every requantize saturates on both sides: the final uint8 codes
  * of each kernel, and every fake quantizer inside the fake-quant kernels (ort, qdqbert). Each kernel runs
- * with its AVX2 + FMA code (where the CPU has it) and with the portable code (BQ_INFER_PORTABLE=1).
+ * with the fastest code of the CPU (AVX-512 or AVX2 + FMA), with its AVX2 code where the CPU has AVX-512
+ * (BQ_INFER_AVX2=1) and with the portable code (BQ_INFER_PORTABLE=1); then the AVX-512 kernels against
+ * the AVX2 ones bit for bit.
  *
  * How a reference code is judged. For a value v = x / s in code units (double), the kernel's code must be
  * clamp(rint(v), -128, 127) (+128 for uint8 codes), and where v lies beyond the range, the saturated end;
@@ -29,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/fastmath.h"
 #include "autograd/infer_kernels.h"
 #include "tests/test_util.h"
 
@@ -75,7 +78,7 @@ static void check_code_exact(Tally *t, uint8_t got, float v) { check_code_m(t, g
 
 static void report(const char *what, int portable, const Tally *t) {
     printf("%-34s %s: %ld codes checked, %ld skipped near a boundary, saturated %ld high / %ld low, %ld wrong\n",
-           what, portable ? "portable" : "AVX2/FMA", t->checked, t->skipped, t->sat_hi, t->sat_lo, t->bad);
+           what, bq_infer_isa(), t->checked, t->skipped, t->sat_hi, t->sat_lo, t->bad);
     EXPECT(t->bad == 0, "%s: %ld wrong codes", what, t->bad);
     EXPECT(t->sat_hi > 0 && t->sat_lo > 0, "%s: the inputs do not saturate both ends", what);
     EXPECT(t->skipped * 20 <= t->checked, "%s: %ld of %ld codes skipped", what, t->skipped, t->checked);
@@ -549,10 +552,178 @@ static void check_infer_attention(int64_t B, int64_t T, int64_t NH, int64_t d, B
     free(p), free(s), free(t1);
 }
 
+/* Runs f with the fastest kernels and with the AVX2 ones (BQ_INFER_AVX2=1) into a and b. */
+#define BOTH_WAYS(a, b, call_into)                                                                                    \
+    do {                                                                                                              \
+        call_into(a);                                                                                                 \
+        setenv("BQ_INFER_AVX2", "1", 1);                                                                              \
+        call_into(b);                                                                                                 \
+        unsetenv("BQ_INFER_AVX2");                                                                                    \
+    } while (0)
+
+/* Fake quant's GELU in fp32 (autograd/kernels.c, the portable kernels): erfc_pos and exp_fast of
+ * autograd/fastmath.h in this file's arithmetic (-std=c11: no contraction). */
+static float gelu_portable(float x) {
+    const float h = 0.5f * erfc_pos(fabsf(x) * (float)M_SQRT1_2);
+    return x * (x >= 0.0f ? 1.0f - h : h);
+}
+
+/* The largest float x in [0, 4] whose gelu_portable lies below b, by bisection over the float bits: the
+ * input just below the code boundary b (the next float is at or above it). */
+static float below_boundary(float b) {
+    const float four = 4.0f;
+    uint32_t lo = 0, hi;
+    memcpy(&hi, &four, sizeof hi);
+    while (hi - lo > 1) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        float x;
+        memcpy(&x, &mid, sizeof x);
+        if (gelu_portable(x) < b) lo = mid;
+        else hi = mid;
+    }
+    float x;
+    memcpy(&x, &lo, sizeof x);
+    return x;
+}
+
+/* The fake-quant GELU kernel on inputs at code boundaries: column n's input is the last float whose GELU
+ * lies below the boundary between codes k and k+1 (k = 1 + n mod 120, scale 1/64) or the first at or
+ * above it (often on it: a tie, rounded to even), so a GELU one unit in the last place off gives the
+ * other code. The kernel must give the code of gelu_portable exactly; the AVX-512 kernel must give the
+ * AVX2 (portable) kernel's bytes. */
+static int gelu_fq_boundaries(void) {
+    const int64_t M = 2, N = 1536;
+    const float sq = 1.0f / 64.0f;
+    int32_t *acc = bq_calloc((size_t)(M * N), sizeof(int32_t)), *comp = bq_calloc((size_t)N, sizeof(int32_t));
+    float *scale = bq_malloc(sizeof(float) * (size_t)N), *bias = bq_malloc(sizeof(float) * (size_t)N);
+    uint8_t *ca = bq_malloc((size_t)(M * N)), *cb = bq_malloc((size_t)(M * N));
+    for (int64_t n = 0; n < N; n++) {
+        const float x = below_boundary(((float)(1 + n % 120) + 0.5f) * sq);
+        scale[n] = 1.0f;
+        bias[n] = n % 2 ? nextafterf(x, INFINITY) : x; /* the input is (0 - 0)·1 + bias */
+    }
+#define GELU_B(c) bq_infer_gelu_fq_quant(c, acc, comp, scale, bias, FQ_NONE, FQ_NONE, sq, M, N)
+    BOTH_WAYS(ca, cb, GELU_B);
+    int wrong = 0;
+    for (int64_t i = 0; i < M * N; i++) wrong += cb[i] != 128 + (int)nearbyintf(gelu_portable(bias[i % N]) / sq);
+    const int differ = memcmp(ca, cb, (size_t)(M * N)) != 0;
+    printf("fake-quant GELU at %lld code boundaries: %d wrong codes (AVX2/portable), AVX-512 vs AVX2 %s\n",
+           (long long)(M * N), wrong, differ ? "DIFFER" : "same bytes");
+    EXPECT(wrong == 0, "the fake-quant GELU kernel misses %d code boundaries", wrong);
+    free(acc), free(comp), free(scale), free(bias), free(ca), free(cb);
+    return differ;
+}
+
+/* The AVX-512 kernels against the AVX2 ones, bit for bit (autograd/infer_kernels.h): GELU with its codes
+ * and in fp32 on accumulators from the most negative to the most positive GELU inputs (NaN included), the
+ * attention as codes, in fp32 and with fake quantizers, at head sizes 32 and 64, with padding masks and
+ * sequence lengths that are and are not multiples of 16. On a CPU without AVX-512 both runs are the AVX2
+ * kernels, which the test says. */
+static void check_avx512_bits(BqRng *rng) {
+    printf("fused kernels on this CPU: %s\n", bq_infer_isa());
+    int bad = gelu_fq_boundaries();
+    if (strcmp(bq_infer_isa(), "AVX-512") != 0) {
+        printf("AVX-512 vs AVX2: not compared (no AVX-512 on this CPU; the AVX2 and portable kernels ran above)\n");
+        return;
+    }
+    const int64_t M = 96, N = 1536;
+    int32_t *acc = bq_malloc(sizeof(int32_t) * (size_t)(M * N)), *comp = bq_malloc(sizeof(int32_t) * (size_t)N);
+    float *scale = bq_malloc(sizeof(float) * (size_t)N), *bias = bq_malloc(sizeof(float) * (size_t)N);
+    fill_acc(acc, comp, scale, bias, M, N, 12.0f, rng);
+    scale[5] = NAN;                                   /* a NaN column */
+    bias[7] = 200.0f, bias[9] = -200.0f, bias[11] = -30.0f; /* GELU's saturated ends and exp's underflow */
+    uint8_t *ca = bq_malloc((size_t)(M * N)), *cb = bq_malloc((size_t)(M * N));
+    float *fa = bq_malloc(sizeof(float) * (size_t)(M * N)), *fb = bq_malloc(sizeof(float) * (size_t)(M * N));
+#define GELU_Q(c) bq_infer_gelu_quant(c, acc, comp, scale, bias, 4.0f / 127.0f, M, N)
+    BOTH_WAYS(ca, cb, GELU_Q);
+    bad += memcmp(ca, cb, (size_t)(M * N)) != 0;
+    for (int64_t i = 0; i < M * N; i++) fa[i] = (float)(acc[i] - comp[i % N]) * scale[i % N];
+    memcpy(fb, fa, sizeof(float) * (size_t)(M * N));
+#define GELU_F(x) bq_infer_bias_gelu_f32(x, bias, M, N)
+    BOTH_WAYS(fa, fb, GELU_F);
+    bad += memcmp(fa, fb, sizeof(float) * (size_t)(M * N)) != 0;
+    for (int k = 0; k < 2; k++) { /* with and without an input quantizer */
+        const BqFq fin = k ? fq8(1.0f / 8.0f) : FQ_NONE, fout = fq8(1.0f / 32.0f);
+#define GELU_FQ(c) bq_infer_gelu_fq_quant(c, acc, comp, scale, bias, fin, fout, 4.0f / 127.0f, M, N)
+        BOTH_WAYS(ca, cb, GELU_FQ);
+        bad += memcmp(ca, cb, (size_t)(M * N)) != 0;
+    }
+    printf("AVX-512 vs AVX2, GELU codes, fp32 GELU and fake-quant GELU codes (%lld values each): %s\n",
+           (long long)(M * N), bad ? "DIFFER" : "same bits");
+    EXPECT(bad == 0, "the AVX-512 GELU kernels differ from the AVX2 ones");
+    {
+        const int64_t LN = 384, LM = M * N / LN;
+        scale[5] = scale[4], bias[7] = bias[9] = bias[11] = 0.0f; /* no NaN row; LayerNorm saturates anyway */
+        float *resid = bq_malloc(sizeof(float) * (size_t)(LM * LN)), *w = bq_malloc(sizeof(float) * (size_t)LN);
+        float *lb = bq_malloc(sizeof(float) * (size_t)LN);
+        for (int64_t i = 0; i < LM * LN; i++) resid[i] = 0.5f * bq_rng_normal(rng);
+        for (int64_t i = 0; i < LN; i++) w[i] = 1.0f + 0.2f * bq_rng_normal(rng), lb[i] = 0.1f * bq_rng_normal(rng);
+#define LN_Q(c) bq_infer_residual_layernorm(c == ca ? fa : fb, c, acc, comp, scale, bias, resid, w, lb, 1e-12f, \
+                                            3.0f / 127.0f, LM, LN)
+        BOTH_WAYS(ca, cb, LN_Q);
+        int lbad = memcmp(ca, cb, (size_t)(LM * LN)) != 0 || memcmp(fa, fb, sizeof(float) * (size_t)(LM * LN));
+        int fbad = 0;
+        for (int k = 0; k < 3; k++) { /* every place quantized, none, and the ort scheme's three */
+            BqFq f[4];
+            for (int i = 0; i < 4; i++) f[i] = k == 1 || (k == 2 && i == BQ_FQ_SKIP) ? FQ_NONE : fq8(1.0f / (8 << i));
+#define LN_FQ(c) bq_infer_residual_layernorm_fq(c == ca ? fa : fb, c, acc, comp, scale, bias, resid, f, w, lb, 1e-12f, \
+                                                3.0f / 127.0f, LM, LN)
+            BOTH_WAYS(ca, cb, LN_FQ);
+            fbad += memcmp(ca, cb, (size_t)(LM * LN)) != 0 || memcmp(fa, fb, sizeof(float) * (size_t)(LM * LN));
+        }
+        lbad += fbad;
+        printf("AVX-512 vs AVX2, residual + LayerNorm + codes, plain and with fake quantizers (%lld rows): %s\n",
+               (long long)LM, lbad ? "DIFFER" : "same bits");
+        EXPECT(lbad == 0, "the AVX-512 residual LayerNorm differs from the AVX2 one");
+        free(resid), free(w), free(lb);
+    }
+    static const int64_t shapes[][4] = {{2, 128, 12, 32}, {2, 64, 4, 64}, {3, 40, 2, 32}};
+    for (int k = 0; k < 3; k++) {
+        const int64_t B = shapes[k][0], T = shapes[k][1], NH = shapes[k][2], d = shapes[k][3], H = NH * d;
+        const int64_t nthr = omp_get_max_threads(), per = bq_infer_attention_scratch(T, d);
+        int32_t *qa = bq_malloc(sizeof(int32_t) * (size_t)(B * T * 3 * H));
+        int32_t *qc = bq_malloc(sizeof(int32_t) * (size_t)(3 * H));
+        float *qs = bq_malloc(sizeof(float) * (size_t)(3 * H)), *qb = bq_malloc(sizeof(float) * (size_t)(3 * H));
+        float *mask = bq_malloc(sizeof(float) * (size_t)(B * T)), *scratch = NULL;
+        BQ_CHECK(posix_memalign((void **)&scratch, 64, sizeof(float) * (size_t)(nthr * per)) == 0);
+        fill_acc(qa, qc, qs, qb, B * T, 3 * H, 3.0f, rng);
+        for (int64_t i = 0; i < B * T; i++) mask[i] = i % T < T - 7 * (i / T) ? 1.0f : 0.0f;
+        const BqQkvSums sums = bq_qkv_sums_fused(qa, qc, qs, qb, H);
+        const float sc = 1.0f / sqrtf((float)d), sq = 1.5f / 127.0f;
+        BqFq fq[BQ_FQ_ATTN];
+        fq[BQ_FQ_Q] = fq[BQ_FQ_K] = fq[BQ_FQ_V] = fq8(1.0f / 16.0f);
+        fq[BQ_FQ_SCORES] = fq8(0.25f);
+        fq[BQ_FQ_PROBS] = fq8(1.0f / 127.0f);
+        fq[BQ_FQ_CONTEXT] = fq8(1.0f / 32.0f);
+        float *qkv = bq_malloc(sizeof(float) * (size_t)(B * T * 3 * H));
+        for (int64_t i = 0; i < B * T * 3 * H; i++) qkv[i] = (float)(qa[i] - qc[i % (3 * H)]) * qs[i % (3 * H)];
+#define ATT_Q(c) bq_infer_attention(c, &sums, mask, scratch, nthr, sc, sq, B, T, NH, d)
+#define ATT_FQ(c) bq_infer_attention_fq(c, &sums, mask, scratch, nthr, sc, fq, sq, B, T, NH, d)
+#define ATT_F(f) bq_infer_attention_f32(f, qkv, qb, mask, scratch, nthr, sc, B, T, NH, d)
+        BOTH_WAYS(ca, cb, ATT_Q);
+        int qbad = memcmp(ca, cb, (size_t)(B * T * H)) != 0;
+        BOTH_WAYS(ca, cb, ATT_FQ);
+        int fqbad = memcmp(ca, cb, (size_t)(B * T * H)) != 0;
+        BOTH_WAYS(fa, fb, ATT_F);
+        int fbad = memcmp(fa, fb, sizeof(float) * (size_t)(B * T * H)) != 0;
+        printf("AVX-512 vs AVX2, attention B=%lld T=%lld NH=%lld d=%lld: codes %s, fake quant %s, fp32 %s\n",
+               (long long)B, (long long)T, (long long)NH, (long long)d, qbad ? "DIFFER" : "same",
+               fqbad ? "DIFFER" : "same", fbad ? "DIFFER" : "same");
+        EXPECT(qbad + fqbad + fbad == 0, "the AVX-512 attention differs from the AVX2 one");
+        free(qa), free(qc), free(qs), free(qb), free(mask), free(scratch), free(qkv);
+    }
+    free(acc), free(comp), free(scale), free(bias), free(ca), free(cb), free(fa), free(fb);
+}
+
 int main(void) {
     bq_runtime_set_threads(2);
-    for (int portable = 0; portable < 2; portable++) {
+    /* mode 0: the fastest kernels of this CPU, 1: AVX2 (where it has AVX-512), 2: portable */
+    for (int mode = 0; mode < 3; mode++) {
+        const int portable = mode == 2;
+        if (mode == 1 && strcmp(bq_infer_isa(), "AVX-512") != 0) continue;
+        if (mode == 1) setenv("BQ_INFER_AVX2", "1", 1);
         if (portable) setenv("BQ_INFER_PORTABLE", "1", 1);
+        printf("-- kernels: %s\n", bq_infer_isa());
         BqRng rng;
         bq_rng_seed(&rng, 11);
         check_gelu(&rng, portable);
@@ -562,8 +733,12 @@ int main(void) {
         check_infer_epilogues(&rng);
         check_infer_attention(3, 37, 2, 16, &rng);
         check_infer_attention(2, 128, 12, 32, &rng);
+        unsetenv("BQ_INFER_AVX2");
     }
     unsetenv("BQ_INFER_PORTABLE");
+    BqRng rng;
+    bq_rng_seed(&rng, 12);
+    check_avx512_bits(&rng);
     if (fails) printf("%d check(s) FAILED\n", fails);
     else printf("all fused-kernel checks passed\n");
     return fails ? 1 : 0;

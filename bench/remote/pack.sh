@@ -4,7 +4,7 @@
 # bench_train_step, bench_int8 and every test_* binary of the build, and, when given, a second bertqat
 # to compare as bertqat-old), lib/ (every shared library they load except glibc's), share/bertqat/scripts
 # (the helper scripts bertqat runs), src/ (tests/fixtures, bench/bench_train.py, bench/peer_train_torch.py,
-# bench/remote/random_minilm.py), data/ (the IMDB archive, the bert-base-uncased vocabulary and, where
+# bench/make_random_bert.py, bench/remote/random_minilm.py), data/ (the IMDB archive, the bert-base-uncased vocabulary and, where
 # present, SQuAD v1.1 dev) and model/ (all-MiniLM-L6-v2's config and tokenizer files with the names and
 # shapes of its tensors; run.sh generates random weights there); DIR/run.sh runs it. Every binary and
 # library gets the RPATH $ORIGIN/../lib or $ORIGIN (patchelf --force-rpath), so the libraries and their
@@ -54,6 +54,7 @@ cp -r "$build/share/bertqat" "$stage/share/"
 cp -r "$root/tests/fixtures" "$stage/src/tests/"
 cp "$root/bench/bench_train.py" "$root/bench/peer_train_torch.py" "$stage/src/bench/"
 cp "$root/bench/remote/random_minilm.py" "$stage/src/bench/remote/"
+cp "$root/bench/make_random_bert.py" "$stage/src/bench/"
 cp "$data/imdb/aclImdb_train_test.tar.gz" "$stage/data/imdb/"
 cp "$data/vocab/bert-base-uncased/vocab.txt" "$stage/data/vocab/bert-base-uncased/"
 [ -e "$data/squad/dev-v1.1.json" ] && cp "$data/squad/dev-v1.1.json" "$stage/data/squad/"
@@ -67,6 +68,7 @@ json.dump({k: {"dtype": v["dtype"], "shape": v["shape"]} for k, v in h.items() i
           open(sys.argv[2], "w"))
 PY
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 (cd "$stage" && tar cf - bin lib share src data model | xz -T0 -6 > "$out/bq.tar.xz.tmp")
 mv "$out/bq.tar.xz.tmp" "$out/bq.tar.xz"
 cp "$root/bench/remote/run.sh" "$out/run.sh"

@@ -15,9 +15,14 @@
 #                 to two physical cores with --threads 2
 #   int8          a `cpu`-scheme PTQ of the random MiniLM (64 calibration reviews), its export, and
 #                 `bertqat bench` of fp32, fake quant, the int8 engine and ONNX Runtime at batch 1 and 32,
-#                 seq 128: at $THREADS threads (10 rounds), then pinned to two physical cores (6 rounds); then
-#                 the same for `ort`- and `qdqbert`-scheme PTQs and their CPU-layout exports at $THREADS threads, and
-#                 bench_int8's time by section and its sweep of the fused layers' block size
+#                 seq 128: at $THREADS threads (10 rounds), then pinned to two physical cores (6 rounds) and
+#                 to one (4 rounds); then the same for `ort`- and `qdqbert`-scheme PTQs and their CPU-layout
+#                 exports at $THREADS threads and on two pinned cores, and bench_int8's time by section (at
+#                 $THREADS threads and on two pinned cores) and its sweep of the fused layers' block size
+#   int8-base     the same on a random BERT-base-shaped model (bench/make_random_bert.py): a `cpu` PTQ (16
+#                 calibration reviews), its export, `bertqat bench` at $THREADS threads (5 rounds) and on two
+#                 pinned cores (3 rounds), and the peak resident set of `eval` of its fp32 checkpoint (one
+#                 finetune step) and of the PTQ on the int8 engine (64 reviews, 2 threads, batch 1 and 64)
 #   eval          on two pinned physical cores: `ort` and `cpu` PTQs of the random MiniLM, then eval of
 #                 the fp32 model and both PTQs on 512 test reviews (and again with bertqat-old, if packed)
 #   sens          on two pinned physical cores: sensitivity of the `ort` PTQ on $SENS_ORT examples (64)
@@ -31,8 +36,8 @@ PYTHON=${PYTHON:-python3} THREADS=${THREADS:-$(nproc)} STEPS=${STEPS:-2} PRECISI
 TORCH_PYTHON=${TORCH_PYTHON:-$PYTHON}
 stages=${*:-"tests int8 train"}
 for s in $stages; do
-    case $s in info|tests|train|train-minilm|int8|eval|sens) ;;
-    *) echo "run.sh: unknown stage '$s' (info, tests, train, train-minilm, int8, eval, sens)" >&2; exit 2 ;; esac
+    case $s in info|tests|train|train-minilm|int8|int8-base|eval|sens) ;;
+    *) echo "run.sh: unknown stage '$s' (info, tests, train, train-minilm, int8, int8-base, eval, sens)" >&2; exit 2 ;; esac
 done
 mkdir -p "$W" "$OUT"
 if [ ! -x "$W/bin/bertqat" ] || [ "$here/bq.tar.xz" -nt "$W/bin/bertqat" ]; then
@@ -43,7 +48,7 @@ B=$W/bin D=$W/data/imdb/aclImdb_train_test.tar.gz
 export BERTQAT_DATA=$W/data PYTHONUNBUFFERED=1
 # the first two physical cores, for the pinned runs
 CPUS=$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -u | head -2 | cut -d, -f1 | paste -sd,)
-T2="taskset -c $CPUS"
+T2="taskset -c $CPUS" T1="taskset -c ${CPUS%%,*}"
 t0=$(date +%s)
 say() { echo "[run.sh $(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/progress.txt"; }
 model() {  # the random-weight MiniLM, made once
@@ -112,6 +117,8 @@ int8() {
         --threads "$THREADS" --python "$PYTHON" --precision "$PRECISION"
     $T2 "$B/bertqat" bench --model "$P" --onnx "$P.onnx" --batch-sizes 1,32 --seq 128 --rounds "${ROUNDS:-6}" \
         --threads 2 --python "$PYTHON" --precision "$PRECISION"
+    $T1 "$B/bertqat" bench --model "$P" --onnx "$P.onnx" --batch-sizes 1,32 --seq 128 --rounds "${ROUNDS:-4}" \
+        --threads 1 --python "$PYTHON" --precision "$PRECISION"
     # the ort and qdqbert schemes' PTQs (their layers fused on the engine, their 8-bit weights on oneDNN
     # where VNNI or AMX) against ONNX Runtime on their CPU-layout exports
     local s
@@ -121,10 +128,40 @@ int8() {
         "$B/bertqat" export --model "$P-$s" --out "$P-$s.onnx" --cpu-layout 2>&1 | tail -1
         "$B/bertqat" bench --model "$P-$s" --onnx "$P-$s.onnx" --batch-sizes 1,32 --seq 128 --rounds "${ROUNDS:-10}" \
             --threads "$THREADS" --python "$PYTHON" --precision "$PRECISION"
+        $T2 "$B/bertqat" bench --model "$P-$s" --onnx "$P-$s.onnx" --batch-sizes 1,32 --seq 128 \
+            --rounds "${ROUNDS:-5}" --threads 2 --python "$PYTHON" --precision "$PRECISION"
     done
     # the engine's time by section, and by block size of its fused layers (BQ_INT8_STEP_ROWS)
     BQ_THREADS=$THREADS "$B/bench_int8" "$W/model"
+    BQ_THREADS=2 $T2 "$B/bench_int8" "$W/model"
     BQ_THREADS=$THREADS BQ_SWEEP_ROWS=7 "$B/bench_int8" "$W/model" | tail -1
+}
+
+peak_rss() {  # peak_rss CMD...: runs CMD quietly and prints its peak resident set in MiB
+    "$PYTHON" -c 'import resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+print("rc %d, peak %.0f MiB" % (r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024), r.stderr.strip()[-200:] if r.returncode else "")' "$@"
+}
+
+int8_base() {
+    local M=$W/base P=$W/base-ptq b
+    [ -e "$M/model.safetensors" ] ||
+        "$PYTHON" "$W/src/bench/make_random_bert.py" --out "$M" --tokenizer "$W/model" || return 1
+    "$B/bertqat" calibrate --model "$M" --data "$D" --out "$P" --scheme cpu --calib-samples 16 --threads "$THREADS" 2>&1 |
+        tail -1
+    "$B/bertqat" export --model "$P" --out "$P.onnx" 2>&1 | tail -1
+    "$B/bertqat" bench --model "$P" --onnx "$P.onnx" --batch-sizes 1,32 --seq 128 --rounds "${ROUNDS:-5}" \
+        --threads "$THREADS" --python "$PYTHON" --precision "$PRECISION"
+    $T2 "$B/bertqat" bench --model "$P" --onnx "$P.onnx" --batch-sizes 1,32 --seq 128 --rounds "${ROUNDS:-3}" \
+        --threads 2 --python "$PYTHON" --precision "$PRECISION"
+    "$B/bertqat" finetune --model "$M" --data "$D" --out "$M-fp32" --max-steps 1 --train-samples 64 --batch-size 8 \
+        --max-seq-len 128 --threads "$THREADS" --evals-per-epoch 0 2>&1 | tail -1
+    for b in 1 64; do
+        echo "eval peak RSS, batch $b, fp32 checkpoint, fp32 engine: $(peak_rss $T2 "$B/bertqat" eval --model "$M-fp32" \
+            --data "$D" --samples 64 --max-seq-len 128 --threads 2 --batch-size $b --precision "$PRECISION")"
+        echo "eval peak RSS, batch $b, cpu PTQ, int8 engine: $(peak_rss $T2 "$B/bertqat" eval --model "$P" \
+            --data "$D" --samples 64 --max-seq-len 128 --threads 2 --batch-size $b --engine int8)"
+    done
 }
 
 eval_() {
@@ -161,7 +198,8 @@ for s in $stages; do [ "$s" = info ] || list="$list $s"; done
 for s in $list; do
     say "$s: start"
     case $s in
-    info) info ;; tests) tests ;; train) train ;; train-minilm) train_minilm ;; int8) int8 ;; eval) eval_ ;; sens) sens ;;
+    info) info ;; tests) tests ;; train) train ;; train-minilm) train_minilm ;; int8) int8 ;; int8-base) int8_base ;;
+    eval) eval_ ;; sens) sens ;;
     esac 2>&1 | tee "$OUT/$s.txt"
     rc=${PIPESTATUS[0]}
     say "$s: done (exit $rc)"
