@@ -232,12 +232,14 @@ def test_bench(ckpts):
         assert name in rows and all(float(x) > 0 for x in rows[name].split()[1:]), p.stdout
     assert f"seq {SEQ}" in p.stdout  # the checkpoint's recorded length
     assert "oneDNN" in p.stdout and "OpenBLAS" in p.stdout
+    assert any(f"fused inference kernels: {k}" in p.stdout for k in ("AVX-512", "AVX2", "portable")), p.stdout
     assert "onnxruntime / int8" in p.stdout
     verdict = p.stdout.strip().splitlines()[-1]
     assert verdict.startswith("int8 pays off on this machine") or verdict.startswith("int8 does not pay off"), verdict
     p = run_bq("bench", "--model", ckpts["cpu"], "--rounds", 1, "--batch-sizes", "1", "--json")
     j = json.loads(p.stdout)
     assert j["results"][0]["batch"] == 1 and j["results"][0]["int8_ms"] > 0 and "verdict" in j
+    assert j["fused_kernels"] in ("AVX-512", "AVX2", "portable"), j
     p = run_bq("bench", "--model", ckpts["fp32"], check=False)
     assert p.returncode == 2 and "--model" in p.stderr
     p = run_bq("bench", "--model", ckpts["cpu"], "--batch-sizes", "1,x", check=False)
