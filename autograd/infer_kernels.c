@@ -570,22 +570,29 @@ IK_512 static void gelu_quant_rows_512(uint8_t *codes, const int32_t *acc, const
         }
 }
 
+/* acc[r][v] = Σ_k a[r·lda + k] · b[k·ldb + 16v] for rows r < R (1..4), 16 columns v = 0 and, with two, 16
+ * more (v = 1), k < K: one fused multiply-add chain per output, in k's order, as the AVX2 kernels run it. */
+IK_512_INLINE void mm_rows_512(__m512 acc[4][2], const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K,
+                               int two, const int R) {
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m512 b0 = _mm512_loadu_ps(b + k * ldb);
+        const __m512 b1 = two ? _mm512_loadu_ps(b + k * ldb + 16) : b0;
+        for (int r = 0; r < R; r++) {
+            const __m512 ab = _mm512_set1_ps(a[r * lda + k]);
+            acc[r][0] = _mm512_fmadd_ps(ab, b0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(ab, b1, acc[r][1]);
+        }
+    }
+}
+
 /* R (1..4) rows of S = Q·Kt, 32 keys at a time (16 in a last block of 16). */
 IK_512_INLINE void scores_rows_512(float *S, int64_t Tp, const float *q, int64_t ldq, const float *Kt, int64_t d,
                                    const int R) {
     for (int64_t j = 0; j < Tp; j += 32) {
         const int two = j + 32 <= Tp;
         __m512 acc[4][2];
-        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        for (int64_t e = 0; e < d; e++) {
-            const __m512 k0 = _mm512_loadu_ps(Kt + e * Tp + j);
-            const __m512 k1 = two ? _mm512_loadu_ps(Kt + e * Tp + j + 16) : k0;
-            for (int r = 0; r < R; r++) {
-                const __m512 qb = _mm512_set1_ps(q[r * ldq + e]);
-                acc[r][0] = _mm512_fmadd_ps(qb, k0, acc[r][0]);
-                acc[r][1] = _mm512_fmadd_ps(qb, k1, acc[r][1]);
-            }
-        }
+        mm_rows_512(acc, q, ldq, Kt + j, Tp, d, two, R);
         for (int r = 0; r < R; r++) {
             _mm512_storeu_ps(S + r * Tp + j, acc[r][0]);
             if (two) _mm512_storeu_ps(S + r * Tp + j + 16, acc[r][1]);
@@ -597,20 +604,10 @@ IK_512_INLINE void scores_rows_512(float *S, int64_t Tp, const float *q, int64_t
 IK_512_INLINE void context_rows_512(uint8_t *codes, float *C, int64_t ldc, int64_t i, const float *S, int64_t Tp,
                                     const float *V, int64_t ldv, int64_t T, int64_t d, float sq, const int R) {
     const __m512 s = _mm512_set1_ps(sq);
-    const float *P = S + i * Tp;
     for (int64_t c = 0; c < d; c += 32) {
         const int two = c + 32 <= d;
         __m512 acc[4][2];
-        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        for (int64_t j = 0; j < T; j++) {
-            const __m512 v0 = _mm512_loadu_ps(V + j * ldv + c);
-            const __m512 v1 = two ? _mm512_loadu_ps(V + j * ldv + c + 16) : v0;
-            for (int r = 0; r < R; r++) {
-                const __m512 pb = _mm512_set1_ps(P[r * Tp + j]);
-                acc[r][0] = _mm512_fmadd_ps(pb, v0, acc[r][0]);
-                acc[r][1] = _mm512_fmadd_ps(pb, v1, acc[r][1]);
-            }
-        }
+        mm_rows_512(acc, S + i * Tp, Tp, V + c, ldv, T, two, R);
         for (int r = 0; r < R; r++) {
             if (codes) {
                 quant16(codes + (i + r) * ldc + c, acc[r][0], s);
