@@ -11,7 +11,8 @@
  *    output quantizers of the embeddings' and layers' LayerNorms, the context and the GELU);
  *  - ort and qdqbert: every layer runs fused with its fake quantizers between the GEMMs
  *    (autograd/infer_kernels.h) and every layer's output equals fake quant's bit for bit, fused and op by
- *    op, with the AVX2 attention products and with the portable ones (BQ_INFER_PORTABLE=1); qdqbert's
+ *    op, with the fastest kernels of the CPU (AVX-512 or AVX2), with the AVX2 ones on an AVX-512 CPU
+ *    (BQ_INFER_AVX2=1) and with the portable ones (BQ_INFER_PORTABLE=1); qdqbert's
  *    query, key and value inputs (three quantizers of equal scale) run as one GEMM;
  *  - the same with quantizers changed after calibration: ort with three of layer 0's elementwise
  *    quantizers left in fp32 (still fused: those places pass values through), ort with layer 1's softmax
@@ -45,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/infer_kernels.h"
 #include "autograd/qgemm.h"
 #include "export/hf_load.h"
 #include "layers/bert_int8.h"
@@ -295,7 +297,16 @@ int main(void) {
     check_scheme("ort", 0, AS_CALIBRATED);
     check_scheme("ort", 1, KEEP_ELEMENTWISE);
     check_scheme("ort", 1, KEEP_PROBS);
-    /* the fused blocks' portable products (the AVX2 ones above where the CPU has them): the same bits */
+    /* the fused blocks' AVX2 kernels where the CPU has AVX-512 (its kernels ran above), then the portable
+     * ones: the same bits */
+    printf("fused inference kernels: %s\n", bq_infer_isa());
+    if (strcmp(bq_infer_isa(), "AVX-512") == 0) {
+        setenv("BQ_INFER_AVX2", "1", 1);
+        printf("with BQ_INFER_AVX2=1:\n");
+        check_scheme("ort", 1, AS_CALIBRATED);
+        check_scheme("qdqbert", 1, AS_CALIBRATED);
+        unsetenv("BQ_INFER_AVX2");
+    }
     setenv("BQ_INFER_PORTABLE", "1", 1);
     printf("with BQ_INFER_PORTABLE=1:\n");
     check_scheme("ort", 1, AS_CALIBRATED);
