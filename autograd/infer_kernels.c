@@ -296,21 +296,21 @@ IK_FMA_INLINE void quant8_fma(uint8_t *dst, __m256 x, __m256 s) {
     _mm_storel_epi64((__m128i *)dst, _mm_packus_epi16(w, w));
 }
 
-/* e^x for 8 lanes: exp_fast's range reduction and polynomial with fused multiply-adds. */
+/* e^x for 8 lanes: exp_fast's range reduction and polynomial with fused multiply-adds, the polynomial
+ * in Estrin's order (a shorter dependency chain: the passes that call it are bound by its latency). */
 IK_FMA_INLINE __m256 exp8_fma(__m256 x) {
     const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    /* the polynomial in Estrin's scheme: a chain of 3 multiply-adds after r², not Horner's 7 */
+    const __m256 r2 = _mm256_mul_ps(r, r), r4 = _mm256_mul_ps(r2, r2);
+    const __m256 p01 = _mm256_add_ps(r, _mm256_set1_ps(1.0f));
+    const __m256 p23 = _mm256_fmadd_ps(_mm256_set1_ps(1.0f / 6.0f), r, _mm256_set1_ps(0.5f));
+    const __m256 p45 = _mm256_fmadd_ps(_mm256_set1_ps(1.0f / 120.0f), r, _mm256_set1_ps(1.0f / 24.0f));
+    const __m256 p67 = _mm256_fmadd_ps(_mm256_set1_ps(1.0f / 5040.0f), r, _mm256_set1_ps(1.0f / 720.0f));
+    const __m256 p = _mm256_fmadd_ps(_mm256_fmadd_ps(p67, r2, p45), r4, _mm256_fmadd_ps(p23, r2, p01));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
     y = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ), y);
@@ -406,7 +406,7 @@ IK_FMA_INLINE void context_rows_fma(uint8_t *codes, float *C, int64_t ldc, int64
 
 /* gelu_quant_portable's row with fused multiply-adds, 8 columns at a time (N a multiple of 8). */
 /* gelu(x) = x·Φ(x) of 8 values with fused multiply-adds: Φ from erfc's rational approximation (the
- * coefficients of autograd/fastmath.h) and exp8_fma. */
+ * coefficients of autograd/fastmath.h, its polynomial in Estrin's order) and exp8_fma. */
 IK_FMA_INLINE __m256 gelu8_fma(__m256 x) {
     static const float cf[10] = {0.17087277f, -0.82215223f, 1.48851587f,  -1.13520398f, 0.27886807f,
                                  -0.18628806f, 0.09678418f, 0.37409196f, 1.00002368f,  -1.26551223f};
@@ -414,8 +414,12 @@ IK_FMA_INLINE __m256 gelu8_fma(__m256 x) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256 z = _mm256_mul_ps(_mm256_and_ps(x, absmask), _mm256_set1_ps((float)M_SQRT1_2));
     const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(half, z, one));
-    __m256 p = _mm256_set1_ps(cf[0]);
-    for (int i = 1; i < 10; i++) p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(cf[i]));
+    /* P(t) = Σ cf[9-k]·t^k in Estrin's order */
+    const __m256 t2 = _mm256_mul_ps(t, t), t4 = _mm256_mul_ps(t2, t2), t8 = _mm256_mul_ps(t4, t4);
+    __m256 a[5];
+    for (int k = 0; k < 5; k++) a[k] = _mm256_fmadd_ps(_mm256_set1_ps(cf[8 - 2 * k]), t, _mm256_set1_ps(cf[9 - 2 * k]));
+    const __m256 p = _mm256_fmadd_ps(
+        a[4], t8, _mm256_fmadd_ps(_mm256_fmadd_ps(a[3], t2, a[2]), t4, _mm256_fmadd_ps(a[1], t2, a[0])));
     const __m256 h = _mm256_mul_ps(half, _mm256_mul_ps(t, exp8_fma(_mm256_fnmadd_ps(z, z, p))));
     const __m256 cdf = _mm256_blendv_ps(_mm256_sub_ps(one, h), h, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
     return _mm256_mul_ps(x, cdf);
@@ -533,9 +537,12 @@ IK_512_INLINE __m512 exp16(__m512 x) {
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    static const float cf[8] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    for (int i = 0; i < 7; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(cf[i]));
+    const __m512 r2 = _mm512_mul_ps(r, r), r4 = _mm512_mul_ps(r2, r2);
+    const __m512 p01 = _mm512_add_ps(r, _mm512_set1_ps(1.0f));
+    const __m512 p23 = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 6.0f), r, _mm512_set1_ps(0.5f));
+    const __m512 p45 = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 120.0f), r, _mm512_set1_ps(1.0f / 24.0f));
+    const __m512 p67 = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 5040.0f), r, _mm512_set1_ps(1.0f / 720.0f));
+    const __m512 p = _mm512_fmadd_ps(_mm512_fmadd_ps(p67, r2, p45), r4, _mm512_fmadd_ps(p23, r2, p01));
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
     y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ), _mm512_setzero_ps());
@@ -549,8 +556,11 @@ IK_512_INLINE __m512 gelu16(__m512 x) {
     const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
     const __m512 z = _mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps((float)M_SQRT1_2));
     const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(half, z, one));
-    __m512 p = _mm512_set1_ps(cf[0]);
-    for (int i = 1; i < 10; i++) p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(cf[i]));
+    const __m512 t2 = _mm512_mul_ps(t, t), t4 = _mm512_mul_ps(t2, t2), t8 = _mm512_mul_ps(t4, t4);
+    __m512 a[5];
+    for (int k = 0; k < 5; k++) a[k] = _mm512_fmadd_ps(_mm512_set1_ps(cf[8 - 2 * k]), t, _mm512_set1_ps(cf[9 - 2 * k]));
+    const __m512 p = _mm512_fmadd_ps(
+        a[4], t8, _mm512_fmadd_ps(_mm512_fmadd_ps(a[3], t2, a[2]), t4, _mm512_fmadd_ps(a[1], t2, a[0])));
     const __m512 h = _mm512_mul_ps(half, _mm512_mul_ps(t, exp16(_mm512_fnmadd_ps(z, z, p))));
     const __m512 cdf =
         _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), _mm512_sub_ps(one, h), h);
@@ -563,10 +573,19 @@ IK_512 static void gelu_quant_rows_512(uint8_t *codes, const int32_t *acc, const
     const __m512 s = _mm512_set1_ps(sq);
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++)
-        for (int64_t n = 0; n < N; n += 16) {
-            const __m512i a = _mm512_sub_epi32(_mm512_loadu_si512(acc + m * N + n), _mm512_loadu_si512(comp + n));
-            const __m512 x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_loadu_ps(scale + n), _mm512_loadu_ps(bias + n));
-            quant16(codes + m * N + n, gelu16(x), s);
+        for (int64_t n = 0; n < N; n += 32) {
+            /* two blocks of 16 an iteration (the last may be one): their dependency chains overlap */
+            const int two = n + 32 <= N;
+            const __m512i a0 = _mm512_sub_epi32(_mm512_loadu_si512(acc + m * N + n), _mm512_loadu_si512(comp + n));
+            const __m512i a1 =
+                two ? _mm512_sub_epi32(_mm512_loadu_si512(acc + m * N + n + 16), _mm512_loadu_si512(comp + n + 16)) : a0;
+            const __m512 x0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0), _mm512_loadu_ps(scale + n), _mm512_loadu_ps(bias + n));
+            const __m512 x1 = two ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1), _mm512_loadu_ps(scale + n + 16),
+                                                    _mm512_loadu_ps(bias + n + 16))
+                                  : x0;
+            const __m512 g0 = gelu16(x0), g1 = gelu16(x1);
+            quant16(codes + m * N + n, g0, s);
+            if (two) quant16(codes + m * N + n + 16, g1, s);
         }
 }
 
