@@ -163,6 +163,17 @@ typedef struct AttnIn {
     const BqFq *fq; /* the fake quantizers of the attention (BQ_FQ_ATTN: ort, qdqbert), or NULL */
 } AttnIn;
 
+/* The mask row of sequence b, or NULL where it has none or every key is kept (all ones): the masked
+ * softmax then adds (1 − 1)·(−FLT_MAX) = −0 to each scaled score, which leaves every value as it is, so
+ * skipping the term gives the same bits. */
+IK_INLINE const float *mask_row(const AttnIn *in, int64_t b) {
+    if (!in->mask) return NULL;
+    const float *m = in->mask + b * in->T;
+    for (int64_t j = 0; j < in->T; j++)
+        if (m[j] != 1.0f) return m;
+    return NULL;
+}
+
 /* Q_h, K_h, V_h of sequence b and head h into the scratch after K_hᵀ and S (Kt + d·Tp + T·Tp), from
  * whichever input in holds. */
 IK_INLINE void load_head(float *Kt, const AttnIn *in, int64_t b, int64_t h) {
@@ -481,7 +492,7 @@ IK_FMA static void attn_core_fma(uint8_t *codes, float *C, int64_t ldc, const fl
  * the AVX2 code too), then attn_core_fma into codes or C (leading dim H). */
 IK_FMA static void attn_head_fma(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int64_t h, float *Kt) {
     load_head(Kt, in, b, h);
-    attn_core_fma(codes, C, in->NH * in->d, in->mask ? in->mask + b * in->T : NULL, Kt, in->scale, in->sq, in->T,
+    attn_core_fma(codes, C, in->NH * in->d, mask_row(in, b), Kt, in->scale, in->sq, in->T,
                   in->d);
 }
 
@@ -682,7 +693,7 @@ IK_512 static void context_all_512(uint8_t *codes, float *C, int64_t ldc, const 
  * transpose of AVX2. */
 IK_512 static void attn_head_512(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int64_t h, float *Kt) {
     const int64_t T = in->T, d = in->d, Tp = pad16(T);
-    const float *mrow = in->mask ? in->mask + b * T : NULL;
+    const float *mrow = mask_row(in, b);
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
     load_head(Kt, in, b, h);
     transpose_all_fma(Kt, Tp, k, T, d);
@@ -944,7 +955,7 @@ static void attn_core(uint8_t *codes, float *C, int64_t ldc, const float *mrow, 
 /* One (batch, head) pair, portable: attn_head_fma's steps. */
 static void attn_head(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int64_t h, float *Kt) {
     load_head(Kt, in, b, h);
-    attn_core(codes, C, in->NH * in->d, in->mask ? in->mask + b * in->T : NULL, Kt, in->scale, in->sq, in->T, in->d);
+    attn_core(codes, C, in->NH * in->d, mask_row(in, b), Kt, in->scale, in->sq, in->T, in->d);
 }
 
 /* One (batch, head) pair with fake quantizers (bq_infer_attention_fq) into its codes (leading dim H), in
@@ -982,7 +993,7 @@ IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int
     }
     const float fqk = fq[BQ_FQ_Q].s * fq[BQ_FQ_K].s, fpv = fq[BQ_FQ_PROBS].s * fq[BQ_FQ_V].s;
     const BqFq fs = fq[BQ_FQ_SCORES], fp = fq[BQ_FQ_PROBS], fc = fq[BQ_FQ_CONTEXT];
-    const float *mrow = in->mask ? in->mask + b * T : NULL;
+    const float *mrow = mask_row(in, b);
     for (int64_t i = 0; i < T; i++) {
         float *y = S + i * Tp;
 #if defined(__x86_64__) && defined(__GNUC__)
