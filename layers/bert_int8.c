@@ -297,7 +297,7 @@ int bq_int8_begin(BqInt8Engine **out, const BqBert *m) {
     e->inter = c->intermediate_size;
     e->heads = c->num_attention_heads;
     e->use_whole = 1;
-    e->step_rows = BQ_INT8_STEP_ROWS;
+    bq_int8_set_step_rows(e, 0);
     e->layers = bq_calloc((size_t)e->num_layers, sizeof *e->layers);
     int rc = BQ_OK;
     for (int l = 0; l < e->num_layers && !rc; l++) rc = plan_layer(e, m, l);
@@ -388,7 +388,9 @@ int64_t bq_int8_bytes(const BqInt8Engine *e) {
 int bq_int8_linear_count(const BqInt8Engine *e) { return e->nlinear; }
 int bq_int8_fused_layer_count(const BqInt8Engine *e) { return e->use_whole ? e->nwhole : 0; }
 void bq_int8_set_layer_fusion(BqInt8Engine *e, int on) { e->use_whole = on != 0; }
-void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows) { e->step_rows = rows > 0 ? rows : BQ_INT8_STEP_ROWS; }
+void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows) {
+    e->step_rows = rows > 0 ? rows : bq_qgemm_exact_8bit() ? BQ_INT8_STEP_ROWS_VNNI : BQ_INT8_STEP_ROWS;
+}
 int bq_int8_gemm_count(const BqInt8Engine *e) { return e->ngemm; }
 
 const char *bq_int8_fp32_linears(const BqInt8Engine *e, char *buf, size_t n) {

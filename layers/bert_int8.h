@@ -66,10 +66,15 @@ void bq_int8_set_layer_fusion(BqInt8Engine *e, int on);
 /* A fused layer's GEMM and its epilogue cover at most this many rows at once (whole sequences for the
  * query/key/value product and its attention): a step on more rows runs in blocks, so its int32 sums
  * take one block's room, not the batch's. The results are the same bits for any block size (the sums
- * are exact, every epilogue is row-wise and the attention is per sequence). 4096 rows by default, 32
- * sequences of 128 tokens: a larger batch runs in blocks of the same shape as batch 32, whose oneDNN
- * primitives and weight layouts it shares. rows <= 0 restores the default (tests set small blocks). */
+ * are exact, every epilogue is row-wise and the attention is per sequence). The default is
+ * BQ_INT8_STEP_ROWS_VNNI rows where oneDNN sums 8-bit weights with VNNI or AMX (bq_qgemm_exact_8bit):
+ * there the GEMMs are fast enough that keeping a block's sums in cache for its pass pays (8 sequences
+ * of 128 tokens: about 3 % faster than 4096 rows on Zen 5, MiniLM and BERT-base, bench_int8's sweep);
+ * elsewhere BQ_INT8_STEP_ROWS, 32 sequences of 128 tokens, the fastest there (Zen 3). Every block of a
+ * larger batch has the shape of the first, so the blocks share their oneDNN primitives and weight
+ * layouts. rows <= 0 restores the default (tests set small blocks). */
 #define BQ_INT8_STEP_ROWS 4096
+#define BQ_INT8_STEP_ROWS_VNNI 1024
 void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows);
 
 /* logits (B, num_labels) of the batch, in ctx->act, as bq_bert_forward computes them in evaluation
