@@ -307,21 +307,42 @@ IK_FMA_INLINE void quant8_fma(uint8_t *dst, __m256 x, __m256 s) {
     _mm_storel_epi64((__m128i *)dst, _mm_packus_epi16(w, w));
 }
 
-/* e^x for 8 lanes: exp_fast's range reduction and polynomial with fused multiply-adds, the polynomial
- * in Estrin's order (a shorter dependency chain: the passes that call it are bound by its latency). */
+/* The polynomials that the 8- and 16-lane kernels share, written once with the vector operations of a
+ * width (VEC is V8 or V16, T its type), so that both widths do the same operations in the same order
+ * and give the same bits. Both run in Estrin's order: the passes that evaluate them are bound by their
+ * dependency chains, which this shortens (exp: 3 multiply-adds after r², Horner's scheme chains 7). */
+#define V8(op) _mm256_##op##_ps
+#define V16(op) _mm512_##op##_ps
+
+/* p = exp_fast's degree-7 Taylor polynomial of e^r. */
+#define EXP_POLY(VEC, T, p, r)                                                                                  \
+    const T r2_ = VEC(mul)(r, r), r4_ = VEC(mul)(r2_, r2_);                                                   \
+    const T p01_ = VEC(add)(r, VEC(set1)(1.0f));                                                              \
+    const T p23_ = VEC(fmadd)(VEC(set1)(1.0f / 6.0f), r, VEC(set1)(0.5f));                                    \
+    const T p45_ = VEC(fmadd)(VEC(set1)(1.0f / 120.0f), r, VEC(set1)(1.0f / 24.0f));                          \
+    const T p67_ = VEC(fmadd)(VEC(set1)(1.0f / 5040.0f), r, VEC(set1)(1.0f / 720.0f));                        \
+    const T p = VEC(fmadd)(VEC(fmadd)(p67_, r2_, p45_), r4_, VEC(fmadd)(p23_, r2_, p01_))
+
+/* erfc_pos's coefficients (autograd/fastmath.h), highest power first. */
+static const float ERFC_CF[10] = {0.17087277f, -0.82215223f, 1.48851587f,  -1.13520398f, 0.27886807f,
+                                  -0.18628806f, 0.09678418f, 0.37409196f, 1.00002368f,  -1.26551223f};
+
+/* p = erfc_pos's P(t) = Σ ERFC_CF[9-k]·t^k. */
+#define ERFC_POLY(VEC, T, p, t)                                                                                        \
+    const T t2_ = VEC(mul)(t, t), t4_ = VEC(mul)(t2_, t2_), t8_ = VEC(mul)(t4_, t4_);                                  \
+    T a_[5];                                                                                                           \
+    for (int k_ = 0; k_ < 5; k_++)                                                                                     \
+        a_[k_] = VEC(fmadd)(VEC(set1)(ERFC_CF[8 - 2 * k_]), t, VEC(set1)(ERFC_CF[9 - 2 * k_]));                        \
+    const T p = VEC(fmadd)(a_[4], t8_, VEC(fmadd)(VEC(fmadd)(a_[3], t2_, a_[2]), t4_, VEC(fmadd)(a_[1], t2_, a_[0])))
+
+/* e^x for 8 lanes: exp_fast's range reduction and polynomial (EXP_POLY) with fused multiply-adds. */
 IK_FMA_INLINE __m256 exp8_fma(__m256 x) {
     const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    /* the polynomial in Estrin's scheme: a chain of 3 multiply-adds after r², not Horner's 7 */
-    const __m256 r2 = _mm256_mul_ps(r, r), r4 = _mm256_mul_ps(r2, r2);
-    const __m256 p01 = _mm256_add_ps(r, _mm256_set1_ps(1.0f));
-    const __m256 p23 = _mm256_fmadd_ps(_mm256_set1_ps(1.0f / 6.0f), r, _mm256_set1_ps(0.5f));
-    const __m256 p45 = _mm256_fmadd_ps(_mm256_set1_ps(1.0f / 120.0f), r, _mm256_set1_ps(1.0f / 24.0f));
-    const __m256 p67 = _mm256_fmadd_ps(_mm256_set1_ps(1.0f / 5040.0f), r, _mm256_set1_ps(1.0f / 720.0f));
-    const __m256 p = _mm256_fmadd_ps(_mm256_fmadd_ps(p67, r2, p45), r4, _mm256_fmadd_ps(p23, r2, p01));
+    EXP_POLY(V8, __m256, p, r);
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
     y = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ), y);
@@ -419,18 +440,11 @@ IK_FMA_INLINE void context_rows_fma(uint8_t *codes, float *C, int64_t ldc, int64
 /* gelu(x) = x·Φ(x) of 8 values with fused multiply-adds: Φ from erfc's rational approximation (the
  * coefficients of autograd/fastmath.h, its polynomial in Estrin's order) and exp8_fma. */
 IK_FMA_INLINE __m256 gelu8_fma(__m256 x) {
-    static const float cf[10] = {0.17087277f, -0.82215223f, 1.48851587f,  -1.13520398f, 0.27886807f,
-                                 -0.18628806f, 0.09678418f, 0.37409196f, 1.00002368f,  -1.26551223f};
     const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256 z = _mm256_mul_ps(_mm256_and_ps(x, absmask), _mm256_set1_ps((float)M_SQRT1_2));
     const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(half, z, one));
-    /* P(t) = Σ cf[9-k]·t^k in Estrin's order */
-    const __m256 t2 = _mm256_mul_ps(t, t), t4 = _mm256_mul_ps(t2, t2), t8 = _mm256_mul_ps(t4, t4);
-    __m256 a[5];
-    for (int k = 0; k < 5; k++) a[k] = _mm256_fmadd_ps(_mm256_set1_ps(cf[8 - 2 * k]), t, _mm256_set1_ps(cf[9 - 2 * k]));
-    const __m256 p = _mm256_fmadd_ps(
-        a[4], t8, _mm256_fmadd_ps(_mm256_fmadd_ps(a[3], t2, a[2]), t4, _mm256_fmadd_ps(a[1], t2, a[0])));
+    ERFC_POLY(V8, __m256, p, t);
     const __m256 h = _mm256_mul_ps(half, _mm256_mul_ps(t, exp8_fma(_mm256_fnmadd_ps(z, z, p))));
     const __m256 cdf = _mm256_blendv_ps(_mm256_sub_ps(one, h), h, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
     return _mm256_mul_ps(x, cdf);
@@ -444,7 +458,8 @@ IK_FMA static void gelu_quant_rows_fma(uint8_t *codes, const int32_t *acc, const
         for (int64_t n = 0; n < N; n += 8) {
             const __m256i a = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)(acc + m * N + n)),
                                                _mm256_loadu_si256((const __m256i *)(comp + n)));
-            const __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(scale + n), _mm256_loadu_ps(bias + n));
+            const __m256 x =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(scale + n), _mm256_loadu_ps(bias + n));
             quant8_fma(codes + m * N + n, gelu8_fma(x), s);
         }
 }
@@ -528,7 +543,8 @@ IK_FMA static void bias_gelu_bf16_rows_fma(uint16_t *h, const float *x, const fl
  * AVX-512 kernels give the AVX2 kernels' bits; they only do twice the work per instruction
  * (tests/test_infer_kernels.c compares the two bit for bit). */
 #define IK_512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
-#define IK_512_INLINE static inline __attribute__((always_inline, target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+#define IK_512_INLINE                                                                                                  \
+    static inline __attribute__((always_inline, target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
 
 /* quant8_fma for 16 lanes. */
 IK_512_INLINE void quant16(uint8_t *dst, __m512 x, __m512 s) {
@@ -548,12 +564,7 @@ IK_512_INLINE __m512 exp16(__m512 x) {
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    const __m512 r2 = _mm512_mul_ps(r, r), r4 = _mm512_mul_ps(r2, r2);
-    const __m512 p01 = _mm512_add_ps(r, _mm512_set1_ps(1.0f));
-    const __m512 p23 = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 6.0f), r, _mm512_set1_ps(0.5f));
-    const __m512 p45 = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 120.0f), r, _mm512_set1_ps(1.0f / 24.0f));
-    const __m512 p67 = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 5040.0f), r, _mm512_set1_ps(1.0f / 720.0f));
-    const __m512 p = _mm512_fmadd_ps(_mm512_fmadd_ps(p67, r2, p45), r4, _mm512_fmadd_ps(p23, r2, p01));
+    EXP_POLY(V16, __m512, p, r);
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
     y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ), _mm512_setzero_ps());
@@ -562,16 +573,10 @@ IK_512_INLINE __m512 exp16(__m512 x) {
 
 /* gelu8_fma for 16 lanes. */
 IK_512_INLINE __m512 gelu16(__m512 x) {
-    static const float cf[10] = {0.17087277f, -0.82215223f, 1.48851587f,  -1.13520398f, 0.27886807f,
-                                 -0.18628806f, 0.09678418f, 0.37409196f, 1.00002368f,  -1.26551223f};
     const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
     const __m512 z = _mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps((float)M_SQRT1_2));
     const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(half, z, one));
-    const __m512 t2 = _mm512_mul_ps(t, t), t4 = _mm512_mul_ps(t2, t2), t8 = _mm512_mul_ps(t4, t4);
-    __m512 a[5];
-    for (int k = 0; k < 5; k++) a[k] = _mm512_fmadd_ps(_mm512_set1_ps(cf[8 - 2 * k]), t, _mm512_set1_ps(cf[9 - 2 * k]));
-    const __m512 p = _mm512_fmadd_ps(
-        a[4], t8, _mm512_fmadd_ps(_mm512_fmadd_ps(a[3], t2, a[2]), t4, _mm512_fmadd_ps(a[1], t2, a[0])));
+    ERFC_POLY(V16, __m512, p, t);
     const __m512 h = _mm512_mul_ps(half, _mm512_mul_ps(t, exp16(_mm512_fnmadd_ps(z, z, p))));
     const __m512 cdf =
         _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), _mm512_sub_ps(one, h), h);
@@ -589,8 +594,10 @@ IK_512 static void gelu_quant_rows_512(uint8_t *codes, const int32_t *acc, const
             const int two = n + 32 <= N;
             const __m512i a0 = _mm512_sub_epi32(_mm512_loadu_si512(acc + m * N + n), _mm512_loadu_si512(comp + n));
             const __m512i a1 =
-                two ? _mm512_sub_epi32(_mm512_loadu_si512(acc + m * N + n + 16), _mm512_loadu_si512(comp + n + 16)) : a0;
-            const __m512 x0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0), _mm512_loadu_ps(scale + n), _mm512_loadu_ps(bias + n));
+                two ? _mm512_sub_epi32(_mm512_loadu_si512(acc + m * N + n + 16), _mm512_loadu_si512(comp + n + 16))
+                    : a0;
+            const __m512 x0 =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0), _mm512_loadu_ps(scale + n), _mm512_loadu_ps(bias + n));
             const __m512 x1 = two ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1), _mm512_loadu_ps(scale + n + 16),
                                                     _mm512_loadu_ps(bias + n + 16))
                                   : x0;
@@ -730,9 +737,11 @@ IK_512 static void residual_layernorm_512(float *out, uint8_t *codes, const int3
         const float *r = resid + m * N;
         __m256 s8 = _mm256_setzero_ps();
         for (int64_t n = 0; n < N; n += 16) {
-            const __m512 q = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(a + n), _mm512_loadu_si512(comp + n)));
-            const __m512 v = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(q, _mm512_loadu_ps(scale + n)), _mm512_loadu_ps(bias + n)),
-                                           _mm512_loadu_ps(r + n));
+            const __m512 q =
+                _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(a + n), _mm512_loadu_si512(comp + n)));
+            const __m512 v =
+                _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(q, _mm512_loadu_ps(scale + n)), _mm512_loadu_ps(bias + n)),
+                              _mm512_loadu_ps(r + n));
             _mm512_storeu_ps(y + n, v);
             s8 = sum8_add16(s8, v);
         }
@@ -744,9 +753,10 @@ IK_512 static void residual_layernorm_512(float *out, uint8_t *codes, const int3
         }
         const __m512 rstd = _mm512_set1_ps(1.0f / sqrtf(sum8_total(s8) / (float)N + eps));
         for (int64_t n = 0; n < N; n += 16) {
-            const __m512 v = _mm512_add_ps(
-                _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(y + n), mean), rstd), _mm512_loadu_ps(lnw + n)),
-                _mm512_loadu_ps(lnb + n));
+            const __m512 v =
+                _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(y + n), mean), rstd),
+                                            _mm512_loadu_ps(lnw + n)),
+                              _mm512_loadu_ps(lnb + n));
             _mm512_storeu_ps(y + n, v);
             if (codes) quant16(codes + m * N + n, v, s);
         }
@@ -771,7 +781,8 @@ IK_512 static void bias_gelu_rows_512(float *x, const float *bias, int64_t M, in
 IK_512_INLINE __m512 exp16_exact(__m512 x) {
     const __m512 magic = _mm512_set1_ps(12582912.0f);
     const __m512 xc = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.3f), x));
-    const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)), magic), magic);
+    const __m512 n =
+        _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)), magic), magic);
     __m512 r = _mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
     r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
     static const float cf[7] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
@@ -845,7 +856,8 @@ IK_512 static void residual_layernorm_fq_512(float *out, uint8_t *codes, const i
         __m256 s8 = _mm256_setzero_ps();
         for (int64_t n = 0; n < N; n += 16) {
             const __m512 loc = fq_apply16(dequant16(acc + m * N + n, comp + n, scale + n, bias + n), floc);
-            const __m512 v = fq_apply16(_mm512_add_ps(loc, fq_apply16(_mm512_loadu_ps(resid + m * N + n), fskip)), fsum);
+            const __m512 v =
+                fq_apply16(_mm512_add_ps(loc, fq_apply16(_mm512_loadu_ps(resid + m * N + n), fskip)), fsum);
             _mm512_storeu_ps(y + n, v);
             s8 = sum8_add16(s8, v);
         }
@@ -857,9 +869,9 @@ IK_512 static void residual_layernorm_fq_512(float *out, uint8_t *codes, const i
         }
         const __m512 rstd = _mm512_set1_ps(1.0f / sqrtf(sum8_total(s8) / (float)N + eps));
         for (int64_t n = 0; n < N; n += 16) {
-            __m512 v = _mm512_add_ps(
-                _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(y + n), mean), rstd), _mm512_loadu_ps(lnw + n)),
-                _mm512_loadu_ps(lnb + n));
+            __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(y + n), mean), rstd),
+                                                   _mm512_loadu_ps(lnw + n)),
+                                     _mm512_loadu_ps(lnb + n));
             v = fq_apply16(v, fln);
             _mm512_storeu_ps(y + n, v);
             if (codes) quant16(codes + m * N + n, v, s);
