@@ -244,15 +244,20 @@ IK_INLINE void transpose_tail(float *Kt, int64_t Tp, const float *k, int64_t ld,
 }
 
 /* The masked softmax of one row of T scores (row length Tp), in place: the operations and summation
- * orders of autograd/kernels.c bq_kernel_softmax_mask_forward. */
-IK_INLINE void softmax_row(float *y, const float *mrow, float scale, int64_t T) {
+ * orders of autograd/kernels.c bq_kernel_softmax_mask_forward (the fake-quant kernels' bits). With
+ * blocks set, the sum runs over whole blocks of 8 with zeros past T, as softmax_row_fma sums, so that a
+ * sequence gets the same bits whatever length its batch is padded to (row_sum adds a tail shorter than
+ * 8 into one lane, which moves with the padded length). */
+IK_INLINE void softmax_row(float *y, const float *mrow, float scale, int64_t T, int blocks) {
     if (mrow)
         for (int64_t j = 0; j < T; j++) y[j] = scale * y[j] + (1.0f - mrow[j]) * -FLT_MAX;
     else
         for (int64_t j = 0; j < T; j++) y[j] = scale * y[j];
     const float mx = row_max(y, T);
     for (int64_t j = 0; j < T; j++) y[j] = exp_fast(y[j] - mx);
-    const float inv = 1.0f / row_sum(y, T);
+    const int64_t n = blocks ? (T + 7) / 8 * 8 : T;
+    for (int64_t j = T; j < n; j++) y[j] = 0.0f;
+    const float inv = 1.0f / row_sum(y, n);
     for (int64_t j = 0; j < T; j++) y[j] *= inv;
 }
 
@@ -349,14 +354,24 @@ IK_FMA_INLINE __m256 exp8_fma(__m256 x) {
     return _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_GT_OQ));
 }
 
-/* The masked softmax of one row (softmax_row's operations; exp with fused multiply-adds; T a multiple
- * of 8, the row padded to a multiple of 16). */
+/* The masked softmax of one row (softmax_row's operations; exp with fused multiply-adds; the row padded
+ * to a multiple of 16). Any T: the lanes past T in its last block of 8 hold −inf, whose e^x is 0, so a
+ * sequence gets the same bits whatever length its batch is padded to (a masked key gives 0 too). */
 IK_FMA_INLINE void softmax_row_fma(float *y, const float *mrow, float scale, int64_t T) {
     const __m256 sc = _mm256_set1_ps(scale), one = _mm256_set1_ps(1.0f), mv = _mm256_set1_ps(-FLT_MAX);
     __m256 mx = _mm256_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < T; j += 8) {
+    const int64_t T8 = (T + 7) / 8 * 8;
+    for (int64_t j = 0; j < T8; j += 8) {
         __m256 v = _mm256_mul_ps(sc, _mm256_load_ps(y + j));
-        if (mrow) v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_sub_ps(one, _mm256_loadu_ps(mrow + j)), mv));
+        if (mrow && j + 8 <= T) v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_sub_ps(one, _mm256_loadu_ps(mrow + j)), mv));
+        if (j + 8 > T) { /* the last block of a length that is not a multiple of 8 */
+            float b[8], mb[8];
+            for (int l = 0; l < 8; l++) mb[l] = mrow && j + l < T ? mrow[j + l] : 1.0f;
+            if (mrow) v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_sub_ps(one, _mm256_loadu_ps(mb)), mv));
+            _mm256_storeu_ps(b, v);
+            for (int l = (int)(T - j); l < 8; l++) b[l] = -INFINITY; /* no key there: e^-inf = 0 */
+            v = _mm256_loadu_ps(b);
+        }
         _mm256_store_ps(y + j, v);
         mx = _mm256_max_ps(mx, v);
     }
@@ -365,7 +380,7 @@ IK_FMA_INLINE void softmax_row_fma(float *y, const float *mrow, float scale, int
     m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
     const __m256 m = _mm256_broadcastss_ps(m4);
     __m256 sum = _mm256_setzero_ps();
-    for (int64_t j = 0; j < T; j += 8) {
+    for (int64_t j = 0; j < T8; j += 8) {
         const __m256 e = exp8_fma(_mm256_sub_ps(_mm256_load_ps(y + j), m));
         _mm256_store_ps(y + j, e);
         sum = _mm256_add_ps(sum, e);
@@ -373,7 +388,7 @@ IK_FMA_INLINE void softmax_row_fma(float *y, const float *mrow, float scale, int
     float l[8];
     _mm256_storeu_ps(l, sum);
     const __m256 inv = _mm256_set1_ps(1.0f / (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))));
-    for (int64_t j = 0; j < T; j += 8) _mm256_store_ps(y + j, _mm256_mul_ps(_mm256_load_ps(y + j), inv));
+    for (int64_t j = 0; j < T8; j += 8) _mm256_store_ps(y + j, _mm256_mul_ps(_mm256_load_ps(y + j), inv));
 }
 
 /* Kt[e][j] = k[j][e] for j < T (T a multiple of 8, d a multiple of 8), in 8×8 blocks. */
@@ -497,8 +512,7 @@ IK_FMA static void attn_core_fma(uint8_t *codes, float *C, int64_t ldc, const fl
     transpose_all_fma(Kt, Tp, k, T, d);
     scores_all_fma(S, Tp, q, Kt, T, d);
     for (int64_t i = 0; i < T; i++) {
-        if (T % 8 == 0) softmax_row_fma(S + i * Tp, mrow, scale, T);
-        else softmax_row(S + i * Tp, mrow, scale, T);
+        softmax_row_fma(S + i * Tp, mrow, scale, T);
     }
     context_all_fma(codes, C, ldc, S, Tp, v, T, d, sq);
 }
@@ -960,7 +974,7 @@ static void attn_core(uint8_t *codes, float *C, int64_t ldc, const float *mrow, 
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
     transpose_tail(Kt, Tp, k, d, 0, T, d);
     scores_all(S, Tp, q, Kt, T, d);
-    for (int64_t i = 0; i < T; i++) softmax_row(S + i * Tp, mrow, scale, T);
+    for (int64_t i = 0; i < T; i++) softmax_row(S + i * Tp, mrow, scale, T, 1);
     context_all(codes, C, ldc, S, Tp, v, T, d, sq);
 }
 
@@ -1015,7 +1029,7 @@ IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int
         }
 #endif
         for (int64_t j = 0; j < T; j++) y[j] = fq_apply(y[j] * fqk, fs);
-        softmax_row(y, mrow, in->scale, T);
+        softmax_row(y, mrow, in->scale, T, 0);
         for (int64_t j = 0; j < T; j++) y[j] = fq_code(y[j], fp);
     }
     /* the context's sums (T, d) over the query block, which the scores no longer need */

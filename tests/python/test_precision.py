@@ -168,8 +168,9 @@ def test_training_records_precision(cmd, tmp_path, bin_path):
     # a run under auto records what auto resolved to, not the word auto
     assert rec == {"auto": AUTO, OTHER: OTHER}
     # a resume in another precision would not continue the run: refused in one line naming the flag
-    p = run_bq(cmd, "--model", MODEL, "--data", IMDB, "--out", tmp_path / OTHER, *TINY, "--resume", check=False,
-               timeout=900)
+    # (--precision auto said: the suite's BQ_PRECISION=fp32 would otherwise resolve it, conftest.py)
+    p = run_bq(cmd, "--model", MODEL, "--data", IMDB, "--out", tmp_path / OTHER, *TINY, "--resume",
+               "--precision", "auto", check=False, timeout=900)
     err = p.stderr.strip().splitlines()[-1]
     print(f"--resume of the {OTHER} run under auto -> exit {p.returncode}: {err}")
     assert p.returncode == 2 and err == (f"bertqat {cmd}: --resume: {tmp_path / OTHER} was trained with --precision "
