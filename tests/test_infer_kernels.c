@@ -549,7 +549,8 @@ static void check_infer_attention(int64_t B, int64_t T, int64_t NH, int64_t d, B
     float *scratchp = NULL;
     for (int64_t i = 0; i < Tq * N; i++) qkv[i] = (float)(acc[i % (T * N)] - comp[i % N]) * scale[i % N];
     for (int64_t t = 0; t < Tq; t++) maskp[t] = t < T ? 1.0f : 0.0f;
-    BQ_CHECK(posix_memalign((void **)&scratchp, 64, sizeof(float) * (size_t)(nthr * bq_infer_attention_scratch(Tq, d))) == 0);
+    const size_t per_q = sizeof(float) * (size_t)bq_infer_attention_scratch(Tq, d);
+    BQ_CHECK(posix_memalign((void **)&scratchp, 64, per_q * (size_t)nthr) == 0);
     bq_infer_attention_f32(ca, qkv, bias, maskp, scratchp, nthr, sc, 1, T, NH, d);
     bq_infer_attention_f32(cp, qkv, bias, maskp, scratchp, nthr, sc, 1, Tq, NH, d);
     const int pad_bad = memcmp(ca, cp, sizeof(float) * (size_t)(T * H)) != 0;
