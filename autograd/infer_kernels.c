@@ -1053,7 +1053,7 @@ IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int
  * NULL, else as fp32 to ctx ((B,T,H) either way). Each pair runs on one thread in that thread's scratch.
  * The products use fused multiply-adds where the CPU has AVX2 and FMA (rounding differs from the
  * portable path's separate multiply and add, so results are the same on every CPU of one kind, not
- * across kinds; batch size and thread count never change them). */
+ * across kinds; batch size, the padded length and thread count never change them). */
 static void attn_heads(uint8_t *codes, float *ctx, const AttnIn *in, float *scratch, int64_t nthreads, int64_t B) {
     BQ_CHECK(in->d % 8 == 0 && omp_get_max_threads() <= nthreads);
     const int64_t NH = in->NH, H = NH * in->d, per = bq_infer_attention_scratch(in->T, in->d);
