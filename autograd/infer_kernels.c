@@ -671,6 +671,19 @@ IK_512_INLINE void context_rows_512(uint8_t *codes, float *C, int64_t ldc, int64
     }
 }
 
+/* The running sum s of autograd/fastmath.h row_sum's 8 lanes, with the 16 values of x added in its order
+ * (the low 8, then the high 8). */
+IK_512_INLINE __m256 sum8_add16(__m256 s, __m512 x) {
+    return _mm256_add_ps(_mm256_add_ps(s, _mm512_castps512_ps256(x)), _mm512_extractf32x8_ps(x, 1));
+}
+
+/* row_sum's pairwise combination of its 8 lanes. */
+IK_512_INLINE float sum8_total(__m256 s) {
+    float l[8];
+    _mm256_storeu_ps(l, s);
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
 /* softmax_row_fma 16 lanes wide (T a multiple of 16); its sum in the AVX2 kernel's 8 lanes and order. */
 IK_512_INLINE void softmax_row_512(float *y, const float *mrow, float scale, int64_t T) {
     const __m512 sc = _mm512_set1_ps(scale), one = _mm512_set1_ps(1.0f), mv = _mm512_set1_ps(-FLT_MAX);
@@ -686,12 +699,9 @@ IK_512_INLINE void softmax_row_512(float *y, const float *mrow, float scale, int
     for (int64_t j = 0; j < T; j += 16) {
         const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(y + j), m));
         _mm512_storeu_ps(y + j, e);
-        sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
-        sum = _mm256_add_ps(sum, _mm512_extractf32x8_ps(e, 1));
+        sum = sum8_add16(sum, e);
     }
-    float l[8];
-    _mm256_storeu_ps(l, sum);
-    const __m512 inv = _mm512_set1_ps(1.0f / (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))));
+    const __m512 inv = _mm512_set1_ps(1.0f / sum8_total(sum));
     for (int64_t j = 0; j < T; j += 16) _mm512_storeu_ps(y + j, _mm512_mul_ps(_mm512_loadu_ps(y + j), inv));
 }
 
@@ -721,60 +731,6 @@ IK_512 static void attn_head_512(uint8_t *codes, float *C, const AttnIn *in, int
     scores_all_512(S, Tp, q, Kt, T, d);
     for (int64_t i = 0; i < T; i++) softmax_row_512(S + i * Tp, mrow, in->scale, T);
     context_all_512(codes, C, in->NH * d, S, Tp, v, T, d, in->sq);
-}
-
-/* The running sum s of autograd/fastmath.h row_sum's 8 lanes, with the 16 values of x added in its order
- * (the low 8, then the high 8). */
-IK_512_INLINE __m256 sum8_add16(__m256 s, __m512 x) {
-    return _mm256_add_ps(_mm256_add_ps(s, _mm512_castps512_ps256(x)), _mm512_extractf32x8_ps(x, 1));
-}
-
-/* row_sum's pairwise combination of its 8 lanes. */
-IK_512_INLINE float sum8_total(__m256 s) {
-    float l[8];
-    _mm256_storeu_ps(l, s);
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
-
-/* bq_infer_residual_layernorm 16 columns at a time (N a multiple of 16), in the portable kernel's
- * operations: the dequantization with a separate multiply and add, then the residual; ln_row_forward's
- * two sums in its 8 lanes and order, its normalization left to right; quant_u8's codes. */
-IK_512 static void residual_layernorm_512(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
-                                          const float *scale, const float *bias, const float *resid,
-                                          const float *lnw, const float *lnb, float eps, float sq, int64_t M,
-                                          int64_t N) {
-    const __m512 s = _mm512_set1_ps(sq);
-#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
-    for (int64_t m = 0; m < M; m++) {
-        float *y = out + m * N;
-        const int32_t *a = acc + m * N;
-        const float *r = resid + m * N;
-        __m256 s8 = _mm256_setzero_ps();
-        for (int64_t n = 0; n < N; n += 16) {
-            const __m512 q =
-                _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(a + n), _mm512_loadu_si512(comp + n)));
-            const __m512 v =
-                _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(q, _mm512_loadu_ps(scale + n)), _mm512_loadu_ps(bias + n)),
-                              _mm512_loadu_ps(r + n));
-            _mm512_storeu_ps(y + n, v);
-            s8 = sum8_add16(s8, v);
-        }
-        const __m512 mean = _mm512_set1_ps(sum8_total(s8) / (float)N);
-        s8 = _mm256_setzero_ps();
-        for (int64_t n = 0; n < N; n += 16) {
-            const __m512 xc = _mm512_sub_ps(_mm512_loadu_ps(y + n), mean);
-            s8 = sum8_add16(s8, _mm512_mul_ps(xc, xc));
-        }
-        const __m512 rstd = _mm512_set1_ps(1.0f / sqrtf(sum8_total(s8) / (float)N + eps));
-        for (int64_t n = 0; n < N; n += 16) {
-            const __m512 v =
-                _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(y + n), mean), rstd),
-                                            _mm512_loadu_ps(lnw + n)),
-                              _mm512_loadu_ps(lnb + n));
-            _mm512_storeu_ps(y + n, v);
-            if (codes) quant16(codes + m * N + n, v, s);
-        }
-    }
 }
 
 /* bias_gelu_rows_fma, 16 columns at a time (N a multiple of 16). */
@@ -856,8 +812,10 @@ IK_512 static void gelu_fq_quant_512(uint8_t *codes, const int32_t *acc, const i
         }
 }
 
-/* bq_infer_residual_layernorm_fq 16 columns at a time (N a multiple of 16), with residual_layernorm_512's
- * LayerNorm. */
+/* bq_infer_residual_layernorm_fq 16 columns at a time (N a multiple of 16), in the portable kernel's
+ * operations: the dequantization with a separate multiply and add, the places' fake quantizers (an empty
+ * place passes its value), ln_row_forward's two sums in its 8 lanes and order, its normalization left to
+ * right, quant_u8's codes. With every place empty it is bq_infer_residual_layernorm's AVX-512 kernel. */
 IK_512 static void residual_layernorm_fq_512(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
                                              const float *scale, const float *bias, const float *resid,
                                              const BqFq *f, const float *lnw, const float *lnb, float eps, float sq,
@@ -1189,8 +1147,9 @@ void bq_infer_residual_layernorm(float *out, uint8_t *codes, const int32_t *acc,
                                  const float *scale, const float *bias, const float *resid, const float *lnw,
                                  const float *lnb, float eps, float sq, int64_t M, int64_t N) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (have_512() && N % 16 == 0) {
-        residual_layernorm_512(out, codes, acc, comp, scale, bias, resid, lnw, lnb, eps, sq, M, N);
+    if (have_512() && N % 16 == 0) { /* the fake-quant kernel with every place empty: the same operations */
+        static const BqFq none[4];
+        residual_layernorm_fq_512(out, codes, acc, comp, scale, bias, resid, none, lnw, lnb, eps, sq, M, N);
         return;
     }
 #endif
