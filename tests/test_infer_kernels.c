@@ -631,6 +631,38 @@ static int gelu_fq_boundaries(void) {
     return differ;
 }
 
+/* The GELU codes of the integer engine (bq_infer_gelu_quant) at code boundaries: 96 windows of 16
+ * consecutive floats around the inputs whose GELU crosses (k + 1/2)·sq, k = 1..96, sq = 1/64, so that within
+ * a window the code changes by one. The AVX-512 kernel answers most inputs by its fast erf and falls back
+ * to the exact GELU near a boundary; its bytes must be the AVX2 kernel's (which has no fast path), and the
+ * fast path's error bound must hold for every float input (bq_infer_gelu_fast_check, all 2³² of them). */
+static int gelu_quant_boundaries(void) {
+    const int64_t M = 1, N = 1536;
+    const float sq = 1.0f / 64.0f;
+    int32_t *acc = bq_calloc((size_t)(M * N), sizeof(int32_t)), *comp = bq_calloc((size_t)N, sizeof(int32_t));
+    float *scale = bq_malloc(sizeof(float) * (size_t)N), *bias = bq_malloc(sizeof(float) * (size_t)N);
+    uint8_t *ca = bq_malloc((size_t)(M * N)), *cb = bq_malloc((size_t)(M * N));
+    for (int64_t w = 0; w < N / 16; w++) {
+        float x = below_boundary(((float)(1 + w) + 0.5f) * sq);
+        for (int i = 0; i < 8; i++) x = nextafterf(x, -INFINITY);
+        for (int i = 0; i < 16; i++, x = nextafterf(x, INFINITY)) scale[16 * w + i] = 1.0f, bias[16 * w + i] = x;
+    }
+#define GELU_QB(c) bq_infer_gelu_quant(c, acc, comp, scale, bias, sq, M, N)
+    BOTH_WAYS(ca, cb, GELU_QB);
+    int crossed = 0;
+    for (int64_t w = 0; w < N / 16; w++) crossed += cb[16 * w] != cb[16 * w + 15];
+    const int differ = memcmp(ca, cb, (size_t)(M * N)) != 0;
+    const double worst = bq_infer_gelu_fast_check(BQ_GELU_FAST_ABS, BQ_GELU_FAST_REL);
+    printf("GELU codes at %d of %lld windows that cross a code boundary: AVX-512 vs AVX2 %s; fast path's "
+           "bound over all 2^32 floats: %s %.3f of it\n",
+           crossed, (long long)(N / 16), differ ? "DIFFER" : "same bytes", worst < 0 ? "not checked (no AVX-512)," : "at most",
+           worst < 0 ? 0.0 : worst);
+    EXPECT(crossed >= 90, "only %d of 96 GELU windows cross a code boundary", crossed);
+    EXPECT(worst <= 1.0, "the fast GELU exceeds its error bound (%.3f of it)", worst);
+    free(acc), free(comp), free(scale), free(bias), free(ca), free(cb);
+    return differ;
+}
+
 /* The AVX-512 kernels against the AVX2 ones, bit for bit (autograd/infer_kernels.h): GELU with its codes
  * and in fp32 on accumulators from the most negative to the most positive GELU inputs (NaN included), the
  * attention as codes, in fp32 and with fake quantizers, at head sizes 32 and 64, with padding masks and
@@ -638,7 +670,7 @@ static int gelu_fq_boundaries(void) {
  * kernels, which the test says. */
 static void check_avx512_bits(BqRng *rng) {
     printf("fused kernels on this CPU: %s\n", bq_infer_isa());
-    int bad = gelu_fq_boundaries();
+    int bad = gelu_fq_boundaries() + gelu_quant_boundaries();
     if (strcmp(bq_infer_isa(), "AVX-512") != 0) {
         printf("AVX-512 vs AVX2: not compared (no AVX-512 on this CPU; the AVX2 and portable kernels ran above)\n");
         return;
