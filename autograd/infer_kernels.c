@@ -606,8 +606,10 @@ IK_512_INLINE __m512 gelu16(__m512 x) {
  * quotient lies farther than that bound over sq, plus GELU_FAST_SLACK codes for the roundings of the two
  * quotients, from every half-integer, its rounding is gelu16's code; elsewhere (and for NaN or infinite
  * inputs, whose distance is NaN) the block of 16 is recomputed by gelu16 and quant16. So the codes are
- * gelu16's bit for bit, and the fallback runs for a few blocks in a thousand. Past ±127.5 the clamp decides
- * alone: a relative error of 2⁻²² cannot move a quotient beyond 255.5 back across 127.5. */
+ * gelu16's bit for bit, and the fallback runs for 0.3-1.2 % of the blocks. The slack: below 256 codes the
+ * fast quotient (two roundings, 1/sq and the product) is within 256·2⁻²³ = 2⁻¹⁵ of g̃/sq and the exact one
+ * within 2⁻¹⁶ of gelu16(x)/sq, together under 2⁻¹⁴; at or above 256 the clamp decides alone, since a
+ * passing lane's two quotients lie within half a code of each other. */
 #define GELU_FAST_SLACK 0x1p-14f
 
 IK_512_INLINE __m512 gelu16_fast(__m512 x) {
