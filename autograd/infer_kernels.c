@@ -703,53 +703,55 @@ IK_512 static double gelu_fast_check_512(float a, float b) {
     return worst;
 }
 
-/* acc[r][v] = Σ_k a[r·lda + k] · b[k·ldb + 16v] for rows r < R (1..4), 16 columns v = 0 and, with two, 16
- * more (v = 1), k < K: one fused multiply-add chain per output, in k's order, as the AVX2 kernels run it. */
-IK_512_INLINE void mm_rows_512(__m512 acc[4][2], const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K,
-                               int two, const int R) {
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+/* acc[r][v] = Σ_k a[r·lda + k] · b[k·ldb + 16v] for rows r < R and blocks of 16 columns v < V (R·V ≤ 16),
+ * k < K: one fused multiply-add chain per output, in k's order, as the AVX2 kernels run it; the tile only
+ * sets how many chains run side by side (16 fill both FMA pipes' latency with room for the operands). */
+IK_512_INLINE void mm_tile_512(__m512 acc[8][4], const float *a, int64_t lda, const float *b, int64_t ldb, int64_t K,
+                               const int R, const int V) {
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < V; v++) acc[r][v] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
-        const __m512 b0 = _mm512_loadu_ps(b + k * ldb);
-        const __m512 b1 = two ? _mm512_loadu_ps(b + k * ldb + 16) : b0;
+        __m512 bv[4];
+        for (int v = 0; v < V; v++) bv[v] = _mm512_loadu_ps(b + k * ldb + 16 * v);
         for (int r = 0; r < R; r++) {
             const __m512 ab = _mm512_set1_ps(a[r * lda + k]);
-            acc[r][0] = _mm512_fmadd_ps(ab, b0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(ab, b1, acc[r][1]);
+            for (int v = 0; v < V; v++) acc[r][v] = _mm512_fmadd_ps(ab, bv[v], acc[r][v]);
         }
     }
 }
 
-/* R (1..4) rows of S = Q·Kt, 32 keys at a time (16 in a last block of 16). */
+/* R (1..4) rows of S = Q·Kt, 64 keys at a time (then 32 or 16 in a last block). */
 IK_512_INLINE void scores_rows_512(float *S, int64_t Tp, const float *q, int64_t ldq, const float *Kt, int64_t d,
                                    const int R) {
-    for (int64_t j = 0; j < Tp; j += 32) {
-        const int two = j + 32 <= Tp;
-        __m512 acc[4][2];
-        mm_rows_512(acc, q, ldq, Kt + j, Tp, d, two, R);
-        for (int r = 0; r < R; r++) {
-            _mm512_storeu_ps(S + r * Tp + j, acc[r][0]);
-            if (two) _mm512_storeu_ps(S + r * Tp + j + 16, acc[r][1]);
-        }
+    __m512 acc[8][4];
+    int64_t j = 0;
+    for (; j + 64 <= Tp; j += 64) {
+        mm_tile_512(acc, q, ldq, Kt + j, Tp, d, R, 4);
+        for (int r = 0; r < R; r++)
+            for (int v = 0; v < 4; v++) _mm512_storeu_ps(S + r * Tp + j + 16 * v, acc[r][v]);
+    }
+    for (; j < Tp; j += 16) {
+        mm_tile_512(acc, q, ldq, Kt + j, Tp, d, R, 1);
+        for (int r = 0; r < R; r++) _mm512_storeu_ps(S + r * Tp + j, acc[r][0]);
     }
 }
 
-/* context_rows_fma with 16-lane blocks: d columns 32 or 16 at a time (d a multiple of 16). */
+/* context_rows_fma with 16-lane blocks on R (1..8) rows from row i: d columns 32 or 16 at a time (d a
+ * multiple of 16). */
 IK_512_INLINE void context_rows_512(uint8_t *codes, float *C, int64_t ldc, int64_t i, const float *S, int64_t Tp,
                                     const float *V, int64_t ldv, int64_t T, int64_t d, float sq, const int R) {
     const __m512 s = _mm512_set1_ps(sq);
-    for (int64_t c = 0; c < d; c += 32) {
+    __m512 acc[8][4];
+    for (int64_t c = 0; c < d; c += 16) {
         const int two = c + 32 <= d;
-        __m512 acc[4][2];
-        mm_rows_512(acc, S + i * Tp, Tp, V + c, ldv, T, two, R);
-        for (int r = 0; r < R; r++) {
-            if (codes) {
-                quant16(codes + (i + r) * ldc + c, acc[r][0], s);
-                if (two) quant16(codes + (i + r) * ldc + c + 16, acc[r][1], s);
-            } else {
-                _mm512_storeu_ps(C + (i + r) * ldc + c, acc[r][0]);
-                if (two) _mm512_storeu_ps(C + (i + r) * ldc + c + 16, acc[r][1]);
+        if (two) mm_tile_512(acc, S + i * Tp, Tp, V + c, ldv, T, R, 2);
+        else mm_tile_512(acc, S + i * Tp, Tp, V + c, ldv, T, R, 1);
+        for (int r = 0; r < R; r++)
+            for (int v = 0; v < 1 + two; v++) {
+                if (codes) quant16(codes + (i + r) * ldc + c + 16 * v, acc[r][v], s);
+                else _mm512_storeu_ps(C + (i + r) * ldc + c + 16 * v, acc[r][v]);
             }
-        }
+        c += 16 * two;
     }
 }
 
@@ -809,7 +811,7 @@ IK_512 static void scores_all_512(float *S, int64_t Tp, const float *q, const fl
 IK_512 static void context_all_512(uint8_t *codes, float *C, int64_t ldc, const float *S, int64_t Tp,
                                    const float *V, int64_t T, int64_t d, float sq) {
     int64_t i = 0;
-    for (; i + 4 <= T; i += 4) context_rows_512(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 4);
+    for (; i + 8 <= T; i += 8) context_rows_512(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 8);
     for (; i < T; i++) context_rows_512(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 1);
 }
 
