@@ -465,9 +465,64 @@ IK_FMA_INLINE __m256 gelu8_fma(__m256 x) {
     return _mm256_mul_ps(x, cdf);
 }
 
+/* ---- GELU codes: a fast erf with an exact fallback ----
+ * A code only depends on which side of a half-integer gelu16(x)/sq falls. gelu16_fast computes
+ * x·Φ(x) with erf(y) ≈ y·P(y²)/Q(y²) on |y| ≤ 4 (clamped to [−1, 1]; P of degree 6 and Q of degree 4,
+ * least-squares fitted for this kernel, |error| below 5e-7 in fp32), in about a third of gelu16's
+ * operations, and |gelu16_fast(x) − gelu16(x)| ≤ BQ_GELU_FAST_ABS + BQ_GELU_FAST_REL·|x| for every float x
+ * (tests/test_infer_kernels.c checks all 2³² inputs through bq_infer_gelu_fast_check). Where the fast
+ * quotient lies farther than that bound over sq, plus GELU_FAST_SLACK codes for the roundings of the two
+ * quotients, from every half-integer, its rounding is gelu16's code; elsewhere (and for NaN or infinite
+ * inputs, whose distance is NaN) the block of 16 is recomputed by gelu16 and quant16. So the codes are
+ * gelu16's bit for bit, and the fallback runs for 0.3-1.2 % of the blocks. The slack: below 256 codes the
+ * fast quotient (two roundings, 1/sq and the product) is within 256·2⁻²³ = 2⁻¹⁵ of g̃/sq and the exact one
+ * within 2⁻¹⁶ of gelu16(x)/sq, together under 2⁻¹⁴; at or above 256 the clamp decides alone, since a
+ * passing lane's two quotients lie within half a code of each other. */
+#define GELU_FAST_SLACK 0x1p-14f
+static const float GELU_FAST_P[7] = {1.12837887f, 0.206113622f, 0.0513860062f, 0.00396561809f,
+                                     0.000148224586f, -1.97751569e-06f, 1.96679313e-08f};
+static const float GELU_FAST_Q[5] = {1.0f, 0.515992582f, 0.117553338f, 0.01488066f, 0.00102047005f};
+
+/* 1 unless the environment sets BQ_INFER_GELU_EXACT (tests set it to compare with the exact codes). */
+static int gelu_fast_on(void) { return !getenv("BQ_INFER_GELU_EXACT"); }
+
+/* gelu16_fast (below) for 8 lanes: the same operations in the same order, so the same bits. */
+IK_FMA_INLINE __m256 gelu8_fast(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
+    const __m256 y = _mm256_min_ps(
+        _mm256_max_ps(_mm256_mul_ps(x, _mm256_set1_ps((float)M_SQRT1_2)), _mm256_set1_ps(-4.0f)),
+        _mm256_set1_ps(4.0f));
+    const __m256 u = _mm256_mul_ps(y, y);
+    __m256 p = _mm256_set1_ps(GELU_FAST_P[6]), q = _mm256_set1_ps(GELU_FAST_Q[4]);
+    for (int i = 5; i >= 0; i--) p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(GELU_FAST_P[i]));
+    for (int i = 3; i >= 0; i--) q = _mm256_fmadd_ps(q, u, _mm256_set1_ps(GELU_FAST_Q[i]));
+    __m256 e = _mm256_div_ps(_mm256_mul_ps(y, p), q);
+    e = _mm256_min_ps(_mm256_max_ps(e, _mm256_xor_ps(one, _mm256_set1_ps(-0.0f))), one);
+    return _mm256_mul_ps(x, _mm256_fmadd_ps(e, half, half));
+}
+
+/* gelu_codes_fast16 (below) for 8 lanes. */
+IK_FMA_INLINE int gelu_codes_fast8(uint8_t *dst, __m256 x, __m256 inv, __m256 lim_a, __m256 lim_b) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 v = _mm256_mul_ps(gelu8_fast(x), inv);
+    const __m256 r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 room = _mm256_sub_ps(_mm256_set1_ps(0.5f), _mm256_and_ps(_mm256_sub_ps(v, r), absmask));
+    const __m256 lim = _mm256_fmadd_ps(_mm256_and_ps(x, absmask), lim_b, lim_a);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(room, lim, _CMP_GT_OQ)) != 0xff) return 0;
+    const __m256 c = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-128.0f)), _mm256_set1_ps(127.0f));
+    const __m256i i = _mm256_add_epi32(_mm256_cvtps_epi32(c), _mm256_set1_epi32(128));
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64((__m128i *)dst, _mm_packus_epi16(w, w));
+    return 1;
+}
+
+/* The codes of GELU(dequant(acc)) at scale sq, 8 columns at a time (N a multiple of 8): gelu_codes_fast8
+ * where fast is set, gelu8_fma and quant8_fma where it is not or where the fast path declines. */
 IK_FMA static void gelu_quant_rows_fma(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                                       const float *bias, float sq, int64_t M, int64_t N) {
-    const __m256 s = _mm256_set1_ps(sq);
+                                       const float *bias, float sq, int64_t M, int64_t N, int fast) {
+    const __m256 s = _mm256_set1_ps(sq), inv = _mm256_set1_ps(1.0f / sq);
+    const __m256 lim_a = _mm256_set1_ps(BQ_GELU_FAST_ABS / sq + GELU_FAST_SLACK);
+    const __m256 lim_b = _mm256_set1_ps(BQ_GELU_FAST_REL / sq);
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n += 8) {
@@ -475,7 +530,8 @@ IK_FMA static void gelu_quant_rows_fma(uint8_t *codes, const int32_t *acc, const
                                                _mm256_loadu_si256((const __m256i *)(comp + n)));
             const __m256 x =
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(scale + n), _mm256_loadu_ps(bias + n));
-            quant8_fma(codes + m * N + n, gelu8_fma(x), s);
+            if (!fast || !gelu_codes_fast8(codes + m * N + n, x, inv, lim_a, lim_b))
+                quant8_fma(codes + m * N + n, gelu8_fma(x), s);
         }
 }
 
@@ -597,33 +653,16 @@ IK_512_INLINE __m512 gelu16(__m512 x) {
     return _mm512_mul_ps(x, cdf);
 }
 
-/* ---- GELU codes: a fast erf with an exact fallback ----
- * A code only depends on which side of a half-integer gelu16(x)/sq falls. gelu16_fast computes
- * x·Φ(x) with erf(y) ≈ y·P(y²)/Q(y²) on |y| ≤ 4 (clamped to [−1, 1]; P of degree 6 and Q of degree 4,
- * least-squares fitted for this kernel, |error| below 5e-7 in fp32), in about a third of gelu16's
- * operations, and |gelu16_fast(x) − gelu16(x)| ≤ BQ_GELU_FAST_ABS + BQ_GELU_FAST_REL·|x| for every float x
- * (tests/test_infer_kernels.c checks all 2³² inputs through bq_infer_gelu_fast_check). Where the fast
- * quotient lies farther than that bound over sq, plus GELU_FAST_SLACK codes for the roundings of the two
- * quotients, from every half-integer, its rounding is gelu16's code; elsewhere (and for NaN or infinite
- * inputs, whose distance is NaN) the block of 16 is recomputed by gelu16 and quant16. So the codes are
- * gelu16's bit for bit, and the fallback runs for 0.3-1.2 % of the blocks. The slack: below 256 codes the
- * fast quotient (two roundings, 1/sq and the product) is within 256·2⁻²³ = 2⁻¹⁵ of g̃/sq and the exact one
- * within 2⁻¹⁶ of gelu16(x)/sq, together under 2⁻¹⁴; at or above 256 the clamp decides alone, since a
- * passing lane's two quotients lie within half a code of each other. */
-#define GELU_FAST_SLACK 0x1p-14f
-
+/* GELU of 16 lanes by the fast erf (the block comment above gelu8_fast). */
 IK_512_INLINE __m512 gelu16_fast(__m512 x) {
-    static const float P[7] = {1.12837887f, 0.206113622f, 0.0513860062f, 0.00396561809f,
-                               0.000148224586f, -1.97751569e-06f, 1.96679313e-08f};
-    static const float Q[5] = {1.0f, 0.515992582f, 0.117553338f, 0.01488066f, 0.00102047005f};
     const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
     const __m512 y = _mm512_min_ps(
         _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps((float)M_SQRT1_2)), _mm512_set1_ps(-4.0f)),
         _mm512_set1_ps(4.0f));
     const __m512 u = _mm512_mul_ps(y, y);
-    __m512 p = _mm512_set1_ps(P[6]), q = _mm512_set1_ps(Q[4]);
-    for (int i = 5; i >= 0; i--) p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(P[i]));
-    for (int i = 3; i >= 0; i--) q = _mm512_fmadd_ps(q, u, _mm512_set1_ps(Q[i]));
+    __m512 p = _mm512_set1_ps(GELU_FAST_P[6]), q = _mm512_set1_ps(GELU_FAST_Q[4]);
+    for (int i = 5; i >= 0; i--) p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(GELU_FAST_P[i]));
+    for (int i = 3; i >= 0; i--) q = _mm512_fmadd_ps(q, u, _mm512_set1_ps(GELU_FAST_Q[i]));
     __m512 e = _mm512_div_ps(_mm512_mul_ps(y, p), q);
     e = _mm512_min_ps(_mm512_max_ps(e, _mm512_xor_ps(one, _mm512_set1_ps(-0.0f))), one);
     return _mm512_mul_ps(x, _mm512_fmadd_ps(e, half, half));
@@ -644,10 +683,10 @@ IK_512_INLINE int gelu_codes_fast16(uint8_t *dst, __m512 x, __m512 inv, __m512 l
     return 1;
 }
 
-/* gelu_quant_rows_fma's codes, 64 or 16 columns at a time (N a multiple of 16), by gelu_codes_fast16 with
- * gelu16 and quant16 as the fallback. */
+/* gelu_quant_rows_fma's codes, 64 or 16 columns at a time (N a multiple of 16), by gelu_codes_fast16 where
+ * fast is set, with gelu16 and quant16 where it is not or where the fast path declines. */
 IK_512 static void gelu_quant_rows_512(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                                       const float *bias, float sq, int64_t M, int64_t N) {
+                                       const float *bias, float sq, int64_t M, int64_t N, int fast) {
     const __m512 s = _mm512_set1_ps(sq), inv = _mm512_set1_ps(1.0f / sq);
     const __m512 lim_a = _mm512_set1_ps(BQ_GELU_FAST_ABS / sq + GELU_FAST_SLACK);
     const __m512 lim_b = _mm512_set1_ps(BQ_GELU_FAST_REL / sq);
@@ -663,7 +702,8 @@ IK_512 static void gelu_quant_rows_512(uint8_t *codes, const int32_t *acc, const
                 x[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_loadu_ps(scale + n + 16 * u),
                                        _mm512_loadu_ps(bias + n + 16 * u));
             }
-            for (int u = 0; u < 4; u++) ok[u] = gelu_codes_fast16(codes + m * N + n + 16 * u, x[u], inv, lim_a, lim_b);
+            for (int u = 0; u < 4; u++)
+                ok[u] = fast && gelu_codes_fast16(codes + m * N + n + 16 * u, x[u], inv, lim_a, lim_b);
             for (int u = 0; u < 4; u++)
                 if (!ok[u]) quant16(codes + m * N + n + 16 * u, gelu16(x[u]), s);
         }
@@ -671,13 +711,14 @@ IK_512 static void gelu_quant_rows_512(uint8_t *codes, const int32_t *acc, const
             const __m512i a = _mm512_sub_epi32(_mm512_loadu_si512(acc + m * N + n), _mm512_loadu_si512(comp + n));
             const __m512 x =
                 _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_loadu_ps(scale + n), _mm512_loadu_ps(bias + n));
-            if (!gelu_codes_fast16(codes + m * N + n, x, inv, lim_a, lim_b)) quant16(codes + m * N + n, gelu16(x), s);
+            if (!fast || !gelu_codes_fast16(codes + m * N + n, x, inv, lim_a, lim_b))
+                quant16(codes + m * N + n, gelu16(x), s);
         }
     }
 }
 
 /* Test support (autograd/infer_kernels.h): the largest |gelu16_fast(x) − gelu16(x)| / (a + b·|x|) over
- * every finite float x, or −1 without AVX-512. */
+ * every finite float x. */
 IK_512 static double gelu_fast_check_512(float a, float b) {
     double worst = 0.0;
 #pragma omp parallel for schedule(static) reduction(max : worst)
@@ -698,6 +739,34 @@ IK_512 static double gelu_fast_check_512(float a, float b) {
             if (bad) w = _mm512_set1_ps(INFINITY);
         }
         const double lw = _mm512_reduce_max_ps(w);
+        if (lw > worst) worst = lw;
+    }
+    return worst;
+}
+
+/* gelu_fast_check_512 for the 8-lane kernels. */
+IK_FMA static double gelu_fast_check_fma(float a, float b) {
+    double worst = 0.0;
+#pragma omp parallel for schedule(static) reduction(max : worst)
+    for (int64_t hi = 0; hi < 65536; hi++) {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 w = _mm256_setzero_ps();
+        int bad = 0;
+        for (int64_t lo = 0; lo < 65536; lo += 8) {
+            const __m256 x = _mm256_castsi256_ps(
+                _mm256_add_epi32(_mm256_set1_epi32((int32_t)((uint32_t)hi << 16 | (uint32_t)lo)), lane));
+            const __m256 ax = _mm256_and_ps(x, absmask);
+            const __m256 fin = _mm256_cmp_ps(ax, _mm256_set1_ps(FLT_MAX), _CMP_LE_OQ);
+            const __m256 d = _mm256_and_ps(_mm256_sub_ps(gelu8_fast(x), gelu8_fma(x)), absmask);
+            const __m256 ratio = _mm256_div_ps(d, _mm256_fmadd_ps(ax, _mm256_set1_ps(b), _mm256_set1_ps(a)));
+            bad |= _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(ratio, ratio, _CMP_UNORD_Q), fin));
+            w = _mm256_max_ps(w, _mm256_and_ps(ratio, fin)); /* non-finite inputs count 0 */
+        }
+        float l[8];
+        _mm256_storeu_ps(l, w);
+        double lw = bad ? INFINITY : 0.0;
+        for (int i = 0; i < 8; i++) lw = l[i] > lw ? l[i] : lw;
         if (lw > worst) worst = lw;
     }
     return worst;
@@ -1202,11 +1271,11 @@ void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp
                          const float *bias, float sq, int64_t M, int64_t N) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (have_512() && N % 16 == 0) {
-        gelu_quant_rows_512(codes, acc, comp, scale, bias, sq, M, N);
+        gelu_quant_rows_512(codes, acc, comp, scale, bias, sq, M, N, gelu_fast_on());
         return;
     }
     if (have_fma() && N % 8 == 0) {
-        gelu_quant_rows_fma(codes, acc, comp, scale, bias, sq, M, N);
+        gelu_quant_rows_fma(codes, acc, comp, scale, bias, sq, M, N, gelu_fast_on());
         return;
     }
 #endif
@@ -1251,7 +1320,14 @@ void bq_infer_residual_layernorm(float *out, uint8_t *codes, const int32_t *acc,
     residual_layernorm_portable(out, codes, acc, comp, scale, bias, resid, lnw, lnb, eps, sq, M, N);
 }
 
-double bq_infer_gelu_fast_check(float a, float b) { return have_512() ? gelu_fast_check_512(a, b) : -1.0; }
+double bq_infer_gelu_fast_check(float a, float b) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_512()) return gelu_fast_check_512(a, b);
+    if (have_fma()) return gelu_fast_check_fma(a, b);
+#endif
+    (void)a, (void)b;
+    return -1.0;
+}
 
 const char *bq_infer_isa(void) { return have_512() ? "AVX-512" : have_fma() ? "AVX2" : "portable"; }
 

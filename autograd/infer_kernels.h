@@ -26,13 +26,15 @@
  * the portable ones differ from both in the last bits of GELU, exp and the attention products (no fused
  * multiply-add). BQ_INFER_AVX2=1 in the environment keeps a CPU with AVX-512 on the AVX2 kernels and
  * BQ_INFER_PORTABLE=1 any CPU on the portable ones (the tests compare them). */
-/* The bound of the AVX-512 GELU codes' fast path (autograd/infer_kernels.c, gelu16_fast):
+/* The bound of the GELU codes' fast path (autograd/infer_kernels.c, gelu8_fast and gelu16_fast):
  * |fast(x) − exact(x)| ≤ BQ_GELU_FAST_ABS + BQ_GELU_FAST_REL·|x| for every float x. */
 #define BQ_GELU_FAST_ABS 1e-6f
 #define BQ_GELU_FAST_REL 1e-6f
 
 /* Test support: the largest |fast(x) − exact(x)| / (a + b·|x|) of the GELU codes' fast path over every finite
- * float x (all 2³² bit patterns; about a second on two cores), or −1 on a CPU without AVX-512. */
+ * float x (all 2³² bit patterns; a few seconds on two cores), in the kernels this process runs (AVX-512, or
+ * AVX2 + FMA where the CPU has no AVX-512 or BQ_INFER_AVX2 is set), or −1 where it runs the portable ones
+ * (which have no fast path). BQ_INFER_GELU_EXACT=1 turns the fast path off (tests compare the two). */
 double bq_infer_gelu_fast_check(float a, float b);
 
 const char *bq_infer_isa(void);
