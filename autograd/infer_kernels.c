@@ -486,19 +486,22 @@ static const float GELU_FAST_Q[5] = {1.0f, 0.515992582f, 0.117553338f, 0.0148806
 /* 1 unless the environment sets BQ_INFER_GELU_EXACT (tests set it to compare with the exact codes). */
 static int gelu_fast_on(void) { return !getenv("BQ_INFER_GELU_EXACT"); }
 
-/* gelu16_fast (below) for 8 lanes: the same operations in the same order, so the same bits. */
+/* g = x·Φ(x) by the fast erf, written once for both widths (VEC V8 or V16, T its type), so that gelu8_fast
+ * and gelu16_fast do the same operations in the same order and give the same bits. */
+#define GELU_FAST(VEC, T, g, x)                                                                                        \
+    const T one_ = VEC(set1)(1.0f), half_ = VEC(set1)(0.5f);                                                           \
+    const T y_ = VEC(min)(VEC(max)(VEC(mul)(x, VEC(set1)((float)M_SQRT1_2)), VEC(set1)(-4.0f)), VEC(set1)(4.0f));    \
+    const T u_ = VEC(mul)(y_, y_);                                                                                     \
+    T p_ = VEC(set1)(GELU_FAST_P[6]), q_ = VEC(set1)(GELU_FAST_Q[4]);                                                  \
+    for (int i_ = 5; i_ >= 0; i_--) p_ = VEC(fmadd)(p_, u_, VEC(set1)(GELU_FAST_P[i_]));                               \
+    for (int i_ = 3; i_ >= 0; i_--) q_ = VEC(fmadd)(q_, u_, VEC(set1)(GELU_FAST_Q[i_]));                               \
+    T e_ = VEC(div)(VEC(mul)(y_, p_), q_);                                                                             \
+    e_ = VEC(min)(VEC(max)(e_, VEC(set1)(-1.0f)), one_);                                                               \
+    const T g = VEC(mul)(x, VEC(fmadd)(e_, half_, half_))
+
 IK_FMA_INLINE __m256 gelu8_fast(__m256 x) {
-    const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
-    const __m256 y = _mm256_min_ps(
-        _mm256_max_ps(_mm256_mul_ps(x, _mm256_set1_ps((float)M_SQRT1_2)), _mm256_set1_ps(-4.0f)),
-        _mm256_set1_ps(4.0f));
-    const __m256 u = _mm256_mul_ps(y, y);
-    __m256 p = _mm256_set1_ps(GELU_FAST_P[6]), q = _mm256_set1_ps(GELU_FAST_Q[4]);
-    for (int i = 5; i >= 0; i--) p = _mm256_fmadd_ps(p, u, _mm256_set1_ps(GELU_FAST_P[i]));
-    for (int i = 3; i >= 0; i--) q = _mm256_fmadd_ps(q, u, _mm256_set1_ps(GELU_FAST_Q[i]));
-    __m256 e = _mm256_div_ps(_mm256_mul_ps(y, p), q);
-    e = _mm256_min_ps(_mm256_max_ps(e, _mm256_xor_ps(one, _mm256_set1_ps(-0.0f))), one);
-    return _mm256_mul_ps(x, _mm256_fmadd_ps(e, half, half));
+    GELU_FAST(V8, __m256, g, x);
+    return g;
 }
 
 /* gelu_codes_fast16 (below) for 8 lanes. */
@@ -653,19 +656,10 @@ IK_512_INLINE __m512 gelu16(__m512 x) {
     return _mm512_mul_ps(x, cdf);
 }
 
-/* GELU of 16 lanes by the fast erf (the block comment above gelu8_fast). */
+/* GELU of 16 lanes by the fast erf (GELU_FAST). */
 IK_512_INLINE __m512 gelu16_fast(__m512 x) {
-    const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
-    const __m512 y = _mm512_min_ps(
-        _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps((float)M_SQRT1_2)), _mm512_set1_ps(-4.0f)),
-        _mm512_set1_ps(4.0f));
-    const __m512 u = _mm512_mul_ps(y, y);
-    __m512 p = _mm512_set1_ps(GELU_FAST_P[6]), q = _mm512_set1_ps(GELU_FAST_Q[4]);
-    for (int i = 5; i >= 0; i--) p = _mm512_fmadd_ps(p, u, _mm512_set1_ps(GELU_FAST_P[i]));
-    for (int i = 3; i >= 0; i--) q = _mm512_fmadd_ps(q, u, _mm512_set1_ps(GELU_FAST_Q[i]));
-    __m512 e = _mm512_div_ps(_mm512_mul_ps(y, p), q);
-    e = _mm512_min_ps(_mm512_max_ps(e, _mm512_xor_ps(one, _mm512_set1_ps(-0.0f))), one);
-    return _mm512_mul_ps(x, _mm512_fmadd_ps(e, half, half));
+    GELU_FAST(V16, __m512, g, x);
+    return g;
 }
 
 /* 16 codes of gelu16_fast(x) at scale sq (inv = 1/sq, lim_a = BQ_GELU_FAST_ABS/sq + GELU_FAST_SLACK, lim_b =
