@@ -11,16 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "autograd/bq.h"
 #include "autograd/qgemm.h"
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* Best seconds per call of bq_qgemm_raw on (M,K)·(K,N), or a negative value on error (message printed). */
 static double time_gemm(int64_t M, int64_t N, int64_t K, BqRng *rng) {
@@ -39,7 +32,7 @@ static double time_gemm(int64_t M, int64_t N, int64_t K, BqRng *rng) {
     }
     for (int run = 0; run < 3; run++) {
         int64_t calls = 0;
-        const double t0 = now_s();
+        const double t0 = bq_now();
         double t = t0;
         while (t - t0 < 0.2) {
             if (bq_qgemm_raw(w, x, M, acc) != BQ_OK) {
@@ -48,7 +41,7 @@ static double time_gemm(int64_t M, int64_t N, int64_t K, BqRng *rng) {
                 goto cleanup;
             }
             calls++;
-            t = now_s();
+            t = bq_now();
         }
         const double per = (t - t0) / (double)calls;
         if (best < 0.0 || per < best) best = per;

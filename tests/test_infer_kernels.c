@@ -632,11 +632,12 @@ static int gelu_fq_boundaries(void) {
 }
 
 /* The GELU codes of the integer engine (bq_infer_gelu_quant) at code boundaries: 97 windows of 16
- * consecutive floats around the inputs whose GELU crosses (k + 1/2)·sq, k = 1..97, sq = 1/64, so that within
- * a window the code changes by one (1,552 columns: the AVX-512 kernel's blocks of 64 and one of 16). The AVX-512 and AVX2 kernels answer most inputs by the fast erf and
- * fall back to the exact GELU near a boundary; both must give the bytes of the exact kernel
- * (BQ_INFER_GELU_EXACT=1), and the fast path's error bound must hold for every float input, in each
- * kernel the CPU has (bq_infer_gelu_fast_check, all 2³² of them). */
+ * consecutive floats around the inputs whose GELU crosses (k + 1/2)·sq, k = 1..97, sq = 1/64, so that
+ * within a window the code changes by one (1,552 columns: the AVX-512 kernel's blocks of 64 and one of
+ * 16). The AVX-512 and AVX2 kernels answer most inputs by the fast erf and fall back to the exact GELU
+ * near a boundary; both must give the bytes of the exact kernel (BQ_INFER_GELU_EXACT=1), and the fast
+ * path's error bound must hold for every float input, in each kernel the CPU has
+ * (bq_infer_gelu_fast_check, all 2³² of them). */
 static int gelu_quant_boundaries(void) {
     const int64_t M = 1, N = 1552;
     const float sq = 1.0f / 64.0f;
@@ -650,8 +651,10 @@ static int gelu_quant_boundaries(void) {
     }
 #define GELU_QB(c) bq_infer_gelu_quant(c, acc, comp, scale, bias, sq, M, N)
     BOTH_WAYS(ca, cb, GELU_QB);
-    setenv("BQ_INFER_GELU_EXACT", "1", 1);
-    BOTH_WAYS(cx, cx, GELU_QB); /* the exact codes (the AVX2 kernel's, the same bytes as AVX-512's) */
+    setenv("BQ_INFER_GELU_EXACT", "1", 1); /* the exact codes, by the AVX2 kernel (AVX-512's are its bytes) */
+    setenv("BQ_INFER_AVX2", "1", 1);
+    GELU_QB(cx);
+    unsetenv("BQ_INFER_AVX2");
     unsetenv("BQ_INFER_GELU_EXACT");
     int crossed = 0;
     for (int64_t w = 0; w < N / 16; w++) crossed += cx[16 * w] != cx[16 * w + 15];
