@@ -324,13 +324,39 @@ cleanup:
 
 /* Reads GROUP/<name> of every parameter of t, in table order, into block; with a hook (the model's own
  * parameters only), tells it after each tensor. */
+/* The model's word embeddings (parameter 0, shape (vocab, H)) served from the file by rows
+ * (BqCkptLoadHook.word_rows): *done = 1 when attached, 0 when the layout asks for a whole read. */
+static int word_rows_attach(hid_t f, const char *path, const char *name, const BqParam *p, BqBert *m, int64_t rows,
+                            int *done) {
+    *done = 0;
+    hid_t ds = H5Dopen2(f, name, H5P_DEFAULT);
+    if (ds < 0) return bq_err(BQ_EFORMAT, "%s: cannot open dataset %s", path, name);
+    hid_t sp = H5Dget_space(ds);
+    hsize_t dims[2] = {0, 0};
+    int st = BQ_OK;
+    if (H5Sget_simple_extent_ndims(sp) != 2 || H5Sget_simple_extent_dims(sp, dims, NULL) < 0 ||
+        (int64_t)dims[0] != p->shape[0] || (int64_t)dims[1] != p->shape[1])
+        goto cleanup; /* the whole read gives the message */
+    BqH5Rows *r = NULL;
+    if ((st = bq_h5rows_open(&r, ds, path, name, p->shape[0], p->shape[1])) || !r) goto cleanup;
+    bq_bert_word_rows_attach(m, bq_h5rows_read, bq_h5rows_close, r, rows);
+    *done = 1;
+cleanup:
+    H5Sclose(sp);
+    H5Dclose(ds);
+    return st;
+}
+
 static int read_params_group(hid_t f, const char *path, const char *group, const BqParamTable *t, float *block,
                              const BqCkptLoadHook *hook, BqBert *m) {
     char name[BQ_NAME_MAX + 32];
     for (int i = 0; i < t->n; i++) {
         snprintf(name, sizeof name, "/%s/%s", group, t->p[i].name);
         if (!h5_group_exists(f, name)) return bq_err(BQ_EFORMAT, "%s: dataset %s is missing", path, name);
-        int st = h5_read_f32(f, path, name, block + t->p[i].offset, t->p[i].ndim, t->p[i].shape);
+        int st = BQ_OK, done = 0;
+        if (i == 0 && hook && hook->word_rows > 0 && m && t == &m->params)
+            st = word_rows_attach(f, path, name, &t->p[0], m, hook->word_rows, &done);
+        if (!st && !done) st = h5_read_f32(f, path, name, block + t->p[i].offset, t->p[i].ndim, t->p[i].shape);
         if (!st && hook) st = hook->param_read(hook->user, m, i);
         if (st) return st;
     }

@@ -45,6 +45,11 @@ int bq_ckpt_load(BqBert *m, const char *dir);
 typedef struct BqCkptLoadHook {
     int (*param_read)(void *user, BqBert *m, int i);
     void *user;
+    /* > 0: the word embeddings are not read; the model fetches their rows from model.h5 as it needs them,
+     * through a pool of this many rows (bq_bert_word_rows_attach, bq_h5rows_open: the checksum is verified
+     * here all the same), where the tensor's layout allows; param_read is still told. The file stays open
+     * until the model is freed. */
+    int64_t word_rows;
 } BqCkptLoadHook;
 
 /* bq_ckpt_load with hook (NULL: none). */

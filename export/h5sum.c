@@ -3,9 +3,13 @@
  * default), H5Pget_filter2. */
 #include "export/h5sum.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "autograd/bq.h"
 
@@ -109,4 +113,155 @@ const char *bq_h5_io_reason(void) {
     if (err <= 0) return "";
     snprintf(buf, sizeof buf, ": %s", strerror(err));
     return buf;
+}
+
+/* ---- row reads ---- */
+
+struct BqH5Rows {
+    int fd;
+    int64_t offset;     /* file offset of row 0 */
+    int64_t rows, cols;
+    char *path, *tensor; /* for messages */
+};
+
+/* Fletcher-32 as HDF5 computes it (H5_checksum_fletcher32): the bytes as big-endian 16-bit words,
+ * sum1 += word and sum2 += sum1, each folded to 16 bits plus carry after every 360 words and at the end;
+ * the checksum is sum2 << 16 | sum1. fletcher_add takes the words in pieces: every piece but the last
+ * must be a whole number of 360-word blocks (an even byte count is all a float tensor ever has). */
+enum { FLETCHER_BLOCK = 720 }; /* bytes per 360-word block */
+
+static void fletcher_add(uint32_t *s1, uint32_t *s2, const uint8_t *p, size_t n) {
+    uint32_t a = *s1, b = *s2;
+    for (size_t words = n / 2; words;) {
+        size_t t = words > 360 ? 360 : words;
+        words -= t;
+        for (; t; t--, p += 2) {
+            a += (uint32_t)p[0] << 8 | p[1];
+            b += a;
+        }
+        a = (a & 0xffff) + (a >> 16);
+        b = (b & 0xffff) + (b >> 16);
+    }
+    *s1 = a, *s2 = b;
+}
+
+/* Reads n bytes at off into buf; 0 when they all came. */
+static int read_at(int fd, void *buf, size_t n, int64_t off) {
+    for (size_t got = 0; got < n;) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + (int64_t)got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            if (r == 0) errno = 0;
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* The Fletcher-32 of bytes [off, off + n) of fd against the little-endian word after them; HDF5 also
+ * accepts the word with the bytes of each half swapped (files of its early versions), and so does this. */
+static int verify_chunk(const BqH5Rows *r, int64_t off, int64_t n) {
+    const size_t piece = (size_t)FLETCHER_BLOCK * 1456; /* 1,048,320 bytes */
+    uint8_t *buf = bq_malloc(piece);
+    uint32_t s1 = 0, s2 = 0;
+    uint8_t tail[4];
+    int st = BQ_OK;
+    for (int64_t at = 0; at < n && !st; at += (int64_t)piece) {
+        const size_t len = n - at < (int64_t)piece ? (size_t)(n - at) : piece;
+        if (read_at(r->fd, buf, len, off + at)) st = BQ_EIO;
+        else fletcher_add(&s1, &s2, buf, len);
+    }
+    if (!st && read_at(r->fd, tail, 4, off + n)) st = BQ_EIO;
+    free(buf);
+    if (st)
+        return bq_err(BQ_EIO, "%s: tensor %s: cannot read: %s", r->path, r->tensor,
+                      errno ? strerror(errno) : "the file ends early");
+    s1 = (s1 & 0xffff) + (s1 >> 16);
+    s2 = (s2 & 0xffff) + (s2 >> 16);
+    const uint32_t sum = s2 << 16 | s1,
+                   stored = (uint32_t)tail[0] | (uint32_t)tail[1] << 8 | (uint32_t)tail[2] << 16 | (uint32_t)tail[3] << 24,
+                   swapped = (uint32_t)tail[1] | (uint32_t)tail[0] << 8 | (uint32_t)tail[3] << 16 | (uint32_t)tail[2] << 24;
+    if (sum != stored && sum != swapped)
+        return bq_err(BQ_EFORMAT, "%s: tensor %s: checksum mismatch (file corrupt)", r->path, r->tensor);
+    return BQ_OK;
+}
+
+/* Where ds's values (bytes of them) start in the file and whether a checksum follows them: 1 for one
+ * chunk with Fletcher-32 as its only filter, 0 for contiguous storage, -1 for any other layout. The
+ * chunk is found by its coordinates: HDF5 1.10's H5Dget_num_chunks counts none in a single-chunk index. */
+static int row_storage(hid_t ds, int64_t bytes, int64_t *off) {
+    hsize_t dims[H5S_MAX_RANK], chunk[H5S_MAX_RANK], coord[H5S_MAX_RANK] = {0};
+    hid_t sp = H5Dget_space(ds), dcpl = H5Dget_create_plist(ds);
+    const int nd = sp >= 0 ? H5Sget_simple_extent_dims(sp, dims, NULL) : -1;
+    const H5D_layout_t layout = dcpl >= 0 ? H5Pget_layout(dcpl) : H5D_LAYOUT_ERROR;
+    const int nf = dcpl >= 0 ? H5Pget_nfilters(dcpl) : -1;
+    unsigned flags = 0, cd[4];
+    size_t ncd = 4;
+    int one = layout == H5D_CHUNKED && nd >= 1 && nf == 1 &&
+              H5Pget_filter2(dcpl, 0, &flags, &ncd, cd, 0, NULL, NULL) == H5Z_FILTER_FLETCHER32 &&
+              H5Pget_chunk(dcpl, nd, chunk) == nd;
+    for (int k = 0; one && k < nd; k++) one = chunk[k] == dims[k];
+    if (sp >= 0) H5Sclose(sp);
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (layout == H5D_CONTIGUOUS && nf == 0) {
+        const haddr_t a = H5Dget_offset(ds);
+        if (a == HADDR_UNDEF || (int64_t)H5Dget_storage_size(ds) != bytes) return -1;
+        *off = (int64_t)a;
+        return 0;
+    }
+    unsigned mask = 0;
+    haddr_t a = HADDR_UNDEF;
+    hsize_t size = 0;
+    if (!one || H5Dget_chunk_info_by_coord(ds, coord, &mask, &a, &size) < 0 || mask != 0 || a == HADDR_UNDEF ||
+        (int64_t)size != bytes + 4)
+        return -1;
+    *off = (int64_t)a;
+    return 1;
+}
+
+int bq_h5rows_open(BqH5Rows **out, hid_t ds, const char *path, const char *tensor, int64_t rows, int64_t cols) {
+    *out = NULL;
+    hid_t type = H5Dget_type(ds);
+    const int f32 = type >= 0 && H5Tequal(type, H5T_IEEE_F32LE) > 0;
+    if (type >= 0) H5Tclose(type);
+    if (!f32)
+        return bq_err(BQ_EFORMAT, "%s: tensor %s: stored type is not little-endian float32 (file corrupt?)", path,
+                      tensor);
+    const int64_t bytes = rows * cols * (int64_t)sizeof(float);
+    int64_t off = 0;
+    const int sum = row_storage(ds, bytes, &off);
+    if (sum < 0 || rows <= 0 || cols <= 0) return BQ_OK;
+    BqH5Rows *r = bq_calloc(1, sizeof *r);
+    r->offset = off, r->rows = rows, r->cols = cols;
+    r->path = bq_strdup(path), r->tensor = bq_strdup(tensor);
+    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    int st = r->fd < 0 ? bq_err(BQ_EIO, "%s: tensor %s: cannot read: %s", path, tensor, strerror(errno))
+             : sum    ? verify_chunk(r, off, bytes)
+                      : BQ_OK;
+    if (st) {
+        bq_h5rows_close(r);
+        return st;
+    }
+    *out = r;
+    return BQ_OK;
+}
+
+int bq_h5rows_read(void *rows, int64_t i, float *dst) {
+    const BqH5Rows *r = rows;
+    BQ_CHECK(i >= 0 && i < r->rows);
+    const size_t n = (size_t)r->cols * sizeof(float);
+    if (read_at(r->fd, dst, n, r->offset + i * (int64_t)n))
+        return bq_err(BQ_EIO, "%s: tensor %s: cannot read row %lld (the file changed since it was opened?)", r->path,
+                      r->tensor, (long long)i);
+    return BQ_OK;
+}
+
+void bq_h5rows_close(void *rows) {
+    BqH5Rows *r = rows;
+    if (!r) return;
+    if (r->fd >= 0) close(r->fd);
+    free(r->path);
+    free(r->tensor);
+    free(r);
 }

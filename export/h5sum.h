@@ -50,4 +50,26 @@ const char *bq_h5_io_reason(void);
  * (or any other read of a checksummed dataset) fails, and a plain read error otherwise. */
 int bq_h5sum_read_f32(hid_t ds, const char *file, const char *tensor, float *dst);
 
+/* A float32 matrix (rows, cols) of an HDF5 file read row by row from the file itself (pread), for a
+ * table too large to hold of which a run reads a few rows: the word embeddings of an inference
+ * engine's model (layers/bert.h, bq_bert_word_rows_attach). */
+typedef struct BqH5Rows BqH5Rows;
+
+/* Opens dataset ds of the HDF5 file at path, shape (rows, cols) already checked by the caller, for row
+ * reads. Applies to a tensor stored as bq_h5sum_dcpl writes it (one chunk, Fletcher-32 its only filter)
+ * or contiguous (files written before the filter); anything else (several chunks, other filters, no
+ * storage yet) gives *out NULL and BQ_OK: the caller reads the tensor whole. The checksum is verified
+ * here as HDF5 verifies it (the Fletcher-32 of the chunk's bytes against the 4 bytes after them), over
+ * the file through a buffer of about 1 MiB, so the tensor is never resident. Errors: as
+ * bq_h5sum_read_f32's, and BQ_EIO "<path>: tensor <tensor>: cannot read: <reason>". */
+int bq_h5rows_open(BqH5Rows **out, hid_t ds, const char *path, const char *tensor, int64_t rows, int64_t cols);
+
+/* Row r (0 <= r < rows) into dst (cols floats). BQ_EIO "<path>: tensor <tensor>: cannot read row <r>
+ * (the file changed since it was opened?)" when the read comes up short. Safe from several threads. The
+ * void pointer is the BqH5Rows, so the function serves as a BqRowFetch (layers/word_rows.h). */
+int bq_h5rows_read(void *rows, int64_t r, float *dst);
+
+/* Closes the file; NULL is a no-op. */
+void bq_h5rows_close(void *rows);
+
 #endif

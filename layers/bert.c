@@ -229,6 +229,7 @@ void bq_bert_free(BqBert *m) {
     const size_t bytes = block_bytes(&m->params);
     if (m->params.data) munmap(m->params.data, bytes); /* released ranges included: they stay reserved */
     if (m->params.grad) munmap(m->params.grad, bytes);
+    bq_word_rows_free(m->word_rows);
     free(m->params.released);
     free(m->params.p);
     free(m->layers);
@@ -266,6 +267,12 @@ void bq_bert_param_release(BqBert *m, int i) {
         BQ_CHECK(mmap((void *)a, b - a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) ==
                  (void *)a);
     views_build(m);
+}
+
+void bq_bert_word_rows_attach(BqBert *m, BqRowFetch fetch, void (*close)(void *), void *user, int64_t rows) {
+    BQ_CHECK(m && fetch && !m->word_rows);
+    m->word_rows = bq_word_rows_new(fetch, close, user, m->cfg.vocab_size, m->cfg.hidden_size, rows);
+    bq_bert_param_release(m, 0); /* the table's storage: parameter 0, bert.embeddings.word_embeddings.weight */
 }
 
 int64_t bq_bert_param_bytes(const BqBert *m) {
@@ -620,9 +627,7 @@ static int layer_forward(BqBert *m, BqCtx *ctx, const BqLinearHook *hk, const Bq
     return feed_forward(m, ctx, hk, ru, l, a, y);
 }
 
-/* Validates a batch against the model (ids, token types, lengths, labels): a bad value is a
- * BQ_EINVAL/BQ_EFORMAT error naming the position. *labelled = 1 when every example has a label. */
-static int check_input(const BqBert *m, const BqBertInput *in, int *labelled) {
+int bq_bert_check_input(const BqBert *m, const BqBertInput *in, int *labelled) {
     const BqBertConfig *c = &m->cfg;
     const int64_t B = in->B, T = in->T;
     /* everything here is caused by data, so it is an error, not an abort */
@@ -658,10 +663,20 @@ static int check_input(const BqBert *m, const BqBertInput *in, int *labelled) {
 }
 
 /* BertEmbeddings of a checked batch: LayerNorm(word + token type + position), its quantizer when the
- * scheme has one, dropout when ctx->training → (B,T,H). */
-static BqTensor *embed(BqBert *m, BqCtx *ctx, const BqBertInput *in) {
+ * scheme has one, dropout when ctx->training → *x (B,T,H). Fails only where the word rows come from a
+ * fetch (bq_bert_word_rows_attach) and it fails. */
+static int embed(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **x) {
     const BqBertConfig *c = &m->cfg;
     const int64_t B = in->B, T = in->T;
+    BqTensor *word = &m->word_emb, table;
+    const int32_t *ids = in->input_ids;
+    if (m->word_rows) { /* the pool's rows and each token's row in it */
+        BQ_CHECK(!ctx->tape);
+        int32_t *local = bq_arena_alloc(ctx->act, (size_t)(B * T) * sizeof(int32_t));
+        int st = bq_word_rows_map(m->word_rows, ids, B * T, local, &table);
+        if (st) return st;
+        word = &table, ids = local;
+    }
     /* ids of positions and (when the input has none) token types, in the activation arena: the
      * embedding backward reads them after the forward returns */
     int32_t *pos_ids = bq_arena_alloc(ctx->act, (size_t)(B * T) * sizeof(int32_t));
@@ -673,10 +688,11 @@ static BqTensor *embed(BqBert *m, BqCtx *ctx, const BqBertInput *in) {
     /* LayerNorm(word + token_type + position), HF's summation order, one op that keeps no sum.
      * nn.Embedding(padding_idx=pad_token_id): the [PAD] row gets no gradient. Only the QA loss reaches
      * padding positions (it spans every token), so classification gradients are the same either way. */
-    BqTensor *x = bq_op_embed_layernorm(ctx, &m->word_emb, &m->type_emb, &m->pos_emb, in->input_ids, type_ids, pos_ids,
-                                        B, T, &m->emb_ln_w, &m->emb_ln_b, c->layer_norm_eps, c->pad_token_id);
-    x = qact(m->quant, ctx, BQ_QP_LAYER_EMB, -1, x);
-    return bq_op_dropout(ctx, x, c->hidden_dropout_prob);
+    BqTensor *y = bq_op_embed_layernorm(ctx, word, &m->type_emb, &m->pos_emb, ids, type_ids, pos_ids, B, T,
+                                        &m->emb_ln_w, &m->emb_ln_b, c->layer_norm_eps, c->pad_token_id);
+    y = qact(m->quant, ctx, BQ_QP_LAYER_EMB, -1, y);
+    *x = bq_op_dropout(ctx, y, c->hidden_dropout_prob);
+    return BQ_OK;
 }
 
 /* 1 when the last layer may compute token 0 only (layers/bert.h, bq_bert_forward): a classification
@@ -740,11 +756,12 @@ static int forward_run(BqBert *m, BqCtx *ctx, const BqBertInput *in, const BqLin
     *logits = NULL;
     if (loss) *loss = NULL;
     int labelled = 0;
-    int st = check_input(m, in, &labelled);
+    int st = bq_bert_check_input(m, in, &labelled);
     if (st) return st;
     const int start = ru ? ru->start_layer : 0;
     BQ_CHECK(start >= 0 && start < c->num_hidden_layers && (!start || ru->start_hidden));
-    BqTensor *x = start > 0 ? ru->start_hidden : embed(m, ctx, in);
+    BqTensor *x = ru && start > 0 ? ru->start_hidden : NULL;
+    if (!x && (st = embed(m, ctx, in, &x))) return st;
     const int cls_last = cls_rows_only(m, ctx, in);
     /* Without a tape a layer run op by op leaves its activations dead once its output exists (Turns) */
     Turns turns = {.on = !ctx->tape && !in->hidden};

@@ -14,6 +14,7 @@
 
 #include "autograd/tensor.h"
 #include "tokenizer/tokenizer.h"
+#include "layers/word_rows.h"
 
 #define BQ_NAME_MAX 128
 
@@ -107,6 +108,7 @@ typedef struct BqBert {
     struct BqQuantState *quant;
     BqDataMeta data;
     BqPrecision prec; /* GEMM precision of the forwards run on this model (--precision; 0: fp32) */
+    BqWordRows *word_rows; /* NULL, or where the word embeddings come from (bq_bert_word_rows_attach) */
 } BqBert;
 
 /* Builds the parameter table for cfg and allocates parameters (and gradients when with_grad),
@@ -127,6 +129,16 @@ int bq_bert_grad_alloc(BqBert *m);
  * copy of a weight (layers/bert_int8.h): afterwards the model runs only forwards in which that engine
  * computes the Linear, and is neither saved nor trained. */
 void bq_bert_param_release(BqBert *m, int i);
+
+/* Serves m's word embeddings through fetch instead of from its parameters, whose storage is released
+ * (bq_bert_param_release): for an inference engine's model, whose table (vocab_size · hidden_size floats,
+ * 89 MiB in BERT-base) is most of what fp32 it holds while a run reads the rows of a few thousand words.
+ * Each forward fetches the rows of its words not fetched yet into a pool of `rows` rows (at least one
+ * forward's tokens: it grows to the largest), which is emptied when full; the embedding reads the pool,
+ * so the values and the logits are those of the held table, bit for bit. close(user) (may be NULL) runs
+ * when m is freed. Forwards only: with a tape the forward aborts. A fetch error fails the forward with
+ * its message. */
+void bq_bert_word_rows_attach(BqBert *m, BqRowFetch fetch, void (*close)(void *), void *user, int64_t rows);
 
 /* Bytes of fp32 parameters m holds: the table's numel · 4 over the parameters not released. */
 int64_t bq_bert_param_bytes(const BqBert *m);
@@ -167,6 +179,11 @@ typedef struct BqBertInput {
  * are those of the whole layer up to the summation order inside its fp32 products (the same code,
  * fewer rows; tests/test_bert_cls_rows.c bounds it). in->all_rows = 1 turns it off. */
 int bq_bert_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits, BqTensor **loss);
+
+/* Validates a batch against the model (ids, token types, lengths, labels) as every forward does first: a
+ * bad value is a BQ_EINVAL/BQ_EFORMAT error naming the position. *labelled = 1 when every example has a
+ * label. For an engine that runs a batch in parts, so that a message names the position in the batch. */
+int bq_bert_check_input(const BqBert *m, const BqBertInput *in, int *labelled);
 
 /* The Linears of the model as an engine hook sees them: the six of each encoder layer, query, key and
  * value as one product (asked first; when the hook declines, each is asked alone), then the pooler and

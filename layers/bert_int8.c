@@ -43,7 +43,8 @@ typedef struct Int8Layer {
     BqFq fq[BQ_FQ_LAYER];
     int ok[6];           /* Linear j (query … output.dense) runs on integers (plan_layer) */
     BqQuantizer *iq[6];  /* the grid of Linear j's input, where ok[j] */
-    int packed;          /* bq_int8_pack_layer ran */
+    int groups;          /* groups of Linears packed so far (pack_group), 0..4 */
+    int packed;          /* all four are */
     Int8Linear qkv[3], ao, inter, out;
 } Int8Layer;
 
@@ -53,7 +54,8 @@ struct BqInt8Engine {
     int nlinear, ngemm, nwhole;
     int use_whole;       /* bq_int8_set_layer_fusion */
     int64_t step_rows;   /* bq_int8_set_step_rows */
-    int next_layer;      /* bq_int8_load_step: the first layer not packed yet */
+    int64_t pass_rows;   /* bq_int8_set_pass_rows */
+    int next_layer;      /* bq_int8_load_step: the first layer not wholly packed yet */
 };
 
 /* ---- preparation ---- */
@@ -298,6 +300,7 @@ int bq_int8_begin(BqInt8Engine **out, const BqBert *m) {
     e->heads = c->num_attention_heads;
     e->use_whole = 1;
     bq_int8_set_step_rows(e, 0);
+    bq_int8_set_pass_rows(e, 0);
     e->layers = bq_calloc((size_t)e->num_layers, sizeof *e->layers);
     int rc = BQ_OK;
     for (int l = 0; l < e->num_layers && !rc; l++) rc = plan_layer(e, m, l);
@@ -323,50 +326,63 @@ static int weight_param(const BqBert *m, int l, int j) {
     return i;
 }
 
-/* Packs the integer Linears of layer l as plan_layer chose them, from m's weights as they are now. */
-static int pack_layer(BqInt8Engine *e, const BqBert *m, int l) {
-    BQ_CHECK(e && m && l >= 0 && l < e->num_layers && !e->layers[l].packed);
+/* A layer's Linears are packed in four groups, each once its weights and biases are read: query, key
+ * and value (one product or three), attention.output, intermediate, output. The last parameter of
+ * group g in table order (layers/bert.h: each weight is followed by its bias). */
+static const char *const group_last[4] = {"attention.self.value.bias", "attention.output.dense.bias",
+                                          "intermediate.dense.bias", "output.dense.bias"};
+
+/* Packs group g of layer l's integer Linears as plan_layer chose them, from m's weights as they are now. */
+static int pack_group(BqInt8Engine *e, const BqBert *m, int l, int g) {
+    BQ_CHECK(e && m && l >= 0 && l < e->num_layers && g == e->layers[l].groups && g < 4);
     Int8Layer *IL = &e->layers[l];
-    int rc = BQ_OK;
-    if (IL->fused_qkv) {
-        static const int qkv[3] = {0, 1, 2};
-        rc = pack_linear(&IL->qkv[0], m, l, qkv, 3, IL->iq[0]);
-    } else {
-        for (int j = 0; j < 3 && !rc; j++)
-            if (IL->ok[j]) rc = pack_linear(&IL->qkv[j], m, l, &j, 1, IL->iq[j]);
-    }
+    static const int qkv[3] = {0, 1, 2};
     Int8Linear *rest[3] = {&IL->ao, &IL->inter, &IL->out};
-    for (int j = 3; j < 6 && !rc; j++)
-        if (IL->ok[j]) rc = pack_linear(rest[j - 3], m, l, &j, 1, IL->iq[j]);
+    int rc = BQ_OK;
+    if (g == 0 && IL->fused_qkv) rc = pack_linear(&IL->qkv[0], m, l, qkv, 3, IL->iq[0]);
+    for (int j = 0; g == 0 && !IL->fused_qkv && j < 3 && !rc; j++)
+        if (IL->ok[j]) rc = pack_linear(&IL->qkv[j], m, l, &qkv[j], 1, IL->iq[j]);
+    if (g > 0 && IL->ok[g + 2]) rc = pack_linear(rest[g - 1], m, l, (const int[]){g + 2}, 1, IL->iq[g + 2]);
     if (rc) return rc;
-    IL->packed = 1;
+    IL->packed = ++IL->groups == 4;
     return BQ_OK;
 }
 
-int bq_int8_pack_layer(BqInt8Engine *e, BqBert *m, int l, int release) {
-    int rc = pack_layer(e, m, l);
-    for (int j = 0; j < 6 && release && !rc; j++)
+/* Gives back the fp32 storage of the weights of group g of layer l that run on integers. */
+static void release_group(const BqInt8Engine *e, BqBert *m, int l, int g) {
+    for (int j = g ? g + 2 : 0; j <= g + 2; j++)
         if (e->layers[l].ok[j]) bq_bert_param_release(m, weight_param(m, l, j));
-    return rc;
+}
+
+int bq_int8_pack_layer(BqInt8Engine *e, BqBert *m, int l, int release) {
+    for (int g = e->layers[l].groups; g < 4; g++) {
+        int rc = pack_group(e, m, l, g);
+        if (rc) return rc;
+        if (release) release_group(e, m, l, g);
+    }
+    return BQ_OK;
 }
 
 int bq_int8_load_step(BqInt8Engine *e, BqBert *m, int i) {
-    /* A layer's parameters are contiguous in the table, in the order of its views (layers/bert.h), and
-     * the output LayerNorm's bias is the last of them. */
+    /* each group as soon as its last parameter is read, its fp32 weights given back at once: the load
+     * holds at most one group's fp32 weights besides the packed ones */
     while (e->next_layer < e->num_layers) {
+        const int l = e->next_layer, g = e->layers[l].groups;
         char n[BQ_NAME_MAX];
-        snprintf(n, sizeof n, "bert.encoder.layer.%d.output.LayerNorm.bias", e->next_layer);
+        snprintf(n, sizeof n, "bert.encoder.layer.%d.%s", l, group_last[g]);
         if (bq_params_find(&m->params, n) > i) break;
-        int rc = bq_int8_pack_layer(e, m, e->next_layer, 1);
+        int rc = pack_group(e, m, l, g);
         if (rc) return rc;
-        e->next_layer++;
+        release_group(e, m, l, g);
+        if (e->layers[l].packed) e->next_layer++;
     }
     return BQ_OK;
 }
 
 int bq_int8_prepare(BqInt8Engine **out, const BqBert *m) {
     int rc = bq_int8_begin(out, m);
-    for (int l = 0; l < m->cfg.num_hidden_layers && !rc; l++) rc = pack_layer(*out, m, l);
+    for (int l = 0; l < m->cfg.num_hidden_layers && !rc; l++)
+        while (!rc && !(*out)->layers[l].packed) rc = pack_group(*out, m, l, (*out)->layers[l].groups);
     if (rc && *out) {
         bq_int8_free(*out);
         *out = NULL;
@@ -388,6 +404,7 @@ int64_t bq_int8_bytes(const BqInt8Engine *e) {
 int bq_int8_linear_count(const BqInt8Engine *e) { return e->nlinear; }
 int bq_int8_fused_layer_count(const BqInt8Engine *e) { return e->use_whole ? e->nwhole : 0; }
 void bq_int8_set_layer_fusion(BqInt8Engine *e, int on) { e->use_whole = on != 0; }
+void bq_int8_set_pass_rows(BqInt8Engine *e, int64_t rows) { e->pass_rows = rows > 0 ? rows : BQ_INT8_PASS_ROWS; }
 void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows) {
     e->step_rows = rows > 0 ? rows : bq_qgemm_exact_8bit() ? BQ_INT8_STEP_ROWS_VNNI : BQ_INT8_STEP_ROWS;
 }
@@ -619,6 +636,29 @@ static int hook_run(void *user, BqCtx *ctx, int l, BqLinearId id, BqTensor *x, c
     return int8_linear(ctx, il, x, nout, out);
 }
 
+/* One forward of the whole model on the batch in. */
+static int forward_pass(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits) {
+    BqFusedEngine fe = {.user = e, .codes = 1, .layer_ok = layer_ok, .linear = linear_step,
+                        .quantize_input = quantize_input};
+    BqFusedRun run = {.e = &fe, .m = m, .keep = in->hidden != NULL};
+    BqLinearHook hook = {.user = &run, .run = hook_run, .layer = bq_fused_layer};
+    return bq_bert_forward_hooked(m, ctx, in, &hook, logits, NULL);
+}
+
+/* Examples b0 .. b0+nb-1 of in, as a batch of their own (the same T). */
+static BqBertInput input_slice(const BqBertInput *in, int64_t b0, int64_t nb) {
+    BqBertInput s = *in;
+    const int64_t T = in->T;
+    s.B = nb;
+    s.input_ids = in->input_ids + b0 * T;
+    if (in->attention_mask) s.attention_mask = in->attention_mask + b0 * T;
+    if (in->token_type_ids) s.token_type_ids = in->token_type_ids + b0 * T;
+    if (in->labels) s.labels = in->labels + b0;
+    if (in->start_positions) s.start_positions = in->start_positions + b0;
+    if (in->end_positions) s.end_positions = in->end_positions + b0;
+    return s;
+}
+
 int bq_int8_forward(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits) {
     BQ_CHECK(e && m && ctx && ctx->act && in && logits);
     BQ_CHECK(ctx->tape == NULL && !ctx->training); /* inference only */
@@ -628,9 +668,24 @@ int bq_int8_forward(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *i
     if (!m->quant || e->num_layers != c->num_hidden_layers || e->hidden != c->hidden_size ||
         e->inter != c->intermediate_size)
         return bq_err(BQ_EINVAL, "int8 engine: the model is not the one the engine was prepared from");
-    BqFusedEngine fe = {.user = e, .codes = 1, .layer_ok = layer_ok, .linear = linear_step,
-                        .quantize_input = quantize_input};
-    BqFusedRun run = {.e = &fe, .m = m, .keep = in->hidden != NULL};
-    BqLinearHook hook = {.user = &run, .run = hook_run, .layer = bq_fused_layer};
-    return bq_bert_forward_hooked(m, ctx, in, &hook, logits, NULL);
+    /* passes of at most pass_rows rows of whole examples; one pass when every layer's output is kept */
+    const int64_t per = in->T > 0 && e->pass_rows / in->T > 1 ? e->pass_rows / in->T : 1;
+    if (in->hidden || in->B <= per) return forward_pass(e, m, ctx, in, logits);
+    int labelled, st = bq_bert_check_input(m, in, &labelled);
+    if (st) return st;
+    const int qa = c->head == BQ_HEAD_QA;
+    const int64_t shape[3] = {in->B, qa ? in->T : c->num_labels, 2}, row = qa ? in->T * 2 : c->num_labels;
+    BqTensor *out = bq_tensor_new(ctx, qa ? 3 : 2, shape);
+    for (int64_t b0 = 0; b0 < in->B; b0 += per) {
+        const int64_t nb = in->B - b0 < per ? in->B - b0 : per;
+        const BqBertInput sub = input_slice(in, b0, nb);
+        const size_t mark = bq_arena_mark(ctx->act);
+        BqTensor *y = NULL;
+        if ((st = forward_pass(e, m, ctx, &sub, &y))) return st;
+        BQ_CHECK(bq_tensor_numel(y) == nb * row && bq_tensor_is_contiguous(y));
+        memcpy(out->data + b0 * row, y->data, (size_t)(nb * row) * sizeof(float));
+        bq_arena_rewind(ctx->act, mark);
+    }
+    *logits = out;
+    return BQ_OK;
 }

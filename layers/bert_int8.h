@@ -35,8 +35,11 @@ void bq_int8_free(BqInt8Engine *e);
  * l's integer Linears from m's weights as they are now (each layer once); with release it then gives
  * back the fp32 storage of the weights it packed (bq_bert_param_release): afterwards m runs only
  * through this engine (bq_int8_forward; its biases, LayerNorms, embeddings and head stay fp32 in m).
- * bq_int8_load_step(e, m, i), called after parameter i (table order) is read, packs with release every
- * layer whose parameters have all arrived. The engine is complete when every layer is packed. */
+ * bq_int8_load_step(e, m, i), called after parameter i (table order) is read, packs with release each
+ * group of a layer's Linears whose weights and biases have all arrived (query/key/value, then
+ * attention.output, intermediate and output), so a load holds at most one group's fp32 weights besides
+ * the packed ones (the intermediate's 9 MiB in BERT-base, not a layer's 27 MiB). The engine is complete
+ * when every layer is packed. */
 int bq_int8_begin(BqInt8Engine **out, const BqBert *m);
 int bq_int8_pack_layer(BqInt8Engine *e, BqBert *m, int l, int release);
 int bq_int8_load_step(BqInt8Engine *e, BqBert *m, int i);
@@ -77,9 +80,21 @@ void bq_int8_set_layer_fusion(BqInt8Engine *e, int on);
 #define BQ_INT8_STEP_ROWS_VNNI 1024
 void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows);
 
-/* logits (B, num_labels) of the batch, in ctx->act, as bq_bert_forward computes them in evaluation
- * (ctx->tape must be NULL and ctx->training 0). m must be the model e was prepared from. Bad ids,
- * types or lengths are BQ_EINVAL/BQ_EFORMAT errors as in bq_bert_forward. */
+/* A forward covers at most this many rows at once (whole examples, at least one): a larger batch runs
+ * in passes of the whole model, each on its own examples, so the activations take one pass's room
+ * whatever the batch (BERT-base at batch 64 and 128 tokens: 2 passes, 87 instead of 162 MiB of
+ * activations). The results are the same bits (every example's computation is its own). Not smaller
+ * by default: a pass reads every weight again, and 8 sequences of 128 tokens per pass cost 2-4 % of the
+ * batch-32 forward on Zen 5 against one pass, where the fused layers' blocks of the same rows reuse each
+ * weight from cache. rows <= 0 restores the default (tests set small passes). One pass whenever the
+ * forward keeps every layer's output (BqBertInput.hidden). */
+#define BQ_INT8_PASS_ROWS 4096
+void bq_int8_set_pass_rows(BqInt8Engine *e, int64_t rows);
+
+/* logits (B, num_labels), or (B,T,2) for the QA head, of the batch, in ctx->act, as bq_bert_forward
+ * computes them in evaluation (ctx->tape must be NULL and ctx->training 0), in passes
+ * (bq_int8_set_pass_rows). m must be the model e was prepared from. Bad ids, types or lengths are
+ * BQ_EINVAL/BQ_EFORMAT errors as in bq_bert_forward, naming the position in the batch. */
 int bq_int8_forward(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits);
 
 #endif

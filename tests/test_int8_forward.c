@@ -3,8 +3,9 @@
  *  - every encoder Linear runs on integers (6 per layer, query/key/value as one GEMM);
  *  - logits against the fake-quant evaluation (bq_bert_forward without a tape), to the bound below;
  *  - batch 1 vs batch 4, each example unpadded (T = its length, as dynamic padding gives it when it is
- *    batched alone) vs padded to T = 12, 1 vs 2 threads, and the fused layers in blocks of T + 1 rows
- *    (bq_int8_set_step_rows) vs the whole batch at once: bit-identical logits;
+ *    batched alone) vs padded to T = 12, 1 vs 2 threads, and at most T + 1 rows at once
+ *    (bq_int8_set_pass_rows: the forward in passes of one example; bq_int8_set_step_rows, with every
+ *    layer's output kept: the fused layers in blocks) vs the whole batch at once: bit-identical logits;
  *  - refusals: an fp32 model, an uncalibrated model. qdqbert is compared as cpu is; its 8-bit weights run
  *    as one GEMM with VNNI and as an exact sgemm on float codes without (autograd/qgemm.h). ort too: it has
  *    no Linear input quantizers, and its Linears run on the codes of the grids their inputs lie on (the
@@ -231,13 +232,24 @@ static void check_scheme(const char *scheme, int fusion, Variant variant) {
         bq_arena_rewind(&act, 0);
         bq_runtime_set_threads(prev);
         nthread_bad += memcmp(i8t1, i8, sizeof(float) * (size_t)(B * C)) != 0;
-        /* fused layers in blocks of T + 1 rows (one sequence per attention block, a remainder block
-         * elsewhere): the same bits (bq_int8_set_step_rows) */
+        /* at most T + 1 rows at once (bq_int8_set_pass_rows, bq_int8_set_step_rows): the forward in passes
+         * of one example; and,
+         * keeping every layer's output (one pass), the fused layers in blocks of one sequence for the
+         * attention and of T + 1 rows, with a remainder, elsewhere: the same bits either way */
         bq_int8_set_step_rows(e, T + 1);
+        bq_int8_set_pass_rows(e, T + 1);
         BQ_CHECK(bq_int8_forward(e, &m, &ctx, &in, &lg) == BQ_OK);
         nblock_bad += memcmp(lg->data, i8, sizeof(float) * (size_t)(B * C)) != 0;
         bq_arena_rewind(&act, 0);
+        BqTensor *kept[8];
+        BQ_CHECK(L <= 8);
+        BqBertInput kin = in;
+        kin.hidden = kept;
+        BQ_CHECK(bq_int8_forward(e, &m, &ctx, &kin, &lg) == BQ_OK);
+        nblock_bad += memcmp(lg->data, i8, sizeof(float) * (size_t)(B * C)) != 0;
+        bq_arena_rewind(&act, 0);
         bq_int8_set_step_rows(e, 0);
+        bq_int8_set_pass_rows(e, 0);
         for (int i = 0; i < B * C; i++) maxl = fmax(maxl, fabs(fq[i]));
         for (int i = 0; i < B * C; i++) {
             double d = fabs((double)fq[i] - i8[i]);
@@ -251,7 +263,7 @@ static void check_scheme(const char *scheme, int fusion, Variant variant) {
            "beyond the summation-order part alone\n",
            scheme, maxd, eps_sum + eps_step, eps_sum, eps_step, maxl, over_sum, n);
     printf("%s: batch 1 vs %d: %d examples differ; unpadded vs padded: %d differ; 1 vs 2 threads: %d batches "
-           "differ; blocks of %d rows vs one: %d batches differ\n", scheme, B, nbatch_bad, npad_bad, nthread_bad,
+           "differ; at most %d rows at once (passes, blocks) vs the batch: %d of 2 forwards per batch differ\n", scheme, B, nbatch_bad, npad_bad, nthread_bad,
            T + 1, nblock_bad);
     if (exact) {
         printf("%s: layer outputs against fake quant: %d of %d differ, max |d| %.3g\n", scheme, nhidden_bad, 4 * L,

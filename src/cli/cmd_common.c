@@ -87,6 +87,11 @@ int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, BqCliEngine engine
 /* The hook of bq_cli_model_load_engine's load: at the first parameter (the quantizers are loaded by
  * then) it begins the engine, then packs each layer as its parameters arrive. Where the engine refuses
  * the model (BQ_EINVAL) it stays out, and bq_cli_engine_select gives the refusal or the fallback. */
+/* Rows of the word embeddings an evaluation holds (bq_bert_word_rows_attach): 8,192 rows cover the words
+ * of a few thousand IMDB reviews before the pool is refilled; 24 MiB at BERT-base's width against the
+ * table's 89 MiB. */
+#define WORD_ROWS_POOL 8192
+
 typedef struct EngineLoad {
     BqInt8Engine *e;
     int begun;
@@ -112,7 +117,7 @@ int bq_cli_model_load_engine(BqBert *m, BqTokenizer **tok, const char *dir, BqCl
         return bq_cli_engine_select(out, m, engine, "--engine", tag, name);
     }
     EngineLoad el = {0};
-    BqCkptLoadHook hook = {.param_read = engine_load_step, .user = &el};
+    BqCkptLoadHook hook = {.param_read = engine_load_step, .user = &el, .word_rows = WORD_ROWS_POOL};
     double t0 = bq_now();
     char vocab[4200];
     snprintf(vocab, sizeof vocab, "%s/vocab.txt", dir);
@@ -120,6 +125,11 @@ int bq_cli_model_load_engine(BqBert *m, BqTokenizer **tok, const char *dir, BqCl
         bq_int8_free(el.e);
         return st;
     }
+    if (m->word_rows)
+        fprintf(stderr, "[%s] word embeddings: rows read from %s/model.h5 as the texts need them, at most %d held "
+                "(%.1f MiB; the table is %.1f MiB)\n", tag, dir, WORD_ROWS_POOL,
+                (double)WORD_ROWS_POOL * m->cfg.hidden_size * 4 / (1 << 20),
+                (double)m->cfg.vocab_size * m->cfg.hidden_size * 4 / (1 << 20));
     if (!el.e) return bq_cli_engine_select(out, m, engine, "--engine", tag, name);
     *out = el.e;
     *name = "int8";

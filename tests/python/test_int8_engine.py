@@ -244,3 +244,31 @@ def test_bench(ckpts):
     assert p.returncode == 2 and "--model" in p.stderr
     p = run_bq("bench", "--model", ckpts["cpu"], "--batch-sizes", "1,x", check=False)
     assert p.returncode == 2 and "--batch-sizes" in p.stderr
+
+
+def test_word_embeddings_from_the_file(ckpts):
+    """eval and predict read the word embeddings' rows from model.h5 as the texts need them
+    (bq_bert_word_rows_attach) and say so; the fp32 checkpoint's eval does too. Its checksum is verified
+    at load all the same: a byte changed inside the table fails eval with a one-line error naming the
+    file and the tensor, exit status 1, before any prediction."""
+    import shutil
+    import h5py
+    d = ckpts["dir"]
+    for ck in ("cpu", "fp32"):
+        p = run_bq("eval", "--model", ckpts[ck], "--data", IMDB, "--samples", 8, "--threads", 2)
+        assert "word embeddings: rows read from" in p.stderr and "model.h5" in p.stderr, p.stderr
+    bad = d / "ptq_cpu_bad"
+    shutil.copytree(ckpts["cpu"], bad)
+    name = "/params/bert.embeddings.word_embeddings.weight"
+    with h5py.File(bad / "model.h5", "r") as f:
+        info = f[name].id.get_chunk_info(0)
+    with open(bad / "model.h5", "r+b") as f:
+        f.seek(info.byte_offset + 4 * 384 * 1000 + 1)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([(b[0] + 1) & 0xFF]))
+    p = run_bq("eval", "--model", bad, "--data", IMDB, "--samples", 8, "--engine", "int8", check=False)
+    print(p.stderr.strip().splitlines()[-1])
+    assert p.returncode == 1 and p.stdout == "", (p.returncode, p.stdout)
+    last = p.stderr.strip().splitlines()[-1]
+    assert "model.h5" in last and "word_embeddings" in last and "checksum mismatch" in last, last
