@@ -21,7 +21,8 @@
  *    one of two buffers and gives the layer's activations back; keeping every layer's output
  *    (BqBertInput.hidden) takes more room and gives the same logits, bit for bit; the integer engine in
  *    passes of one example (bq_int8_set_pass_rows: passes of whole examples of at most that many rows)
- *    takes less than half the batch's room and gives the same logits, bit for bit.
+ *    takes less than half the batch's room and gives the same logits, bit for bit, as it does for a
+ *    question-answering head's (B,T,2) logits.
  * The model is a random cpu-scheme PTQ, 2 layers, hidden 256, intermediate 1024 (weights of whole pages),
  * max-calibrated on random batches and saved as a checkpoint. */
 #include <errno.h>
@@ -49,12 +50,13 @@ static BqBertInput input_of(const Batch *bt) {
     return in;
 }
 
-/* A random model of `layers` encoder layers into m; with quant, its cpu-scheme PTQ, max-calibrated on
- * random batches. */
-static void make_model(BqBert *m, int layers, int quant) {
+/* A random model of `layers` encoder layers into m, with a classification head or (qa) a question-answering
+ * one; with quant, its cpu-scheme PTQ, max-calibrated on random batches. */
+static void make_model(BqBert *m, int layers, int quant, int qa) {
     BqRng rng;
     bq_rng_seed(&rng, 11);
     BqBertConfig c = bq_test_config(VOCAB, H, layers, 4, I, 64, 2, 0.0f, 0.05f);
+    if (qa) c.head = BQ_HEAD_QA;
     BQ_CHECK(bq_bert_create(m, &c, 0, &rng) == BQ_OK);
     if (!quant) return;
     BqQuantConfig qc;
@@ -86,7 +88,7 @@ static void free_model(BqBert *m) {
 /* The random cpu-scheme PTQ of L layers, saved to dir. */
 static void make_checkpoint(const char *dir) {
     BqBert m;
-    make_model(&m, L, 1);
+    make_model(&m, L, 1, 0);
     BQ_CHECK(bq_ckpt_save(&m, dir, NULL, NULL) == BQ_OK);
     free_model(&m);
 }
@@ -103,7 +105,7 @@ static const char *const fwd_name[FWD_COUNT] = {"fp32", "int8", "fake quant, op 
 static size_t forward_peak(int layers, int fwd, int hidden, const Batch *bt, float *out, int64_t pass_rows) {
     BqBert m;
     const int int8 = fwd == FWD_INT8;
-    make_model(&m, layers, fwd != FWD_FP32);
+    make_model(&m, layers, fwd != FWD_FP32, 0);
     BqInt8Engine *e = NULL;
     if (int8) {
         BQ_CHECK(bq_int8_prepare(&e, &m) == BQ_OK);
@@ -151,6 +153,35 @@ static void check_activation_peaks(const Batch *bt) {
                p4);
         EXPECT(memcmp(l4, c4, sizeof l4) == 0, "%s: logits differ in passes of one example", name);
     }
+}
+
+/* The question-answering head's logits (B,T,2) on the integer engine in passes of one example equal, bit
+ * for bit, those of the batch in one pass. */
+static void check_qa_passes(const Batch *bt) {
+    BqBert m;
+    make_model(&m, L, 1, 1);
+    BqInt8Engine *e = NULL;
+    BQ_CHECK(bq_int8_prepare(&e, &m) == BQ_OK);
+    BqArena act;
+    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 28, "act") == BQ_OK);
+    BqCtx ctx = {.act = &act};
+    BqBertInput in = input_of(bt);
+    static float one[B * T * 2];
+    BqTensor *lg;
+    BQ_CHECK(bq_int8_forward(e, &m, &ctx, &in, &lg) == BQ_OK);
+    BQ_CHECK(lg->ndim == 3 && lg->shape[0] == B && lg->shape[1] == T && lg->shape[2] == 2);
+    memcpy(one, lg->data, sizeof one);
+    bq_arena_rewind(&act, 0);
+    bq_int8_set_pass_rows(e, T);
+    BQ_CHECK(bq_int8_forward(e, &m, &ctx, &in, &lg) == BQ_OK);
+    EXPECT(lg->ndim == 3 && lg->shape[0] == B && lg->shape[1] == T && lg->shape[2] == 2 &&
+               memcmp(one, lg->data, sizeof one) == 0,
+           "QA head: logits in passes of one example differ from the batch's");
+    printf("QA head: logits (%d,%d,2) in passes of one example %s those of one pass\n", B, T,
+           memcmp(one, lg->data, sizeof one) ? "differ from" : "equal");
+    bq_arena_free(&act);
+    bq_int8_free(e);
+    free_model(&m);
 }
 
 /* 1 for the weight of an encoder Linear (the six per layer the cpu scheme runs on integers). */
@@ -273,6 +304,7 @@ int main(void) {
     EXPECT(bq_int8_bytes(ld.e) < lin * 3 / 10, "engine bytes %lld after a forward against %lld fp32 bytes replaced: "
            "the plain codes are kept next to oneDNN's layout", (long long)bq_int8_bytes(ld.e), (long long)lin);
     check_activation_peaks(&bt);
+    check_qa_passes(&bt);
 
     bq_int8_free(e1);
     bq_int8_free(ld.e);
