@@ -118,10 +118,9 @@ static int eval_qa(const char *model, BqCliData *d, BqCliQa *q, int samples, int
     BqSquadScore sc;
     double secs = 0;
     int st;
-    if ((st = bq_qa_model_load(&m, &tok, model, 0, "eval"))) goto cleanup;
+    if ((st = bq_qa_model_load_engine(&m, &tok, model, engine, "eval", &eng, &engine_name))) goto cleanup;
     m.prec = prec;
-    if ((st = bq_cli_engine_select(&eng, &m, engine, "--engine", "eval", &engine_name)) ||
-        (st = bq_qa_data_load(&s, d, &m, tok, q, samples, "eval")) ||
+    if ((st = bq_qa_data_load(&s, d, &m, tok, q, samples, "eval")) ||
         (st = bq_qa_answer(&m, eng, s, q->n_best, q->max_answer_len, batch_size, &sc, &answers, &secs)))
         goto cleanup;
     if (predictions && (st = bq_squad_write_predictions(predictions, s, answers))) goto cleanup;
@@ -258,10 +257,9 @@ static int predict_qa(const char *model, BqCliData *d, BqCliQa *q, const char *q
         q->doc = doc;
         if (!data) d->path = "--question/--context";
     }
-    if ((st = bq_qa_model_load(&m, &tok, model, 0, "predict"))) goto cleanup;
+    if ((st = bq_qa_model_load_engine(&m, &tok, model, engine, "predict", &eng, &engine_name))) goto cleanup;
     m.prec = prec;
-    if ((st = bq_cli_engine_select(&eng, &m, engine, "--engine", "predict", &engine_name)) ||
-        (st = bq_qa_data_load(&s, d, &m, tok, q, 0, "predict")) ||
+    if ((st = bq_qa_data_load(&s, d, &m, tok, q, 0, "predict")) ||
         (st = bq_qa_answer(&m, eng, s, q->n_best, q->max_answer_len, 32, &sc, &answers, NULL)))
         goto cleanup;
     for (int64_t i = 0; i < s->n_examples; i++) {

@@ -90,6 +90,23 @@ int bq_qa_model_load(BqBert *m, BqTokenizer **tok, const char *dir, uint64_t see
     return bq_bert_set_head(m, BQ_HEAD_QA, &rng);
 }
 
+int bq_qa_model_load_engine(BqBert *m, BqTokenizer **tok, const char *dir, BqCliEngine engine, const char *tag,
+                            BqInt8Engine **eng, const char **name) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    BqBertConfig cfg;
+    int qa = bq_ckpt_is_native(dir) && bq_config_load(&cfg, p) == BQ_OK;
+    if (qa) {
+        qa = cfg.head == BQ_HEAD_QA;
+        bq_config_free(&cfg);
+    } else {
+        bq_err_clear(); /* bq_qa_model_load names the problem */
+    }
+    if (qa) return bq_cli_model_load_engine(m, tok, dir, engine, tag, eng, name);
+    int st = bq_qa_model_load(m, tok, dir, 0, tag);
+    return st ? st : bq_cli_engine_select(eng, m, engine, "--engine", tag, name);
+}
+
 int bq_qa_data_load(BqSquadSet **out, BqCliData *d, const BqBert *m, const BqTokenizer *tok, BqCliQa *q,
                     int64_t max_examples, const char *tag) {
     *out = NULL;

@@ -64,6 +64,12 @@ int bq_cli_task_check_data(int qa, const char *data);
  * fresh qa_outputs drawn from seed (a note on stderr says so). */
 int bq_qa_model_load(BqBert *m, BqTokenizer **tok, const char *dir, uint64_t seed, const char *tag);
 
+/* bq_qa_model_load for evaluating (eval, predict), and the forward to run (bq_cli_engine_select): a bertqat
+ * checkpoint with a QA head loads as bq_cli_model_load_engine loads a classifier (the integer engine packed
+ * while it loads, the word embeddings read by rows from the file); any other model as bq_qa_model_load. */
+int bq_qa_model_load_engine(BqBert *m, BqTokenizer **tok, const char *dir, BqCliEngine engine, const char *tag,
+                            BqInt8Engine **eng, const char **name);
+
 /* Resolves the sequence length (--max-seq-len, else the checkpoint's, else 384), doc stride and query
  * length (flag, else the checkpoint's, else 128 and 64) into d->used and q, and loads the SQuAD file
  * d->path windowed with them on the runtime's threads; max_examples > 0 keeps the first questions. A

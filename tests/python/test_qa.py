@@ -11,7 +11,8 @@ as a Hugging Face directory whose config names no head (architectures BertModel)
   the fp32 export fuses as the classifier's does (EmbedLayerNormalization 1, Attention L,
   SkipLayerNormalization 2L, BiasGelu L) and the ort-scheme Q/DQ export into the QOrdered ops;
 - `bertqat eval` EM/F1 (and its official predictions JSON) equal scripts/onnx_eval_qa.py's on the fp32
-  export, which windows and post-processes independently with Hugging Face `tokenizers` offsets;
+  export, which windows and post-processes independently with Hugging Face `tokenizers` offsets (the
+  checkpoint's word embeddings read by rows from its file; a QAT checkpoint's engine packed while loading);
 - predict answers --question/--context and JSONL;
 - bad flags and data of the other task give one-line errors and write nothing."""
 import collections
@@ -181,6 +182,8 @@ def test_eval_equals_onnx_runtime(runs, tmp_path):
     p = run_bq("eval", "--model", runs / "fp32", "--data", SQUAD_DEV, "--samples", n, "--json", "--predictions",
                tmp_path / "c.json", "--threads", THREADS, "--cache-dir", runs / "cache", "--doc-stride", 32)
     c = json.loads(p.stdout)
+    # a bertqat QA checkpoint is evaluated with its word embeddings read by rows from model.h5
+    assert "word embeddings: rows read from" in p.stderr, p.stderr
     q = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "onnx_eval_qa.py"), "--onnx", str(out),
                         "--tokenizer", str(runs / "fp32"), "--data", SQUAD_DEV, "--samples", str(n),
                         "--max-seq-len", "128", "--doc-stride", "32", "--threads", THREADS, "--json",
@@ -200,9 +203,12 @@ def test_eval_equals_onnx_runtime(runs, tmp_path):
            tmp_path / "c7.json", "--threads", THREADS, "--cache-dir", runs / "cache", "--doc-stride", 32)
     assert json.load(open(tmp_path / "c7.json")) == pc
     # the trained head beats chance on the questions it never saw only weakly; the text output prints both
-    t = run_bq("eval", "--model", runs / "qat", "--data", SQUAD_DEV, "--samples", 50, "--doc-stride", 32,
-               "--threads", THREADS, "--cache-dir", runs / "cache").stdout
+    r = run_bq("eval", "--model", runs / "qat", "--data", SQUAD_DEV, "--samples", 50, "--doc-stride", 32,
+               "--threads", THREADS, "--cache-dir", runs / "cache")
+    t = r.stdout
     assert "exact match" in t and "f1" in t and "engine       int8" in t
+    # the integer engine packs the QA checkpoint while it loads, as it does a classifier
+    assert "packed while loading" in r.stderr, r.stderr
 
 
 def test_compare_qa_predictions(runs, tmp_path):
