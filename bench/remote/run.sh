@@ -24,7 +24,8 @@
 #   int8-base     the same on a random BERT-base-shaped model (bench/make_random_bert.py): a `cpu` PTQ (16
 #                 calibration reviews), its export, `bertqat bench` at $THREADS threads (5 rounds) and on two
 #                 pinned cores (3 rounds), and the peak resident set of `eval` of its fp32 checkpoint (one
-#                 finetune step) and of the PTQ on the int8 engine (64 reviews, 2 threads, batch 1 and 64)
+#                 finetune step) and of the PTQ on the int8 engine (64 reviews, 2 threads, batch 1, 8 and 64),
+#                 and their ratio
 #   eval          on two pinned physical cores: `ort` and `cpu` PTQs of the random MiniLM, then eval of
 #                 the fp32 model and both PTQs on 512 test reviews (and again with bertqat-old, if packed)
 #   sens          on two pinned physical cores: sensitivity of the `ort` PTQ on $SENS_ORT examples (64)
@@ -161,11 +162,16 @@ int8_base() {
         --threads 2 --python "$PYTHON" --precision "$PRECISION"
     "$B/bertqat" finetune --model "$M" --data "$D" --out "$M-fp32" --max-steps 1 --train-samples 64 --batch-size 8 \
         --max-seq-len 128 --threads "$THREADS" --evals-per-epoch 0 2>&1 | tail -1
-    for b in 1 64; do
-        echo "eval peak RSS, batch $b, fp32 checkpoint, fp32 engine: $(peak_rss $T2 "$B/bertqat" eval --model "$M-fp32" \
-            --data "$D" --samples 64 --max-seq-len 128 --threads 2 --batch-size $b --precision "$PRECISION")"
-        echo "eval peak RSS, batch $b, cpu PTQ, int8 engine: $(peak_rss $T2 "$B/bertqat" eval --model "$P" \
-            --data "$D" --samples 64 --max-seq-len 128 --threads 2 --batch-size $b --engine int8)"
+    local f i
+    for b in 1 8 64; do
+        f=$(peak_rss $T2 "$B/bertqat" eval --model "$M-fp32" --data "$D" --samples 64 --max-seq-len 128 --threads 2 \
+            --batch-size $b --precision "$PRECISION")
+        i=$(peak_rss $T2 "$B/bertqat" eval --model "$P" --data "$D" --samples 64 --max-seq-len 128 --threads 2 \
+            --batch-size $b --engine int8)
+        echo "eval peak RSS, batch $b, fp32 checkpoint, fp32 engine: $f"
+        echo "eval peak RSS, batch $b, cpu PTQ, int8 engine: $i"
+        f=${f#*peak } i=${i#*peak }
+        echo "eval peak RSS, batch $b: int8 / fp32 = $(awk -v a="${i%% *}" -v b="${f%% *}" 'BEGIN { printf "%.2f", a / b }')"
     done
 }
 
