@@ -322,8 +322,6 @@ cleanup:
 
 /* ---- load ---- */
 
-/* Reads GROUP/<name> of every parameter of t, in table order, into block; with a hook (the model's own
- * parameters only), tells it after each tensor. */
 /* The model's word embeddings (parameter 0, shape (vocab, H)) served from the file by rows
  * (BqCkptLoadHook.word_rows): *done = 1 when attached, 0 when the layout asks for a whole read. */
 static int word_rows_attach(hid_t f, const char *path, const char *name, const BqParam *p, BqBert *m, int64_t rows,
@@ -347,6 +345,8 @@ cleanup:
     return st;
 }
 
+/* Reads GROUP/<name> of every parameter of t, in table order, into block; with a hook (the model's own
+ * parameters only), tells it after each tensor, and serves the word embeddings by rows where it asks. */
 static int read_params_group(hid_t f, const char *path, const char *group, const BqParamTable *t, float *block,
                              const BqCkptLoadHook *hook, BqBert *m) {
     char name[BQ_NAME_MAX + 32];

@@ -43,8 +43,7 @@ typedef struct Int8Layer {
     BqFq fq[BQ_FQ_LAYER];
     int ok[6];           /* Linear j (query … output.dense) runs on integers (plan_layer) */
     BqQuantizer *iq[6];  /* the grid of Linear j's input, where ok[j] */
-    int groups;          /* groups of Linears packed so far (pack_group), 0..4 */
-    int packed;          /* all four are */
+    int groups;          /* groups of Linears packed so far (pack_group), 0..4: the layer is packed at 4 */
     Int8Linear qkv[3], ao, inter, out;
 } Int8Layer;
 
@@ -332,10 +331,12 @@ static int weight_param(const BqBert *m, int l, int j) {
 static const char *const group_last[4] = {"attention.self.value.bias", "attention.output.dense.bias",
                                           "intermediate.dense.bias", "output.dense.bias"};
 
-/* Packs group g of layer l's integer Linears as plan_layer chose them, from m's weights as they are now. */
-static int pack_group(BqInt8Engine *e, const BqBert *m, int l, int g) {
-    BQ_CHECK(e && m && l >= 0 && l < e->num_layers && g == e->layers[l].groups && g < 4);
+/* Packs the next group of layer l's integer Linears (IL->groups) as plan_layer chose them, from m's weights
+ * as they are now. */
+static int pack_group(BqInt8Engine *e, const BqBert *m, int l) {
+    BQ_CHECK(e && m && l >= 0 && l < e->num_layers && e->layers[l].groups < 4);
     Int8Layer *IL = &e->layers[l];
+    const int g = IL->groups;
     static const int qkv[3] = {0, 1, 2};
     Int8Linear *rest[3] = {&IL->ao, &IL->inter, &IL->out};
     int rc = BQ_OK;
@@ -343,24 +344,14 @@ static int pack_group(BqInt8Engine *e, const BqBert *m, int l, int g) {
     for (int j = 0; g == 0 && !IL->fused_qkv && j < 3 && !rc; j++)
         if (IL->ok[j]) rc = pack_linear(&IL->qkv[j], m, l, &qkv[j], 1, IL->iq[j]);
     if (g > 0 && IL->ok[g + 2]) rc = pack_linear(rest[g - 1], m, l, (const int[]){g + 2}, 1, IL->iq[g + 2]);
-    if (rc) return rc;
-    IL->packed = ++IL->groups == 4;
-    return BQ_OK;
+    if (!rc) IL->groups++;
+    return rc;
 }
 
 /* Gives back the fp32 storage of the weights of group g of layer l that run on integers. */
 static void release_group(const BqInt8Engine *e, BqBert *m, int l, int g) {
     for (int j = g ? g + 2 : 0; j <= g + 2; j++)
         if (e->layers[l].ok[j]) bq_bert_param_release(m, weight_param(m, l, j));
-}
-
-int bq_int8_pack_layer(BqInt8Engine *e, BqBert *m, int l, int release) {
-    for (int g = e->layers[l].groups; g < 4; g++) {
-        int rc = pack_group(e, m, l, g);
-        if (rc) return rc;
-        if (release) release_group(e, m, l, g);
-    }
-    return BQ_OK;
 }
 
 int bq_int8_load_step(BqInt8Engine *e, BqBert *m, int i) {
@@ -371,10 +362,10 @@ int bq_int8_load_step(BqInt8Engine *e, BqBert *m, int i) {
         char n[BQ_NAME_MAX];
         snprintf(n, sizeof n, "bert.encoder.layer.%d.%s", l, group_last[g]);
         if (bq_params_find(&m->params, n) > i) break;
-        int rc = pack_group(e, m, l, g);
+        int rc = pack_group(e, m, l);
         if (rc) return rc;
         release_group(e, m, l, g);
-        if (e->layers[l].packed) e->next_layer++;
+        if (e->layers[l].groups == 4) e->next_layer++;
     }
     return BQ_OK;
 }
@@ -382,7 +373,7 @@ int bq_int8_load_step(BqInt8Engine *e, BqBert *m, int i) {
 int bq_int8_prepare(BqInt8Engine **out, const BqBert *m) {
     int rc = bq_int8_begin(out, m);
     for (int l = 0; l < m->cfg.num_hidden_layers && !rc; l++)
-        while (!rc && !(*out)->layers[l].packed) rc = pack_group(*out, m, l, (*out)->layers[l].groups);
+        while (!rc && (*out)->layers[l].groups < 4) rc = pack_group(*out, m, l);
     if (rc && *out) {
         bq_int8_free(*out);
         *out = NULL;
@@ -662,7 +653,7 @@ static BqBertInput input_slice(const BqBertInput *in, int64_t b0, int64_t nb) {
 int bq_int8_forward(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits) {
     BQ_CHECK(e && m && ctx && ctx->act && in && logits);
     BQ_CHECK(ctx->tape == NULL && !ctx->training); /* inference only */
-    for (int l = 0; l < e->num_layers; l++) BQ_CHECK(e->layers[l].packed); /* bq_int8_begin without every layer */
+    for (int l = 0; l < e->num_layers; l++) BQ_CHECK(e->layers[l].groups == 4); /* bq_int8_begin, not all packed */
     *logits = NULL;
     const BqBertConfig *c = &m->cfg;
     if (!m->quant || e->num_layers != c->num_hidden_layers || e->hidden != c->hidden_size ||

@@ -31,17 +31,15 @@ void bq_int8_free(BqInt8Engine *e);
 
 /* bq_int8_prepare in steps, for packing while a checkpoint loads (export/ckpt.h, BqCkptLoadHook).
  * bq_int8_begin decides from m's quantizers alone which Linears run on integers and makes every check
- * (the errors of bq_int8_prepare, except oneDNN's); it reads no weight. bq_int8_pack_layer packs layer
- * l's integer Linears from m's weights as they are now (each layer once); with release it then gives
- * back the fp32 storage of the weights it packed (bq_bert_param_release): afterwards m runs only
- * through this engine (bq_int8_forward; its biases, LayerNorms, embeddings and head stay fp32 in m).
- * bq_int8_load_step(e, m, i), called after parameter i (table order) is read, packs with release each
- * group of a layer's Linears whose weights and biases have all arrived (query/key/value, then
- * attention.output, intermediate and output), so a load holds at most one group's fp32 weights besides
- * the packed ones (the intermediate's 9 MiB in BERT-base, not a layer's 27 MiB). The engine is complete
- * when every layer is packed. */
+ * (the errors of bq_int8_prepare, except oneDNN's); it reads no weight. bq_int8_load_step(e, m, i),
+ * called after parameter i (table order) is read, packs each group of a layer's Linears whose weights
+ * and biases have all arrived (query/key/value, then attention.output, intermediate and output) from
+ * m's weights as they are now, and gives back the fp32 storage of the weights it packed
+ * (bq_bert_param_release): afterwards m runs only through this engine (bq_int8_forward; its biases,
+ * LayerNorms, embeddings and head stay fp32 in m). So a load holds at most one group's fp32 weights
+ * besides the packed ones (the intermediate's 9 MiB in BERT-base, not a layer's 27 MiB). The engine is
+ * complete when every layer is packed. */
 int bq_int8_begin(BqInt8Engine **out, const BqBert *m);
-int bq_int8_pack_layer(BqInt8Engine *e, BqBert *m, int l, int release);
 int bq_int8_load_step(BqInt8Engine *e, BqBert *m, int i);
 
 /* Bytes the engine holds: integer codes with their oneDNN layouts, scales, bias copies (the integer

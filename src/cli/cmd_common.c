@@ -84,14 +84,15 @@ int bq_cli_engine_select(BqInt8Engine **out, const BqBert *m, BqCliEngine engine
     return BQ_OK;
 }
 
-/* The hook of bq_cli_model_load_engine's load: at the first parameter (the quantizers are loaded by
- * then) it begins the engine, then packs each layer as its parameters arrive. Where the engine refuses
- * the model (BQ_EINVAL) it stays out, and bq_cli_engine_select gives the refusal or the fallback. */
 /* Rows of the word embeddings an evaluation holds (bq_bert_word_rows_attach): 8,192 rows cover the words
  * of a few thousand IMDB reviews before the pool is refilled; 24 MiB at BERT-base's width against the
  * table's 89 MiB. */
 #define WORD_ROWS_POOL 8192
 
+/* The hook of bq_cli_model_load_engine's load: at the first parameter (the quantizers are loaded by
+ * then) it begins the engine, then packs each group of a layer's Linears as its parameters arrive. Where
+ * the engine refuses the model (BQ_EINVAL) it stays out, and bq_cli_engine_select gives the refusal or
+ * the fallback. */
 typedef struct EngineLoad {
     BqInt8Engine *e;
     int begun;
