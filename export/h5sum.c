@@ -54,12 +54,19 @@ static int has_checksum(hid_t ds) {
     return found;
 }
 
+static int read_direct(hid_t ds, const char *file, const char *tensor, float *dst, int *done);
+static _Atomic int64_t direct_reads;
+
+int64_t bq_h5sum_direct_reads(void) { return direct_reads; }
+
 int bq_h5sum_read_f32(hid_t ds, const char *file, const char *tensor, float *dst) {
     hid_t type = H5Dget_type(ds);
-    int st = BQ_OK;
+    int st = BQ_OK, done = 0;
     if (type < 0 || H5Tequal(type, H5T_IEEE_F32LE) <= 0)
         st = bq_err(BQ_EFORMAT, "%s: tensor %s: stored type is not little-endian float32 (file corrupt?)", file,
                     tensor);
+    else if ((st = read_direct(ds, file, tensor, dst, &done)) || done)
+        ;
     else if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
         st = has_checksum(ds) ? bq_err(BQ_EFORMAT, "%s: tensor %s: checksum mismatch (file corrupt)", file, tensor)
                               : bq_err(BQ_EFORMAT, "%s: tensor %s: cannot read (file corrupt?)", file, tensor);
@@ -145,6 +152,18 @@ static void fletcher_add(uint32_t *s1, uint32_t *s2, const uint8_t *p, size_t n)
     *s1 = a, *s2 = b;
 }
 
+/* 1 when the running sums s1, s2 of fletcher_add, folded, give the little-endian checksum word at tail;
+ * HDF5 also accepts the word with the bytes of each half swapped (files of its early versions), and so
+ * does this. */
+static int fletcher_matches(uint32_t s1, uint32_t s2, const uint8_t tail[4]) {
+    s1 = (s1 & 0xffff) + (s1 >> 16);
+    s2 = (s2 & 0xffff) + (s2 >> 16);
+    const uint32_t sum = s2 << 16 | s1,
+                   stored = (uint32_t)tail[0] | (uint32_t)tail[1] << 8 | (uint32_t)tail[2] << 16 | (uint32_t)tail[3] << 24,
+                   swapped = (uint32_t)tail[1] | (uint32_t)tail[0] << 8 | (uint32_t)tail[3] << 16 | (uint32_t)tail[2] << 24;
+    return sum == stored || sum == swapped;
+}
+
 /* Reads n bytes at off into buf; 0 when they all came. */
 static int read_at(int fd, void *buf, size_t n, int64_t off) {
     for (size_t got = 0; got < n;) {
@@ -159,8 +178,8 @@ static int read_at(int fd, void *buf, size_t n, int64_t off) {
     return 0;
 }
 
-/* The Fletcher-32 of bytes [off, off + n) of fd against the little-endian word after them; HDF5 also
- * accepts the word with the bytes of each half swapped (files of its early versions), and so does this. */
+/* The Fletcher-32 of bytes [off, off + n) of fd against the little-endian word after them
+ * (fletcher_matches). */
 static int verify_chunk(const BqH5Rows *r, int64_t off, int64_t n) {
     const size_t piece = (size_t)FLETCHER_BLOCK * 1456; /* 1,048,320 bytes */
     uint8_t *buf = bq_malloc(piece);
@@ -177,12 +196,7 @@ static int verify_chunk(const BqH5Rows *r, int64_t off, int64_t n) {
     if (st)
         return bq_err(BQ_EIO, "%s: tensor %s: cannot read: %s", r->path, r->tensor,
                       errno ? strerror(errno) : "the file ends early");
-    s1 = (s1 & 0xffff) + (s1 >> 16);
-    s2 = (s2 & 0xffff) + (s2 >> 16);
-    const uint32_t sum = s2 << 16 | s1,
-                   stored = (uint32_t)tail[0] | (uint32_t)tail[1] << 8 | (uint32_t)tail[2] << 16 | (uint32_t)tail[3] << 24,
-                   swapped = (uint32_t)tail[1] | (uint32_t)tail[0] << 8 | (uint32_t)tail[3] << 16 | (uint32_t)tail[2] << 24;
-    if (sum != stored && sum != swapped)
+    if (!fletcher_matches(s1, s2, tail))
         return bq_err(BQ_EFORMAT, "%s: tensor %s: checksum mismatch (file corrupt)", r->path, r->tensor);
     return BQ_OK;
 }
@@ -218,6 +232,49 @@ static int row_storage(hid_t ds, int64_t bytes, int64_t *off) {
         return -1;
     *off = (int64_t)a;
     return 1;
+}
+
+/* Tensors of at least this many bytes are read by read_direct: above HDF5's chunk cache (1 MiB by
+ * default) H5Dread reads a checksummed chunk into a buffer of its own, as large as the tensor, and copies
+ * it out, so that loading a Linear's weight took twice its size. */
+#define DIRECT_MIN_BYTES (1 << 20)
+
+/* ds's values straight into dst (bq_h5sum_read_f32's contract) where ds is stored as row_storage reads
+ * (one chunk with Fletcher-32, or contiguous), holds at least DIRECT_MIN_BYTES, and the file is open
+ * through HDF5's default (sec2) driver, whose descriptor is read with pread; the checksum is then computed
+ * over dst itself. *done is 0 where any of that does not hold (the caller reads through HDF5). */
+static int read_direct(hid_t ds, const char *file, const char *tensor, float *dst, int *done) {
+    *done = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    hid_t sp = H5Dget_space(ds);
+    const hssize_t np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+    if (sp >= 0) H5Sclose(sp);
+    const int64_t bytes = (int64_t)np * (int64_t)sizeof(float);
+    int64_t off = 0;
+    const int sum = np > 0 && bytes >= DIRECT_MIN_BYTES ? row_storage(ds, bytes, &off) : -1;
+    if (sum < 0) return BQ_OK;
+    hid_t fid = H5Iget_file_id(ds), fapl = fid >= 0 ? H5Fget_access_plist(fid) : -1;
+    int *fdp = NULL;
+    const int sec2 = fapl >= 0 && H5Pget_driver(fapl) == H5FD_SEC2 &&
+                     H5Fget_vfd_handle(fid, fapl, (void **)&fdp) >= 0 && fdp && *fdp >= 0;
+    const int fd = sec2 ? *fdp : -1;
+    if (fapl >= 0) H5Pclose(fapl);
+    if (fid >= 0) H5Fclose(fid);
+    if (!sec2) return BQ_OK;
+    *done = 1;
+    direct_reads++;
+    uint8_t tail[4];
+    if (read_at(fd, dst, (size_t)bytes, off) || (sum && read_at(fd, tail, 4, off + bytes)))
+        return bq_err(BQ_EIO, "%s: tensor %s: cannot read: %s", file, tensor,
+                      errno ? strerror(errno) : "the file ends early");
+    uint32_t s1 = 0, s2 = 0;
+    if (sum) fletcher_add(&s1, &s2, (const uint8_t *)dst, (size_t)bytes);
+    if (sum && !fletcher_matches(s1, s2, tail))
+        return bq_err(BQ_EFORMAT, "%s: tensor %s: checksum mismatch (file corrupt)", file, tensor);
+#else
+    (void)ds, (void)file, (void)tensor, (void)dst;
+#endif
+    return BQ_OK;
 }
 
 int bq_h5rows_open(BqH5Rows **out, hid_t ds, const char *path, const char *tensor, int64_t rows, int64_t cols) {

@@ -47,8 +47,15 @@ const char *bq_h5_io_reason(void);
 /* Reads the whole float32 dataset ds into dst (its shape already checked by the caller). `file` and
  * `tensor` name it in messages. Errors (BQ_EFORMAT): a stored type other than little-endian IEEE
  * float32, "<file>: tensor <tensor>: checksum mismatch (file corrupt)" when the Fletcher-32 check
- * (or any other read of a checksummed dataset) fails, and a plain read error otherwise. */
+ * (or any other read of a checksummed dataset) fails, and a plain read error otherwise; BQ_EIO
+ * "<file>: tensor <tensor>: cannot read: <reason>" where a tensor read from the file itself
+ * (bq_h5sum_direct_reads) comes up short. */
 int bq_h5sum_read_f32(hid_t ds, const char *file, const char *tensor, float *dst);
+
+/* How many tensors bq_h5sum_read_f32 has read from the file itself rather than through H5Dread (those of
+ * at least 1 MiB, stored as one checksummed chunk or contiguous, in a file opened with HDF5's default
+ * driver): H5Dread would first read such a chunk into a buffer of its own, as large as the tensor. */
+int64_t bq_h5sum_direct_reads(void);
 
 /* A float32 matrix (rows, cols) of an HDF5 file read row by row from the file itself (pread), for a
  * table too large to hold of which a run reads a few rows: the word embeddings of an inference

@@ -3,7 +3,9 @@
  *  - bq_h5rows_open accepts a 2,000 × 256 tensor written by bq_h5sum_write_f32 (its Fletcher-32, summed
  *    over two buffers of the file, a partial 360-word block at the end, agrees with HDF5's) and every row
  *    it reads equals the tensor's; a byte changed inside the data is "checksum mismatch" at open; a
- *    contiguous tensor without checksum (the files of before the filter) reads the same rows;
+ *    contiguous tensor without checksum (the files of before the filter) reads the same rows; the whole
+ *    tensor read by bq_h5sum_read_f32 (from the file itself, past HDF5: bq_h5sum_direct_reads counts it)
+ *    equals it, and the changed byte is "checksum mismatch" there too;
  *  - a random cpu-scheme PTQ (vocabulary 500, hidden 256) saved and loaded with word_rows = 4 (the pool
  *    grows to one forward's 48 tokens and is emptied when full): the word embeddings' storage is given
  *    back (no data, pages not resident), and over 12 random batches the logits equal, bit for bit, those
@@ -111,6 +113,20 @@ static void check_rows_file(const char *dir) {
                 EXPECT(bad == 0, "%s: %d rows differ from the tensor", sum ? "with checksum" : "contiguous", bad);
             }
             bq_err_clear();
+            /* the whole tensor (2 MB) through bq_h5sum_read_f32, which reads it from the file itself */
+            float *whole = bq_malloc(sizeof(float) * R * C);
+            const int64_t direct0 = bq_h5sum_direct_reads();
+            const int wst = bq_h5sum_read_f32(ds, path, "w", whole);
+            EXPECT(bq_h5sum_direct_reads() == direct0 + 1, "%s: the tensor was not read directly",
+                   sum ? "with checksum" : "contiguous");
+            if (corrupt)
+                EXPECT(wst == BQ_EFORMAT && strstr(bq_errmsg(), "checksum mismatch") && strstr(bq_errmsg(), "rows1.h5"),
+                       "a changed byte, whole read: status %d, '%s'", wst, bq_errmsg());
+            else
+                EXPECT(wst == BQ_OK && memcmp(whole, w, sizeof(float) * R * C) == 0, "%s: whole read: status %d, %s",
+                       sum ? "with checksum" : "contiguous", wst, wst ? bq_errmsg() : "values differ");
+            bq_err_clear();
+            free(whole);
             bq_h5rows_close(r);
             H5Dclose(ds);
             H5Fclose(f);
