@@ -395,9 +395,13 @@ int64_t bq_int8_bytes(const BqInt8Engine *e) {
 int bq_int8_linear_count(const BqInt8Engine *e) { return e->nlinear; }
 int bq_int8_fused_layer_count(const BqInt8Engine *e) { return e->use_whole ? e->nwhole : 0; }
 void bq_int8_set_layer_fusion(BqInt8Engine *e, int on) { e->use_whole = on != 0; }
+int64_t bq_int8_step_rows(const BqInt8Engine *e) { return e->step_rows; }
+
 void bq_int8_set_pass_rows(BqInt8Engine *e, int64_t rows) { e->pass_rows = rows > 0 ? rows : BQ_INT8_PASS_ROWS; }
 void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows) {
-    e->step_rows = rows > 0 ? rows : bq_qgemm_exact_8bit() ? BQ_INT8_STEP_ROWS_VNNI : BQ_INT8_STEP_ROWS;
+    const int64_t by_bytes = BQ_INT8_STEP_BYTES / ((int64_t)sizeof(int32_t) * (e->inter > 0 ? e->inter : 1));
+    const int64_t vnni = BQ_INT8_STEP_ROWS_VNNI < by_bytes ? BQ_INT8_STEP_ROWS_VNNI : by_bytes > 0 ? by_bytes : 1;
+    e->step_rows = rows > 0 ? rows : bq_qgemm_exact_8bit() ? vnni : BQ_INT8_STEP_ROWS;
 }
 int bq_int8_gemm_count(const BqInt8Engine *e) { return e->ngemm; }
 

@@ -13,6 +13,8 @@
  *    (1 byte of codes per weight), and so they stay after a forward, when oneDNN's layout has taken the
  *    plain codes' place (the codes are not kept next to it);
  *  - the logits equal, bit for bit, those of the engine prepared from the fully loaded model;
+ *  - the engine's blocks of rows (whose int32 sums it holds at once) are no more than BQ_INT8_STEP_BYTES
+ *    allows for the intermediate's sums (check_step_rows);
  *  - a forward's activations take the room of one layer, not of every layer: the activation arena's
  *    high-water mark of one evaluation forward is the same, to the byte, for 2 and 4 encoder layers, on
  *    the fp32 engine (bq_fp32_forward) and on the integer engine, whose fused layers write their outputs
@@ -32,6 +34,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "autograd/qgemm.h"
 #include "export/ckpt.h"
 #include "layers/bert_fp32.h"
 #include "layers/bert_int8.h"
@@ -50,12 +53,12 @@ static BqBertInput input_of(const Batch *bt) {
     return in;
 }
 
-/* A random model of `layers` encoder layers into m, with a classification head or (qa) a question-answering
- * one; with quant, its cpu-scheme PTQ, max-calibrated on random batches. */
-static void make_model(BqBert *m, int layers, int quant, int qa) {
+/* A random model of `layers` encoder layers into m (intermediate size inter), with a classification head or
+ * (qa) a question-answering one; with quant, its cpu-scheme PTQ, max-calibrated on random batches. */
+static void make_model_inter(BqBert *m, int layers, int quant, int qa, int inter) {
     BqRng rng;
     bq_rng_seed(&rng, 11);
-    BqBertConfig c = bq_test_config(VOCAB, H, layers, 4, I, 64, 2, 0.0f, 0.05f);
+    BqBertConfig c = bq_test_config(VOCAB, H, layers, 4, inter, 64, 2, 0.0f, 0.05f);
     if (qa) c.head = BQ_HEAD_QA;
     BQ_CHECK(bq_bert_create(m, &c, 0, &rng) == BQ_OK);
     if (!quant) return;
@@ -79,6 +82,8 @@ static void make_model(BqBert *m, int layers, int quant, int qa) {
     bq_arena_free(&act);
 }
 
+static void make_model(BqBert *m, int layers, int quant, int qa) { make_model_inter(m, layers, quant, qa, I); }
+
 static void free_model(BqBert *m) {
     bq_quant_free(m->quant);
     m->quant = NULL;
@@ -91,6 +96,29 @@ static void make_checkpoint(const char *dir) {
     make_model(&m, L, 1, 0);
     BQ_CHECK(bq_ckpt_save(&m, dir, NULL, NULL) == BQ_OK);
     free_model(&m);
+}
+
+/* The engine's default block of rows (bq_int8_set_step_rows): BQ_INT8_STEP_ROWS_VNNI where oneDNN sums
+ * 8-bit weights exactly, but no more than keeps the intermediate's int32 sums of a block within
+ * BQ_INT8_STEP_BYTES (an intermediate of 3,072, BERT-base's: 512 rows); BQ_INT8_STEP_ROWS elsewhere. */
+static void check_step_rows(void) {
+    const int vnni = bq_qgemm_exact_8bit();
+    static const int inters[2] = {I, 3072};
+    for (int k = 0; k < 2; k++) {
+        BqBert m;
+        make_model_inter(&m, 1, 1, 0, inters[k]);
+        BqInt8Engine *e = NULL;
+        BQ_CHECK(bq_int8_prepare(&e, &m) == BQ_OK);
+        const int64_t by_bytes = BQ_INT8_STEP_BYTES / (4 * (int64_t)inters[k]);
+        const int64_t want = !vnni ? BQ_INT8_STEP_ROWS : by_bytes < BQ_INT8_STEP_ROWS_VNNI ? by_bytes : BQ_INT8_STEP_ROWS_VNNI;
+        printf("intermediate %d: blocks of %lld rows (%s)\n", inters[k], (long long)bq_int8_step_rows(e),
+               vnni ? "8-bit GEMMs summed exactly by oneDNN" : "no VNNI: the sgemm fallback's blocks");
+        EXPECT(bq_int8_step_rows(e) == want && (!vnni || want == (k ? 512 : 1024)),
+               "intermediate %d: blocks of %lld rows, expected %lld", inters[k], (long long)bq_int8_step_rows(e),
+               (long long)want);
+        bq_int8_free(e);
+        free_model(&m);
+    }
 }
 
 /* The forwards compared by forward_peak. */
@@ -245,6 +273,7 @@ int main(void) {
     bq_test_tmpdir(tmp, sizeof tmp, "int8_memory");
     snprintf(dir, sizeof dir, "%s/ptq", tmp);
     make_checkpoint(dir);
+    check_step_rows();
     BqRng rng;
     bq_rng_seed(&rng, 5);
     Batch bt;
