@@ -949,8 +949,10 @@ IK_512_INLINE void resid_ln_row_512(float *out, uint8_t *codes, const int32_t *a
     for (int64_t n = 0; n < N; n += 16) {
         __m512 v = dequant16(acc + m * N + n, comp + n, scale + n, bias + n);
         const __m512 r = _mm512_loadu_ps(resid + m * N + n);
-        if (fqon) v = fq_apply16(_mm512_add_ps(fq_apply16(v, f[BQ_FQ_LOCAL]), fq_apply16(r, f[BQ_FQ_SKIP])), f[BQ_FQ_SUM]);
-        else v = _mm512_add_ps(v, r);
+        if (fqon)
+            v = fq_apply16(_mm512_add_ps(fq_apply16(v, f[BQ_FQ_LOCAL]), fq_apply16(r, f[BQ_FQ_SKIP])), f[BQ_FQ_SUM]);
+        else
+            v = _mm512_add_ps(v, r);
         _mm512_storeu_ps(y + n, v);
         s8 = sum8_add16(s8, v);
     }

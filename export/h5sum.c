@@ -158,9 +158,11 @@ static void fletcher_add(uint32_t *s1, uint32_t *s2, const uint8_t *p, size_t n)
 static int fletcher_matches(uint32_t s1, uint32_t s2, const uint8_t tail[4]) {
     s1 = (s1 & 0xffff) + (s1 >> 16);
     s2 = (s2 & 0xffff) + (s2 >> 16);
-    const uint32_t sum = s2 << 16 | s1,
-                   stored = (uint32_t)tail[0] | (uint32_t)tail[1] << 8 | (uint32_t)tail[2] << 16 | (uint32_t)tail[3] << 24,
-                   swapped = (uint32_t)tail[1] | (uint32_t)tail[0] << 8 | (uint32_t)tail[3] << 16 | (uint32_t)tail[2] << 24;
+    const uint32_t sum = s2 << 16 | s1;
+    const uint32_t stored = (uint32_t)tail[0] | (uint32_t)tail[1] << 8 | (uint32_t)tail[2] << 16 |
+                            (uint32_t)tail[3] << 24;
+    const uint32_t swapped = (uint32_t)tail[1] | (uint32_t)tail[0] << 8 | (uint32_t)tail[3] << 16 |
+                             (uint32_t)tail[2] << 24;
     return sum == stored || sum == swapped;
 }
 
@@ -241,7 +243,7 @@ static int row_storage(hid_t ds, int64_t bytes, int64_t *off) {
 
 /* ds's values straight into dst (bq_h5sum_read_f32's contract) where ds is stored as row_storage reads
  * (one chunk with Fletcher-32, or contiguous), holds at least DIRECT_MIN_BYTES, and the file is open
- * through HDF5's default (sec2) driver, whose descriptor is read with pread; the checksum is then computed
+ * read-only through HDF5's default (sec2) driver, whose descriptor is read with pread; the checksum is then computed
  * over dst itself. *done is 0 where any of that does not hold (the caller reads through HDF5). */
 static int read_direct(hid_t ds, const char *file, const char *tensor, float *dst, int *done) {
     *done = 0;
@@ -255,8 +257,11 @@ static int read_direct(hid_t ds, const char *file, const char *tensor, float *ds
     if (sum < 0) return BQ_OK;
     hid_t fid = H5Iget_file_id(ds), fapl = fid >= 0 ? H5Fget_access_plist(fid) : -1;
     int *fdp = NULL;
-    const int sec2 = fapl >= 0 && H5Pget_driver(fapl) == H5FD_SEC2 &&
-                     H5Fget_vfd_handle(fid, fapl, (void **)&fdp) >= 0 && fdp && *fdp >= 0;
+    unsigned intent = 0;
+    /* read-only: in a file open for writing, HDF5 may still hold written bytes in its buffers */
+    const int sec2 = fapl >= 0 && H5Fget_intent(fid, &intent) >= 0 && !(intent & H5F_ACC_RDWR) &&
+                     H5Pget_driver(fapl) == H5FD_SEC2 && H5Fget_vfd_handle(fid, fapl, (void **)&fdp) >= 0 && fdp &&
+                     *fdp >= 0;
     const int fd = sec2 ? *fdp : -1;
     if (fapl >= 0) H5Pclose(fapl);
     if (fid >= 0) H5Fclose(fid);

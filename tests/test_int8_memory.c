@@ -110,7 +110,9 @@ static void check_step_rows(void) {
         BqInt8Engine *e = NULL;
         BQ_CHECK(bq_int8_prepare(&e, &m) == BQ_OK);
         const int64_t by_bytes = BQ_INT8_STEP_BYTES / (4 * (int64_t)inters[k]);
-        const int64_t want = !vnni ? BQ_INT8_STEP_ROWS : by_bytes < BQ_INT8_STEP_ROWS_VNNI ? by_bytes : BQ_INT8_STEP_ROWS_VNNI;
+        const int64_t want = !vnni                              ? BQ_INT8_STEP_ROWS
+                             : by_bytes < BQ_INT8_STEP_ROWS_VNNI ? by_bytes
+                                                                 : BQ_INT8_STEP_ROWS_VNNI;
         printf("intermediate %d: blocks of %lld rows (%s)\n", inters[k], (long long)bq_int8_step_rows(e),
                vnni ? "8-bit GEMMs summed exactly by oneDNN" : "no VNNI: the sgemm fallback's blocks");
         EXPECT(bq_int8_step_rows(e) == want && (!vnni || want == (k ? 512 : 1024)),
