@@ -243,8 +243,9 @@ static int row_storage(hid_t ds, int64_t bytes, int64_t *off) {
 
 /* ds's values straight into dst (bq_h5sum_read_f32's contract) where ds is stored as row_storage reads
  * (one chunk with Fletcher-32, or contiguous), holds at least DIRECT_MIN_BYTES, and the file is open
- * read-only through HDF5's default (sec2) driver, whose descriptor is read with pread; the checksum is then computed
- * over dst itself. *done is 0 where any of that does not hold (the caller reads through HDF5). */
+ * read-only through HDF5's default (sec2) driver, whose descriptor is read with pread; the checksum is
+ * then computed over dst itself. *done is 0 where any of that does not hold (the caller reads through
+ * HDF5). */
 static int read_direct(hid_t ds, const char *file, const char *tensor, float *dst, int *done) {
     *done = 0;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
