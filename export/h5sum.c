@@ -236,16 +236,13 @@ static int row_storage(hid_t ds, int64_t bytes, int64_t *off) {
     return 1;
 }
 
-/* Tensors of at least this many bytes are read by read_direct: above HDF5's chunk cache (1 MiB by
- * default) H5Dread reads a checksummed chunk into a buffer of its own, as large as the tensor, and copies
- * it out, so that loading a Linear's weight took twice its size. */
-#define DIRECT_MIN_BYTES (1 << 20)
-
 /* ds's values straight into dst (bq_h5sum_read_f32's contract) where ds is stored as row_storage reads
- * (one chunk with Fletcher-32, or contiguous), holds at least DIRECT_MIN_BYTES, and the file is open
- * read-only through HDF5's default (sec2) driver, whose descriptor is read with pread; the checksum is
- * then computed over dst itself. *done is 0 where any of that does not hold (the caller reads through
- * HDF5). */
+ * (one chunk with Fletcher-32, or contiguous) and the file is open read-only through HDF5's default
+ * (sec2) driver, whose descriptor is read with pread; the checksum is then computed over dst itself.
+ * H5Dread would read a checksummed chunk larger than its chunk cache (1 MiB by default) into a buffer of
+ * its own, as large as the tensor, and copy it out, so that loading a Linear's weight took twice its
+ * size; every tensor takes this path, so that the small ones of the tests and fuzz targets exercise it.
+ * *done is 0 where any of that does not hold (the caller reads through HDF5). */
 static int read_direct(hid_t ds, const char *file, const char *tensor, float *dst, int *done) {
     *done = 0;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -254,7 +251,7 @@ static int read_direct(hid_t ds, const char *file, const char *tensor, float *ds
     if (sp >= 0) H5Sclose(sp);
     const int64_t bytes = (int64_t)np * (int64_t)sizeof(float);
     int64_t off = 0;
-    const int sum = np > 0 && bytes >= DIRECT_MIN_BYTES ? row_storage(ds, bytes, &off) : -1;
+    const int sum = np > 0 ? row_storage(ds, bytes, &off) : -1;
     if (sum < 0) return BQ_OK;
     hid_t fid = H5Iget_file_id(ds), fapl = fid >= 0 ? H5Fget_access_plist(fid) : -1;
     int *fdp = NULL;

@@ -53,9 +53,8 @@ const char *bq_h5_io_reason(void);
 int bq_h5sum_read_f32(hid_t ds, const char *file, const char *tensor, float *dst);
 
 /* How many tensors bq_h5sum_read_f32 has read from the file itself rather than through H5Dread (those
- * of at least 1 MiB, stored as one checksummed chunk or contiguous, in a file opened read-only with
- * HDF5's default driver): H5Dread would first read such a chunk into a buffer of its own, as large as
- * the tensor. */
+ * stored as one checksummed chunk or contiguous, in a file opened read-only with HDF5's default driver):
+ * H5Dread would first read a chunk beyond its cache into a buffer of its own, as large as the tensor. */
 int64_t bq_h5sum_direct_reads(void);
 
 /* A float32 matrix (rows, cols) of an HDF5 file read row by row from the file itself (pread), for a

@@ -11,7 +11,8 @@
  *  - a random cpu-scheme PTQ (vocabulary 500, hidden 256) saved and loaded with word_rows = 4 (the pool
  *    grows to one forward's words, then gives rows to new words): the word embeddings' storage is given
  *    back (no data, pages not resident), and over 12 random batches the logits equal, bit for bit, those
- *    of the model loaded whole, on the fp32 engine and the fake-quant forward (a load without the engine)
+ *    of the model loaded whole (every parameter read from the file itself, bq_h5sum_direct_reads), on the
+ *    fp32 engine and the fake-quant forward (a load without the engine)
  *    and on the int8 engine packed while loading; rows were given to other words;
  *  - the file cut short after the load: a forward that needs a row not fetched yet fails with a message
  *    naming model.h5 and the row (no crash), and the model is freed cleanly;
@@ -291,7 +292,10 @@ static void check_same_logits(const char *dir) {
     for (int fwd = FWD_FP32; fwd <= FWD_INT8; fwd++) {
         BqBert whole, rows;
         Load lw = {.engine = fwd == FWD_INT8}, lr = {.engine = fwd == FWD_INT8};
+        const int64_t direct0 = bq_h5sum_direct_reads();
         BQ_CHECK(load(&whole, dir, 0, &lw) == BQ_OK);
+        EXPECT(bq_h5sum_direct_reads() - direct0 >= whole.params.n, "%s: %lld of %d parameters read from the file "
+               "itself", name[fwd], (long long)(bq_h5sum_direct_reads() - direct0), whole.params.n);
         EXPECT(load(&rows, dir, 4, &lr) == BQ_OK, "%s: load with the rows from the file: %s", name[fwd], bq_errmsg());
         if (fails) return;
         /* the fp32 engine on the checkpoint's float weights: its quantizers set aside meanwhile */
