@@ -135,9 +135,8 @@ void bq_bert_param_release(BqBert *m, int i);
  * 89 MiB in BERT-base) is most of what fp32 it holds while a run reads the rows of a few thousand words.
  * Each forward fetches the rows of its words not in the pool yet into a pool of `rows` rows (at least one
  * forward's distinct words: it grows to the largest), a new word taking the row of one not used lately
- * once it is full (layers/word_rows.h); the embedding reads the pool,
- * so the values and the logits are those of the held table, bit for bit. close(user) (may be NULL) runs
- * when m is freed. Forwards only: with a tape the forward aborts. A fetch error fails the forward with
+ * once it is full (layers/word_rows.h); the embedding reads the pool, so the values and the logits are
+ * those of the held table, bit for bit. close(user) (may be NULL) runs when m is freed. Forwards only: with a tape the forward aborts. A fetch error fails the forward with
  * its message. */
 void bq_bert_word_rows_attach(BqBert *m, BqRowFetch fetch, void (*close)(void *), void *user, int64_t rows);
 

@@ -399,9 +399,13 @@ int64_t bq_int8_step_rows(const BqInt8Engine *e) { return e->step_rows; }
 
 void bq_int8_set_pass_rows(BqInt8Engine *e, int64_t rows) { e->pass_rows = rows > 0 ? rows : BQ_INT8_PASS_ROWS; }
 void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows) {
-    const int64_t by_bytes = BQ_INT8_STEP_BYTES / ((int64_t)sizeof(int32_t) * (e->inter > 0 ? e->inter : 1));
-    const int64_t vnni = BQ_INT8_STEP_ROWS_VNNI < by_bytes ? BQ_INT8_STEP_ROWS_VNNI : by_bytes > 0 ? by_bytes : 1;
-    e->step_rows = rows > 0 ? rows : bq_qgemm_exact_8bit() ? vnni : BQ_INT8_STEP_ROWS;
+    if (rows > 0 || !bq_qgemm_exact_8bit()) {
+        e->step_rows = rows > 0 ? rows : BQ_INT8_STEP_ROWS;
+        return;
+    }
+    /* the intermediate's int32 sums of a block within BQ_INT8_STEP_BYTES (e->inter > 0: a validated config) */
+    const int64_t by_bytes = BQ_INT8_STEP_BYTES / ((int64_t)sizeof(int32_t) * e->inter);
+    e->step_rows = by_bytes < 1 ? 1 : by_bytes < BQ_INT8_STEP_ROWS_VNNI ? by_bytes : BQ_INT8_STEP_ROWS_VNNI;
 }
 int bq_int8_gemm_count(const BqInt8Engine *e) { return e->ngemm; }
 

@@ -73,9 +73,9 @@ void bq_int8_set_layer_fusion(BqInt8Engine *e, int on);
  * of 128 tokens: about 3 % faster than 4096 rows on Zen 5, MiniLM and BERT-base, bench_int8's sweep),
  * and fewer where the intermediate's int32 sums of that many rows would pass BQ_INT8_STEP_BYTES
  * (BERT-base: 512 rows, 6 instead of 12 MiB; as fast on Zen 5, the sweep's 256 to 1024 rows within its
- * noise); elsewhere BQ_INT8_STEP_ROWS, 32 sequences of 128 tokens, the fastest there (Zen 3). Every block of a
- * larger batch has the shape of the first, so the blocks share their oneDNN primitives and weight
- * layouts. rows <= 0 restores the default (tests set small blocks). */
+ * noise); elsewhere BQ_INT8_STEP_ROWS, 32 sequences of 128 tokens, the fastest there (Zen 3). Every
+ * block of a larger batch has the shape of the first, so the blocks share their oneDNN primitives and
+ * weight layouts. rows <= 0 restores the default (tests set small blocks); bq_int8_step_rows reads it. */
 #define BQ_INT8_STEP_ROWS 4096
 #define BQ_INT8_STEP_ROWS_VNNI 1024
 #define BQ_INT8_STEP_BYTES (6 << 20)
