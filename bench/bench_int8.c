@@ -8,7 +8,7 @@
  * oneDNN's ISA, the OpenBLAS kernel, the median latency of each path (paths alternate within each
  * round) and the ratios. BQ_SWEEP_ROWS=N instead times the int8 forward at batch 32 for each block size
  * of the fused layers (bq_int8_set_step_rows), median of N rounds: the figure that sets
- * BQ_INT8_STEP_ROWS and BQ_INT8_STEP_ROWS_VNNI (layers/bert_int8.h) on a new CPU. */
+ * BQ_FUSED_BLOCK_ROWS (layers/bert_fused.h) on a new CPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,8 +3,8 @@
  * all-MiniLM-L6-v2 (N×K: 1152×384 query/key/value, 384×384, 1536×384, 384×1536) and of BERT-base
  * (2304×768, 768×768, 3072×768, 768×3072), at M = 128 to 4,096 rows. Prints the CPU, oneDNN's ISA, and
  * per model and M the four GEMMs' combined rate (their 2·M·N·K operations over their summed best time)
- * and each one's. The figure behind the block size of the fused layers (BQ_INT8_STEP_ROWS_VNNI,
- * layers/bert_int8.h) on a new CPU, beside bench_int8's BQ_SWEEP_ROWS sweep of the whole forward.
+ * and each one's. The figure behind the block size of the fused layers (BQ_FUSED_BLOCK_ROWS,
+ * layers/bert_fused.h) on a new CPU, beside bench_int8's BQ_SWEEP_ROWS sweep of the whole forward.
  *
  * Usage: bench_qgemm [ROWS...]   (default 128 256 512 1024 4096). Threads: BQ_THREADS (default all
  * cores). Each GEMM runs until about 0.2 s have passed, best of 3 such runs. */

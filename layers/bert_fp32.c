@@ -123,7 +123,8 @@ int bq_fp32_forward(BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **log
     BQ_CHECK(m && ctx && ctx->act && in && logits);
     BQ_CHECK(ctx->tape == NULL && !ctx->training); /* inference only */
     if (!bq_fp32_fused_layer_count(m)) return bq_bert_forward(m, ctx, in, logits, NULL);
-    BqFusedEngine e = {.user = m, .codes = 0, .layer_ok = layer_ok, .linear = linear_step};
+    BqFusedEngine e = {.user = m, .codes = 0, .mlp_rows = bq_fused_block_rows(m->cfg.intermediate_size),
+                       .layer_ok = layer_ok, .linear = linear_step};
     BqFusedRun run = {.e = &e, .m = m, .keep = in->hidden != NULL};
     BqLinearHook hook = {.user = &run, .run = linear_run, .layer = bq_fused_layer};
     return bq_bert_forward_hooked(m, ctx, in, &hook, logits, NULL);

@@ -25,28 +25,27 @@ static BqFusedAct act_token0(BqCtx *ctx, const BqFusedAct *a, int64_t B, int64_t
 }
 
 /* The room for a layer's output of shape (ndim, shape) on input x, and for its codes when next (the next
- * layer reads them): unless r->keep, the buffer of r that x does not occupy, both buffers taken from
- * ctx->act at the forward's first fused layer with room for x's values (no later output is larger: every
- * layer's input has the batch's shape, and the [CLS]-only last layer's output is smaller); with r->keep,
- * new room in ctx->act. */
-static BqTensor *out_room(BqFusedRun *r, BqCtx *ctx, const BqTensor *x, int ndim, const int64_t *shape, int next,
+ * layer reads them). Unless r->keep: x's own values, which the layer reads last in the attention output's
+ * residual, before it writes any output row (no output is larger than x: every layer's input has the
+ * batch's shape, and the [CLS]-only last layer's output is smaller), and r->codes, taken from ctx->act at
+ * the forward's first fused layer that writes codes, with room for x's values (the layer's input codes,
+ * when they are r->codes, are read only by its first bracket). With r->keep, new room in ctx->act. */
+static BqTensor *out_room(BqFusedRun *r, BqCtx *ctx, BqTensor *x, int ndim, const int64_t *shape, int next,
                           uint8_t **codes) {
     const int64_t n = shape[0] * shape[1] * (ndim == 3 ? shape[2] : 1);
     if (r->keep) {
         *codes = next ? bq_arena_alloc(ctx->act, (size_t)n) : NULL;
         return bq_tensor_new(ctx, ndim, shape);
     }
-    if (!r->buf_n) {
-        r->buf_n = bq_tensor_numel(x);
-        for (int i = 0; i < 2; i++) {
-            r->buf[i] = bq_arena_alloc(ctx->act, (size_t)r->buf_n * sizeof(float));
-            r->buf_codes[i] = r->e->codes ? bq_arena_alloc(ctx->act, (size_t)r->buf_n) : NULL;
-        }
+    BQ_CHECK(n <= bq_tensor_numel(x));
+    if (next && !r->codes) {
+        r->codes_n = bq_tensor_numel(x);
+        r->codes = bq_arena_alloc(ctx->act, (size_t)r->codes_n);
     }
-    BQ_CHECK(n <= r->buf_n);
-    const int slot = x->data == r->buf[0]; /* the buffer the input is not in */
-    *codes = next ? r->buf_codes[slot] : NULL;
-    r->out[slot] = bq_tensor_wrap(r->buf[slot], NULL, ndim, shape);
+    BQ_CHECK(!next || n <= r->codes_n);
+    *codes = next ? r->codes : NULL;
+    const int slot = x == &r->out[0]; /* the header x is not: the layer still reads x's shape */
+    r->out[slot] = bq_tensor_wrap(x->data, NULL, ndim, shape);
     return &r->out[slot];
 }
 
@@ -58,6 +57,17 @@ static int run_step(const BqFusedEngine *e, BqCtx *ctx, int l, const BqFusedAct 
     const int st = e->linear(e->user, ctx, l, in, s, out);
     bq_arena_rewind(ctx->act, mark);
     return st;
+}
+
+static int64_t g_block_rows; /* bq_fused_set_block_rows; 0: the default */
+
+void bq_fused_set_block_rows(int64_t rows) { g_block_rows = rows > 0 ? rows : 0; }
+
+int64_t bq_fused_block_rows(int64_t inter) {
+    BQ_CHECK(inter > 0);
+    if (g_block_rows) return g_block_rows;
+    const int64_t by_bytes = BQ_FUSED_BLOCK_BYTES / (4 * inter);
+    return by_bytes < 1 ? 1 : by_bytes < BQ_FUSED_BLOCK_ROWS ? by_bytes : BQ_FUSED_BLOCK_ROWS;
 }
 
 int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask, int cls_only, BqTensor **y) {
@@ -83,8 +93,9 @@ int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask
 
     BqFusedAct in = {x->data, NULL};
     if (e->codes)
-        in.codes = r->pend_src == x->data && r->pend_codes ? r->pend_codes
-                                                            : e->quantize_input(e->user, ctx, l, x->data, M * H);
+        in.codes = r->pend_src == x->data && r->pend_layer == l - 1 && r->pend_codes
+                       ? r->pend_codes
+                       : e->quantize_input(e->user, ctx, l, x->data, M * H);
 
     /* BertSelfAttention: the query/key/value product and the attention block */
     BqFusedAct cx = act_new(ctx, M, H, !e->codes, e->codes);
@@ -104,21 +115,26 @@ int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask
                       .lnw = L->ln1_w.data, .lnb = L->ln1_b.data, .eps = c->layer_norm_eps};
     if ((st = run_step(e, ctx, l, &cx, &s, &a))) goto cleanup;
 
-    /* BertIntermediate: gelu(dense(a)) */
-    BqFusedAct h = act_new(ctx, R, NI, !e->codes, e->codes);
-    s = (BqFusedStep){.id = BQ_LIN_I, .rows = R, .N = NI};
-    if ((st = run_step(e, ctx, l, &a, &s, &h))) goto cleanup;
-
-    /* BertOutput: LayerNorm(dense(h) + a) */
-    BqFusedAct out = {o->data, next_codes};
-    s = (BqFusedStep){.id = BQ_LIN_O, .rows = R, .N = H, .resid = a.f,
-                      .lnw = L->ln2_w.data, .lnb = L->ln2_b.data, .eps = c->layer_norm_eps};
-    st = run_step(e, ctx, l, &h, &s, &out);
+    /* BertIntermediate and BertOutput, e->mlp_rows rows at a time: h = gelu(dense(a)) of a block, then
+     * LayerNorm(dense(h) + a) of its rows, so h takes one block's room (every op is row-wise) */
+    const int64_t mb = e->mlp_rows > 0 && e->mlp_rows < R ? e->mlp_rows : R;
+    BqFusedAct h = act_new(ctx, mb, NI, !e->codes, e->codes);
+    for (int64_t r0 = 0; r0 < R; r0 += mb) {
+        const int64_t rb = R - r0 < mb ? R - r0 : mb;
+        BqFusedAct ab = {a.f + r0 * H, a.codes ? a.codes + r0 * H : NULL};
+        s = (BqFusedStep){.id = BQ_LIN_I, .rows = rb, .N = NI};
+        if ((st = run_step(e, ctx, l, &ab, &s, &h))) goto cleanup;
+        BqFusedAct out = {o->data + r0 * H, next_codes ? next_codes + r0 * H : NULL};
+        s = (BqFusedStep){.id = BQ_LIN_O, .rows = rb, .N = H, .resid = a.f + r0 * H,
+                          .lnw = L->ln2_w.data, .lnb = L->ln2_b.data, .eps = c->layer_norm_eps};
+        if ((st = run_step(e, ctx, l, &h, &s, &out))) goto cleanup;
+    }
 cleanup:
     bq_arena_rewind(ctx->act, mark);
     if (st) return st;
     r->pend_src = o->data;
     r->pend_codes = next_codes;
+    r->pend_layer = l;
     *y = o;
     return BQ_OK;
 }

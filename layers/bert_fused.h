@@ -15,10 +15,12 @@
  * both. An engine with codes (BqFusedEngine.codes) passes codes between its Linears and floats only
  * where the layer reads them again (a, the residual of y; y, the layer's output).
  *
- * Memory: a forward's fused layers write their outputs (floats, and codes for the next layer when
- * asked) into two buffers of BqFusedRun taken from ctx->act at its first fused layer, alternately: layer
- * l reads the buffer layer l-1 wrote and writes the other one, so the outputs take two layers' room
- * however many layers the model has. Every temporary is taken after them: the activations between the
+ * Memory: a fused layer writes its output over its input x, which it reads last as the residual of the
+ * attention output's LayerNorm, before the layers's last bracket writes any output row; codes for the next
+ * layer go to one buffer of BqFusedRun, taken from ctx->act at the forward's first fused layer that
+ * writes codes (the layer's own input codes, read by its first bracket only, may be in it). So the
+ * outputs take one layer's room however many layers the model has, the embeddings' output included.
+ * Every temporary is taken after them: the activations between the
  * brackets (context, a, h) are given back when the layer ends, and what an engine takes inside one
  * bracket (BqFusedEngine.linear's int32 sums or float products, the attention's scratch) when the bracket
  * ends, so a forward holds one layer's activations and one bracket's scratch at a time. A caller that
@@ -57,6 +59,9 @@ typedef struct BqFusedStep {
 typedef struct BqFusedEngine {
     void *user;
     int codes; /* 1: the Linears read codes (int8); 0: floats (fp32, bf16) */
+    /* the intermediate and output dense run on blocks of at most this many rows (<= 0: all rows at once),
+     * one block's intermediate activations at a time */
+    int64_t mlp_rows;
     /* 1 when layer l runs fused in this engine (else the forward runs it op by op) */
     int (*layer_ok)(void *user, int l);
     /* One bracket (see BqFusedStep) on in (rows of the input, floats and/or codes) into out; scratch
@@ -67,19 +72,30 @@ typedef struct BqFusedEngine {
 } BqFusedEngine;
 
 /* State of one forward through fused layers. Set e, m and keep, zero the rest before a forward; the
- * tensors a layer returns live as long as the run and its arena (and, unless keep, until the layer
- * after next overwrites them). */
+ * tensors a layer returns live as long as the run and its arena (and, unless keep, until the next layer
+ * overwrites them: a fused layer's input is its output's room). */
 typedef struct BqFusedRun {
     const BqFusedEngine *e;
     const BqBert *m;
     int keep;               /* 1: every layer's output gets its own room (the caller keeps them all) */
-    const float *pend_src;  /* the last layer's output, and its codes for the next layer (or NULL) */
+    const float *pend_src;  /* the last fused layer's output, and its codes for the next layer (or NULL) */
     uint8_t *pend_codes;
-    float *buf[2];          /* unless keep: the two output buffers, (B·T·H) floats each */
-    uint8_t *buf_codes[2];  /* the codes of each buffer's rows for the next layer (codes engines) */
-    int64_t buf_n;          /* values each buffer holds; 0 until the first fused layer */
-    BqTensor out[2];        /* the views of buf returned as the layers' outputs */
+    int pend_layer;         /* the layer that wrote them */
+    uint8_t *codes;         /* unless keep: the codes of a layer's output for the next layer (codes engines) */
+    int64_t codes_n;        /* values codes holds; 0 until a fused layer writes codes */
+    BqTensor out[2];        /* the headers of the layers' outputs, in turn (the input's header stays valid) */
 } BqFusedRun;
+
+/* The default block of the fused layers: BQ_FUSED_BLOCK_ROWS rows (8 sequences of 128 tokens), fewer where
+ * a block's intermediate activations, `inter` int32 sums or floats per row, would pass BQ_FUSED_BLOCK_BYTES
+ * (BERT-base: 512 rows, 6 MiB); at least 1. The integer engine's steps (bq_int8_set_step_rows) and the
+ * fp32 engine's intermediate and output dense (BqFusedEngine.mlp_rows) run in such blocks. */
+#define BQ_FUSED_BLOCK_ROWS 1024
+#define BQ_FUSED_BLOCK_BYTES (6 << 20)
+int64_t bq_fused_block_rows(int64_t inter);
+/* Blocks of `rows` rows for every model from the next forward (fp32) or engine preparation (int8) on,
+ * instead of the default (tests run blocks smaller than their batches); rows <= 0 restores the default. */
+void bq_fused_set_block_rows(int64_t rows);
 
 /* The BqLinearHook.layer callback (layers/bert.h) of every engine: user is a BqFusedRun. Leaves *y NULL
  * when layer l is not fused in this engine or x is not a contiguous (B,T,H). */

@@ -399,13 +399,11 @@ int64_t bq_int8_step_rows(const BqInt8Engine *e) { return e->step_rows; }
 
 void bq_int8_set_pass_rows(BqInt8Engine *e, int64_t rows) { e->pass_rows = rows > 0 ? rows : BQ_INT8_PASS_ROWS; }
 void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows) {
-    if (rows > 0 || !bq_qgemm_exact_8bit()) {
-        e->step_rows = rows > 0 ? rows : BQ_INT8_STEP_ROWS;
+    if (rows > 0) {
+        e->step_rows = rows;
         return;
     }
-    /* the intermediate's int32 sums of a block within BQ_INT8_STEP_BYTES (e->inter > 0: a validated config) */
-    const int64_t by_bytes = BQ_INT8_STEP_BYTES / ((int64_t)sizeof(int32_t) * e->inter);
-    e->step_rows = by_bytes < 1 ? 1 : by_bytes < BQ_INT8_STEP_ROWS_VNNI ? by_bytes : BQ_INT8_STEP_ROWS_VNNI;
+    e->step_rows = bq_fused_block_rows(e->inter); /* e->inter > 0: a validated config */
 }
 int bq_int8_gemm_count(const BqInt8Engine *e) { return e->ngemm; }
 
@@ -637,7 +635,7 @@ static int hook_run(void *user, BqCtx *ctx, int l, BqLinearId id, BqTensor *x, c
 
 /* One forward of the whole model on the batch in. */
 static int forward_pass(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits) {
-    BqFusedEngine fe = {.user = e, .codes = 1, .layer_ok = layer_ok, .linear = linear_step,
+    BqFusedEngine fe = {.user = e, .codes = 1, .mlp_rows = e->step_rows, .layer_ok = layer_ok, .linear = linear_step,
                         .quantize_input = quantize_input};
     BqFusedRun run = {.e = &fe, .m = m, .keep = in->hidden != NULL};
     BqLinearHook hook = {.user = &run, .run = hook_run, .layer = bq_fused_layer};

@@ -65,31 +65,27 @@ const char *bq_int8_fp32_linears(const BqInt8Engine *e, char *buf, size_t n);
 int bq_int8_fused_layer_count(const BqInt8Engine *e);
 void bq_int8_set_layer_fusion(BqInt8Engine *e, int on);
 /* A fused layer's GEMM and its epilogue cover at most this many rows at once (whole sequences for the
- * query/key/value product and its attention): a step on more rows runs in blocks, so its int32 sums
- * take one block's room, not the batch's. The results are the same bits for any block size (the sums
- * are exact, every epilogue is row-wise and the attention is per sequence). The default is
- * BQ_INT8_STEP_ROWS_VNNI rows where oneDNN sums 8-bit weights with VNNI or AMX (bq_qgemm_exact_8bit):
- * there the GEMMs are fast enough that keeping a block's sums in cache for its pass pays (8 sequences
- * of 128 tokens: about 3 % faster than 4096 rows on Zen 5, MiniLM and BERT-base, bench_int8's sweep),
- * and fewer where the intermediate's int32 sums of that many rows would pass BQ_INT8_STEP_BYTES
- * (BERT-base: 512 rows, 6 instead of 12 MiB; as fast on Zen 5, the sweep's 256 to 1024 rows within its
- * noise); elsewhere BQ_INT8_STEP_ROWS, 32 sequences of 128 tokens, the fastest there (Zen 3). Every
- * block of a larger batch has the shape of the first, so the blocks share their oneDNN primitives and
- * weight layouts. rows <= 0 restores the default (tests set small blocks); bq_int8_step_rows reads it. */
-#define BQ_INT8_STEP_ROWS 4096
-#define BQ_INT8_STEP_ROWS_VNNI 1024
-#define BQ_INT8_STEP_BYTES (6 << 20)
+ * query/key/value product and its attention; the intermediate and output dense one block after the
+ * other, BqFusedEngine.mlp_rows): a step on more rows runs in blocks, so its int32 sums take one block's
+ * room, not the batch's. The results are the same bits for any block size (the sums are exact, every
+ * epilogue is row-wise and the attention is per sequence). The default is bq_fused_block_rows
+ * (layers/bert_fused.h: 1024 rows, BERT-base 512) on every CPU: bench_int8's sweep (batch 32) puts it at
+ * least as fast as blocks of 4096 rows; with VNNI (Zen 5) keeping a block's sums in cache for its pass
+ * gains about 3 %, MiniLM and BERT-base; on AVX2 (Zen 3) MiniLM's 1024-row and 4096-row blocks are
+ * within the sweep's noise and BERT-base's 512-row blocks 4 % faster. Every block of a larger batch has
+ * the shape of the first, so the blocks share their oneDNN primitives and weight layouts. rows <= 0
+ * restores the default (tests set small blocks); bq_int8_step_rows reads it. */
 void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows);
 int64_t bq_int8_step_rows(const BqInt8Engine *e);
 
 /* A forward covers at most this many rows at once (whole examples, at least one): a larger batch runs
  * in passes of the whole model, each on its own examples, so the activations take one pass's room
- * whatever the batch (BERT-base at batch 64 and 128 tokens: 2 passes, 87 instead of 162 MiB of
- * activations). The results are the same bits (every example's computation is its own). Not smaller
- * by default: a pass reads every weight again, and 8 sequences of 128 tokens per pass cost 2-4 % of the
- * batch-32 forward on Zen 5 against one pass, where the fused layers' blocks of the same rows reuse each
- * weight from cache. rows <= 0 restores the default (tests set small passes). One pass whenever the
- * forward keeps every layer's output (BqBertInput.hidden). */
+ * whatever the batch (BERT-base at batch 64 and 128 tokens: 2 passes). The results are the same bits
+ * (every example's computation is its own). Not smaller by default: a pass reads every weight again, and
+ * 8 sequences of 128 tokens per pass cost 2-4 % of the batch-32 forward on Zen 5 against one pass, where
+ * the fused layers' blocks of the same rows reuse each weight from cache. rows <= 0 restores the default
+ * (tests set small passes). One pass whenever the forward keeps every layer's output
+ * (BqBertInput.hidden). */
 #define BQ_INT8_PASS_ROWS 4096
 void bq_int8_set_pass_rows(BqInt8Engine *e, int64_t rows);
 

@@ -3,7 +3,8 @@
  * batches:
  *  - every encoder layer runs fused (bq_fp32_fused_layer_count), classification and QA heads, T = 24
  *    (the vector softmax) and T = 13 (the scalar tail);
- *  - each layer's output and the logits within the bound below of the reference;
+ *  - each layer's output and the logits within the bound below of the reference, also with the intermediate
+ *    and output dense in blocks of 7 rows (bq_fused_set_block_rows: blocks that split sequences);
  *  - the fused kernels (attention, bias + GELU, bias + residual + LayerNorm) give the same bits on 1 and 2
  *    threads. (The whole forward inherits the thread behaviour of OpenBLAS's sgemm, which the op-by-op
  *    forward shares: on small shapes like these its 1- and 2-thread results already differ there.)
@@ -45,6 +46,7 @@
 #include "autograd/tensor.h"
 #include "layers/bert.h"
 #include "layers/bert_fp32.h"
+#include "layers/bert_fused.h"
 #include "tests/test_util.h"
 
 
@@ -186,6 +188,10 @@ int main(void) {
         const BqPrecision prec = p ? BQ_PRECISION_BF16 : BQ_PRECISION_FP32;
         compare(&m, &act, 24, "classification", prec);
         compare(&m, &act, 13, "classification", prec);
+        bq_fused_set_block_rows(7);
+        compare(&m, &act, 24, "classification, blocks of 7 rows", prec);
+        compare(&m, &act, 13, "classification, blocks of 7 rows", prec);
+        bq_fused_set_block_rows(0);
     }
     BqRng hr;
     bq_rng_seed(&hr, 3);

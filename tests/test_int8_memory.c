@@ -13,12 +13,13 @@
  *    (1 byte of codes per weight), and so they stay after a forward, when oneDNN's layout has taken the
  *    plain codes' place (the codes are not kept next to it);
  *  - the logits equal, bit for bit, those of the engine prepared from the fully loaded model;
- *  - the engine's blocks of rows (whose int32 sums it holds at once) are no more than BQ_INT8_STEP_BYTES
+ *  - the engine's blocks of rows (whose int32 sums it holds at once) are no more than BQ_FUSED_BLOCK_BYTES
  *    allows for the intermediate's sums (check_step_rows);
  *  - a forward's activations take the room of one layer, not of every layer: the activation arena's
  *    high-water mark of one evaluation forward is the same, to the byte, for 2 and 4 encoder layers, on
  *    the fp32 engine (bq_fp32_forward) and on the integer engine, whose fused layers write their outputs
- *    into two alternating buffers (layers/bert_fused.h), and on the fake-quant forward op by op
+ *    over their inputs (layers/bert_fused.h: keeping every layer's output then takes at least the room of
+ *    the three full-size outputs more), and on the fake-quant forward op by op
  *    (bq_bert_forward, the path of the ort and qdqbert schemes), which copies each layer's output into
  *    one of two buffers and gives the layer's activations back; keeping every layer's output
  *    (BqBertInput.hidden) takes more room and gives the same logits, bit for bit; the integer engine in
@@ -37,6 +38,7 @@
 #include "autograd/qgemm.h"
 #include "export/ckpt.h"
 #include "layers/bert_fp32.h"
+#include "layers/bert_fused.h"
 #include "layers/bert_int8.h"
 #include "layers/quant.h"
 #include "tests/test_util.h"
@@ -98,24 +100,20 @@ static void make_checkpoint(const char *dir) {
     free_model(&m);
 }
 
-/* The engine's default block of rows (bq_int8_set_step_rows): BQ_INT8_STEP_ROWS_VNNI where oneDNN sums
- * 8-bit weights exactly, but no more than keeps the intermediate's int32 sums of a block within
- * BQ_INT8_STEP_BYTES (an intermediate of 3,072, BERT-base's: 512 rows); BQ_INT8_STEP_ROWS elsewhere. */
+/* The engine's default block of rows (bq_int8_set_step_rows), on every CPU: BQ_FUSED_BLOCK_ROWS, but no more
+ * than keeps the intermediate's int32 sums of a block within BQ_FUSED_BLOCK_BYTES (an intermediate of 3,072,
+ * BERT-base's: 512 rows). */
 static void check_step_rows(void) {
-    const int vnni = bq_qgemm_exact_8bit();
     static const int inters[2] = {I, 3072};
     for (int k = 0; k < 2; k++) {
         BqBert m;
         make_model_inter(&m, 1, 1, 0, inters[k]);
         BqInt8Engine *e = NULL;
         BQ_CHECK(bq_int8_prepare(&e, &m) == BQ_OK);
-        const int64_t by_bytes = BQ_INT8_STEP_BYTES / (4 * (int64_t)inters[k]);
-        const int64_t want = !vnni                              ? BQ_INT8_STEP_ROWS
-                             : by_bytes < BQ_INT8_STEP_ROWS_VNNI ? by_bytes
-                                                                 : BQ_INT8_STEP_ROWS_VNNI;
-        printf("intermediate %d: blocks of %lld rows (%s)\n", inters[k], (long long)bq_int8_step_rows(e),
-               vnni ? "8-bit GEMMs summed exactly by oneDNN" : "no VNNI: the sgemm fallback's blocks");
-        EXPECT(bq_int8_step_rows(e) == want && (!vnni || want == (k ? 512 : 1024)),
+        const int64_t by_bytes = BQ_FUSED_BLOCK_BYTES / (4 * (int64_t)inters[k]);
+        const int64_t want = by_bytes < BQ_FUSED_BLOCK_ROWS ? by_bytes : BQ_FUSED_BLOCK_ROWS;
+        printf("intermediate %d: blocks of %lld rows\n", inters[k], (long long)bq_int8_step_rows(e));
+        EXPECT(bq_int8_step_rows(e) == want && want == (k ? 512 : 1024),
                "intermediate %d: blocks of %lld rows, expected %lld", inters[k], (long long)bq_int8_step_rows(e),
                (long long)want);
         bq_int8_free(e);
@@ -173,6 +171,10 @@ static void check_activation_peaks(const Batch *bt) {
                name, p2, p4, k);
         EXPECT(p2 == p4, "%s: the activation peak grows with the layers (%zu bytes for 2, %zu for 4)", name, p2, p4);
         EXPECT(k > p4, "%s: keeping every layer's output takes no more room", name);
+        const size_t out_bytes = (size_t)B * T * H * sizeof(float); /* one full-size layer output */
+        EXPECT(fwd == FWD_FAKE_QUANT || k - p4 >= 3 * out_bytes,
+               "%s: the fused layers' outputs take room of their own (%zu bytes less than keeping 4 layers' "
+               "outputs; at least %zu when each layer writes over its input)", name, k - p4, 3 * out_bytes);
         EXPECT(memcmp(l4, k4, sizeof l4) == 0, "%s: logits differ when every layer's output is kept", name);
         if (fwd != FWD_INT8) continue;
         /* passes of one example (bq_int8_set_pass_rows(e, T)): one example's activations and the logits */

@@ -134,7 +134,7 @@ int8() {
         $T2 "$B/bertqat" bench --model "$P-$s" --onnx "$P-$s.onnx" --batch-sizes 1,32 --seq 128 \
             --rounds "${ROUNDS:-5}" --threads 2 --python "$PYTHON" --precision "$PRECISION"
     done
-    # the engine's time by section, and by block size of its fused layers (BQ_INT8_STEP_ROWS)
+    # the engine's time by section, and by block size of its fused layers (BQ_FUSED_BLOCK_ROWS)
     BQ_THREADS=$THREADS "$B/bench_int8" "$W/model"
     BQ_THREADS=2 $T2 "$B/bench_int8" "$W/model"
     BQ_THREADS=$THREADS BQ_SWEEP_ROWS=7 "$B/bench_int8" "$W/model" | tail -1
