@@ -362,7 +362,7 @@ int64_t bq_qgemm_weights_bytes(const BqQGemmWeights *w) {
 void bq_qgemm_weights_free(BqQGemmWeights *w) {
     if (!w) return;
     for (int i = 0; i < w->h.npacks; i++) pack_destroy(&w->h.packs[i]);
-    if (w->fixed && w->codes)
+    if (w->fixed && w->codes) /* only bq_qgemm_weights_create's fixed weights still hold codes: mapped */
         munmap(w->codes, (size_t)(w->N * w->K));
     else
         free(w->codes);
@@ -634,6 +634,13 @@ int bq_qgemm_weights_create_empty(BqQGemmWeights **out, int64_t N, int64_t K, in
 }
 
 int bq_qgemm_weights_split(const BqQGemmWeights *w) { return w->split; }
+
+void bq_qgemm_weights_freeze(BqQGemmWeights *w) {
+    BQ_CHECK(w->split && !w->fixed);
+    free(w->codes); /* the sums read fcodes; only a refill compares against the codes */
+    w->codes = w->h.codes = NULL;
+    w->fixed = 1;
+}
 
 QG_VEC int bq_qgemm_weights_set(BqQGemmWeights *w, const float *wf, const float *sw, int64_t nscale) {
     const int64_t N = w->N, K = w->K;

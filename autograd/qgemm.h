@@ -102,6 +102,9 @@ int bq_qgemm_weights_create_empty(BqQGemmWeights **out, int64_t N, int64_t K, in
 int bq_qgemm_weights_set(BqQGemmWeights *w, const float *wf, const float *sw, int64_t nscale);
 /* 1 when the codes are summed by sgemm on floats (8-bit codes on a CPU without VNNI or AMX). */
 int bq_qgemm_weights_split(const BqQGemmWeights *w);
+/* Split weights (bq_qgemm_weights_split) that are never refilled again: their int8 codes go, one byte
+ * per weight, since their sums read the float copy; w is then fixed (bq_qgemm_weights_set refuses it). */
+void bq_qgemm_weights_freeze(BqQGemmWeights *w);
 
 /* Drops every cached oneDNN primitive (they are rebuilt on demand); for tests and shutdown. */
 void bq_qgemm_cache_clear(void);

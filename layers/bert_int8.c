@@ -226,7 +226,10 @@ static int pack_linear(Int8Linear *il, const BqBert *m, int l, const int *js, in
         for (int64_t n = 0; n < N; n++)
             for (int64_t k = 0; k < K; k++) wf[n * K + k] = (float)codes[n * K + k] * sw[n];
         rc = bq_qgemm_weights_create_empty(&il->w, N, K, bits, name);
-        if (!rc) bq_qgemm_weights_set(il->w, wf, sw, N);
+        if (!rc) {
+            bq_qgemm_weights_set(il->w, wf, sw, N);
+            bq_qgemm_weights_freeze(il->w); /* 4 bytes per weight, not 5 */
+        }
         free(wf);
     }
 

@@ -138,6 +138,26 @@ static void check_linear(int bits, int per_channel, int k) {
         bad2 += s != acc[m * N + 5];
     }
     EXPECT(bad2 == 0, "%d bits: %lld sums stale after a weight change", bits, (long long)bad2);
+    if (bq_qgemm_weights_split(pw)) {
+        /* frozen split weights (the integer engine's, on a CPU without VNNI): the float copy only, 4 bytes
+         * per weight, and the same sums */
+        const int64_t before = bq_qgemm_weights_bytes(pw);
+        bq_qgemm_weights_freeze(pw);
+        const int64_t after = bq_qgemm_weights_bytes(pw);
+        BQ_CHECK(bq_qgemm_s32(pw, xu, M, acc) == BQ_OK);
+        int64_t bad3 = 0;
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                int64_t s = 0;
+                for (int k = 0; k < K; k++) s += (int64_t)qx[m * K + k] * qw[n * K + k];
+                bad3 += s != acc[m * N + n];
+            }
+        printf("linear %d bits, K %d, frozen split weights: %lld bytes (%lld before), %lld sums differ\n", bits, K,
+               (long long)after, (long long)before, (long long)bad3);
+        EXPECT(bad3 == 0 && before - after == (int64_t)N * K && after < (int64_t)N * K * 4 + 4096,
+               "frozen split weights: %lld sums differ, %lld bytes (%lld before)", (long long)bad3,
+               (long long)after, (long long)before);
+    }
     bq_arena_free(&act);
     free(xu);
     free(acc);
