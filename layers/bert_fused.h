@@ -16,12 +16,12 @@
  * where the layer reads them again (a, the residual of y; y, the layer's output).
  *
  * Memory: a fused layer writes its output over its input x, which it reads last as the residual of the
- * attention output's LayerNorm, before the layers's last bracket writes any output row; codes for the next
- * layer go to one buffer of BqFusedRun, taken from ctx->act at the forward's first fused layer that
- * writes codes (the layer's own input codes, read by its first bracket only, may be in it). So the
- * outputs take one layer's room however many layers the model has, the embeddings' output included.
- * Every temporary is taken after them: the activations between the
- * brackets (context, a, h) are given back when the layer ends, and what an engine takes inside one
+ * attention output's LayerNorm, before its output dense writes any output row; codes for the next layer
+ * go to one buffer of BqFusedRun, taken from ctx->act at the forward's first fused layer that writes
+ * codes (the layer's own input codes, read by its first bracket only, may be in it). So the outputs take
+ * one layer's room however many layers the model has, the embeddings' output included. Every temporary
+ * is taken after them: the activations between the brackets (context, a, and h, which holds one block
+ * of rows: BqFusedEngine.mlp_rows) are given back when the layer ends, and what an engine takes inside one
  * bracket (BqFusedEngine.linear's int32 sums or float products, the attention's scratch) when the bracket
  * ends, so a forward holds one layer's activations and one bracket's scratch at a time. A caller that
  * keeps every layer's output (BqBertInput.hidden) sets BqFusedRun.keep: each output then gets its own
