@@ -605,11 +605,9 @@ static int layer_ok(void *user, int l) {
     return e->use_whole && e->layers[l].whole;
 }
 
-static uint8_t *quantize_input(void *user, BqCtx *ctx, int l, const float *x, int64_t n) {
+static void quantize_input(void *user, int l, const float *x, int64_t n, uint8_t *dst) {
     const BqInt8Engine *e = user;
-    uint8_t *codes = bq_arena_alloc(ctx->act, (size_t)n);
-    bq_qgemm_quantize_u8(codes, x, n, e->layers[l].qkv[0].sx);
-    return codes;
+    bq_qgemm_quantize_u8(dst, x, n, e->layers[l].qkv[0].sx);
 }
 
 /* The engine's BqLinearHook (layers/bert.h): the integer Linears of the layer, and the pooler and
@@ -638,8 +636,8 @@ static int hook_run(void *user, BqCtx *ctx, int l, BqLinearId id, BqTensor *x, c
 
 /* One forward of the whole model on the batch in. */
 static int forward_pass(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits) {
-    BqFusedEngine fe = {.user = e, .codes = 1, .mlp_rows = e->step_rows, .layer_ok = layer_ok, .linear = linear_step,
-                        .quantize_input = quantize_input};
+    BqFusedEngine fe = {.user = e, .codes = 1, .mlp_rows = e->step_rows, .qkv_blocks = 1, .layer_ok = layer_ok,
+                        .linear = linear_step, .quantize_input = quantize_input};
     BqFusedRun run = {.e = &fe, .m = m, .keep = in->hidden != NULL};
     BqLinearHook hook = {.user = &run, .run = hook_run, .layer = bq_fused_layer};
     return bq_bert_forward_hooked(m, ctx, in, &hook, logits, NULL);

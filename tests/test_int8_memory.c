@@ -25,7 +25,9 @@
  *    (BqBertInput.hidden) takes more room and gives the same logits, bit for bit; the integer engine in
  *    passes of one example (bq_int8_set_pass_rows: passes of whole examples of at most that many rows)
  *    takes less than half the batch's room and gives the same logits, bit for bit, as it does for a
- *    question-answering head's (B,T,2) logits.
+ *    question-answering head's (B,T,2) logits; the integer engine's peak is that of its intermediate dense,
+ *    where the layer holds only its output's room, the next layer's codes, the attention LayerNorm's output
+ *    and one block's sums and GELU codes.
  * The model is a random cpu-scheme PTQ, 2 layers, hidden 256, intermediate 1024 (weights of whole pages),
  * max-calibrated on random batches and saved as a checkpoint. */
 #include <errno.h>
@@ -177,6 +179,14 @@ static void check_activation_peaks(const Batch *bt) {
                "outputs; at least %zu when each layer writes over its input)", name, k - p4, 3 * out_bytes);
         EXPECT(memcmp(l4, k4, sizeof l4) == 0, "%s: logits differ when every layer's output is kept", name);
         if (fwd != FWD_INT8) continue;
+        /* the fused layers' room at its largest, in the intermediate dense: the output's room (the embeddings'
+         * output, M·H floats), the next layer's codes (M·H), a as floats and codes (5·M·H) and one block's
+         * int32 sums and GELU codes (5·mb·I); 4 KiB more for the ids, the mask and alignment. The context and
+         * layer 0's input codes (M·H each) are not held then (layers/bert_fused.h). */
+        const size_t MH = (size_t)B * T * H, mb = bq_fused_block_rows(I) < B * T ? (size_t)bq_fused_block_rows(I) : B * T;
+        const size_t ideal = 10 * MH + 5 * mb * I;
+        EXPECT(p4 <= ideal + 4096, "%s: activation peak %zu bytes, more than %zu + 4096 (a context or input codes "
+               "held through the intermediate dense?)", name, p4, ideal);
         /* passes of one example (bq_int8_set_pass_rows(e, T)): one example's activations and the logits */
         float c4[B * 2];
         const size_t pc = forward_peak(4, fwd, 0, bt, c4, T);
