@@ -1,7 +1,8 @@
 /* The integer engine's GEMM rate by block rows: bq_qgemm_raw (autograd/qgemm.h, the call the fused layers
  * make: u8 activations × s8 weights in oneDNN's layout → s32) on the four GEMMs of one encoder layer of
  * all-MiniLM-L6-v2 (N×K: 1152×384 query/key/value, 384×384, 1536×384, 384×1536) and of BERT-base
- * (2304×768, 768×768, 3072×768, 768×3072), at M = 128 to 4,096 rows. Prints the CPU, oneDNN's ISA, and
+ * (2304×768, 768×768, 3072×768, 768×3072), at M = 128 to 4,096 rows, with 8-bit weights where the CPU
+ * sums them exactly (VNNI, AMX) and 7-bit ones elsewhere (the cpu scheme's). Prints the CPU, oneDNN's ISA, and
  * per model and M the four GEMMs' combined rate (their 2·M·N·K operations over their summed best time)
  * and each one's. The figure behind the block size of the fused layers (BQ_FUSED_BLOCK_ROWS,
  * layers/bert_fused.h) on a new CPU, beside bench_int8's BQ_SWEEP_ROWS sweep of the whole forward.
@@ -23,9 +24,12 @@ static double time_gemm(int64_t M, int64_t N, int64_t K, BqRng *rng) {
     float sw = 0.01f;
     double best = -1.0;
     BqQGemmWeights *w = NULL;
-    for (int64_t i = 0; i < N * K; i++) qw[i] = (int8_t)((int64_t)bq_rng_below(rng, 255) - 127);
+    /* 8-bit weights where oneDNN sums u8·s8 exactly (VNNI, AMX), else the 7-bit weights the cpu scheme
+     * gives there (the same kernels either way) */
+    const int bits = bq_qgemm_exact_8bit() ? 8 : 7, half = (1 << (bits - 1)) - 1;
+    for (int64_t i = 0; i < N * K; i++) qw[i] = (int8_t)((int64_t)bq_rng_below(rng, (uint64_t)(2 * half + 1)) - half);
     for (int64_t i = 0; i < M * K; i++) x[i] = (uint8_t)bq_rng_below(rng, 256);
-    if (bq_qgemm_weights_create(&w, qw, &sw, 1, N, K, 8, "bench") != BQ_OK ||
+    if (bq_qgemm_weights_create(&w, qw, &sw, 1, N, K, bits, "bench") != BQ_OK ||
         bq_qgemm_raw(w, x, M, acc) != BQ_OK) { /* the first call packs the weights */
         fprintf(stderr, "bench_qgemm: %s\n", bq_errmsg());
         goto cleanup;
