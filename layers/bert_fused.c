@@ -102,7 +102,8 @@ int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask
     if (e->codes) {
         in.codes = r->pend_src == x->data && r->pend_layer == l - 1 ? r->pend_codes : NULL;
         if (!in.codes) { /* the embeddings' output, or a layer run op by op: into r->codes where it is taken */
-            in.codes = !r->keep && r->codes && r->codes_n >= M * H ? r->codes : bq_arena_alloc(ctx->act, (size_t)(M * H));
+            const int in_buf = !r->keep && r->codes && r->codes_n >= M * H;
+            in.codes = in_buf ? r->codes : bq_arena_alloc(ctx->act, (size_t)(M * H));
             e->quantize_input(e->user, l, x->data, M * H, in.codes);
         }
     }

@@ -183,7 +183,8 @@ static void check_activation_peaks(const Batch *bt) {
          * output, M·H floats), the next layer's codes (M·H), a as floats and codes (5·M·H) and one block's
          * int32 sums and GELU codes (5·mb·I); 4 KiB more for the ids, the mask and alignment. The context and
          * layer 0's input codes (M·H each) are not held then (layers/bert_fused.h). */
-        const size_t MH = (size_t)B * T * H, mb = bq_fused_block_rows(I) < B * T ? (size_t)bq_fused_block_rows(I) : B * T;
+        const int64_t blk = bq_fused_block_rows(I);
+        const size_t MH = (size_t)B * T * H, mb = (size_t)(blk < B * T ? blk : B * T);
         const size_t ideal = 10 * MH + 5 * mb * I;
         EXPECT(p4 <= ideal + 4096, "%s: activation peak %zu bytes, more than %zu + 4096 (a context or input codes "
                "held through the intermediate dense?)", name, p4, ideal);
