@@ -23,10 +23,11 @@
 #define IK_VEC
 #endif
 #define IK_INLINE static inline __attribute__((always_inline))
-/* Elements below which an epilogue stays on the calling thread: a LayerNorm pass over one sequence
- * (128 × 384) takes tens of microseconds, less than waking and joining a second thread costs on a loaded
- * machine. */
-#define PAR_MIN_ELEMS 65536
+/* Elements below which an epilogue stays on the calling thread, where waking and joining a second thread
+ * would cost about what it saves. A LayerNorm pass over one sequence of 128 tokens (49,152 values at
+ * hidden 384) is above it: splitting it took the batch-1 forward of all-MiniLM-L6-v2 from 2.23-2.29 to
+ * 2.13-2.17 ms at 2 threads on a Zen 5 (docs/results.md, "Inference on Zen 5"). */
+#define PAR_MIN_ELEMS 16384
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4))); /* unaligned load/store */
@@ -935,6 +936,21 @@ IK_512 static void gelu_fq_quant_512(uint8_t *codes, const int32_t *acc, const i
         }
 }
 
+/* gelu_fq_table's lookup for 16 columns at a time (N a multiple of 16): fin's code of the dequantized
+ * sum, its entry (NaN lanes the last one). */
+IK_512 static void gelu_fq_lut_512(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                                   const float *bias, BqFq fin, const int32_t *tab, int nt, int64_t M, int64_t N) {
+    const __m512i lo = _mm512_set1_epi32((int32_t)fin.lo), nan_at = _mm512_set1_epi32(nt);
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n += 16) {
+            const __m512 c = fq_code16(dequant16(acc + m * N + n, comp + n, scale + n, bias + n), fin);
+            const __m512i i = _mm512_mask_sub_epi32(nan_at, _mm512_cmp_ps_mask(c, c, _CMP_ORD_Q),
+                                                    _mm512_cvtps_epi32(c), lo);
+            _mm_storeu_si128((__m128i *)(codes + m * N + n), _mm512_cvtepi32_epi8(_mm512_i32gather_epi32(i, tab, 4)));
+        }
+}
+
 /* Row m of residual_layernorm_fq_512, 16 columns at a time, in the portable kernel's operations: the
  * dequantization with a separate multiply and add, the places' fake quantizers when fqon is set (an empty
  * place passes its value), ln_row_forward's two sums in its 8 lanes and order, its normalization left to
@@ -1272,8 +1288,45 @@ void bq_infer_residual_layernorm_fq(float *out, uint8_t *codes, const int32_t *a
     residual_layernorm_fq_portable(out, codes, acc, comp, scale, bias, resid, f, lnw, lnb, eps, sq, M, N);
 }
 
+/* With a quantizer on the dense output (fin.s > 0, the ort scheme) GELU's input is one of the at most 256
+ * values c·fin.s, c an integer in [fin.lo, fin.hi], so the output dense's code is a function of c: the
+ * table holds it for each c, computed by the portable operations (the same bits as every kernel here),
+ * and entry nt for a NaN input. Returns nt, or 0 where the bounds do not make such a table or the
+ * environment sets BQ_INFER_GELU_EXACT (tests compare the table with the direct computation). */
+static int gelu_fq_table(int32_t tab[257], BqFq fin, BqFq fout, float sq) {
+    if (!(fin.s > 0.0f) || getenv("BQ_INFER_GELU_EXACT") || !(fin.lo >= -128.0f && fin.hi <= 255.0f && fin.hi - fin.lo < 256.0f))
+        return 0;
+    const int nt = (int)(fin.hi - fin.lo) + 1;
+    for (int i = 0; i < nt; i++) tab[i] = quant_u8(fq_apply(gelu((fin.lo + (float)i) * fin.s), fout), sq);
+    tab[nt] = quant_u8(fq_apply(gelu(NAN), fout), sq);
+    return nt;
+}
+
+IK_VEC static void gelu_fq_lut_portable(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                                        const float *bias, BqFq fin, const int32_t *tab, int nt, int64_t M,
+                                        int64_t N) {
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            const float c = fq_code(dequant(acc[m * N + n], comp[n], scale[n], bias[n]), fin);
+            codes[m * N + n] = (uint8_t)tab[c == c ? (int)c - (int)fin.lo : nt];
+        }
+}
+
 void bq_infer_gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
                             const float *bias, BqFq fin, BqFq fout, float sq, int64_t M, int64_t N) {
+    int32_t tab[257];
+    const int nt = gelu_fq_table(tab, fin, fout, sq);
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (nt && have_512() && N % 16 == 0) {
+        gelu_fq_lut_512(codes, acc, comp, scale, bias, fin, tab, nt, M, N);
+        return;
+    }
+#endif
+    if (nt) {
+        gelu_fq_lut_portable(codes, acc, comp, scale, bias, fin, tab, nt, M, N);
+        return;
+    }
 #if defined(__x86_64__) && defined(__GNUC__)
     if (have_512() && N % 16 == 0) {
         gelu_fq_quant_512(codes, acc, comp, scale, bias, fin, fout, sq, M, N);

@@ -6,9 +6,10 @@
  * initialised model of the same shapes; the BERT-base shape: the directory bench/make_random_bert.py
  * writes). Threads: BQ_THREADS (default all cores). Prints the CPU model,
  * oneDNN's ISA, the OpenBLAS kernel, the median latency of each path (paths alternate within each
- * round) and the ratios. BQ_SWEEP_ROWS=N instead times the int8 forward at batch 32 for each block size
- * of the fused layers (bq_int8_set_step_rows), median of N rounds: the figure that sets
- * BQ_FUSED_BLOCK_ROWS (layers/bert_fused.h) on a new CPU. */
+ * round) and the ratios. BQ_SCHEME=ort|qdqbert quantizes in that scheme instead of cpu. BQ_SWEEP_ROWS=N
+ * instead times the int8 forward at batch 32 for each block size of the fused layers
+ * (bq_int8_set_step_rows), median of N rounds: the figure that sets BQ_FUSED_BLOCK_ROWS
+ * (layers/bert_fused.h) on a new CPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +146,10 @@ int main(int argc, char **argv) {
     BqQuantConfig qc;
     bq_quant_config_default(&qc);
     qc.scheme = BQ_SCHEME_CPU;
+    if (getenv("BQ_SCHEME") && bq_scheme_parse(&qc.scheme, getenv("BQ_SCHEME"), "BQ_SCHEME")) {
+        fprintf(stderr, "bench_int8: %s\n", bq_errmsg());
+        return 1;
+    }
     BQ_CHECK(bq_quant_create(&m.quant, &m, &qc) == BQ_OK);
     BqQuantState *qs = m.quant;
 
@@ -172,8 +177,8 @@ int main(int argc, char **argv) {
 
     printf("CPU: %s\n%s\nfused inference kernels: %s\n%s\n", cpu, bq_dnnl_describe(), bq_infer_isa(),
            bq_runtime_describe());
-    printf("model: %s, cpu scheme, %d integer Linears in %d GEMMs, packed in %.1f ms; seq %d\n", source,
-           bq_int8_linear_count(e), bq_int8_gemm_count(e), tp * 1e3, T);
+    printf("model: %s, %s scheme, %d integer Linears in %d GEMMs, packed in %.1f ms; seq %d\n", source,
+           bq_scheme_name(qc.scheme), bq_int8_linear_count(e), bq_int8_gemm_count(e), tp * 1e3, T);
     printf("%6s %12s %12s %12s %10s %10s\n", "batch", "fp32 ms", "fakequant ms", "int8 ms", "fp32/int8",
            "fq/int8");
     if (getenv("BQ_SWEEP_ROWS")) { /* only the block-size sweep */
