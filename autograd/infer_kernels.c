@@ -1294,8 +1294,8 @@ void bq_infer_residual_layernorm_fq(float *out, uint8_t *codes, const int32_t *a
  * and entry nt for a NaN input. Returns nt, or 0 where the bounds do not make such a table or the
  * environment sets BQ_INFER_GELU_EXACT (tests compare the table with the direct computation). */
 static int gelu_fq_table(int32_t tab[257], BqFq fin, BqFq fout, float sq) {
-    if (!(fin.s > 0.0f) || getenv("BQ_INFER_GELU_EXACT") || !(fin.lo >= -128.0f && fin.hi <= 255.0f && fin.hi - fin.lo < 256.0f))
-        return 0;
+    const int bounded = fin.lo >= -128.0f && fin.hi <= 255.0f && fin.hi - fin.lo < 256.0f;
+    if (!(fin.s > 0.0f) || !bounded || getenv("BQ_INFER_GELU_EXACT")) return 0;
     const int nt = (int)(fin.hi - fin.lo) + 1;
     for (int i = 0; i < nt; i++) tab[i] = quant_u8(fq_apply(gelu((fin.lo + (float)i) * fin.s), fout), sq);
     tab[nt] = quant_u8(fq_apply(gelu(NAN), fout), sq);
