@@ -1045,6 +1045,133 @@ IK_512 static void context_fq_codes_512(uint8_t *c, const float *q, float fpv, B
             quant16(c + t * H + e, fq_apply16(_mm512_mul_ps(_mm512_loadu_ps(q + t * d + e), f), fc), s);
 }
 
+/* ---- the fake-quant attention's two products on AVX512-VNNI ----
+ * Both products of attn_head_fq multiply integer codes, and their fp32 sums are exact (every partial sum
+ * is an integer below 2^24: vnni_exact), so u8·s8 dot products in int32 give the same floats at four
+ * times the multiply rate. The left operand is shifted to u8 (u = c − lo) and the shift added back per
+ * column: Σ c·k = Σ u·k + lo·Σ k. */
+#define IK_VNNI_ISA "avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx2,fma"
+#define IK_VNNI __attribute__((target(IK_VNNI_ISA)))
+#define IK_VNNI_INLINE static inline __attribute__((always_inline, target(IK_VNNI_ISA)))
+
+/* out rows [0,R) (leading dim ldo), columns [0, 16·NC) = float(Σ_w a_r[4w..4w+3]·b[w][column] + off[column]):
+ * a (R rows of 4·W bytes, leading dim lda) u8, b (W rows of 16·NC words of four s8, leading dim ldb). */
+IK_VNNI_INLINE void dot_tile_vnni(float *out, int64_t ldo, const uint8_t *a, int64_t lda, const int32_t *b,
+                                  int64_t ldb, const int32_t *off, int64_t W, const int R, const int NC) {
+    __m512i acc[8][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NC; c++) acc[r][c] = _mm512_setzero_si512();
+    for (int64_t w = 0; w < W; w++) {
+        __m512i bv[4];
+        for (int c = 0; c < NC; c++) bv[c] = _mm512_loadu_si512(b + w * ldb + 16 * c);
+        for (int r = 0; r < R; r++) {
+            int32_t aw;
+            memcpy(&aw, a + r * lda + 4 * w, sizeof aw);
+            const __m512i av = _mm512_set1_epi32(aw);
+            for (int c = 0; c < NC; c++) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], av, bv[c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NC; c++)
+            _mm512_storeu_ps(out + r * ldo + 16 * c,
+                             _mm512_cvtepi32_ps(_mm512_add_epi32(acc[r][c], _mm512_loadu_si512(off + 16 * c))));
+}
+
+/* dot_tile_vnni over rows [0,R) (a multiple of 8) and columns [0,N) (a multiple of 16), in tiles of 4 × 64
+ * columns where N allows, else 8 × 32 or 8 × 16. */
+IK_VNNI static void dot_all_vnni(float *out, int64_t ldo, const uint8_t *a, int64_t lda, const int32_t *b,
+                                 int64_t ldb, const int32_t *off, int64_t R, int64_t N, int64_t W) {
+    for (int64_t i = 0; i < R; i += 8)
+        for (int64_t c = 0; c < N;) {
+            float *o = out + i * ldo + c;
+            const uint8_t *ai = a + i * lda;
+            if (N - c >= 64) {
+                dot_tile_vnni(o, ldo, ai, lda, b + c, ldb, off + c, W, 4, 4);
+                dot_tile_vnni(o + 4 * ldo, ldo, ai + 4 * lda, lda, b + c, ldb, off + c, W, 4, 4);
+                c += 64;
+            } else if (N - c >= 32) {
+                dot_tile_vnni(o, ldo, ai, lda, b + c, ldb, off + c, W, 8, 2);
+                c += 32;
+            } else {
+                dot_tile_vnni(o, ldo, ai, lda, b + c, ldb, off + c, W, 8, 1);
+                c += 16;
+            }
+        }
+}
+
+/* The codes x (n floats, a multiple of 16, integers in [lo, lo + 255]) as bytes x − lo into dst. dst may
+ * start at x (the bytes then overwrite floats already read). */
+IK_VNNI static void u8_codes_vnni(uint8_t *dst, const float *x, int64_t n, float lo) {
+    const __m512i l = _mm512_set1_epi32((int32_t)lo);
+    for (int64_t i = 0; i < n; i += 16)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm512_cvtepi32_epi8(_mm512_sub_epi32(_mm512_cvtps_epi32(_mm512_loadu_ps(x + i)), l)));
+}
+
+/* K's codes k (T, d) (s8 values) as words of four along d: k4[w·ld + j] = bytes k[j][4w..4w+3]; and
+ * off[j] = lo·Σ_e k[j][e], the shift of the left operand. */
+IK_VNNI static void key_words_vnni(int32_t *k4, int64_t ld, int32_t *off, const float *k, int64_t T, int64_t d,
+                                   float lo) {
+    for (int64_t j = 0; j < T; j++) {
+        __m512i sum = _mm512_setzero_si512();
+        for (int64_t e = 0; e < d; e += 16) {
+            const __m512i v = _mm512_cvtps_epi32(_mm512_loadu_ps(k + j * d + e));
+            const __m128i w = _mm512_cvtepi32_epi8(v);
+            sum = _mm512_add_epi32(sum, v);
+            k4[(e / 4 + 0) * ld + j] = _mm_extract_epi32(w, 0);
+            k4[(e / 4 + 1) * ld + j] = _mm_extract_epi32(w, 1);
+            k4[(e / 4 + 2) * ld + j] = _mm_extract_epi32(w, 2);
+            k4[(e / 4 + 3) * ld + j] = _mm_extract_epi32(w, 3);
+        }
+        off[j] = (int32_t)lo * _mm512_reduce_add_epi32(sum);
+    }
+}
+
+/* V's codes v (T, d) (s8 values, T a multiple of 4) as words of four along T: v4[w·d + e] = bytes
+ * v[4w..4w+3][e]; and off[e] = lo·Σ_j v[j][e]. */
+IK_VNNI static void value_words_vnni(int32_t *v4, int32_t *off, const float *v, int64_t T, int64_t d, float lo) {
+    const __m512i m8 = _mm512_set1_epi32(0xff), l = _mm512_set1_epi32((int32_t)lo);
+    for (int64_t e = 0; e < d; e += 16) {
+        __m512i sum = _mm512_setzero_si512();
+        for (int64_t w = 0; w < T / 4; w++) {
+            const float *r = v + 4 * w * d + e;
+            const __m512i r0 = _mm512_cvtps_epi32(_mm512_loadu_ps(r)), r1 = _mm512_cvtps_epi32(_mm512_loadu_ps(r + d));
+            const __m512i r2 = _mm512_cvtps_epi32(_mm512_loadu_ps(r + 2 * d));
+            const __m512i r3 = _mm512_cvtps_epi32(_mm512_loadu_ps(r + 3 * d));
+            sum = _mm512_add_epi32(_mm512_add_epi32(sum, _mm512_add_epi32(r0, r1)), _mm512_add_epi32(r2, r3));
+            __m512i x = _mm512_or_si512(_mm512_and_si512(r0, m8), _mm512_slli_epi32(_mm512_and_si512(r1, m8), 8));
+            x = _mm512_or_si512(x, _mm512_slli_epi32(_mm512_and_si512(r2, m8), 16));
+            _mm512_storeu_si512(v4 + w * d + e, _mm512_or_si512(x, _mm512_slli_epi32(r3, 24)));
+        }
+        _mm512_storeu_si512(off + e, _mm512_mullo_epi32(sum, l));
+    }
+}
+
+/* 1 when have_512() holds and the CPU has AVX512-VNNI (BQ_INFER_AVX2 and BQ_INFER_PORTABLE turn it off with
+ * the AVX-512 kernels). */
+static int have_vnni(void);
+
+/* attn_head_fq's products on VNNI (T and d multiples of 16; vnni_exact): the scores S (T, Tp) from the
+ * codes q and k, and, after softmax_fq has turned S into the probabilities' codes, the context's sums into
+ * q (T, d). The scratch Kt (4·d·Tp bytes) holds the operands; the probabilities' bytes overwrite S. */
+IK_VNNI static void scores_vnni(float *S, int64_t Tp, float *Kt, const float *q, const float *k, BqFq fq, int64_t T,
+                                int64_t d) {
+    uint8_t *q8 = (uint8_t *)Kt;
+    int32_t *k4 = (int32_t *)(q8 + T * d), *off = k4 + d / 4 * Tp;
+    u8_codes_vnni(q8, q, T * d, fq.lo);
+    key_words_vnni(k4, Tp, off, k, T, d, fq.lo);
+    dot_all_vnni(S, Tp, q8, d, k4, Tp, off, T, T, d / 4);
+}
+
+IK_VNNI static void context_vnni(float *C, float *S, int64_t Tp, float *Kt, const float *v, BqFq fp, int64_t T,
+                                 int64_t d) {
+    uint8_t *p8 = (uint8_t *)S;
+    int32_t *v4 = (int32_t *)Kt, *off = v4 + T / 4 * d;
+    for (int64_t i = 0; i < T; i++) u8_codes_vnni(p8 + i * Tp, S + i * Tp, T, fp.lo);
+    value_words_vnni(v4, off, v, T, d, fp.lo);
+    dot_all_vnni(C, d, p8, Tp, v4, d, off, T, d, T / 4);
+}
+
 /* 1 when the CPU has AVX-512 F/VL/BW/DQ and the environment sets neither BQ_INFER_PORTABLE nor
  * BQ_INFER_AVX2 (which tests set to run the AVX2 kernels on such CPUs too). */
 static int have_512(void) {
@@ -1053,6 +1180,12 @@ static int have_512(void) {
         v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
     return v && !getenv("BQ_INFER_PORTABLE") && !getenv("BQ_INFER_AVX2");
+}
+
+static int have_vnni(void) {
+    static int v = -1;
+    if (v < 0) v = __builtin_cpu_supports("avx512vnni");
+    return v && have_512();
 }
 
 /* 1 when the CPU has AVX2 and FMA and the environment does not set BQ_INFER_PORTABLE (which tests
@@ -1065,6 +1198,7 @@ static int have_fma(void) {
 #else
 static int have_fma(void) { return 0; }
 static int have_512(void) { return 0; }
+static int have_vnni(void) { return 0; }
 #endif
 
 /* scores_all_fma, portable. */
@@ -1104,9 +1238,11 @@ static void attn_head(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int
  * turned into codes, the scores' integer sums scaled and fake-quantized where a quantizer sits there, the
  * masked softmax (softmax_row: bq_kernel_softmax_mask_forward's bits) and its quantizer, the context's
  * integer sums scaled and fake-quantized where a quantizer sits there, then its uint8 codes at in->sq.
- * The products sum integers exactly, so isa (attn_heads: 0 portable, 1 AVX2, 2 AVX-512) changes nothing
- * but speed; everything else is portable arithmetic. */
-IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int64_t h, float *Kt, int isa) {
+ * The products sum integers exactly, so isa (attn_heads: 0 portable, 1 AVX2, 2 AVX-512) and vnni (the two
+ * products as u8·s8 dot products: scores_vnni, context_vnni) change nothing but speed; everything else is
+ * portable arithmetic. */
+IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int64_t h, float *Kt, int isa,
+                                int vnni) {
     const int64_t T = in->T, d = in->d, Tp = pad16(T), Td = pad16(T * d), H = in->NH * d;
     const BqFq *fq = in->fq;
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + Td, *v = k + Td;
@@ -1123,9 +1259,11 @@ IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int
 #endif
         for (int64_t i = 0; i < T * d; i++) x[i] = fq_code(x[i], f);
     }
+    vnni = vnni && w16;
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (isa) transpose_all_fma(Kt, Tp, k, T, d);
-    if (isa == 2) scores_all_512(S, Tp, q, Kt, T, d);
+    if (vnni) scores_vnni(S, Tp, Kt, q, k, fq[BQ_FQ_Q], T, d);
+    if (isa && !vnni) transpose_all_fma(Kt, Tp, k, T, d);
+    if (isa == 2 && !vnni) scores_all_512(S, Tp, q, Kt, T, d);
     if (isa == 1) scores_all_fma(S, Tp, q, Kt, T, d);
 #endif
     if (!isa) {
@@ -1149,7 +1287,8 @@ IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int
     }
     /* the context's sums (T, d) over the query block, which the scores no longer need */
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (isa == 2) context_all_512(NULL, q, d, S, Tp, v, T, d, 0.0f);
+    if (vnni) context_vnni(q, S, Tp, Kt, v, fq[BQ_FQ_PROBS], T, d);
+    if (isa == 2 && !vnni) context_all_512(NULL, q, d, S, Tp, v, T, d, 0.0f);
     if (isa == 1) context_all_fma(NULL, q, d, S, Tp, v, T, d, 0.0f);
 #endif
     if (!isa) context_all(NULL, q, d, S, Tp, v, T, d, 0.0f);
@@ -1164,6 +1303,20 @@ IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int
         for (int64_t e = 0; e < d; e++) c[t * H + e] = quant_u8(fq_apply(q[t * d + e] * fpv, fc), in->sq);
 }
 
+/* The largest |x| on the grid [lo, hi]. */
+static float grid_abs(BqFq f) { return fabsf(f.lo) > fabsf(f.hi) ? fabsf(f.lo) : fabsf(f.hi); }
+
+/* 1 when the four grids of attn_head_fq's products fit the u8·s8 form (the left operands span at most 256
+ * codes, the right ones are s8) and every sum is exact in fp32 (below 2^24), so the integer products give
+ * the fp32 products' values. */
+static int vnni_exact(const BqFq *fq, int64_t T, int64_t d) {
+    const BqFq q = fq[BQ_FQ_Q], k = fq[BQ_FQ_K], p = fq[BQ_FQ_PROBS], v = fq[BQ_FQ_V];
+    const int grids = q.s > 0.0f && k.s > 0.0f && p.s > 0.0f && v.s > 0.0f && q.hi - q.lo <= 255.0f &&
+                      p.hi - p.lo <= 255.0f && k.lo >= -128.0f && k.hi <= 127.0f && v.lo >= -128.0f && v.hi <= 127.0f;
+    return grids && (double)grid_abs(q) * grid_abs(k) * (double)d < 16777216.0 &&
+           (double)grid_abs(p) * grid_abs(v) * (double)T < 16777216.0;
+}
+
 /* The (batch, head) loop of both engines' attention, the context written as codes when codes is not
  * NULL, else as fp32 to ctx ((B,T,H) either way). Each pair runs on one thread in that thread's scratch.
  * The products use fused multiply-adds where the CPU has AVX2 and FMA (rounding differs from the
@@ -1175,6 +1328,7 @@ static void attn_heads(uint8_t *codes, float *ctx, const AttnIn *in, float *scra
     /* 0 portable, 1 AVX2 + FMA, 2 AVX-512 (the 16-lane kernels need d, and T outside the products, to be
      * multiples of 16) */
     const int isa = have_fma() ? (have_512() && in->d % 16 == 0 ? 2 : 1) : 0;
+    const int vnni = isa == 2 && in->fq && have_vnni() && vnni_exact(in->fq, in->T, in->d);
 #pragma omp parallel for if (B * NH > 1) schedule(static)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         const int64_t b = bh / NH, h = bh % NH, off = b * in->T * H + h * in->d;
@@ -1182,7 +1336,7 @@ static void attn_heads(uint8_t *codes, float *ctx, const AttnIn *in, float *scra
         uint8_t *c = codes ? codes + off : NULL;
         float *f = ctx ? ctx + off : NULL;
         if (in->fq) {
-            attn_head_fq(codes, in, b, h, Kt, isa);
+            attn_head_fq(codes, in, b, h, Kt, isa, vnni);
             continue;
         }
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -1380,6 +1534,8 @@ double bq_infer_gelu_fast_check(float a, float b) {
 }
 
 const char *bq_infer_isa(void) { return have_512() ? "AVX-512" : have_fma() ? "AVX2" : "portable"; }
+
+int bq_infer_vnni(void) { return have_vnni(); }
 
 /* ---- fp32 attention and GELU (layers/bert_fp32.c) ---- */
 

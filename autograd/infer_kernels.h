@@ -39,6 +39,11 @@ double bq_infer_gelu_fast_check(float a, float b);
 
 const char *bq_infer_isa(void);
 
+/* 1 where the fake-quant attention (bq_infer_attention_fq: ort, qdqbert) multiplies its codes by AVX512-VNNI
+ * u8·s8 dot products: the AVX-512 kernels run (bq_infer_isa) and the CPU has AVX512-VNNI. Same values as
+ * the fp32 products of the other kernels, whose integer sums are exact. */
+int bq_infer_vnni(void);
+
 /* out (M,N) = LayerNorm(dequant(acc) + bias + resid) with weight lnw and bias lnb (BertSelfOutput,
  * BertOutput without dropout), and, when codes is not NULL, codes (M,N) = its uint8 codes at scale sq
  * (the next Linear's input quantizer). out may not alias resid. */

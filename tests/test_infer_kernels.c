@@ -801,9 +801,10 @@ static void check_avx512_bits(BqRng *rng) {
         int fqbad = memcmp(ca, cb, (size_t)(B * T * H)) != 0;
         BOTH_WAYS(fa, fb, ATT_F);
         int fbad = memcmp(fa, fb, sizeof(float) * (size_t)(B * T * H)) != 0;
-        printf("AVX-512 vs AVX2, attention B=%lld T=%lld NH=%lld d=%lld: codes %s, fake quant %s, fp32 %s\n",
+        printf("AVX-512 vs AVX2, attention B=%lld T=%lld NH=%lld d=%lld: codes %s, fake quant %s%s, fp32 %s\n",
                (long long)B, (long long)T, (long long)NH, (long long)d, qbad ? "DIFFER" : "same",
-               fqbad ? "DIFFER" : "same", fbad ? "DIFFER" : "same");
+               fqbad ? "DIFFER" : "same", bq_infer_vnni() && T % 16 == 0 ? " (VNNI products)" : "",
+               fbad ? "DIFFER" : "same");
         EXPECT(qbad + fqbad + fbad == 0, "the AVX-512 attention differs from the AVX2 one");
         free(qa), free(qc), free(qs), free(qb), free(mask), free(scratch), free(qkv);
     }
