@@ -694,34 +694,6 @@ IK_512_INLINE int gelu_codes_fast16(uint8_t *dst, __m512 x, __m512 inv, __m512 l
     return 1;
 }
 
-/* gelu_quant_rows_fma's codes, 64 or 16 columns at a time (N a multiple of 16), by gelu_codes_fast16 where
- * fast is set, with gelu16 and quant16 where it is not or where the fast path declines. */
-IK_512 static void gelu_quant_rows_512(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                                       const float *bias, float sq, int64_t M, int64_t N, int fast) {
-    const __m512 s = _mm512_set1_ps(sq), inv = _mm512_set1_ps(1.0f / sq);
-    const __m512 lim_a = _mm512_set1_ps(BQ_GELU_FAST_ABS / sq + GELU_FAST_SLACK);
-    const __m512 lim_b = _mm512_set1_ps(BQ_GELU_FAST_REL / sq);
-#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
-    for (int64_t m = 0; m < M; m++) {
-        int64_t n = 0;
-        for (; n + 64 <= N; n += 64) {
-            __m512 x[4];
-            int ok[4];
-            for (int u = 0; u < 4; u++)
-                x[u] = dequant16_fma(acc + m * N + n + 16 * u, comp + n + 16 * u, scale + n + 16 * u, bias + n + 16 * u);
-            for (int u = 0; u < 4; u++)
-                ok[u] = fast && gelu_codes_fast16(codes + m * N + n + 16 * u, x[u], inv, lim_a, lim_b);
-            for (int u = 0; u < 4; u++)
-                if (!ok[u]) quant16(codes + m * N + n + 16 * u, gelu16(x[u]), s);
-        }
-        for (; n < N; n += 16) {
-            const __m512 x = dequant16_fma(acc + m * N + n, comp + n, scale + n, bias + n);
-            if (!fast || !gelu_codes_fast16(codes + m * N + n, x, inv, lim_a, lim_b))
-                quant16(codes + m * N + n, gelu16(x), s);
-        }
-    }
-}
-
 /* fast[i] = gelu16_fast(x[i]) and exact[i] = gelu16(x[i]) for n values (n a multiple of 16), for
  * bq_infer_gelu_fast_check. */
 IK_512 static void gelu_pair_512(float *fast, float *exact, const float *x, int64_t n) {
@@ -922,6 +894,58 @@ IK_512_INLINE __m512 fq_apply16(__m512 x, BqFq q) {
 IK_512_INLINE __m512 dequant16(const int32_t *a, const int32_t *comp, const float *scale, const float *bias) {
     const __m512 q = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(a), _mm512_loadu_si512(comp)));
     return _mm512_add_ps(_mm512_mul_ps(q, _mm512_loadu_ps(scale)), _mm512_loadu_ps(bias));
+}
+
+/* gelu_quant_rows_fma's codes, 64 or 16 columns at a time (N a multiple of 16), by gelu_codes_fast16 where
+ * fast is set, with gelu16 and quant16 where it is not or where the fast path declines. With exact set the
+ * operations are the portable kernel's instead (dequant16, gelu16_exact: qdqbert's GELU codes); the fast
+ * path's bound holds against both (bq_infer_gelu_fast_check). */
+IK_512_INLINE void gelu_quant_rows_512_as(uint8_t *codes, const int32_t *acc, const int32_t *comp,
+                                          const float *scale, const float *bias, float sq, int64_t M, int64_t N,
+                                          int fast, const int exact) {
+    const __m512 s = _mm512_set1_ps(sq), inv = _mm512_set1_ps(1.0f / sq);
+    const __m512 lim_a = _mm512_set1_ps(BQ_GELU_FAST_ABS / sq + GELU_FAST_SLACK);
+    const __m512 lim_b = _mm512_set1_ps(BQ_GELU_FAST_REL / sq);
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        int64_t n = 0;
+        for (; n + 64 <= N; n += 64) {
+            __m512 x[4];
+            int ok[4];
+            for (int u = 0; u < 4; u++) {
+                const int64_t o = n + 16 * u;
+                x[u] = exact ? dequant16(acc + m * N + o, comp + o, scale + o, bias + o)
+                             : dequant16_fma(acc + m * N + o, comp + o, scale + o, bias + o);
+            }
+            for (int u = 0; u < 4; u++)
+                ok[u] = fast && gelu_codes_fast16(codes + m * N + n + 16 * u, x[u], inv, lim_a, lim_b);
+            for (int u = 0; u < 4; u++)
+                if (!ok[u]) quant16(codes + m * N + n + 16 * u, exact ? gelu16_exact(x[u]) : gelu16(x[u]), s);
+        }
+        for (; n < N; n += 16) {
+            const __m512 x = exact ? dequant16(acc + m * N + n, comp + n, scale + n, bias + n)
+                                   : dequant16_fma(acc + m * N + n, comp + n, scale + n, bias + n);
+            if (!fast || !gelu_codes_fast16(codes + m * N + n, x, inv, lim_a, lim_b))
+                quant16(codes + m * N + n, exact ? gelu16_exact(x) : gelu16(x), s);
+        }
+    }
+}
+
+IK_512 static void gelu_quant_rows_512(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                                       const float *bias, float sq, int64_t M, int64_t N, int fast) {
+    gelu_quant_rows_512_as(codes, acc, comp, scale, bias, sq, M, N, fast, 0);
+}
+
+/* exact[i] = gelu16_exact(x[i]) (the portable GELU's bits) for n values (n a multiple of 16), for
+ * bq_infer_gelu_fast_check. */
+IK_512 static void gelu_exact_512(float *exact, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(exact + i, gelu16_exact(_mm512_loadu_ps(x + i)));
+}
+
+IK_512 static void gelu_quant_rows_exact_512(uint8_t *codes, const int32_t *acc, const int32_t *comp,
+                                             const float *scale, const float *bias, float sq, int64_t M, int64_t N,
+                                             int fast) {
+    gelu_quant_rows_512_as(codes, acc, comp, scale, bias, sq, M, N, fast, 1);
 }
 
 /* bq_infer_gelu_fq_quant 16 columns at a time (N a multiple of 16). */
@@ -1482,6 +1506,10 @@ void bq_infer_gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int32_t *c
         return;
     }
 #if defined(__x86_64__) && defined(__GNUC__)
+    if (have_512() && N % 16 == 0 && !(fin.s > 0.0f) && !(fout.s > 0.0f)) {
+        gelu_quant_rows_exact_512(codes, acc, comp, scale, bias, sq, M, N, gelu_fast_on());
+        return;
+    }
     if (have_512() && N % 16 == 0) {
         gelu_fq_quant_512(codes, acc, comp, scale, bias, fin, fout, sq, M, N);
         return;
@@ -1513,16 +1541,22 @@ double bq_infer_gelu_fast_check(float a, float b) {
     double worst = 0.0;
 #pragma omp parallel for schedule(static) reduction(max : worst)
     for (int64_t c = 0; c < ((int64_t)1 << 32) / CHUNK; c++) {
-        float x[CHUNK], fast[CHUNK], exact[CHUNK];
+        float x[CHUNK], fast[CHUNK], exact[CHUNK], portable[CHUNK];
         for (int64_t i = 0; i < CHUNK; i++) {
             const uint32_t u = (uint32_t)(c * CHUNK + i);
             memcpy(&x[i], &u, sizeof u);
         }
         if (isa == 2) gelu_pair_512(fast, exact, x, CHUNK);
         else gelu_pair_fma(fast, exact, x, CHUNK);
+        if (isa == 2) gelu_exact_512(portable, x, CHUNK);
         for (int64_t i = 0; i < CHUNK; i++) {
             if (!(fabsf(x[i]) <= FLT_MAX)) continue;
-            const double r = fabs((double)fast[i] - (double)exact[i]) / ((double)a + (double)b * fabsf(x[i]));
+            const double den = (double)a + (double)b * fabsf(x[i]);
+            double r = fabs((double)fast[i] - (double)exact[i]) / den;
+            if (isa == 2) {
+                const double rp = fabs((double)fast[i] - (double)portable[i]) / den;
+                r = rp > r || rp != rp ? rp : r;
+            }
             worst = r == r ? (r > worst ? r : worst) : INFINITY;
         }
     }

@@ -34,7 +34,10 @@
 /* Test support: the largest |fast(x) − exact(x)| / (a + b·|x|) of the GELU codes' fast path over every finite
  * float x (all 2³² bit patterns; a few seconds on two cores), in the kernels this process runs (AVX-512, or
  * AVX2 + FMA where the CPU has no AVX-512 or BQ_INFER_AVX2 is set), or −1 where it runs the portable ones
- * (which have no fast path). BQ_INFER_GELU_EXACT=1 turns the fast path off (tests compare the two). */
+ * (which have no fast path). With the AVX-512 kernels exact(x) is both their fused multiply-add GELU (the
+ * cpu scheme's codes) and the portable GELU's bits (qdqbert's codes, bq_infer_gelu_fq_quant without
+ * quantizers), and the worst of the two counts. BQ_INFER_GELU_EXACT=1 turns the fast path off (tests compare
+ * the two). */
 double bq_infer_gelu_fast_check(float a, float b);
 
 const char *bq_infer_isa(void);

@@ -676,9 +676,11 @@ static int gelu_quant_boundaries(void) {
     return differ;
 }
 
-/* The fake-quant GELU codes with an input quantizer (the ort scheme), which the kernels look up in a table
- * of fin's codes, against the direct computation (BQ_INFER_GELU_EXACT=1): inputs that take every code of
- * fin and saturate it at both ends, fout saturating, a NaN column; in each kernel the CPU has. */
+/* The fake-quant GELU codes by their shortcuts against the direct computation (BQ_INFER_GELU_EXACT=1): with
+ * an input quantizer (the ort scheme), whose codes the kernels look up in a table of fin's codes, on inputs
+ * that take every code of fin and saturate it at both ends, fout saturating; and without quantizers
+ * (qdqbert), where the AVX-512 kernel decides most codes by the fast GELU; a NaN column in both; in each
+ * kernel set the CPU has. */
 static int gelu_fq_table_bytes(void) {
     const int64_t M = 64, N = 1536;
     int32_t *acc = bq_malloc(sizeof(int32_t) * (size_t)(M * N)), *comp = bq_calloc((size_t)N, sizeof(int32_t));
@@ -687,24 +689,30 @@ static int gelu_fq_table_bytes(void) {
     for (int64_t i = 0; i < M * N; i++) acc[i] = (int32_t)(i % 18001) - 9000; /* x in [-8.79, 8.79] */
     for (int64_t n = 0; n < N; n++) scale[n] = 1.0f / 1024.0f;
     scale[5] = NAN;
-    const BqFq fin = fq8(1.0f / 16.0f), fout = fq8(1.0f / 48.0f);
     int differ = 0;
-    for (int isa = 0; isa < 3; isa++) { /* this CPU's fastest kernels, AVX2, portable */
-        if (isa == 1) setenv("BQ_INFER_AVX2", "1", 1);
-        if (isa == 2) setenv("BQ_INFER_PORTABLE", "1", 1);
-        bq_infer_gelu_fq_quant(ct, acc, comp, scale, bias, fin, fout, 0.02f, M, N);
-        setenv("BQ_INFER_GELU_EXACT", "1", 1);
-        bq_infer_gelu_fq_quant(cx, acc, comp, scale, bias, fin, fout, 0.02f, M, N);
-        unsetenv("BQ_INFER_GELU_EXACT");
-        unsetenv("BQ_INFER_AVX2");
-        unsetenv("BQ_INFER_PORTABLE");
-        differ += memcmp(ct, cx, (size_t)(M * N)) != 0;
+    for (int withfq = 1; withfq >= 0; withfq--) {
+        const BqFq fin = withfq ? fq8(1.0f / 16.0f) : FQ_NONE, fout = withfq ? fq8(1.0f / 48.0f) : FQ_NONE;
+        const float sq = withfq ? 0.02f : 0.004f;
+        int d = 0;
+        for (int isa = 0; isa < 3; isa++) { /* this CPU's fastest kernels, AVX2, portable */
+            if (isa == 1) setenv("BQ_INFER_AVX2", "1", 1);
+            if (isa == 2) setenv("BQ_INFER_PORTABLE", "1", 1);
+            bq_infer_gelu_fq_quant(ct, acc, comp, scale, bias, fin, fout, sq, M, N);
+            setenv("BQ_INFER_GELU_EXACT", "1", 1);
+            bq_infer_gelu_fq_quant(cx, acc, comp, scale, bias, fin, fout, sq, M, N);
+            unsetenv("BQ_INFER_GELU_EXACT");
+            unsetenv("BQ_INFER_AVX2");
+            unsetenv("BQ_INFER_PORTABLE");
+            d += memcmp(ct, cx, (size_t)(M * N)) != 0;
+        }
+        int lo = 255, hi = 0;
+        for (int64_t i = 0; i < M * N; i++) lo = ct[i] < lo ? ct[i] : lo, hi = ct[i] > hi ? ct[i] : hi;
+        printf("fake-quant GELU codes %s vs computed (%lld values, codes %d..%d, 3 kernel sets): %s\n",
+               withfq ? "by fin's table" : "without quantizers, fast path", (long long)(M * N), lo, hi,
+               d ? "DIFFER" : "same bytes");
+        EXPECT(ct[5] == 128 && hi == 255, "the GELU shortcut test misses NaN (%d) or saturation (%d)", ct[5], hi);
+        differ += d;
     }
-    int lo = 255, hi = 0;
-    for (int64_t i = 0; i < M * N; i++) lo = ct[i] < lo ? ct[i] : lo, hi = ct[i] > hi ? ct[i] : hi;
-    printf("fake-quant GELU codes by fin's table vs computed (%lld values, codes %d..%d, 3 kernel sets): %s\n",
-           (long long)(M * N), lo, hi, differ ? "DIFFER" : "same bytes");
-    EXPECT(ct[5] == 128 && hi == 255, "the GELU table test misses NaN (%d) or fout's saturation (%d)", ct[5], hi);
     free(acc), free(comp), free(scale), free(bias), free(ct), free(cx);
     return differ;
 }
