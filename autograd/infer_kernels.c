@@ -1037,27 +1037,37 @@ IK_512 static void fq_codes_512(float *x, int64_t n, BqFq f) {
     for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(x + i, fq_code16(_mm512_loadu_ps(x + i), f));
 }
 
-/* One row of attn_head_fq's scores (T a multiple of 16), in place: scaled and fake-quantized, the masked
- * softmax with softmax_row's operations (exp_fast), the probabilities' codes. */
-IK_512 static void scores_fq_row_512(float *y, const float *mrow, float scale, float fqk, BqFq fs, BqFq fp, int64_t T) {
+/* Four rows of attn_head_fq's scores (leading dim ldy, T a multiple of 16), in place: scaled and
+ * fake-quantized, the masked softmax with softmax_row's operations (exp_fast), the probabilities' codes.
+ * Each row's operations run in its own order; the rows are interleaved so that their chains overlap. */
+IK_512 static void scores_fq_rows_512(float *y, int64_t ldy, const float *mrow, float scale, float fqk, BqFq fs,
+                                      BqFq fp, int64_t T) {
+    enum { R = 4 };
     const __m512 sc = _mm512_set1_ps(scale), one = _mm512_set1_ps(1.0f), mv = _mm512_set1_ps(-FLT_MAX);
-    __m512 mx = _mm512_set1_ps(-INFINITY);
+    const __m512 k = _mm512_set1_ps(fqk);
+    __m512 mx[R], m[R], inv[R];
+    __m256 s8[R];
+    for (int r = 0; r < R; r++) mx[r] = _mm512_set1_ps(-INFINITY), s8[r] = _mm256_setzero_ps();
     for (int64_t j = 0; j < T; j += 16) {
-        __m512 v = _mm512_mul_ps(sc, fq_apply16(_mm512_mul_ps(_mm512_loadu_ps(y + j), _mm512_set1_ps(fqk)), fs));
-        if (mrow) v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_sub_ps(one, _mm512_loadu_ps(mrow + j)), mv));
-        _mm512_storeu_ps(y + j, v);
-        mx = _mm512_max_ps(v, mx);
+        const __m512 mt = mrow ? _mm512_mul_ps(_mm512_sub_ps(one, _mm512_loadu_ps(mrow + j)), mv) : one;
+        for (int r = 0; r < R; r++) {
+            __m512 v = _mm512_mul_ps(sc, fq_apply16(_mm512_mul_ps(_mm512_loadu_ps(y + r * ldy + j), k), fs));
+            if (mrow) v = _mm512_add_ps(v, mt);
+            _mm512_storeu_ps(y + r * ldy + j, v);
+            mx[r] = _mm512_max_ps(v, mx[r]);
+        }
     }
-    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m256 s8 = _mm256_setzero_ps();
-    for (int64_t j = 0; j < T; j += 16) {
-        const __m512 e = exp16_exact(_mm512_sub_ps(_mm512_loadu_ps(y + j), m));
-        _mm512_storeu_ps(y + j, e);
-        s8 = sum8_add16(s8, e);
-    }
-    const __m512 inv = _mm512_set1_ps(1.0f / sum8_total(s8));
+    for (int r = 0; r < R; r++) m[r] = _mm512_set1_ps(_mm512_reduce_max_ps(mx[r]));
     for (int64_t j = 0; j < T; j += 16)
-        _mm512_storeu_ps(y + j, fq_code16(_mm512_mul_ps(_mm512_loadu_ps(y + j), inv), fp));
+        for (int r = 0; r < R; r++) {
+            const __m512 e = exp16_exact(_mm512_sub_ps(_mm512_loadu_ps(y + r * ldy + j), m[r]));
+            _mm512_storeu_ps(y + r * ldy + j, e);
+            s8[r] = sum8_add16(s8[r], e);
+        }
+    for (int r = 0; r < R; r++) inv[r] = _mm512_set1_ps(1.0f / sum8_total(s8[r]));
+    for (int64_t j = 0; j < T; j += 16)
+        for (int r = 0; r < R; r++)
+            _mm512_storeu_ps(y + r * ldy + j, fq_code16(_mm512_mul_ps(_mm512_loadu_ps(y + r * ldy + j), inv[r]), fp));
 }
 
 /* The context codes of attn_head_fq (d a multiple of 16): c[t·H + e] = quant_u8(fq_apply(q[t·d + e]·fpv, fc)). */
@@ -1300,8 +1310,8 @@ IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int
     for (int64_t i = 0; i < T; i++) {
         float *y = S + i * Tp;
 #if defined(__x86_64__) && defined(__GNUC__)
-        if (w16) {
-            scores_fq_row_512(y, mrow, in->scale, fqk, fs, fp, T);
+        if (w16) { /* T is a multiple of 16: four rows at a time */
+            if (i % 4 == 0) scores_fq_rows_512(y, Tp, mrow, in->scale, fqk, fs, fp, T);
             continue;
         }
 #endif
