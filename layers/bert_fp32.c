@@ -38,33 +38,45 @@ static void gemm_nt(BqPrecision p, float *out, const float *x, const float *w, i
 /* The fp32/bf16 engine's Linear (layers/bert_fused.h): the GEMM in ctx->prec on floats, then the
  * epilogue's fp32 kernel. Query, key and value write one interleaved (rows, 3H) block by three GEMMs
  * with row stride 3H straight from the parameters (no per-forward copy of the weights), their biases
- * concatenated into one (3H) vector. */
+ * concatenated into one (3H) vector, a block of whole sequences at a time. */
 static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, const BqFusedStep *s, BqFusedAct *out) {
     const BqBert *m = user;
     const BqBertLayer *L = &m->layers[l];
     const int64_t R = s->rows, N = s->N;
     switch (s->id) {
     case BQ_LIN_QKV: {
-        const int64_t H = N, T = s->T, d = s->d;
+        /* blocks of whole sequences, at most bq_fused_block_rows rows (at least one sequence): the products
+         * of one block at a time, as the integer engine holds its sums */
+        const int64_t H = N, T = s->T, d = s->d, units = R / T;
+        const int64_t per = bq_fused_block_rows(m->cfg.intermediate_size) / T, ub = per > 1 ? per : 1;
+        const int64_t brows = (ub < units ? ub : units) * T;
+        BQ_CHECK(units * T == R);
         float *bqkv = bq_arena_alloc(ctx->act, (size_t)(3 * H) * sizeof(float));
-        float *qkv = bq_arena_alloc(ctx->act, (size_t)(R * 3 * H) * sizeof(float));
+        float *qkv = bq_arena_alloc(ctx->act, (size_t)(brows * 3 * H) * sizeof(float));
         const BqTensor *W[3] = {&L->q_w, &L->k_w, &L->v_w}, *Bs[3] = {&L->q_b, &L->k_b, &L->v_b};
         for (int j = 0; j < 3; j++) memcpy(bqkv + j * H, Bs[j]->data, (size_t)H * sizeof(float));
+        uint16_t *w3 = NULL;
         if (ctx->prec == BQ_PRECISION_BF16) {
-            /* one (R,3H) product on the three weights' bf16 words stacked as (3H,H): the input is
-             * converted once, and the destination is dense */
-            uint16_t *w3 = bq_arena_alloc(ctx->act, (size_t)(3 * H * H) * sizeof(uint16_t));
+            /* one (rows,3H) product on the three weights' bf16 words stacked as (3H,H): the input is
+             * converted once per block, and the destination is dense */
+            w3 = bq_arena_alloc(ctx->act, (size_t)(3 * H * H) * sizeof(uint16_t));
             for (int j = 0; j < 3; j++) bq_bf16_words(w3 + j * H * H, W[j]->data, H * H);
-            bq_gemm_mat(ctx->prec, BQ_NOTRANS, BQ_TRANS, R, 3 * H, H, bq_mat_f32(in->f), H,
-                        (BqMat){.f = NULL, .h = w3}, H, 0.0f, qkv, 3 * H);
-        } else {
-            for (int j = 0; j < 3; j++) gemm_nt_ld(ctx->prec, qkv + j * H, 3 * H, in->f, W[j]->data, R, H, H);
         }
         const int64_t nthr = omp_get_max_threads();
         float *scratch = bq_arena_alloc(ctx->act, (size_t)(nthr * bq_infer_attention_scratch(T, d)) * sizeof(float));
-        const double t0 = bq_section_start();
-        bq_infer_attention_f32(out->f, qkv, bqkv, s->mask, scratch, nthr, s->scale, s->B, T, s->NH, d);
-        bq_section_end(BQ_SEC_ATTENTION, t0);
+        for (int64_t u0 = 0; u0 < units; u0 += ub) {
+            const int64_t nb = units - u0 < ub ? units - u0 : ub, r0 = u0 * T, rb = nb * T;
+            const float *x = in->f + r0 * H;
+            if (w3)
+                bq_gemm_mat(ctx->prec, BQ_NOTRANS, BQ_TRANS, rb, 3 * H, H, bq_mat_f32(x), H,
+                            (BqMat){.f = NULL, .h = w3}, H, 0.0f, qkv, 3 * H);
+            else
+                for (int j = 0; j < 3; j++) gemm_nt_ld(ctx->prec, qkv + j * H, 3 * H, x, W[j]->data, rb, H, H);
+            const double t0 = bq_section_start();
+            bq_infer_attention_f32(out->f + r0 * H, qkv, bqkv, s->mask ? s->mask + r0 : NULL, scratch, nthr, s->scale,
+                                   nb, T, s->NH, d);
+            bq_section_end(BQ_SEC_ATTENTION, t0);
+        }
         return BQ_OK;
     }
     case BQ_LIN_AO: {

@@ -91,12 +91,11 @@ int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask
     const size_t mark = bq_arena_mark(ctx->act);
     int st;
 
-    /* a = LayerNorm(dense(context) + x) lives until the output dense's last block. An engine whose
-     * query/key/value bracket takes one block's room takes it first, so that the context and the input
-     * codes, dead after the attention output dense, are given back before the intermediate dense; else a
-     * comes after them, not on top of the bracket's products for every row (BqFusedEngine.qkv_blocks). */
-    BqFusedAct a = {NULL, NULL};
-    if (e->qkv_blocks) a = act_new(ctx, R, H, 1, e->codes);
+    /* a = LayerNorm(dense(context) + x) lives until the output dense's last block: it is taken first, so
+     * that the context and the input codes, dead after the attention output dense, are given back before
+     * the intermediate dense (the query/key/value bracket holds one block's products: a on top of it costs
+     * no more than the attention output dense's x, context and a together) */
+    BqFusedAct a = act_new(ctx, R, H, 1, e->codes);
     const size_t attn_mark = bq_arena_mark(ctx->act);
     BqFusedAct in = {x->data, NULL};
     if (e->codes) {
@@ -121,11 +120,10 @@ int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask
     }
 
     /* BertSelfOutput: LayerNorm(dense(context) + x) */
-    if (!e->qkv_blocks) a = act_new(ctx, R, H, 1, e->codes);
     s = (BqFusedStep){.id = BQ_LIN_AO, .rows = R, .N = H, .resid = xr,
                       .lnw = L->ln1_w.data, .lnb = L->ln1_b.data, .eps = c->layer_norm_eps};
     if ((st = run_step(e, ctx, l, &cx, &s, &a))) goto cleanup;
-    if (e->qkv_blocks) bq_arena_rewind(ctx->act, attn_mark);
+    bq_arena_rewind(ctx->act, attn_mark);
 
     /* BertIntermediate and BertOutput, e->mlp_rows rows at a time: h = gelu(dense(a)) of a block, then
      * LayerNorm(dense(h) + a) of its rows, so h takes one block's room (every op is row-wise) */

@@ -22,12 +22,10 @@
  * wrote them there, or the layer quantizes its input, the embeddings' output, into it). So the outputs
  * take one layer's room however many layers the model has, the embeddings' output included. Every
  * temporary is taken after them: the context, a (read until the output dense's last block) and h (one
- * block of rows: BqFusedEngine.mlp_rows), given back when the layer ends. An engine whose query/key/value
- * bracket works in blocks (BqFusedEngine.qkv_blocks) has a taken first and the context given back after
- * the attention output dense, so its intermediate dense runs without the context; an engine whose bracket
- * holds every row's products peaks in that bracket, and a comes after it. What an engine takes inside one
- * bracket (BqFusedEngine.linear's int32 sums or float products, the attention's scratch) is given back
- * when the bracket ends. So a forward holds one layer's activations and one bracket's scratch at a time.
+ * block of rows: BqFusedEngine.mlp_rows), given back when the layer ends; a is taken first and the
+ * context given back after the attention output dense, so the intermediate dense runs without the context.
+ * What an engine takes inside one bracket (BqFusedEngine.linear's int32 sums or float products of one
+ * block of whole sequences, the attention's scratch) is given back when the bracket ends. So a forward holds one layer's activations and one bracket's scratch at a time.
  * A caller that keeps every layer's output (BqBertInput.hidden) sets BqFusedRun.keep: each output then
  * gets its own room in ctx->act, as a layer run op by op does.
  * Reference: HF transformers modeling_bert.py (BertLayer in evaluation mode) for the semantics. */
@@ -66,10 +64,6 @@ typedef struct BqFusedEngine {
     /* the intermediate and output dense run on blocks of at most this many rows (<= 0: all rows at once),
      * one block's intermediate activations at a time */
     int64_t mlp_rows;
-    /* 1: the query/key/value bracket holds the products of one block of rows at a time (the int8 engine),
-     * so the layer takes a before the context and gives the context back after the attention output
-     * dense; 0: it holds every row's products (the fp32 engine), and a is taken after the context */
-    int qkv_blocks;
     /* 1 when layer l runs fused in this engine (else the forward runs it op by op) */
     int (*layer_ok)(void *user, int l);
     /* One bracket (see BqFusedStep) on in (rows of the input, floats and/or codes) into out; scratch

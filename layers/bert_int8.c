@@ -636,7 +636,7 @@ static int hook_run(void *user, BqCtx *ctx, int l, BqLinearId id, BqTensor *x, c
 
 /* One forward of the whole model on the batch in. */
 static int forward_pass(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits) {
-    BqFusedEngine fe = {.user = e, .codes = 1, .mlp_rows = e->step_rows, .qkv_blocks = 1, .layer_ok = layer_ok,
+    BqFusedEngine fe = {.user = e, .codes = 1, .mlp_rows = e->step_rows, .layer_ok = layer_ok,
                         .linear = linear_step, .quantize_input = quantize_input};
     BqFusedRun run = {.e = &fe, .m = m, .keep = in->hidden != NULL};
     BqLinearHook hook = {.user = &run, .run = hook_run, .layer = bq_fused_layer};

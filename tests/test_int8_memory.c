@@ -22,7 +22,9 @@
  *    the three full-size outputs more), and on the fake-quant forward op by op
  *    (bq_bert_forward, the path of the ort and qdqbert schemes), which copies each layer's output into
  *    one of two buffers and gives the layer's activations back; keeping every layer's output
- *    (BqBertInput.hidden) takes more room and gives the same logits, bit for bit; the integer engine in
+ *    (BqBertInput.hidden) takes more room and gives the same logits, bit for bit; the fp32 engine in
+ *    blocks of one sequence (bq_fused_set_block_rows) holds one block's query/key/value products, not every
+ *    row's (a bound its earlier build, which held them all, exceeds); the integer engine in
  *    passes of one example (bq_int8_set_pass_rows: passes of whole examples of at most that many rows)
  *    takes less than half the batch's room and gives the same logits, bit for bit, as it does for a
  *    question-answering head's (B,T,2) logits; the integer engine's peak is that of its intermediate dense,
@@ -31,12 +33,15 @@
  * The model is a random cpu-scheme PTQ, 2 layers, hidden 256, intermediate 1024 (weights of whole pages),
  * max-calibrated on random batches and saved as a checkpoint. */
 #include <errno.h>
+#include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "autograd/infer_kernels.h"
 #include "autograd/qgemm.h"
 #include "export/ckpt.h"
 #include "layers/bert_fp32.h"
@@ -178,6 +183,26 @@ static void check_activation_peaks(const Batch *bt) {
                "%s: the fused layers' outputs take room of their own (%zu bytes less than keeping 4 layers' "
                "outputs; at least %zu when each layer writes over its input)", name, k - p4, 3 * out_bytes);
         EXPECT(memcmp(l4, k4, sizeof l4) == 0, "%s: logits differ when every layer's output is kept", name);
+        if (fwd == FWD_FP32) { /* blocks of one sequence: the query/key/value bracket holds one block's products */
+            float b4[B * 2];
+            bq_fused_set_block_rows(T);
+            const size_t pb = forward_peak(4, fwd, 0, bt, b4, 0);
+            bq_fused_set_block_rows(0);
+            /* x, a and the context (4·M·H bytes each) with one block's products (12·T·H), the biases (12·H) and
+             * the attention's scratch; or, in the intermediate dense, x, a and one block's (T, I) floats */
+            const size_t MH = (size_t)B * T * H, TH = (size_t)T * H, d = H / 4;
+            const size_t scr = (size_t)omp_get_max_threads() * (size_t)bq_infer_attention_scratch(T, d) * 4;
+            const size_t qkv = 12 * MH + 12 * TH + 12 * (size_t)H + scr, mlp = 8 * MH + 4 * (size_t)T * I;
+            const size_t bound = (qkv > mlp ? qkv : mlp) + 4096;
+            printf("fp32: activation arena peak %zu bytes in blocks of one sequence (bound %zu)\n", pb, bound);
+            EXPECT(pb <= bound, "fp32: blocks of one sequence take %zu bytes, more than %zu (the query/key/value "
+                   "bracket holds every row's products?)", pb, bound);
+            /* OpenBLAS rounds a row differently for another M (layers/bert_int8.c, row_linear) */
+            double dmax = 0.0;
+            for (int i = 0; i < B * 2; i++) dmax = fmax(dmax, fabs((double)l4[i] - b4[i]));
+            printf("fp32: blocks of one sequence against the batch at once: max |logit difference| %.3g\n", dmax);
+            EXPECT(dmax <= 1e-5, "fp32: logits in blocks of one sequence differ by %.3g", dmax);
+        }
         if (fwd != FWD_INT8) continue;
         /* the fused layers' room at its largest, in the intermediate dense: the output's room (the embeddings'
          * output, M·H floats), the next layer's codes (M·H), a as floats and codes (5·M·H) and one block's
