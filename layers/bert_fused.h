@@ -25,7 +25,8 @@
  * block of rows: BqFusedEngine.mlp_rows), given back when the layer ends; a is taken first and the
  * context given back after the attention output dense, so the intermediate dense runs without the context.
  * What an engine takes inside one bracket (BqFusedEngine.linear's int32 sums or float products of one
- * block of whole sequences, the attention's scratch) is given back when the bracket ends. So a forward holds one layer's activations and one bracket's scratch at a time.
+ * block of whole sequences, the attention's scratch) is given back when the bracket ends. So a forward
+ * holds one layer's activations and one bracket's scratch at a time.
  * A caller that keeps every layer's output (BqBertInput.hidden) sets BqFusedRun.keep: each output then
  * gets its own room in ctx->act, as a layer run op by op does.
  * Reference: HF transformers modeling_bert.py (BertLayer in evaluation mode) for the semantics. */
