@@ -769,6 +769,57 @@ IK_512_INLINE float sum8_total(__m256 s) {
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
+/* exp_fast of 16 lanes in the portable kernel's operations (no fused multiply-add; the fake-quant kernels
+ * below use it, and the max and min take the bound as the first operand, so a NaN lane keeps its NaN as
+ * the scalar compares do). */
+IK_512_INLINE __m512 exp16_exact(__m512 x) {
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    const __m512 xc = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.3f), x));
+    const __m512 n =
+        _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)), magic), magic);
+    __m512 r = _mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+    static const float cf[7] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    for (int i = 0; i < 7; i++) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(cf[i]));
+    const __m512 nz = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(n, n, _CMP_ORD_Q), n);
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(nz), _mm512_set1_epi32(127)), 23);
+    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ), _mm512_setzero_ps());
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.0f), _CMP_GT_OQ), _mm512_set1_ps(INFINITY));
+}
+
+/* fq_code of 16 lanes: clamp(x/s) to [lo, hi], rounded as rne_small rounds (fq_code_of's operations). */
+IK_512_INLINE __m512 fq_code16(__m512 x, BqFq q) {
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    __m512 v = _mm512_div_ps(x, _mm512_set1_ps(q.s));
+    v = _mm512_min_ps(_mm512_set1_ps(q.hi), _mm512_max_ps(_mm512_set1_ps(q.lo), v));
+    return _mm512_sub_ps(_mm512_add_ps(v, magic), magic);
+}
+
+/* The softmax of four rows (leading dim ldy, T a multiple of 16) whose masked, scaled scores are in y and
+ * whose lane maxima are in mx: exp of the differences from each row's max (exp16, or exp16_exact where
+ * exact), the sums in 8 lanes, and the normalized values, or their codes on the grid fp where fp is given. */
+IK_512_INLINE void softmax_rows_tail_512(float *y, int64_t ldy, const __m512 mx[4], int64_t T, const int exact,
+                                         const BqFq *fp) {
+    __m512 m[4], inv[4];
+    __m256 sum[4];
+    for (int r = 0; r < 4; r++) m[r] = _mm512_set1_ps(_mm512_reduce_max_ps(mx[r])), sum[r] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < T; j += 16)
+        for (int r = 0; r < 4; r++) {
+            const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(y + r * ldy + j), m[r]);
+            const __m512 e = exact ? exp16_exact(x) : exp16(x);
+            _mm512_storeu_ps(y + r * ldy + j, e);
+            sum[r] = sum8_add16(sum[r], e);
+        }
+    for (int r = 0; r < 4; r++) inv[r] = _mm512_set1_ps(1.0f / sum8_total(sum[r]));
+    for (int64_t j = 0; j < T; j += 16)
+        for (int r = 0; r < 4; r++) {
+            const __m512 p = _mm512_mul_ps(_mm512_loadu_ps(y + r * ldy + j), inv[r]);
+            _mm512_storeu_ps(y + r * ldy + j, fp ? fq_code16(p, *fp) : p);
+        }
+}
+
 /* softmax_row_fma 16 lanes wide (T a multiple of 16) on 4 rows of y (row stride ldy) at once: each row gets
  * exactly the single-row operations, in their order, with its sum in the AVX2 kernel's 8 lanes; the rows
  * only interleave, so that one row's max, exp and sum chains overlap the others' (5-9 % off the attention
@@ -776,9 +827,8 @@ IK_512_INLINE float sum8_total(__m256 s) {
 IK_512_INLINE void softmax_rows_512(float *y, int64_t ldy, const float *mrow, float scale, int64_t T) {
     enum { R = 4 };
     const __m512 sc = _mm512_set1_ps(scale), one = _mm512_set1_ps(1.0f), mv = _mm512_set1_ps(-FLT_MAX);
-    __m512 mx[4], m[4], inv[4];
-    __m256 sum[4];
-    for (int r = 0; r < R; r++) mx[r] = _mm512_set1_ps(-INFINITY), sum[r] = _mm256_setzero_ps();
+    __m512 mx[4];
+    for (int r = 0; r < R; r++) mx[r] = _mm512_set1_ps(-INFINITY);
     for (int64_t j = 0; j < T; j += 16) {
         const __m512 mt = mrow ? _mm512_mul_ps(_mm512_sub_ps(one, _mm512_loadu_ps(mrow + j)), mv) : one;
         for (int r = 0; r < R; r++) {
@@ -788,17 +838,7 @@ IK_512_INLINE void softmax_rows_512(float *y, int64_t ldy, const float *mrow, fl
             mx[r] = _mm512_max_ps(mx[r], v);
         }
     }
-    for (int r = 0; r < R; r++) m[r] = _mm512_set1_ps(_mm512_reduce_max_ps(mx[r]));
-    for (int64_t j = 0; j < T; j += 16)
-        for (int r = 0; r < R; r++) {
-            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(y + r * ldy + j), m[r]));
-            _mm512_storeu_ps(y + r * ldy + j, e);
-            sum[r] = sum8_add16(sum[r], e);
-        }
-    for (int r = 0; r < R; r++) inv[r] = _mm512_set1_ps(1.0f / sum8_total(sum[r]));
-    for (int64_t j = 0; j < T; j += 16)
-        for (int r = 0; r < R; r++)
-            _mm512_storeu_ps(y + r * ldy + j, _mm512_mul_ps(_mm512_loadu_ps(y + r * ldy + j), inv[r]));
+    softmax_rows_tail_512(y, ldy, mx, T, 0, NULL);
 }
 
 /* S = q · Kt, 4 query rows at a time. */
@@ -840,26 +880,9 @@ IK_512 static void bias_gelu_rows_512(float *x, const float *bias, int64_t M, in
 
 /* ---- AVX-512 kernels with fake quantizers (ort, qdqbert) ----
  * These replicate the portable kernels' bits (no fused multiply-add: autograd/fastmath.h's exp_fast,
- * erfc_pos and fq_code_of, operation for operation), since fake quant's forward runs those. The max and
- * min below take the bound as the first operand, so a NaN lane keeps its NaN as the scalar compares do. */
-
-/* exp_fast of 16 lanes. */
-IK_512_INLINE __m512 exp16_exact(__m512 x) {
-    const __m512 magic = _mm512_set1_ps(12582912.0f);
-    const __m512 xc = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.3f), x));
-    const __m512 n =
-        _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)), magic), magic);
-    __m512 r = _mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
-    static const float cf[7] = {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    for (int i = 0; i < 7; i++) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(cf[i]));
-    const __m512 nz = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(n, n, _CMP_ORD_Q), n);
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(nz), _mm512_set1_epi32(127)), 23);
-    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ), _mm512_setzero_ps());
-    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.0f), _CMP_GT_OQ), _mm512_set1_ps(INFINITY));
-}
+ * erfc_pos and fq_code_of, operation for operation, with exp16_exact and fq_code16 above), since fake
+ * quant's forward runs those. The max and min below take the bound as the first operand, so a NaN lane
+ * keeps its NaN as the scalar compares do. */
 
 /* gelu (erfc_pos, exp_fast) of 16 lanes. */
 IK_512_INLINE __m512 gelu16_exact(__m512 x) {
@@ -875,14 +898,6 @@ IK_512_INLINE __m512 gelu16_exact(__m512 x) {
     const __m512 cdf =
         _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ), h, _mm512_sub_ps(one, h));
     return _mm512_mul_ps(x, cdf);
-}
-
-/* fq_code of 16 lanes: clamp(x/s) to [lo, hi], rounded as rne_small rounds. */
-IK_512_INLINE __m512 fq_code16(__m512 x, BqFq q) {
-    const __m512 magic = _mm512_set1_ps(12582912.0f);
-    __m512 v = _mm512_div_ps(x, _mm512_set1_ps(q.s));
-    v = _mm512_min_ps(_mm512_set1_ps(q.hi), _mm512_max_ps(_mm512_set1_ps(q.lo), v));
-    return _mm512_sub_ps(_mm512_add_ps(v, magic), magic);
 }
 
 /* fq_apply of 16 lanes. */
@@ -1045,9 +1060,8 @@ IK_512 static void scores_fq_rows_512(float *y, int64_t ldy, const float *mrow, 
     enum { R = 4 };
     const __m512 sc = _mm512_set1_ps(scale), one = _mm512_set1_ps(1.0f), mv = _mm512_set1_ps(-FLT_MAX);
     const __m512 k = _mm512_set1_ps(fqk);
-    __m512 mx[R], m[R], inv[R];
-    __m256 s8[R];
-    for (int r = 0; r < R; r++) mx[r] = _mm512_set1_ps(-INFINITY), s8[r] = _mm256_setzero_ps();
+    __m512 mx[R];
+    for (int r = 0; r < R; r++) mx[r] = _mm512_set1_ps(-INFINITY);
     for (int64_t j = 0; j < T; j += 16) {
         const __m512 mt = mrow ? _mm512_mul_ps(_mm512_sub_ps(one, _mm512_loadu_ps(mrow + j)), mv) : one;
         for (int r = 0; r < R; r++) {
@@ -1057,17 +1071,7 @@ IK_512 static void scores_fq_rows_512(float *y, int64_t ldy, const float *mrow, 
             mx[r] = _mm512_max_ps(v, mx[r]);
         }
     }
-    for (int r = 0; r < R; r++) m[r] = _mm512_set1_ps(_mm512_reduce_max_ps(mx[r]));
-    for (int64_t j = 0; j < T; j += 16)
-        for (int r = 0; r < R; r++) {
-            const __m512 e = exp16_exact(_mm512_sub_ps(_mm512_loadu_ps(y + r * ldy + j), m[r]));
-            _mm512_storeu_ps(y + r * ldy + j, e);
-            s8[r] = sum8_add16(s8[r], e);
-        }
-    for (int r = 0; r < R; r++) inv[r] = _mm512_set1_ps(1.0f / sum8_total(s8[r]));
-    for (int64_t j = 0; j < T; j += 16)
-        for (int r = 0; r < R; r++)
-            _mm512_storeu_ps(y + r * ldy + j, fq_code16(_mm512_mul_ps(_mm512_loadu_ps(y + r * ldy + j), inv[r]), fp));
+    softmax_rows_tail_512(y, ldy, mx, T, 1, &fp);
 }
 
 /* The context codes of attn_head_fq (d a multiple of 16): c[t·H + e] = quant_u8(fq_apply(q[t·d + e]·fpv, fc)). */
