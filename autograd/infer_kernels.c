@@ -990,6 +990,38 @@ IK_512 static void gelu_fq_lut_512(uint8_t *codes, const int32_t *acc, const int
         }
 }
 
+/* gelu_fq_lut_512 with AVX512-VBMI: the table's bytes in four registers, 64 values looked up by two byte
+ * permutes (entries below and from 128) instead of four gathers; NaN lanes get entry nt. */
+#define IK_VBMI __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512vbmi,avx2,fma")))
+IK_VBMI static void gelu_fq_lut_vbmi(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                                     const float *bias, BqFq fin, const int32_t *tab, int nt, int64_t M, int64_t N) {
+    uint8_t t8[256];
+    for (int i = 0; i < 256; i++) t8[i] = (uint8_t)(i < nt ? tab[i] : 0);
+    const __m512i t0 = _mm512_loadu_si512(t8), t1 = _mm512_loadu_si512(t8 + 64);
+    const __m512i t2 = _mm512_loadu_si512(t8 + 128), t3 = _mm512_loadu_si512(t8 + 192);
+    const __m512i lo = _mm512_set1_epi32((int32_t)fin.lo), nanv = _mm512_set1_epi8((char)tab[nt]);
+#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N;) {
+            const int parts = N - n >= 64 ? 4 : 1;
+            __m512i idx = _mm512_setzero_si512();
+            __mmask64 nan = 0;
+            for (int u = 0; u < parts; u++) {
+                const int64_t o = n + 16 * u;
+                const __m512 c = fq_code16(dequant16(acc + m * N + o, comp + o, scale + o, bias + o), fin);
+                nan |= (__mmask64)_mm512_cmp_ps_mask(c, c, _CMP_UNORD_Q) << (16 * u);
+                const __m128i b = _mm512_cvtepi32_epi8(_mm512_sub_epi32(_mm512_cvtps_epi32(c), lo));
+                idx = _mm512_mask_broadcast_i32x4(idx, (__mmask16)(0xf << (4 * u)), b);
+            }
+            __m512i r = _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), _mm512_permutex2var_epi8(t0, idx, t1),
+                                               _mm512_permutex2var_epi8(t2, idx, t3));
+            r = _mm512_mask_mov_epi8(r, nan, nanv);
+            if (parts == 4) _mm512_storeu_si512(codes + m * N + n, r);
+            else _mm_storeu_si128((__m128i *)(codes + m * N + n), _mm512_castsi512_si128(r));
+            n += 16 * parts;
+        }
+}
+
 /* Row m of residual_layernorm_fq_512, 16 columns at a time, in the portable kernel's operations: the
  * dequantization with a separate multiply and add, the places' fake quantizers when fqon is set (an empty
  * place passes its value), ln_row_forward's two sums in its 8 lanes and order, its normalization left to
@@ -1218,6 +1250,13 @@ static int have_512(void) {
         v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
     return v && !getenv("BQ_INFER_PORTABLE") && !getenv("BQ_INFER_AVX2");
+}
+
+/* 1 when have_512() holds and the CPU has AVX512-VBMI (the byte permutes of gelu_fq_lut_vbmi). */
+static int have_vbmi(void) {
+    static int v = -1;
+    if (v < 0) v = __builtin_cpu_supports("avx512vbmi");
+    return v && have_512();
 }
 
 static int have_vnni(void) {
@@ -1511,7 +1550,8 @@ void bq_infer_gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int32_t *c
     const int nt = gelu_fq_table(tab, fin, fout, sq);
 #if defined(__x86_64__) && defined(__GNUC__)
     if (nt && have_512() && N % 16 == 0) {
-        gelu_fq_lut_512(codes, acc, comp, scale, bias, fin, tab, nt, M, N);
+        if (have_vbmi()) gelu_fq_lut_vbmi(codes, acc, comp, scale, bias, fin, tab, nt, M, N);
+        else gelu_fq_lut_512(codes, acc, comp, scale, bias, fin, tab, nt, M, N);
         return;
     }
 #endif
