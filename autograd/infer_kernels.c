@@ -975,49 +975,40 @@ IK_512 static void gelu_fq_quant_512(uint8_t *codes, const int32_t *acc, const i
         }
 }
 
-/* gelu_fq_table's lookup for 16 columns at a time (N a multiple of 16): fin's code of the dequantized
- * sum, its entry (NaN lanes the last one). */
+/* The lookup of a BqGeluFq table, 32 columns at a time (N a multiple of 16): fin's code of each dequantized sum as
+ * a 16-bit index, the table's 256 entries in eight registers of 32 words, looked up by four word permutes
+ * (entries 0-63, 64-127, 128-191, 192-255) and two blends on the index's bits 6 and 7 (AVX512-BW, which
+ * every CPU of these kernels has); NaN lanes get entry nt. */
 IK_512 static void gelu_fq_lut_512(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
                                    const float *bias, BqFq fin, const int32_t *tab, int nt, int64_t M, int64_t N) {
-    const __m512i lo = _mm512_set1_epi32((int32_t)fin.lo), nan_at = _mm512_set1_epi32(nt);
-#pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t n = 0; n < N; n += 16) {
-            const __m512 c = fq_code16(dequant16(acc + m * N + n, comp + n, scale + n, bias + n), fin);
-            const __m512i i = _mm512_mask_sub_epi32(nan_at, _mm512_cmp_ps_mask(c, c, _CMP_ORD_Q),
-                                                    _mm512_cvtps_epi32(c), lo);
-            _mm_storeu_si128((__m128i *)(codes + m * N + n), _mm512_cvtepi32_epi8(_mm512_i32gather_epi32(i, tab, 4)));
-        }
-}
-
-/* gelu_fq_lut_512 with AVX512-VBMI: the table's bytes in four registers, 64 values looked up by two byte
- * permutes (entries below and from 128) instead of four gathers; NaN lanes get entry nt. */
-#define IK_VBMI __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512vbmi,avx2,fma")))
-IK_VBMI static void gelu_fq_lut_vbmi(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                                     const float *bias, BqFq fin, const int32_t *tab, int nt, int64_t M, int64_t N) {
-    uint8_t t8[256];
-    for (int i = 0; i < 256; i++) t8[i] = (uint8_t)(i < nt ? tab[i] : 0);
-    const __m512i t0 = _mm512_loadu_si512(t8), t1 = _mm512_loadu_si512(t8 + 64);
-    const __m512i t2 = _mm512_loadu_si512(t8 + 128), t3 = _mm512_loadu_si512(t8 + 192);
-    const __m512i lo = _mm512_set1_epi32((int32_t)fin.lo), nanv = _mm512_set1_epi8((char)tab[nt]);
+    int16_t t16[256];
+    for (int i = 0; i < 256; i++) t16[i] = (int16_t)(i < nt ? tab[i] : 0);
+    __m512i t[8];
+    for (int i = 0; i < 8; i++) t[i] = _mm512_loadu_si512(t16 + 32 * i);
+    const __m512i lo = _mm512_set1_epi32((int32_t)fin.lo), nanv = _mm512_set1_epi16((int16_t)tab[nt]);
+    const __m512i b6 = _mm512_set1_epi16(64), b7 = _mm512_set1_epi16(128);
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N;) {
-            const int parts = N - n >= 64 ? 4 : 1;
-            __m512i idx = _mm512_setzero_si512();
-            __mmask64 nan = 0;
+            const int parts = N - n >= 32 ? 2 : 1;
+            __m256i half[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+            __mmask32 nan = 0;
             for (int u = 0; u < parts; u++) {
                 const int64_t o = n + 16 * u;
                 const __m512 c = fq_code16(dequant16(acc + m * N + o, comp + o, scale + o, bias + o), fin);
-                nan |= (__mmask64)_mm512_cmp_ps_mask(c, c, _CMP_UNORD_Q) << (16 * u);
-                const __m128i b = _mm512_cvtepi32_epi8(_mm512_sub_epi32(_mm512_cvtps_epi32(c), lo));
-                idx = _mm512_mask_broadcast_i32x4(idx, (__mmask16)(0xf << (4 * u)), b);
+                nan |= (__mmask32)_mm512_cmp_ps_mask(c, c, _CMP_UNORD_Q) << (16 * u);
+                half[u] = _mm512_cvtepi32_epi16(_mm512_sub_epi32(_mm512_cvtps_epi32(c), lo));
             }
-            __m512i r = _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), _mm512_permutex2var_epi8(t0, idx, t1),
-                                               _mm512_permutex2var_epi8(t2, idx, t3));
-            r = _mm512_mask_mov_epi8(r, nan, nanv);
-            if (parts == 4) _mm512_storeu_si512(codes + m * N + n, r);
-            else _mm_storeu_si128((__m128i *)(codes + m * N + n), _mm512_castsi512_si128(r));
+            const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(half[0]), half[1], 1);
+            const __mmask32 k6 = _mm512_test_epi16_mask(idx, b6), k7 = _mm512_test_epi16_mask(idx, b7);
+            const __m512i low = _mm512_mask_blend_epi16(k6, _mm512_permutex2var_epi16(t[0], idx, t[1]),
+                                                        _mm512_permutex2var_epi16(t[2], idx, t[3]));
+            const __m512i high = _mm512_mask_blend_epi16(k6, _mm512_permutex2var_epi16(t[4], idx, t[5]),
+                                                         _mm512_permutex2var_epi16(t[6], idx, t[7]));
+            const __m512i r = _mm512_mask_mov_epi16(_mm512_mask_blend_epi16(k7, low, high), nan, nanv);
+            const __m256i bytes = _mm512_cvtepi16_epi8(r);
+            if (parts == 2) _mm256_storeu_si256((__m256i *)(codes + m * N + n), bytes);
+            else _mm_storeu_si128((__m128i *)(codes + m * N + n), _mm256_castsi256_si128(bytes));
             n += 16 * parts;
         }
 }
@@ -1252,13 +1243,6 @@ static int have_512(void) {
     return v && !getenv("BQ_INFER_PORTABLE") && !getenv("BQ_INFER_AVX2");
 }
 
-/* 1 when have_512() holds and the CPU has AVX512-VBMI (the byte permutes of gelu_fq_lut_vbmi). */
-static int have_vbmi(void) {
-    static int v = -1;
-    if (v < 0) v = __builtin_cpu_supports("avx512vbmi");
-    return v && have_512();
-}
-
 static int have_vnni(void) {
     static int v = -1;
     if (v < 0) v = __builtin_cpu_supports("avx512vnni");
@@ -1336,7 +1320,6 @@ IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int
 #endif
         for (int64_t i = 0; i < T * d; i++) x[i] = fq_code(x[i], f);
     }
-    vnni = vnni && w16;
 #if defined(__x86_64__) && defined(__GNUC__)
     if (vnni) scores_vnni(S, Tp, Kt, q, k, fq[BQ_FQ_Q], T, d);
     if (isa && !vnni) transpose_all_fma(Kt, Tp, k, T, d);
@@ -1405,7 +1388,7 @@ static void attn_heads(uint8_t *codes, float *ctx, const AttnIn *in, float *scra
     /* 0 portable, 1 AVX2 + FMA, 2 AVX-512 (the 16-lane kernels need d, and T outside the products, to be
      * multiples of 16) */
     const int isa = have_fma() ? (have_512() && in->d % 16 == 0 ? 2 : 1) : 0;
-    const int vnni = isa == 2 && in->fq && have_vnni() && vnni_exact(in->fq, in->T, in->d);
+    const int vnni = isa == 2 && in->T % 16 == 0 && in->fq && have_vnni() && vnni_exact(in->fq, in->T, in->d);
 #pragma omp parallel for if (B * NH > 1) schedule(static)
     for (int64_t bh = 0; bh < B * NH; bh++) {
         const int64_t b = bh / NH, h = bh % NH, off = b * in->T * H + h * in->d;
@@ -1519,18 +1502,13 @@ void bq_infer_residual_layernorm_fq(float *out, uint8_t *codes, const int32_t *a
     residual_layernorm_fq_portable(out, codes, acc, comp, scale, bias, resid, f, lnw, lnb, eps, sq, M, N);
 }
 
-/* With a quantizer on the dense output (fin.s > 0, the ort scheme) GELU's input is one of the at most 256
- * values c·fin.s, c an integer in [fin.lo, fin.hi], so the output dense's code is a function of c: the
- * table holds it for each c, computed by the portable operations (the same bits as every kernel here),
- * and entry nt for a NaN input. Returns nt, or 0 where the bounds do not make such a table or the
- * environment sets BQ_INFER_GELU_EXACT (tests compare the table with the direct computation). */
-static int gelu_fq_table(int32_t tab[257], BqFq fin, BqFq fout, float sq) {
+void bq_infer_gelu_fq_prepare(BqGeluFq *g, BqFq fin, BqFq fout, float sq) {
+    *g = (BqGeluFq){.fin = fin, .fout = fout, .sq = sq};
     const int bounded = fin.lo >= -128.0f && fin.hi <= 255.0f && fin.hi - fin.lo < 256.0f;
-    if (!(fin.s > 0.0f) || !bounded || getenv("BQ_INFER_GELU_EXACT")) return 0;
-    const int nt = (int)(fin.hi - fin.lo) + 1;
-    for (int i = 0; i < nt; i++) tab[i] = quant_u8(fq_apply(gelu((fin.lo + (float)i) * fin.s), fout), sq);
-    tab[nt] = quant_u8(fq_apply(gelu(NAN), fout), sq);
-    return nt;
+    if (!(fin.s > 0.0f) || !bounded || getenv("BQ_INFER_GELU_EXACT")) return;
+    g->nt = (int)(fin.hi - fin.lo) + 1;
+    for (int i = 0; i < g->nt; i++) g->tab[i] = quant_u8(fq_apply(gelu((fin.lo + (float)i) * fin.s), fout), sq);
+    g->tab[g->nt] = quant_u8(fq_apply(gelu(NAN), fout), sq);
 }
 
 IK_VEC static void gelu_fq_lut_portable(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
@@ -1545,31 +1523,29 @@ IK_VEC static void gelu_fq_lut_portable(uint8_t *codes, const int32_t *acc, cons
 }
 
 void bq_infer_gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                            const float *bias, BqFq fin, BqFq fout, float sq, int64_t M, int64_t N) {
-    int32_t tab[257];
-    const int nt = gelu_fq_table(tab, fin, fout, sq);
+                            const float *bias, const BqGeluFq *g, int64_t M, int64_t N) {
+    const BqFq fin = g->fin, fout = g->fout;
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (nt && have_512() && N % 16 == 0) {
-        if (have_vbmi()) gelu_fq_lut_vbmi(codes, acc, comp, scale, bias, fin, tab, nt, M, N);
-        else gelu_fq_lut_512(codes, acc, comp, scale, bias, fin, tab, nt, M, N);
+    if (g->nt && have_512() && N % 16 == 0) {
+        gelu_fq_lut_512(codes, acc, comp, scale, bias, fin, g->tab, g->nt, M, N);
         return;
     }
 #endif
-    if (nt) {
-        gelu_fq_lut_portable(codes, acc, comp, scale, bias, fin, tab, nt, M, N);
+    if (g->nt) {
+        gelu_fq_lut_portable(codes, acc, comp, scale, bias, fin, g->tab, g->nt, M, N);
         return;
     }
 #if defined(__x86_64__) && defined(__GNUC__)
     if (have_512() && N % 16 == 0 && !(fin.s > 0.0f) && !(fout.s > 0.0f)) {
-        gelu_quant_rows_exact_512(codes, acc, comp, scale, bias, sq, M, N, gelu_fast_on());
+        gelu_quant_rows_exact_512(codes, acc, comp, scale, bias, g->sq, M, N, gelu_fast_on());
         return;
     }
     if (have_512() && N % 16 == 0) {
-        gelu_fq_quant_512(codes, acc, comp, scale, bias, fin, fout, sq, M, N);
+        gelu_fq_quant_512(codes, acc, comp, scale, bias, fin, fout, g->sq, M, N);
         return;
     }
 #endif
-    gelu_fq_quant_portable(codes, acc, comp, scale, bias, fin, fout, sq, M, N);
+    gelu_fq_quant_portable(codes, acc, comp, scale, bias, fin, fout, g->sq, M, N);
 }
 
 /* Every CPU gives the same bits here: the portable loops have no fused multiply-add to differ by. */
@@ -1624,6 +1600,10 @@ double bq_infer_gelu_fast_check(float a, float b) {
 const char *bq_infer_isa(void) { return have_512() ? "AVX-512" : have_fma() ? "AVX2" : "portable"; }
 
 int bq_infer_vnni(void) { return have_vnni(); }
+
+const char *bq_infer_describe(void) {
+    return have_vnni() ? "AVX-512, VNNI attention products" : bq_infer_isa();
+}
 
 /* ---- fp32 attention and GELU (layers/bert_fp32.c) ---- */
 

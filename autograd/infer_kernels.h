@@ -47,6 +47,10 @@ const char *bq_infer_isa(void);
  * the fp32 products of the other kernels, whose integer sums are exact. */
 int bq_infer_vnni(void);
 
+/* What --version, bench and bench_int8 print for the fused kernels: bq_infer_isa(), with ", VNNI attention
+ * products" where bq_infer_vnni() holds. */
+const char *bq_infer_describe(void);
+
 /* out (M,N) = LayerNorm(dequant(acc) + bias + resid) with weight lnw and bias lnb (BertSelfOutput,
  * BertOutput without dropout), and, when codes is not NULL, codes (M,N) = its uint8 codes at scale sq
  * (the next Linear's input quantizer). out may not alias resid. */
@@ -133,10 +137,24 @@ void bq_infer_residual_layernorm_fq(float *out, uint8_t *codes, const int32_t *a
                                     const float *scale, const float *bias, const float *resid, const BqFq *f,
                                     const float *lnw, const float *lnb, float eps, float sq, int64_t M, int64_t N);
 
-/* codes (M,N) = uint8 codes at scale sq of fout(gelu(fin(dequant(acc) + bias))) (BertIntermediate with the
- * dense's and the GELU's output quantizers). */
+/* One layer's fake-quant GELU pass (BertIntermediate with the dense's and the GELU's output quantizers,
+ * codes at the output dense's input scale sq), prepared once (bq_infer_gelu_fq_prepare): where the dense
+ * output has a quantizer (ort), GELU's input is one of at most 256 values c·fin.s, and tab holds the code
+ * for each c (tab[i] for c = fin.lo + i, tab[nt] for a NaN input), computed by the portable operations,
+ * the same bits as every kernel here. nt is 0 where there is no such table (no fin, bounds wider than
+ * 256 codes, or BQ_INFER_GELU_EXACT set when it was prepared: tests compare the two): the pass then
+ * computes every value. */
+typedef struct BqGeluFq {
+    BqFq fin, fout;
+    float sq;
+    int nt;
+    int32_t tab[257];
+} BqGeluFq;
+void bq_infer_gelu_fq_prepare(BqGeluFq *g, BqFq fin, BqFq fout, float sq);
+
+/* codes (M,N) = uint8 codes at scale g->sq of g->fout(gelu(g->fin(dequant(acc) + bias))). */
 void bq_infer_gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                            const float *bias, BqFq fin, BqFq fout, float sq, int64_t M, int64_t N);
+                            const float *bias, const BqGeluFq *g, int64_t M, int64_t N);
 
 /* ---- fp32 kernels of the fused evaluation forward (layers/bert_fp32.h) ----
  * The same structure without integers: each takes the fp32 output of a bias-free GEMM. */

@@ -175,8 +175,8 @@ int main(int argc, char **argv) {
     }
     tp = bq_now() - tp;
 
-    printf("CPU: %s\n%s\nfused inference kernels: %s%s\n%s\n", cpu, bq_dnnl_describe(), bq_infer_isa(),
-           bq_infer_vnni() ? ", VNNI attention products" : "", bq_runtime_describe());
+    printf("CPU: %s\n%s\nfused inference kernels: %s\n%s\n", cpu, bq_dnnl_describe(), bq_infer_describe(),
+           bq_runtime_describe());
     printf("model: %s, %s scheme, %d integer Linears in %d GEMMs, packed in %.1f ms; seq %d\n", source,
            bq_scheme_name(qc.scheme), bq_int8_linear_count(e), bq_int8_gemm_count(e), tp * 1e3, T);
     printf("%6s %12s %12s %12s %10s %10s\n", "batch", "fp32 ms", "fakequant ms", "int8 ms", "fp32/int8",

@@ -41,6 +41,7 @@ typedef struct Int8Layer {
     int whole;           /* the layer runs as one fused block (layers/bert_fused.h); see bq_int8_prepare */
     int with_fq;         /* whole, with the fake quantizers fq between the GEMMs (ort, qdqbert: fq_points) */
     BqFq fq[BQ_FQ_LAYER];
+    BqGeluFq gelu;       /* with_fq: the intermediate dense's GELU pass (its table built once, at planning) */
     int ok[6];           /* Linear j (query … output.dense) runs on integers (plan_layer) */
     BqQuantizer *iq[6];  /* the grid of Linear j's input, where ok[j] */
     int groups;          /* groups of Linears packed so far (pack_group), 0..4: the layer is packed at 4 */
@@ -279,6 +280,7 @@ static int plan_layer(BqInt8Engine *e, const BqBert *m, int l) {
     const int exact = (int64_t)d * 128 * 128 <= (1 << 24) && (int64_t)c->max_position_embeddings * 128 * 128 <= (1 << 24);
     const int plain = linear_points_only(qs, l);
     IL->with_fq = linears && d % 8 == 0 && exact && !plain && fq_points(qs, l, IL->fq);
+    if (IL->with_fq) bq_infer_gelu_fq_prepare(&IL->gelu, IL->fq[BQ_FQ_INTER], IL->fq[BQ_FQ_GELU], IL->iq[5]->scale[0]);
     IL->whole = linears && d % 8 == 0 && (plain || IL->with_fq);
     e->nwhole += IL->whole;
     return BQ_OK;
@@ -580,8 +582,7 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
             break;
         case BQ_LIN_I:
             if (IL->with_fq)
-                bq_infer_gelu_fq_quant(oc, acc, comp, il->scale, il->bias, fq[BQ_FQ_INTER], fq[BQ_FQ_GELU], lo->sx, rb,
-                                       W);
+                bq_infer_gelu_fq_quant(oc, acc, comp, il->scale, il->bias, &IL->gelu, rb, W);
             else
                 bq_infer_gelu_quant(oc, acc, comp, il->scale, il->bias, lo->sx, rb, W);
             break;

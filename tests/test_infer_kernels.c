@@ -114,6 +114,14 @@ static void accumulators(BqRng *rng, int32_t *acc, int32_t *comp, int64_t M, int
 static const BqFq FQ_NONE = {0.0f, 0.0f, 0.0f};
 static BqFq fq8(float s) { return (BqFq){s, -128.0f, 127.0f}; }
 
+/* bq_infer_gelu_fq_quant with its pass prepared here (so the environment at the call decides its table). */
+static void gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
+                          const float *bias, BqFq fin, BqFq fout, float sq, int64_t M, int64_t N) {
+    BqGeluFq g;
+    bq_infer_gelu_fq_prepare(&g, fin, fout, sq);
+    bq_infer_gelu_fq_quant(codes, acc, comp, scale, bias, &g, M, N);
+}
+
 /* ---- GELU epilogues ---- */
 
 static void check_gelu(BqRng *rng, int portable) {
@@ -139,7 +147,7 @@ static void check_gelu(BqRng *rng, int portable) {
     for (int withfin = 1; withfin >= 0; withfin--) {
         for (int n = 0; n < N; n++) bias[n] = (float)((int)bq_rng_below(rng, 129) - 64) / 64.0f;
         const BqFq fin = withfin ? fq8(1.0f / 16.0f) : FQ_NONE, fout = fq8(1.0f / 64.0f);
-        bq_infer_gelu_fq_quant(codes, acc, comp, scale, bias, fin, fout, sq, M, N);
+        gelu_fq_quant(codes, acc, comp, scale, bias, fin, fout, sq, M, N);
         Tally tf = {0}, tin = {0}, tout = {0};
         for (int m = 0; m < M; m++)
             for (int n = 0; n < N; n++) {
@@ -619,7 +627,7 @@ static int gelu_fq_boundaries(void) {
         scale[n] = 1.0f;
         bias[n] = n % 2 ? nextafterf(x, INFINITY) : x; /* the input is (0 - 0)·1 + bias */
     }
-#define GELU_B(c) bq_infer_gelu_fq_quant(c, acc, comp, scale, bias, FQ_NONE, FQ_NONE, sq, M, N)
+#define GELU_B(c) gelu_fq_quant(c, acc, comp, scale, bias, FQ_NONE, FQ_NONE, sq, M, N)
     BOTH_WAYS(ca, cb, GELU_B);
     int wrong = 0;
     for (int64_t i = 0; i < M * N; i++) wrong += cb[i] != 128 + (int)nearbyintf(gelu_portable(bias[i % N]) / sq);
@@ -697,9 +705,9 @@ static int gelu_fq_table_bytes(void) {
         for (int isa = 0; isa < 3; isa++) { /* this CPU's fastest kernels, AVX2, portable */
             if (isa == 1) setenv("BQ_INFER_AVX2", "1", 1);
             if (isa == 2) setenv("BQ_INFER_PORTABLE", "1", 1);
-            bq_infer_gelu_fq_quant(ct, acc, comp, scale, bias, fin, fout, sq, M, N);
+            gelu_fq_quant(ct, acc, comp, scale, bias, fin, fout, sq, M, N);
             setenv("BQ_INFER_GELU_EXACT", "1", 1);
-            bq_infer_gelu_fq_quant(cx, acc, comp, scale, bias, fin, fout, sq, M, N);
+            gelu_fq_quant(cx, acc, comp, scale, bias, fin, fout, sq, M, N);
             unsetenv("BQ_INFER_GELU_EXACT");
             unsetenv("BQ_INFER_AVX2");
             unsetenv("BQ_INFER_PORTABLE");
@@ -747,7 +755,7 @@ static void check_avx512_bits(BqRng *rng) {
     bad += memcmp(fa, fb, sizeof(float) * (size_t)(M * N)) != 0;
     for (int k = 0; k < 2; k++) { /* with and without an input quantizer */
         const BqFq fin = k ? fq8(1.0f / 8.0f) : FQ_NONE, fout = fq8(1.0f / 32.0f);
-#define GELU_FQ(c) bq_infer_gelu_fq_quant(c, acc, comp, scale, bias, fin, fout, 4.0f / 127.0f, M, N)
+#define GELU_FQ(c) gelu_fq_quant(c, acc, comp, scale, bias, fin, fout, 4.0f / 127.0f, M, N)
         BOTH_WAYS(ca, cb, GELU_FQ);
         bad += memcmp(ca, cb, (size_t)(M * N)) != 0;
     }

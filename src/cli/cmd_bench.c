@@ -386,8 +386,8 @@ static void bench_print_json(const BenchOpts *o, const BenchResult *r) {
 /* Prints the run's settings, a table of ms per forward (a row per path timed, a column per batch size,
  * with the int8 speed-up rows) and the verdict on stdout. */
 static void bench_print_table(const BenchOpts *o, const BenchResult *r) {
-    printf("CPU        %s\n%s\nfused inference kernels: %s%s\n%s\n%s\n", r->cpu, bq_dnnl_describe(), bq_infer_isa(),
-           bq_infer_vnni() ? ", VNNI attention products" : "", bq_cpu_bf16_describe(), bq_runtime_describe());
+    printf("CPU        %s\n%s\nfused inference kernels: %s\n%s\n%s\n", r->cpu, bq_dnnl_describe(),
+           bq_infer_describe(), bq_cpu_bf16_describe(), bq_runtime_describe());
     printf("precision  %s\n", bq_precision_name(o->prec));
     printf("model      %s, seq %d, %d threads, median of %d rounds after a warm-up (%s)\n", o->model, r->T,
            bq_runtime_threads(), o->rounds, g_cpu_clock ? "process CPU time" : "wall time");

@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("bertqat %s\n%s\n", BQ_VERSION_STRING, bq_runtime_describe());
         printf("%s\n", bq_dnnl_describe());
-        printf("fused inference kernels: %s%s\n", bq_infer_isa(), bq_infer_vnni() ? ", VNNI attention products" : "");
+        printf("fused inference kernels: %s\n", bq_infer_describe());
         printf("%s\n", bq_dist_describe());
         printf("%s\n%s\n", bq_cpu_bf16_describe(), bq_gemm_bf16_describe());
         bq_dist_finalize();
