@@ -402,7 +402,11 @@ int bq_int8_fused_layer_count(const BqInt8Engine *e) { return e->use_whole ? e->
 void bq_int8_set_layer_fusion(BqInt8Engine *e, int on) { e->use_whole = on != 0; }
 int64_t bq_int8_step_rows(const BqInt8Engine *e) { return e->step_rows; }
 
-void bq_int8_set_pass_rows(BqInt8Engine *e, int64_t rows) { e->pass_rows = rows > 0 ? rows : BQ_INT8_PASS_ROWS; }
+void bq_int8_set_pass_rows(BqInt8Engine *e, int64_t rows) {
+    const int64_t by_bytes = BQ_INT8_PASS_BYTES / (4 * e->hidden); /* e->hidden > 0: a validated config */
+    e->pass_rows = rows > 0 ? rows : by_bytes > 1 ? by_bytes : 1;
+}
+int64_t bq_int8_pass_rows(const BqInt8Engine *e) { return e->pass_rows; }
 void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows) {
     if (rows > 0) {
         e->step_rows = rows;

@@ -78,16 +78,21 @@ void bq_int8_set_layer_fusion(BqInt8Engine *e, int on);
 void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows);
 int64_t bq_int8_step_rows(const BqInt8Engine *e);
 
-/* A forward covers at most this many rows at once (whole examples, at least one): a larger batch runs
- * in passes of the whole model, each on its own examples, so the activations take one pass's room
- * whatever the batch (BERT-base at batch 64 and 128 tokens: 2 passes). The results are the same bits
- * (every example's computation is its own). Not smaller by default: a pass reads every weight again, and
- * 8 sequences of 128 tokens per pass cost 2-4 % of the batch-32 forward on Zen 5 against one pass, where
- * the fused layers' blocks of the same rows reuse each weight from cache. rows <= 0 restores the default
- * (tests set small passes). One pass whenever the forward keeps every layer's output
- * (BqBertInput.hidden). */
-#define BQ_INT8_PASS_ROWS 4096
+/* A forward covers at most so many rows at once (whole examples, at least one): a larger batch runs in
+ * passes of the whole model, each on its own examples, so the activations take one pass's room whatever
+ * the batch. The default is the rows whose fp32 hidden states take BQ_INT8_PASS_BYTES (6 MiB): 4,096 rows
+ * (32 sequences of 128 tokens) at MiniLM's hidden size 384, 2,048 at BERT-base's 768. A pass holds about
+ * four such arrays (the layer's input and output, the attention block's LayerNorm output, with their codes)
+ * besides one block's sums, so a BERT-base evaluation at batch 64 holds 150 MiB at its peak instead of
+ * the 164 MiB of 4,096-row passes (Zen 5, docs/results.md), at the same speed within the noise of five
+ * alternations: its blocks of 512 rows read every weight again anyway. Not fewer rows: a pass reads every
+ * weight again, which cost MiniLM 2-4 % of the batch-32 forward on Zen 5 in passes of 1,024 rows, where
+ * the blocks of one pass reuse each weight from cache. The results are the same bits (every example's
+ * computation is its own). rows <= 0 restores the default (tests set small passes); bq_int8_pass_rows reads
+ * it. One pass whenever the forward keeps every layer's output (BqBertInput.hidden). */
+#define BQ_INT8_PASS_BYTES (6 << 20)
 void bq_int8_set_pass_rows(BqInt8Engine *e, int64_t rows);
+int64_t bq_int8_pass_rows(const BqInt8Engine *e);
 
 /* logits (B, num_labels), or (B,T,2) for the QA head, of the batch, in ctx->act, as bq_bert_forward
  * computes them in evaluation (ctx->tape must be NULL and ctx->training 0), in passes

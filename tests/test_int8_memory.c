@@ -128,6 +128,52 @@ static void check_step_rows(void) {
     }
 }
 
+/* The engine's default passes (bq_int8_set_pass_rows): the rows whose fp32 hidden states take
+ * BQ_INT8_PASS_BYTES (6,144 rows at hidden 256), and a batch of 8 examples more than one such pass takes
+ * one pass's room (its first pass's, plus the logits) and gives the first pass's examples the same logits. */
+static void check_pass_rows(void) {
+    enum { NP = BQ_INT8_PASS_BYTES / (4 * H) / T, NB = NP + 8 }; /* examples of one pass, of the batch */
+    BqBert m;
+    make_model(&m, 1, 1, 0);
+    BqInt8Engine *e = NULL;
+    BQ_CHECK(bq_int8_prepare(&e, &m) == BQ_OK);
+    printf("hidden %d: passes of %lld rows\n", H, (long long)bq_int8_pass_rows(e));
+    EXPECT(bq_int8_pass_rows(e) == (int64_t)NP * T && NP * T == 6144, "hidden %d: passes of %lld rows, expected %d",
+           H, (long long)bq_int8_pass_rows(e), NP * T);
+    int32_t *ids = bq_malloc(sizeof(int32_t) * NB * T), *types = bq_malloc(sizeof(int32_t) * NB * T);
+    float *mask = bq_malloc(sizeof(float) * NB * T), first[NP * 2];
+    BqRng rng;
+    bq_rng_seed(&rng, 9);
+    bq_test_padded_batch(ids, types, mask, NB, T, &rng, VOCAB, 3);
+    BqArena act;
+    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 28, "act") == BQ_OK);
+    size_t peak[2];
+    int same = 1;
+    for (int k = 0; k < 2; k++) {
+        BqCtx ctx = {.act = &act};
+        BqBertInput in = {.B = k ? NB : NP, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types};
+        BqTensor *lg;
+        act.peak = 0;
+        BQ_CHECK(bq_int8_forward(e, &m, &ctx, &in, &lg) == BQ_OK);
+        peak[k] = act.peak;
+        if (!k) memcpy(first, lg->data, sizeof first);
+        else same = memcmp(first, lg->data, sizeof first) == 0;
+        bq_arena_rewind(&act, 0);
+    }
+    printf("hidden %d: activation arena peak %zu bytes for %d examples of %d tokens (one pass), %zu for %d\n", H,
+           peak[0], NP, T, peak[1], NB);
+    EXPECT(peak[1] <= peak[0] + sizeof(float) * 2 * NB + 4096,
+           "%d examples take %zu bytes against %zu for one pass of %d: the batch ran in one pass", NB, peak[1], peak[0],
+           NP);
+    EXPECT(same, "the first pass's logits differ from those of its examples alone");
+    bq_arena_free(&act);
+    free(ids);
+    free(types);
+    free(mask);
+    bq_int8_free(e);
+    free_model(&m);
+}
+
 /* The forwards compared by forward_peak. */
 enum { FWD_FP32, FWD_INT8, FWD_FAKE_QUANT, FWD_COUNT };
 static const char *const fwd_name[FWD_COUNT] = {"fp32", "int8", "fake quant, op by op"};
@@ -314,6 +360,7 @@ int main(void) {
     snprintf(dir, sizeof dir, "%s/ptq", tmp);
     make_checkpoint(dir);
     check_step_rows();
+    check_pass_rows();
     BqRng rng;
     bq_rng_seed(&rng, 5);
     Batch bt;
