@@ -1013,46 +1013,55 @@ IK_512 static void gelu_fq_lut_512(uint8_t *codes, const int32_t *acc, const int
         }
 }
 
-/* Row m of residual_layernorm_fq_512, 16 columns at a time, in the portable kernel's operations: the
- * dequantization with a separate multiply and add, the places' fake quantizers when fqon is set (an empty
- * place passes its value), ln_row_forward's two sums in its 8 lanes and order, its normalization left to
- * right, quant_u8's codes. fqon is a constant in each caller, so the loops without places carry no test
- * of them (with the tests, bench_int8's epilogue section of the cpu scheme took 2-6 % longer on Zen 5). */
-IK_512_INLINE void resid_ln_row_512(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
-                                    const float *scale, const float *bias, const float *resid, const BqFq *f,
-                                    const float *lnw, const float *lnb, float eps, __m512 s, int64_t m, int64_t N,
-                                    const int fqon) {
-    float *y = out + m * N;
-    __m256 s8 = _mm256_setzero_ps();
-    for (int64_t n = 0; n < N; n += 16) {
-        __m512 v = dequant16(acc + m * N + n, comp + n, scale + n, bias + n);
-        const __m512 r = _mm512_loadu_ps(resid + m * N + n);
-        if (fqon)
-            v = fq_apply16(_mm512_add_ps(fq_apply16(v, f[BQ_FQ_LOCAL]), fq_apply16(r, f[BQ_FQ_SKIP])), f[BQ_FQ_SUM]);
-        else
-            v = _mm512_add_ps(v, r);
-        _mm512_storeu_ps(y + n, v);
-        s8 = sum8_add16(s8, v);
-    }
-    const __m512 mean = _mm512_set1_ps(sum8_total(s8) / (float)N);
-    s8 = _mm256_setzero_ps();
-    for (int64_t n = 0; n < N; n += 16) {
-        const __m512 xc = _mm512_sub_ps(_mm512_loadu_ps(y + n), mean);
-        s8 = sum8_add16(s8, _mm512_mul_ps(xc, xc));
-    }
-    const __m512 rstd = _mm512_set1_ps(1.0f / sqrtf(sum8_total(s8) / (float)N + eps));
-    for (int64_t n = 0; n < N; n += 16) {
-        __m512 v = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(y + n), mean), rstd),
-                                               _mm512_loadu_ps(lnw + n)),
-                                 _mm512_loadu_ps(lnb + n));
-        if (fqon) v = fq_apply16(v, f[BQ_FQ_LN]);
-        _mm512_storeu_ps(y + n, v);
-        if (codes) quant16(codes + m * N + n, v, s);
-    }
+/* Rows [m, m + R) (R 1..4) of residual_layernorm_fq_512, 16 columns at a time, in the portable kernel's
+ * operations: the dequantization with a separate multiply and add, the places' fake quantizers when fqon
+ * is set (an empty place passes its value), ln_row_forward's two sums in its 8 lanes and order, its
+ * normalization left to right, quant_u8's codes. Each row gets exactly the single-row operations in their
+ * order; the rows only interleave, so that one row's chains of sums overlap the others'. fqon is a
+ * constant in each caller, so the loops without places carry no test of them (with the tests, bench_int8's
+ * epilogue section of the cpu scheme took 2-6 % longer on Zen 5). */
+IK_512_INLINE void resid_ln_rows_512(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
+                                     const float *scale, const float *bias, const float *resid, const BqFq *f,
+                                     const float *lnw, const float *lnb, float eps, __m512 s, int64_t m, int64_t N,
+                                     const int R, const int fqon) {
+    __m256 s8[4];
+    __m512 mean[4], rstd[4];
+    for (int r = 0; r < R; r++) s8[r] = _mm256_setzero_ps();
+    for (int64_t n = 0; n < N; n += 16)
+        for (int r = 0; r < R; r++) {
+            const int64_t o = (m + r) * N + n;
+            __m512 v = dequant16(acc + o, comp + n, scale + n, bias + n);
+            const __m512 x = _mm512_loadu_ps(resid + o);
+            if (fqon)
+                v = fq_apply16(_mm512_add_ps(fq_apply16(v, f[BQ_FQ_LOCAL]), fq_apply16(x, f[BQ_FQ_SKIP])),
+                               f[BQ_FQ_SUM]);
+            else
+                v = _mm512_add_ps(v, x);
+            _mm512_storeu_ps(out + o, v);
+            s8[r] = sum8_add16(s8[r], v);
+        }
+    for (int r = 0; r < R; r++) mean[r] = _mm512_set1_ps(sum8_total(s8[r]) / (float)N), s8[r] = _mm256_setzero_ps();
+    for (int64_t n = 0; n < N; n += 16)
+        for (int r = 0; r < R; r++) {
+            const __m512 xc = _mm512_sub_ps(_mm512_loadu_ps(out + (m + r) * N + n), mean[r]);
+            s8[r] = sum8_add16(s8[r], _mm512_mul_ps(xc, xc));
+        }
+    for (int r = 0; r < R; r++) rstd[r] = _mm512_set1_ps(1.0f / sqrtf(sum8_total(s8[r]) / (float)N + eps));
+    for (int64_t n = 0; n < N; n += 16)
+        for (int r = 0; r < R; r++) {
+            float *y = out + (m + r) * N + n;
+            __m512 v = _mm512_add_ps(
+                _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(y), mean[r]), rstd[r]),
+                              _mm512_loadu_ps(lnw + n)),
+                _mm512_loadu_ps(lnb + n));
+            if (fqon) v = fq_apply16(v, f[BQ_FQ_LN]);
+            _mm512_storeu_ps(y, v);
+            if (codes) quant16(codes + (m + r) * N + n, v, s);
+        }
 }
 
-/* bq_infer_residual_layernorm_fq 16 columns at a time (N a multiple of 16), a row at a time
- * (resid_ln_row_512). With f NULL (every place empty) it is bq_infer_residual_layernorm's AVX-512 kernel:
+/* bq_infer_residual_layernorm_fq 16 columns at a time (N a multiple of 16), four rows at a time
+ * (resid_ln_rows_512). With f NULL (every place empty) it is bq_infer_residual_layernorm's AVX-512 kernel:
  * fq_apply passes a value through an empty place unchanged, so leaving the places out gives the same bits. */
 IK_512 static void residual_layernorm_fq_512(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
                                              const float *scale, const float *bias, const float *resid,
@@ -1063,10 +1072,19 @@ IK_512 static void residual_layernorm_fq_512(float *out, uint8_t *codes, const i
      * (unused when f is NULL) */
     BqFq fl[4] = {{0}};
     if (f) memcpy(fl, f, sizeof fl);
+    const int64_t groups = (M + 3) / 4;
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
-    for (int64_t m = 0; m < M; m++) {
-        if (f) resid_ln_row_512(out, codes, acc, comp, scale, bias, resid, fl, lnw, lnb, eps, s, m, N, 1);
-        else resid_ln_row_512(out, codes, acc, comp, scale, bias, resid, fl, lnw, lnb, eps, s, m, N, 0);
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t m = 4 * g;
+        if (m + 4 <= M) {
+            if (f) resid_ln_rows_512(out, codes, acc, comp, scale, bias, resid, fl, lnw, lnb, eps, s, m, N, 4, 1);
+            else resid_ln_rows_512(out, codes, acc, comp, scale, bias, resid, fl, lnw, lnb, eps, s, m, N, 4, 0);
+            continue;
+        }
+        for (int64_t r = m; r < M; r++) {
+            if (f) resid_ln_rows_512(out, codes, acc, comp, scale, bias, resid, fl, lnw, lnb, eps, s, r, N, 1, 1);
+            else resid_ln_rows_512(out, codes, acc, comp, scale, bias, resid, fl, lnw, lnb, eps, s, r, N, 1, 0);
+        }
     }
 }
 
