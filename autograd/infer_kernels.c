@@ -856,13 +856,47 @@ IK_512 static void context_all_512(uint8_t *codes, float *C, int64_t ldc, const 
     for (; i < T; i++) context_rows_512(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 1);
 }
 
+/* load_head for the 16-lane kernels: dequant_head's rows, parts and operations (a separate multiply and
+ * add) with the head's compensations, scales and biases held in registers (d a multiple of 16, at most 64),
+ * which dequant_head reloads for every row since its stores might alias them (8 % off a head's attention
+ * on a Zen 5 core at d = 32, 6 % at d = 64); load_head elsewhere. */
+IK_512 static void load_head_512(float *Kt, const AttnIn *in, int64_t b, int64_t h) {
+    const int64_t T = in->T, d = in->d, V = d / 16;
+    const BqQkvSums *s = in->sums;
+    if (!s || d % 16 || V > 4) {
+        load_head(Kt, in, b, h);
+        return;
+    }
+    float *dst = Kt + d * pad16(T) + T * pad16(T);
+    const int64_t Td = pad16(T * d), ld = s->ld, c0 = h * d, r0 = b * T;
+    __m512i cm[3][4];
+    __m512 sc[3][4], bs[3][4];
+    for (int p = 0; p < 3; p++)
+        for (int64_t v = 0; v < V; v++) {
+            cm[p][v] = _mm512_loadu_si512(s->comp[p] + c0 + 16 * v);
+            sc[p][v] = _mm512_loadu_ps(s->scale[p] + c0 + 16 * v);
+            bs[p][v] = _mm512_loadu_ps(s->bias[p] + c0 + 16 * v);
+        }
+    for (int64_t t = 0; t < T; t++)
+        for (int p = 0; p < 3; p++) {
+            const int32_t *a = s->acc[p] + (r0 + t) * ld + c0;
+            for (int64_t v = 0; v < V && t + PREFETCH_ROWS < T; v++)
+                _mm_prefetch((const char *)(a + PREFETCH_ROWS * ld + 16 * v), _MM_HINT_T0);
+            float *o = dst + p * Td + t * d;
+            for (int64_t v = 0; v < V; v++) {
+                const __m512 q = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(a + 16 * v), cm[p][v]));
+                _mm512_storeu_ps(o + 16 * v, _mm512_add_ps(_mm512_mul_ps(q, sc[p][v]), bs[p][v]));
+            }
+        }
+}
+
 /* attn_head_fma with the 16-lane kernels (T and d multiples of 16): the loads compiled for AVX-512, the
  * transpose of AVX2. */
 IK_512 static void attn_head_512(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int64_t h, float *Kt) {
     const int64_t T = in->T, d = in->d, Tp = pad16(T);
     const float *mrow = mask_row(in, b);
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
-    load_head(Kt, in, b, h);
+    load_head_512(Kt, in, b, h);
     transpose_all_fma(Kt, Tp, k, T, d);
     scores_all_512(S, Tp, q, Kt, T, d);
     for (int64_t i = 0; i < T; i += 4) softmax_rows_512(S + i * Tp, Tp, mrow, in->scale, T);
@@ -1325,7 +1359,11 @@ IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int
     const int64_t T = in->T, d = in->d, Tp = pad16(T), Td = pad16(T * d), H = in->NH * d;
     const BqFq *fq = in->fq;
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + Td, *v = k + Td;
-    load_head(Kt, in, b, h);
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (isa == 2) load_head_512(Kt, in, b, h);
+    else
+#endif
+        load_head(Kt, in, b, h);
     const int w16 = isa == 2 && T % 16 == 0; /* the AVX-512 elementwise loops (d is a multiple of 16) */
     for (int part = 0; part < 3; part++) {
         const BqFq f = fq[BQ_FQ_Q + part];
