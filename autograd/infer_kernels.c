@@ -488,14 +488,21 @@ static const float GELU_FAST_Q[5] = {1.0f, 0.515992582f, 0.117553338f, 0.0148806
 static int gelu_fast_on(void) { return !getenv("BQ_INFER_GELU_EXACT"); }
 
 /* g = x·Φ(x) by the fast erf, written once for both widths (VEC V8 or V16, T its type), so that gelu8_fast
- * and gelu16_fast do the same operations in the same order and give the same bits. */
+ * and gelu16_fast do the same operations in the same order and give the same bits. P and Q run in Estrin's
+ * order: the GELU codes' pass is bound by this chain, and Horner's (6 and 4 dependent multiply-adds) made
+ * it 9 % slower on a Zen 5 core (0.337 against 0.306 ns a value). */
 #define GELU_FAST(VEC, T, g, x)                                                                                        \
     const T one_ = VEC(set1)(1.0f), half_ = VEC(set1)(0.5f);                                                           \
     const T y_ = VEC(min)(VEC(max)(VEC(mul)(x, VEC(set1)((float)M_SQRT1_2)), VEC(set1)(-4.0f)), VEC(set1)(4.0f));    \
     const T u_ = VEC(mul)(y_, y_);                                                                                     \
-    T p_ = VEC(set1)(GELU_FAST_P[6]), q_ = VEC(set1)(GELU_FAST_Q[4]);                                                  \
-    for (int i_ = 5; i_ >= 0; i_--) p_ = VEC(fmadd)(p_, u_, VEC(set1)(GELU_FAST_P[i_]));                               \
-    for (int i_ = 3; i_ >= 0; i_--) q_ = VEC(fmadd)(q_, u_, VEC(set1)(GELU_FAST_Q[i_]));                               \
+    const T u2_ = VEC(mul)(u_, u_), u4_ = VEC(mul)(u2_, u2_);                                                         \
+    const T pa_ = VEC(fmadd)(VEC(set1)(GELU_FAST_P[1]), u_, VEC(set1)(GELU_FAST_P[0]));                                \
+    const T pb_ = VEC(fmadd)(VEC(set1)(GELU_FAST_P[3]), u_, VEC(set1)(GELU_FAST_P[2]));                                \
+    const T pc_ = VEC(fmadd)(VEC(set1)(GELU_FAST_P[5]), u_, VEC(set1)(GELU_FAST_P[4]));                                \
+    const T p_ = VEC(fmadd)(VEC(fmadd)(VEC(set1)(GELU_FAST_P[6]), u2_, pc_), u4_, VEC(fmadd)(pb_, u2_, pa_));          \
+    const T qa_ = VEC(fmadd)(VEC(set1)(GELU_FAST_Q[1]), u_, VEC(set1)(GELU_FAST_Q[0]));                                \
+    const T qb_ = VEC(fmadd)(VEC(set1)(GELU_FAST_Q[3]), u_, VEC(set1)(GELU_FAST_Q[2]));                                \
+    const T q_ = VEC(fmadd)(VEC(fmadd)(VEC(set1)(GELU_FAST_Q[4]), u2_, qb_), u2_, qa_);                                \
     T e_ = VEC(div)(VEC(mul)(y_, p_), q_);                                                                             \
     e_ = VEC(min)(VEC(max)(e_, VEC(set1)(-1.0f)), one_);                                                               \
     const T g = VEC(mul)(x, VEC(fmadd)(e_, half_, half_))
