@@ -19,8 +19,8 @@
 #                 to one (4 rounds); then the same for `ort`- and `qdqbert`-scheme PTQs and their CPU-layout
 #                 exports at $THREADS threads and on two pinned cores, and bench_int8's time by section (at
 #                 $THREADS threads and on two pinned cores) and its sweep of the fused layers' block size
-#                 (at $THREADS threads and on two pinned cores), and bench_qgemm's GEMM rate by block rows
-#                 (the same two ways)
+#                 (at $THREADS threads and on two pinned cores), bench_qgemm's GEMM rate by block rows
+#                 (the same two ways), and bench_passes's passes between the GEMMs on one pinned core
 #   int8-base     the same on a random BERT-base-shaped model (bench/make_random_bert.py): a `cpu` PTQ (16
 #                 calibration reviews), its export, `bertqat bench` at $THREADS threads (5 rounds) and on two
 #                 pinned cores (3 rounds), and the peak resident set of `eval` of its fp32 checkpoint (one
@@ -141,6 +141,7 @@ int8() {
     BQ_THREADS=2 BQ_SWEEP_ROWS=5 $T2 "$B/bench_int8" "$W/model" | tail -1
     BQ_THREADS=$THREADS "$B/bench_qgemm"
     BQ_THREADS=2 $T2 "$B/bench_qgemm"
+    BQ_THREADS=1 $T1 "$B/bench_passes" 200
 }
 
 peak_rss() {  # peak_rss CMD...: runs CMD quietly and prints its peak resident set in MiB
