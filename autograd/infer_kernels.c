@@ -1117,15 +1117,16 @@ IK_512 static void residual_layernorm_fq_512(float *out, uint8_t *codes, const i
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t g = 0; g < groups; g++) {
         const int64_t m = 4 * g;
-        if (m + 4 <= M) {
-            if (f) resid_ln_rows_512(out, codes, acc, comp, scale, bias, resid, fl, lnw, lnb, eps, s, m, N, 4, 1);
-            else resid_ln_rows_512(out, codes, acc, comp, scale, bias, resid, fl, lnw, lnb, eps, s, m, N, 4, 0);
-            continue;
-        }
-        for (int64_t r = m; r < M; r++) {
-            if (f) resid_ln_rows_512(out, codes, acc, comp, scale, bias, resid, fl, lnw, lnb, eps, s, r, N, 1, 1);
-            else resid_ln_rows_512(out, codes, acc, comp, scale, bias, resid, fl, lnw, lnb, eps, s, r, N, 1, 0);
-        }
+        const int rows = M - m < 4 ? (int)(M - m) : 4; /* the last group may be short */
+        /* fqon and the row count as constants, so the whole groups' loops carry no tests */
+        if (rows == 4 && f)
+            resid_ln_rows_512(out, codes, acc, comp, scale, bias, resid, fl, lnw, lnb, eps, s, m, N, 4, 1);
+        else if (rows == 4)
+            resid_ln_rows_512(out, codes, acc, comp, scale, bias, resid, fl, lnw, lnb, eps, s, m, N, 4, 0);
+        else if (f)
+            resid_ln_rows_512(out, codes, acc, comp, scale, bias, resid, fl, lnw, lnb, eps, s, m, N, rows, 1);
+        else
+            resid_ln_rows_512(out, codes, acc, comp, scale, bias, resid, fl, lnw, lnb, eps, s, m, N, rows, 0);
     }
 }
 
