@@ -17,10 +17,9 @@
 #                 `bertqat bench` of fp32, fake quant, the int8 engine and ONNX Runtime at batch 1 and 32,
 #                 seq 128: at $THREADS threads (10 rounds), then pinned to two physical cores (6 rounds) and
 #                 to one (4 rounds); then the same for `ort`- and `qdqbert`-scheme PTQs and their CPU-layout
-#                 exports at $THREADS threads and on two pinned cores, and bench_int8's time by section (at
-#                 $THREADS threads and on two pinned cores) and its sweep of the fused layers' block size
-#                 (at $THREADS threads and on two pinned cores), bench_qgemm's GEMM rate by block rows
-#                 (the same two ways), and bench_passes's passes between the GEMMs on one pinned core
+#                 exports, bench_int8's time by section and its sweep of the fused layers' block size (at
+#                 $THREADS threads and on two pinned cores), bench_qgemm's GEMM rate by block rows (the
+#                 same two ways), and bench_passes's passes between the GEMMs on one pinned core
 #   int8-base     the same on a random BERT-base-shaped model (bench/make_random_bert.py): a `cpu` PTQ (16
 #                 calibration reviews), its export, `bertqat bench` at $THREADS threads (5 rounds) and on two
 #                 pinned cores (3 rounds), and the peak resident set of `eval` of its fp32 checkpoint (one
@@ -133,6 +132,8 @@ int8() {
             --threads "$THREADS" --python "$PYTHON" --precision "$PRECISION"
         $T2 "$B/bertqat" bench --model "$P-$s" --onnx "$P-$s.onnx" --batch-sizes 1,32 --seq 128 \
             --rounds "${ROUNDS:-5}" --threads 2 --python "$PYTHON" --precision "$PRECISION"
+        $T1 "$B/bertqat" bench --model "$P-$s" --onnx "$P-$s.onnx" --batch-sizes 1,32 --seq 128 \
+            --rounds "${ROUNDS:-4}" --threads 1 --python "$PYTHON" --precision "$PRECISION"
     done
     # the engine's time by section, and by block size of its fused layers (BQ_FUSED_BLOCK_ROWS)
     BQ_THREADS=$THREADS "$B/bench_int8" "$W/model"
