@@ -57,6 +57,70 @@ static int has_checksum(hid_t ds) {
 static int read_direct(hid_t ds, const char *file, const char *tensor, float *dst, int *done);
 static _Atomic int64_t direct_reads;
 
+/* 1 when [addr, addr + size) lies inside ds's file. */
+static int in_file(hid_t ds, haddr_t addr, hsize_t size) {
+    hsize_t fsize = 0;
+    hid_t fid = H5Iget_file_id(ds);
+    const int sized = fid >= 0 && H5Fget_filesize(fid, &fsize) >= 0;
+    if (fid >= 0) H5Fclose(fid);
+    return sized && addr != HADDR_UNDEF && addr <= fsize && size <= fsize - addr;
+}
+
+/* 1 when every chunk of a chunked ds (nd dimensions of dims, chunks of chunk, Fletcher-32 its only filter
+ * when sum is set, none otherwise) is where H5Dread would look: found in the chunk index, unmasked,
+ * inside the file and exactly as long as a chunk's floats (and their checksum). At most 65,536 chunks
+ * are looked at (a bertqat tensor has one per 4 GiB). */
+static int chunks_in_file(hid_t ds, int nd, const hsize_t *dims, const hsize_t *chunk, int sum) {
+    hsize_t coord[H5S_MAX_RANK] = {0};
+    double count = 1, bytes = sizeof(float);
+    for (int k = 0; k < nd; k++) {
+        if (chunk[k] == 0) return 0;
+        count *= (double)((dims[k] + chunk[k] - 1) / chunk[k]);
+        bytes *= (double)chunk[k];
+    }
+    if (count > 65536 || bytes > 4294967295.0) return 0;
+    for (;;) {
+        unsigned mask = 0;
+        haddr_t addr = HADDR_UNDEF;
+        hsize_t size = 0;
+        if (H5Dget_chunk_info_by_coord(ds, coord, &mask, &addr, &size) < 0 || mask != 0 ||
+            (double)size != bytes + (sum ? 4 : 0) || !in_file(ds, addr, size))
+            return 0;
+        int k = nd - 1;
+        for (; k >= 0; k--) {
+            coord[k] += chunk[k];
+            if (coord[k] < dims[k]) break;
+            coord[k] = 0;
+        }
+        if (k < 0) return 1;
+    }
+}
+
+/* BQ_OK when H5Dread may read ds, whose type is float32: it is stored as bertqat writes its tensors, a
+ * contiguous block or chunks with Fletcher-32 or no filter, and every byte H5Dread would take is where the
+ * dataset says (chunks_in_file). libhdf5 1.10's H5Dread trusts a corrupt chunk index or chunk shape and
+ * can crash on it; a compact or virtual layout (values in the object header, or in other files) is
+ * refused outright. */
+static int check_stored(hid_t ds, const char *file, const char *tensor) {
+    hid_t dcpl = H5Dget_create_plist(ds), sp = H5Dget_space(ds);
+    hsize_t dims[H5S_MAX_RANK], chunk[H5S_MAX_RANK];
+    const H5D_layout_t layout = dcpl >= 0 ? H5Pget_layout(dcpl) : H5D_LAYOUT_ERROR;
+    const int nd = sp >= 0 ? H5Sget_simple_extent_dims(sp, dims, NULL) : -1;
+    const hssize_t np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+    const int nf = dcpl >= 0 ? H5Pget_nfilters(dcpl) : -1, sum = nf == 1 && has_checksum(ds);
+    int ok = (layout == H5D_CONTIGUOUS || layout == H5D_CHUNKED) && nd >= 0 && np >= 0 && (nf == 0 || sum);
+    if (ok && np > 0 && layout == H5D_CONTIGUOUS)
+        ok = nf == 0 && H5Dget_storage_size(ds) == (hsize_t)np * sizeof(float) &&
+             in_file(ds, H5Dget_offset(ds), (hsize_t)np * sizeof(float));
+    else if (ok && np > 0)
+        ok = nd >= 1 && H5Pget_chunk(dcpl, nd, chunk) == nd && chunks_in_file(ds, nd, dims, chunk, sum);
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (sp >= 0) H5Sclose(sp);
+    return ok ? BQ_OK
+              : bq_err(BQ_EFORMAT, "%s: tensor %s: stored in a way bertqat does not write (file corrupt?)", file,
+                       tensor);
+}
+
 int64_t bq_h5sum_direct_reads(void) { return direct_reads; }
 
 int bq_h5sum_read_f32(hid_t ds, const char *file, const char *tensor, float *dst) {
@@ -65,7 +129,7 @@ int bq_h5sum_read_f32(hid_t ds, const char *file, const char *tensor, float *dst
     if (type < 0 || H5Tequal(type, H5T_IEEE_F32LE) <= 0)
         st = bq_err(BQ_EFORMAT, "%s: tensor %s: stored type is not little-endian float32 (file corrupt?)", file,
                     tensor);
-    else if ((st = read_direct(ds, file, tensor, dst, &done)) || done)
+    else if ((st = read_direct(ds, file, tensor, dst, &done)) || done || (st = check_stored(ds, file, tensor)))
         ;
     else if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0)
         st = has_checksum(ds) ? bq_err(BQ_EFORMAT, "%s: tensor %s: checksum mismatch (file corrupt)", file, tensor)

@@ -47,7 +47,10 @@ const char *bq_h5_io_reason(void);
 /* Reads the whole float32 dataset ds into dst (its shape already checked by the caller). `file` and
  * `tensor` name it in messages. Errors (BQ_EFORMAT): a stored type other than little-endian IEEE
  * float32, "<file>: tensor <tensor>: checksum mismatch (file corrupt)" when the Fletcher-32 check
- * (or any other read of a checksummed dataset) fails, and a plain read error otherwise; BQ_EIO
+ * (or any other read of a checksummed dataset) fails, "<file>: tensor <tensor>: stored in a way
+ * bertqat does not write (file corrupt?)" for a layout, filter or chunk index that HDF5 would read
+ * unchecked (a compact or virtual layout, a filter but Fletcher-32, a chunk not in the file or not a
+ * chunk's size), and a plain read error otherwise; BQ_EIO
  * "<file>: tensor <tensor>: cannot read: <reason>" where a tensor read from the file itself
  * (bq_h5sum_direct_reads) comes up short. */
 int bq_h5sum_read_f32(hid_t ds, const char *file, const char *tensor, float *dst);
