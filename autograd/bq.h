@@ -121,12 +121,14 @@ void bq_cpu_model(char *buf, size_t n);
 /* One line naming the BLAS library, its kernel (core) and the thread count. */
 const char *bq_runtime_describe(void);
 
-/* CPU features that decide the training precision, read once with CPUID and XGETBV: each flag is 1 only
- * when the CPU has the instructions AND the OS saves their register state (YMM for AVX2/FMA; ZMM and
- * opmask for AVX-512; the AMX tile state XCR0 bits 17-18 for AMX). AVX512-BF16 is CPUID.(EAX=7,ECX=1)
- * EAX bit 5, AMX-BF16 CPUID.(EAX=7,ECX=0):EDX bit 22. */
+/* CPU features that decide the training precision and describe the integer engine's units, read once
+ * with CPUID and XGETBV: each flag is 1 only when the CPU has the instructions AND the OS saves their
+ * register state (YMM for AVX2/FMA/AVX-VNNI; ZMM and opmask for AVX-512; the AMX tile state XCR0 bits
+ * 17-18 for AMX). CPUID.(EAX=7,ECX=0): ECX bit 11 AVX512-VNNI, EDX bit 22 AMX-BF16, bit 25 AMX-INT8;
+ * CPUID.(EAX=7,ECX=1) EAX: bit 4 AVX-VNNI, bit 5 AVX512-BF16. */
 typedef struct BqCpuFeatures {
     int avx2, fma, avx512f, avx512_bf16, amx_bf16;
+    int avx512_vnni, avx_vnni, amx_int8;
 } BqCpuFeatures;
 const BqCpuFeatures *bq_cpu_features(void);
 

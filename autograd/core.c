@@ -280,12 +280,15 @@ const BqCpuFeatures *bq_cpu_features(void) {
     f.fma = ymm && fma;
     if (max_leaf < 7) return &f;
     cpuid(7, 0, r);
-    unsigned max_sub = r[0], ebx = r[1], edx = r[3];
+    unsigned max_sub = r[0], ebx = r[1], ecx = r[2], edx = r[3];
     f.avx2 = ymm && ((ebx >> 5) & 1);
     f.avx512f = zmm && ((ebx >> 16) & 1);
+    f.avx512_vnni = zmm && ((ecx >> 11) & 1);
     f.amx_bf16 = tiles && ((edx >> 22) & 1);
+    f.amx_int8 = tiles && ((edx >> 25) & 1);
     if (max_sub >= 1) {
         cpuid(7, 1, r);
+        f.avx_vnni = ymm && ((r[0] >> 4) & 1);
         f.avx512_bf16 = zmm && ((r[0] >> 5) & 1);
     }
 #endif

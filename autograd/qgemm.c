@@ -130,24 +130,6 @@ static const char *isa_name(dnnl_cpu_isa_t isa) {
     }
 }
 
-/* CPUID leaf 7: subleaf 0 ECX bit 11 AVX512-VNNI, EDX bit 25 AMX-INT8; subleaf 1 EAX bit 4 AVX-VNNI. */
-static void cpu_features(int *avx512vnni, int *avxvnni, int *amx) {
-    *avx512vnni = *avxvnni = *amx = 0;
-#if defined(__x86_64__)
-    unsigned a, b, c, d;
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
-    if (a < 7) return;
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-    unsigned max_sub = a;
-    *avx512vnni = (c >> 11) & 1;
-    *amx = (d >> 25) & 1;
-    if (max_sub >= 1) {
-        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
-        *avxvnni = (a >> 4) & 1;
-    }
-#endif
-}
-
 static int probe_8bit(void);
 
 /* The ISA must have VNNI (the bit of avx512_core_vnni, 0x40, also set in bf16 and amx, or of avx2_vnni,
@@ -166,8 +148,8 @@ int bq_qgemm_exact_8bit(void) {
 const char *bq_dnnl_describe(void) {
     static char buf[256];
     const dnnl_version_t *v = dnnl_version();
-    int v512, vavx, amx;
-    cpu_features(&v512, &vavx, &amx);
+    const BqCpuFeatures *f = bq_cpu_features();
+    const int v512 = f->avx512_vnni, vavx = f->avx_vnni, amx = f->amx_int8;
     snprintf(buf, sizeof buf,
              "oneDNN %d.%d.%d (isa %s, int8 %s), CPU VNNI: %s (avx512-vnni %s, avx-vnni %s), AMX-INT8: %s",
              v->major, v->minor, v->patch, isa_name(dnnl_get_effective_cpu_isa()),

@@ -4,14 +4,12 @@
  * ops) on zmm (AVX512-VNNI) and ymm (AVX-VNNI), and `vfmadd231ps` (2 flops a lane) on zmm (AVX-512F) and
  * ymm (FMA). A kernel's rate against these says how near the units it runs: the engine's u8·s8 GEMMs
  * (bench_qgemm, one thread) and the `cpu` scheme's fp32 attention products (bench_passes). The loops run
- * on the calling thread only, so pin it (taskset -c 0); an instruction the CPU lacks is skipped.
+ * on the calling thread only, so pin it (taskset -c 0); an instruction the CPU (or its OS) lacks is
+ * skipped (bq_cpu_features).
  *
  * Usage: bench_peak [MILLIONS]   iterations of 12 instructions per measurement (default 100), best of 3. */
 #include <stdio.h>
 #include <stdlib.h>
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
-#endif
 
 #include "autograd/bq.h"
 
@@ -49,12 +47,6 @@ PEAK_LOOP(vnni_ymm, "avx2,avxvnni", "vpxor", "%{vex%} vpdpbusd", "ymm")
 PEAK_LOOP(fma_zmm, "avx512f", "vpxord", "vfmadd231ps", "zmm")
 PEAK_LOOP(fma_ymm, "avx2,fma", "vpxor", "vfmadd231ps", "ymm")
 
-/* AVX-VNNI: CPUID leaf 7 subleaf 1, EAX bit 4 (compilers' __builtin_cpu_supports do not all know it). */
-static int have_avx_vnni(void) {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1);
-}
-
 /* Instructions a second of the best of 3 runs of loop (n iterations of 12). */
 static double best_rate(void (*loop)(long), long n) {
     double best = 0.0;
@@ -82,7 +74,7 @@ int main(int argc, char **argv) {
     bq_cpu_model(cpu, sizeof cpu);
     printf("CPU: %s\none thread, %ld M iterations of 12 independent instructions, best of 3\n", cpu, millions);
 #if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
+    const BqCpuFeatures *f = bq_cpu_features();
     static const struct {
         const char *name, *unit;
         void (*loop)(long);
@@ -91,10 +83,7 @@ int main(int argc, char **argv) {
                  {"vpdpbusd ymm (AVX-VNNI)", "GOP/s u8*s8", vnni_ymm, 64.0},
                  {"vfmadd231ps zmm (AVX-512F)", "GFLOP/s fp32", fma_zmm, 32.0},
                  {"vfmadd231ps ymm (FMA)", "GFLOP/s fp32", fma_ymm, 16.0}};
-    const int have[4] = {__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"),
-                         __builtin_cpu_supports("avx2") && have_avx_vnni(),
-                         __builtin_cpu_supports("avx512f"),
-                         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")};
+    const int have[4] = {f->avx512f && f->avx512_vnni, f->avx2 && f->avx_vnni, f->avx512f, f->avx2 && f->fma};
     for (int i = 0; i < 4; i++) {
         if (!have[i]) {
             printf("%-28s not on this CPU\n", rows[i].name);

@@ -57,20 +57,24 @@ static int has_checksum(hid_t ds) {
 static int read_direct(hid_t ds, const char *file, const char *tensor, float *dst, int *done);
 static _Atomic int64_t direct_reads;
 
-/* 1 when [addr, addr + size) lies inside ds's file. */
-static int in_file(hid_t ds, haddr_t addr, hsize_t size) {
-    hsize_t fsize = 0;
-    hid_t fid = H5Iget_file_id(ds);
-    const int sized = fid >= 0 && H5Fget_filesize(fid, &fsize) >= 0;
-    if (fid >= 0) H5Fclose(fid);
-    return sized && addr != HADDR_UNDEF && addr <= fsize && size <= fsize - addr;
+/* 1 when Fletcher-32 is the only filter of the dataset creation property list dcpl. */
+static int fletcher_only(hid_t dcpl) {
+    unsigned flags = 0, cd[4];
+    size_t ncd = 4;
+    return H5Pget_nfilters(dcpl) == 1 &&
+           H5Pget_filter2(dcpl, 0, &flags, &ncd, cd, 0, NULL, NULL) == H5Z_FILTER_FLETCHER32;
+}
+
+/* 1 when [addr, addr + size) lies inside a file of fsize bytes. */
+static int in_file(haddr_t addr, hsize_t size, hsize_t fsize) {
+    return addr != HADDR_UNDEF && addr <= fsize && size <= fsize - addr;
 }
 
 /* 1 when every chunk of a chunked ds (nd dimensions of dims, chunks of chunk, Fletcher-32 its only filter
  * when sum is set, none otherwise) is where H5Dread would look: found in the chunk index, unmasked,
- * inside the file and exactly as long as a chunk's floats (and their checksum). At most 65,536 chunks
- * are looked at (a bertqat tensor has one per 4 GiB). */
-static int chunks_in_file(hid_t ds, int nd, const hsize_t *dims, const hsize_t *chunk, int sum) {
+ * inside its file of fsize bytes and exactly as long as a chunk's floats (and their checksum). At most
+ * 65,536 chunks are looked at (a bertqat tensor has one per 4 GiB). */
+static int chunks_in_file(hid_t ds, int nd, const hsize_t *dims, const hsize_t *chunk, int sum, hsize_t fsize) {
     hsize_t coord[H5S_MAX_RANK] = {0};
     double count = 1, bytes = sizeof(float);
     for (int k = 0; k < nd; k++) {
@@ -84,7 +88,7 @@ static int chunks_in_file(hid_t ds, int nd, const hsize_t *dims, const hsize_t *
         haddr_t addr = HADDR_UNDEF;
         hsize_t size = 0;
         if (H5Dget_chunk_info_by_coord(ds, coord, &mask, &addr, &size) < 0 || mask != 0 ||
-            (double)size != bytes + (sum ? 4 : 0) || !in_file(ds, addr, size))
+            (double)size != bytes + (sum ? 4 : 0) || !in_file(addr, size, fsize))
             return 0;
         int k = nd - 1;
         for (; k >= 0; k--) {
@@ -102,20 +106,22 @@ static int chunks_in_file(hid_t ds, int nd, const hsize_t *dims, const hsize_t *
  * can crash on it; a compact or virtual layout (values in the object header, or in other files) is
  * refused outright. */
 static int check_stored(hid_t ds, const char *file, const char *tensor) {
-    hid_t dcpl = H5Dget_create_plist(ds), sp = H5Dget_space(ds);
-    hsize_t dims[H5S_MAX_RANK], chunk[H5S_MAX_RANK];
+    hid_t dcpl = H5Dget_create_plist(ds), sp = H5Dget_space(ds), fid = H5Iget_file_id(ds);
+    hsize_t dims[H5S_MAX_RANK], chunk[H5S_MAX_RANK], fsize = 0;
     const H5D_layout_t layout = dcpl >= 0 ? H5Pget_layout(dcpl) : H5D_LAYOUT_ERROR;
     const int nd = sp >= 0 ? H5Sget_simple_extent_dims(sp, dims, NULL) : -1;
     const hssize_t np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
-    const int nf = dcpl >= 0 ? H5Pget_nfilters(dcpl) : -1, sum = nf == 1 && has_checksum(ds);
-    int ok = (layout == H5D_CONTIGUOUS || layout == H5D_CHUNKED) && nd >= 0 && np >= 0 && (nf == 0 || sum);
+    const int nf = dcpl >= 0 ? H5Pget_nfilters(dcpl) : -1, sum = dcpl >= 0 && fletcher_only(dcpl);
+    const hsize_t bytes = np > 0 ? (hsize_t)np * sizeof(float) : 0;
+    int ok = (layout == H5D_CONTIGUOUS || layout == H5D_CHUNKED) && nd >= 0 && np >= 0 && (nf == 0 || sum) &&
+             fid >= 0 && H5Fget_filesize(fid, &fsize) >= 0;
     if (ok && np > 0 && layout == H5D_CONTIGUOUS)
-        ok = nf == 0 && H5Dget_storage_size(ds) == (hsize_t)np * sizeof(float) &&
-             in_file(ds, H5Dget_offset(ds), (hsize_t)np * sizeof(float));
+        ok = H5Dget_storage_size(ds) == bytes && in_file(H5Dget_offset(ds), bytes, fsize);
     else if (ok && np > 0)
-        ok = nd >= 1 && H5Pget_chunk(dcpl, nd, chunk) == nd && chunks_in_file(ds, nd, dims, chunk, sum);
+        ok = nd >= 1 && H5Pget_chunk(dcpl, nd, chunk) == nd && chunks_in_file(ds, nd, dims, chunk, sum, fsize);
     if (dcpl >= 0) H5Pclose(dcpl);
     if (sp >= 0) H5Sclose(sp);
+    if (fid >= 0) H5Fclose(fid);
     return ok ? BQ_OK
               : bq_err(BQ_EFORMAT, "%s: tensor %s: stored in a way bertqat does not write (file corrupt?)", file,
                        tensor);
@@ -276,11 +282,7 @@ static int row_storage(hid_t ds, int64_t bytes, int64_t *off) {
     const int nd = sp >= 0 ? H5Sget_simple_extent_dims(sp, dims, NULL) : -1;
     const H5D_layout_t layout = dcpl >= 0 ? H5Pget_layout(dcpl) : H5D_LAYOUT_ERROR;
     const int nf = dcpl >= 0 ? H5Pget_nfilters(dcpl) : -1;
-    unsigned flags = 0, cd[4];
-    size_t ncd = 4;
-    int one = layout == H5D_CHUNKED && nd >= 1 && nf == 1 &&
-              H5Pget_filter2(dcpl, 0, &flags, &ncd, cd, 0, NULL, NULL) == H5Z_FILTER_FLETCHER32 &&
-              H5Pget_chunk(dcpl, nd, chunk) == nd;
+    int one = layout == H5D_CHUNKED && nd >= 1 && fletcher_only(dcpl) && H5Pget_chunk(dcpl, nd, chunk) == nd;
     for (int k = 0; one && k < nd; k++) one = chunk[k] == dims[k];
     if (sp >= 0) H5Sclose(sp);
     if (dcpl >= 0) H5Pclose(dcpl);
