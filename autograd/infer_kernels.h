@@ -53,7 +53,8 @@ const char *bq_infer_describe(void);
 
 /* out (M,N) = LayerNorm(dequant(acc) + bias + resid) with weight lnw and bias lnb (BertSelfOutput,
  * BertOutput without dropout), and, when codes is not NULL, codes (M,N) = its uint8 codes at scale sq
- * (the next Linear's input quantizer). out may not alias resid. */
+ * (the next Linear's input quantizer). out may be resid itself (each value is read before its place is
+ * written), not an overlapping shift of it. */
 void bq_infer_residual_layernorm(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
                                  const float *scale, const float *bias, const float *resid, const float *lnw,
                                  const float *lnb, float eps, float sq, int64_t M, int64_t N);
@@ -132,7 +133,8 @@ void bq_infer_attention_fq(uint8_t *codes, const BqQkvSums *sums, const float *m
 
 /* out (M,N) = f[LN](LayerNorm(f[SUM](f[LOCAL](dequant(acc) + bias) + f[SKIP](resid)))) (BertSelfOutput and
  * BertOutput with their quantizers: f points at the block's four places), and, when codes is not NULL,
- * codes (M,N) = its uint8 codes at scale sq. out may not alias resid. */
+ * codes (M,N) = its uint8 codes at scale sq. out may be resid itself (each value is read before its place is
+ * written), not an overlapping shift of it. */
 void bq_infer_residual_layernorm_fq(float *out, uint8_t *codes, const int32_t *acc, const int32_t *comp,
                                     const float *scale, const float *bias, const float *resid, const BqFq *f,
                                     const float *lnw, const float *lnb, float eps, float sq, int64_t M, int64_t N);

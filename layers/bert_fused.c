@@ -95,7 +95,9 @@ int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask
      * that the context and the input codes, dead after the attention output dense, are given back before
      * the intermediate dense (the query/key/value bracket holds one block's products: a on top of it costs
      * no more than the attention output dense's x, context and a together) */
-    BqFusedAct a = act_new(ctx, R, H, 1, e->codes);
+    const int a_on_x = e->resid_in_place && !r->keep;
+    BqFusedAct a = act_new(ctx, R, H, !a_on_x, e->codes);
+    if (a_on_x) a.f = x->data; /* R <= M rows: x's room, which o (the same room) then overwrites row by row */
     const size_t attn_mark = bq_arena_mark(ctx->act);
     BqFusedAct in = {x->data, NULL};
     if (e->codes) {

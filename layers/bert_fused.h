@@ -16,7 +16,9 @@
  * where the layer reads them again (a, the residual of y; y, the layer's output).
  *
  * Memory: a fused layer writes its output over its input x, which it reads last as the residual of the
- * attention output's LayerNorm, before its output dense writes any output row; codes for the next layer
+ * attention output's LayerNorm, before its output dense writes any output row (an engine whose epilogues
+ * read a row's residual before writing that row, BqFusedEngine.resid_in_place, writes a over x too, and
+ * y over a: the layer then holds one set of hidden-state floats instead of two); codes for the next layer
  * go to one buffer of BqFusedRun, taken from ctx->act at the forward's first fused layer that writes
  * codes; the layer's own input codes, read by its first bracket only, are in it too (the previous layer
  * wrote them there, or the layer quantizes its input, the embeddings' output, into it). So the outputs
@@ -65,6 +67,10 @@ typedef struct BqFusedEngine {
     /* the intermediate and output dense run on blocks of at most this many rows (<= 0: all rows at once),
      * one block's intermediate activations at a time */
     int64_t mlp_rows;
+    /* 1 when the attention output and output dense brackets read each row of their residual before they
+     * write that row of their output, and nothing else (the int8 engine: its epilogues read int32 sums,
+     * not the output): then a is written over x and y over a, unless BqFusedRun.keep */
+    int resid_in_place;
     /* 1 when layer l runs fused in this engine (else the forward runs it op by op) */
     int (*layer_ok)(void *user, int l);
     /* One bracket (see BqFusedStep) on in (rows of the input, floats and/or codes) into out; scratch

@@ -53,7 +53,8 @@ struct BqInt8Engine {
     Int8Layer *layers;
     int nlinear, ngemm, nwhole;
     int use_whole;       /* bq_int8_set_layer_fusion */
-    int64_t step_rows;   /* bq_int8_set_step_rows */
+    int64_t step_rows;   /* bq_int8_set_step_rows; 0: the default, by thread count (bq_int8_step_rows) */
+    int64_t block_rows;  /* the blocks of the forward in progress (bq_int8_step_rows when it began) */
     int64_t pass_rows;   /* bq_int8_set_pass_rows */
     int next_layer;      /* bq_int8_load_step: the first layer not wholly packed yet */
 };
@@ -400,20 +401,19 @@ int64_t bq_int8_bytes(const BqInt8Engine *e) {
 int bq_int8_linear_count(const BqInt8Engine *e) { return e->nlinear; }
 int bq_int8_fused_layer_count(const BqInt8Engine *e) { return e->use_whole ? e->nwhole : 0; }
 void bq_int8_set_layer_fusion(BqInt8Engine *e, int on) { e->use_whole = on != 0; }
-int64_t bq_int8_step_rows(const BqInt8Engine *e) { return e->step_rows; }
+int64_t bq_int8_step_rows(const BqInt8Engine *e) {
+    if (e->step_rows > 0) return e->step_rows;
+    const int64_t cap = bq_fused_block_rows(e->inter); /* e->inter > 0: a validated config */
+    const int64_t by_threads = (int64_t)omp_get_max_threads() * BQ_INT8_BLOCK_BYTES_PER_THREAD / (4 * e->inter);
+    return by_threads < 1 ? 1 : by_threads < cap ? by_threads : cap;
+}
 
 void bq_int8_set_pass_rows(BqInt8Engine *e, int64_t rows) {
     const int64_t by_bytes = BQ_INT8_PASS_BYTES / (4 * e->hidden); /* e->hidden > 0: a validated config */
     e->pass_rows = rows > 0 ? rows : by_bytes > 1 ? by_bytes : 1;
 }
 int64_t bq_int8_pass_rows(const BqInt8Engine *e) { return e->pass_rows; }
-void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows) {
-    if (rows > 0) {
-        e->step_rows = rows;
-        return;
-    }
-    e->step_rows = bq_fused_block_rows(e->inter); /* e->inter > 0: a validated config */
-}
+void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows) { e->step_rows = rows > 0 ? rows : 0; }
 int bq_int8_gemm_count(const BqInt8Engine *e) { return e->ngemm; }
 
 const char *bq_int8_fp32_linears(const BqInt8Engine *e, char *buf, size_t n) {
@@ -527,7 +527,7 @@ static int qkv_gemms(const Int8Layer *IL, const BqFusedAct *in, uint8_t *const x
  *   AO → +bias +x → LayerNorm = a, codes(a) at the I input scale;
  *   I → +bias → GELU → codes at the O input scale;
  *   O → +bias +a → LayerNorm = y, and (out->codes set) codes(y) at layer l+1's query/key/value scale.
- * Both run block by block over at most e->step_rows rows (bq_int8_set_step_rows), whole sequences for
+ * Both run block by block over at most e->block_rows rows (bq_int8_step_rows), whole sequences for
  * the attention, so the int32 sums take one block's room. */
 static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, const BqFusedStep *s, BqFusedAct *out) {
     const BqInt8Engine *e = user;
@@ -539,7 +539,7 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
     const int64_t N = s->id == BQ_LIN_QKV ? 3 * W : bq_qgemm_weights_n(il->w); /* query | key | value */
     /* blocks of whole units: sequences of T rows for the attention, single rows elsewhere */
     const int64_t per = s->id == BQ_LIN_QKV ? s->T : 1, units = R / per;
-    const int64_t ub = e->step_rows / per > 1 ? e->step_rows / per : 1, brows = (ub < units ? ub : units) * per;
+    const int64_t ub = e->block_rows / per > 1 ? e->block_rows / per : 1, brows = (ub < units ? ub : units) * per;
     BQ_CHECK(units * per == R);
     int32_t *acc = bq_arena_alloc(ctx->act, (size_t)(brows * N) * sizeof(int32_t));
     const int32_t *comp = bq_qgemm_weights_comp(il->w);
@@ -641,7 +641,8 @@ static int hook_run(void *user, BqCtx *ctx, int l, BqLinearId id, BqTensor *x, c
 
 /* One forward of the whole model on the batch in. */
 static int forward_pass(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits) {
-    BqFusedEngine fe = {.user = e, .codes = 1, .mlp_rows = e->step_rows, .layer_ok = layer_ok,
+    e->block_rows = bq_int8_step_rows(e);
+    BqFusedEngine fe = {.user = e, .codes = 1, .mlp_rows = e->block_rows, .resid_in_place = 1, .layer_ok = layer_ok,
                         .linear = linear_step, .quantize_input = quantize_input};
     BqFusedRun run = {.e = &fe, .m = m, .keep = in->hidden != NULL};
     BqLinearHook hook = {.user = &run, .run = hook_run, .layer = bq_fused_layer};

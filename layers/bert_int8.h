@@ -68,13 +68,18 @@ void bq_int8_set_layer_fusion(BqInt8Engine *e, int on);
  * query/key/value product and its attention; the intermediate and output dense one block after the
  * other, BqFusedEngine.mlp_rows): a step on more rows runs in blocks, so its int32 sums take one block's
  * room, not the batch's. The results are the same bits for any block size (the sums are exact, every
- * epilogue is row-wise and the attention is per sequence). The default is bq_fused_block_rows
- * (layers/bert_fused.h: 1024 rows, BERT-base 512) on every CPU: bench_int8's sweep (batch 32) puts it at
- * least as fast as blocks of 4096 rows; with VNNI (Zen 5) keeping a block's sums in cache for its pass
- * gains about 3 %, MiniLM and BERT-base; on AVX2 (Zen 3) MiniLM's 1024-row and 4096-row blocks are
- * within the sweep's noise and BERT-base's 512-row blocks 4 % faster. Every block of a larger batch has
- * the shape of the first, so the blocks share their oneDNN primitives and weight layouts. rows <= 0
- * restores the default (tests set small blocks); bq_int8_step_rows reads it. */
+ * epilogue is row-wise and the attention is per sequence). The default, read when a forward begins, is the
+ * rows whose intermediate sums take BQ_INT8_BLOCK_BYTES_PER_THREAD per OpenMP thread, at most
+ * bq_fused_block_rows (layers/bert_fused.h: 1024 rows, BERT-base 512), at least one: with 2 threads
+ * BERT-base's blocks are 256 rows and MiniLM's 512, from 4 threads on 512 and 1024. The cap: bench_int8's
+ * sweep (batch 32) put it at least as fast as blocks of 4096 rows, with VNNI (Zen 5) about 3 % faster
+ * (a block's sums stay in cache for its pass), on AVX2 (Zen 3) within the noise for MiniLM and 4 % faster
+ * for BERT-base. Fewer rows on fewer threads: a 2-thread BERT-base evaluation at batch 8 peaks 4 MiB
+ * lower, at the speed of 512-row blocks within the noise of three alternations (Zen 5, docs/results.md),
+ * while many threads keep enough sequences per block for the attention's (sequence, head) units. Every
+ * block of a larger batch has the shape of the first, so the blocks share their oneDNN primitives and
+ * weight layouts. rows <= 0 restores the default (tests set small blocks); bq_int8_step_rows reads it. */
+#define BQ_INT8_BLOCK_BYTES_PER_THREAD (3 << 19)
 void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows);
 int64_t bq_int8_step_rows(const BqInt8Engine *e);
 

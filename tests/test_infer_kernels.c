@@ -206,6 +206,14 @@ static void check_residual_layernorm(BqRng *rng, int portable) {
     report("residual_layernorm", portable, &t);
     printf("  max relative |out - reference| %.3g\n", maxd);
     EXPECT(maxd < 1e-5, "residual_layernorm: outputs off by %.3g", maxd);
+    /* written over its residual (the int8 engine's layers, layers/bert_fused.h): the same bits */
+    float io[M * N];
+    uint8_t codes_io[M * N];
+    memcpy(io, resid, sizeof io);
+    bq_infer_residual_layernorm(io, codes_io, acc, comp, scale, bias, io, lnw, lnb, eps, sq, M, N);
+    const int inplace_bad = memcmp(io, out, sizeof io) != 0 || memcmp(codes_io, codes, sizeof codes) != 0;
+    printf("  written over its residual: %s\n", inplace_bad ? "DIFFERS" : "same bits");
+    EXPECT(!inplace_bad, "residual_layernorm written over its residual differs");
 
     /* with fake quantizers, on power-of-two grids: dense output 2^-4, skip input 2^-3 (resid j/32), sum
      * 2^-3, LayerNorm output 2^-3 (ort: sum and LayerNorm; qdqbert: dense output and skip input; all four) */
@@ -786,6 +794,20 @@ static void check_avx512_bits(BqRng *rng) {
         printf("AVX-512 vs AVX2, residual + LayerNorm + codes, plain and with fake quantizers (%lld rows): %s\n",
                (long long)LM, lbad ? "DIFFER" : "same bits");
         EXPECT(lbad == 0, "the AVX-512 residual LayerNorm differs from the AVX2 one");
+        /* the AVX-512 kernels written over their residual (the int8 engine's layers): the same bits; fa, ca
+         * hold the last call's (every place quantized but the skip input) */
+        BqFq f[4];
+        for (int i = 0; i < 4; i++) f[i] = i == BQ_FQ_SKIP ? FQ_NONE : fq8(1.0f / (8 << i));
+        memcpy(fb, resid, sizeof(float) * (size_t)(LM * LN));
+        bq_infer_residual_layernorm_fq(fb, cb, acc, comp, scale, bias, fb, f, w, lb, 1e-12f, 3.0f / 127.0f, LM, LN);
+        int ibad = memcmp(ca, cb, (size_t)(LM * LN)) != 0 || memcmp(fa, fb, sizeof(float) * (size_t)(LM * LN));
+        LN_Q(ca);
+        memcpy(fb, resid, sizeof(float) * (size_t)(LM * LN));
+        bq_infer_residual_layernorm(fb, cb, acc, comp, scale, bias, fb, w, lb, 1e-12f, 3.0f / 127.0f, LM, LN);
+        ibad += memcmp(ca, cb, (size_t)(LM * LN)) != 0 || memcmp(fa, fb, sizeof(float) * (size_t)(LM * LN));
+        printf("AVX-512 residual + LayerNorm written over its residual, plain and with fake quantizers: %s\n",
+               ibad ? "DIFFER" : "same bits");
+        EXPECT(ibad == 0, "the AVX-512 residual LayerNorm written over its residual differs");
         free(resid), free(w), free(lb);
     }
     static const int64_t shapes[][4] = {{2, 128, 12, 32}, {2, 64, 4, 64}, {3, 40, 2, 32}};

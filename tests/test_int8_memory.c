@@ -13,8 +13,8 @@
  *    (1 byte of codes per weight), and so they stay after a forward, when oneDNN's layout has taken the
  *    plain codes' place (the codes are not kept next to it);
  *  - the logits equal, bit for bit, those of the engine prepared from the fully loaded model;
- *  - the engine's blocks of rows (whose int32 sums it holds at once) are no more than BQ_FUSED_BLOCK_BYTES
- *    allows for the intermediate's sums (check_step_rows);
+ *  - the engine's blocks of rows (whose int32 sums it holds at once) are what BQ_INT8_BLOCK_BYTES_PER_THREAD
+ *    per thread allows for the intermediate's sums, within BQ_FUSED_BLOCK_BYTES (check_step_rows);
  *  - a forward's activations take the room of one layer, not of every layer: the activation arena's
  *    high-water mark of one evaluation forward is the same, to the byte, for 2 and 4 encoder layers, on
  *    the fp32 engine (bq_fp32_forward) and on the integer engine, whose fused layers write their outputs
@@ -28,8 +28,8 @@
  *    passes of one example (bq_int8_set_pass_rows: passes of whole examples of at most that many rows)
  *    takes less than half the batch's room and gives the same logits, bit for bit, as it does for a
  *    question-answering head's (B,T,2) logits; the integer engine's peak is that of its intermediate dense,
- *    where the layer holds only its output's room, the next layer's codes, the attention LayerNorm's output
- *    and one block's sums and GELU codes.
+ *    where the layer holds only its output's room (the attention LayerNorm's output written over it), the
+ *    next layer's codes, the LayerNorm output's codes and one block's sums and GELU codes.
  * The model is a random cpu-scheme PTQ, 2 layers, hidden 256, intermediate 1024 (weights of whole pages),
  * max-calibrated on random batches and saved as a checkpoint. */
 #include <errno.h>
@@ -107,25 +107,34 @@ static void make_checkpoint(const char *dir) {
     free_model(&m);
 }
 
-/* The engine's default block of rows (bq_int8_set_step_rows), on every CPU: BQ_FUSED_BLOCK_ROWS, but no more
- * than keeps the intermediate's int32 sums of a block within BQ_FUSED_BLOCK_BYTES (an intermediate of 3,072,
- * BERT-base's: 512 rows). */
+/* The engine's default block of rows (bq_int8_step_rows), on every CPU: the rows whose intermediate int32
+ * sums take BQ_INT8_BLOCK_BYTES_PER_THREAD per thread, at most BQ_FUSED_BLOCK_ROWS and BQ_FUSED_BLOCK_BYTES'
+ * worth (an intermediate of 3,072, BERT-base's: 128, 256 and 512 rows on 1, 2 and 4 threads), read anew
+ * when the thread count changes. */
 static void check_step_rows(void) {
-    static const int inters[2] = {I, 3072};
+    static const int inters[2] = {I, 3072}, threads[3] = {1, 2, 4};
+    static const int64_t expect[2][3] = {{384, 768, 1024}, {128, 256, 512}};
+    const int saved = omp_get_max_threads();
     for (int k = 0; k < 2; k++) {
         BqBert m;
         make_model_inter(&m, 1, 1, 0, inters[k]);
         BqInt8Engine *e = NULL;
         BQ_CHECK(bq_int8_prepare(&e, &m) == BQ_OK);
-        const int64_t by_bytes = BQ_FUSED_BLOCK_BYTES / (4 * (int64_t)inters[k]);
-        const int64_t want = by_bytes < BQ_FUSED_BLOCK_ROWS ? by_bytes : BQ_FUSED_BLOCK_ROWS;
-        printf("intermediate %d: blocks of %lld rows\n", inters[k], (long long)bq_int8_step_rows(e));
-        EXPECT(bq_int8_step_rows(e) == want && want == (k ? 512 : 1024),
-               "intermediate %d: blocks of %lld rows, expected %lld", inters[k], (long long)bq_int8_step_rows(e),
-               (long long)want);
+        for (int t = 0; t < 3; t++) {
+            omp_set_num_threads(threads[t]);
+            const int64_t cap = bq_fused_block_rows(inters[k]);
+            const int64_t by = (int64_t)threads[t] * BQ_INT8_BLOCK_BYTES_PER_THREAD / (4 * (int64_t)inters[k]);
+            const int64_t want = by < cap ? by : cap, got = bq_int8_step_rows(e);
+            printf("intermediate %d, %d threads: blocks of %lld rows\n", inters[k], threads[t], (long long)got);
+            EXPECT(got == want && want == expect[k][t], "intermediate %d, %d threads: blocks of %lld rows, expected %lld",
+                   inters[k], threads[t], (long long)got, (long long)expect[k][t]);
+        }
+        bq_int8_set_step_rows(e, 7);
+        EXPECT(bq_int8_step_rows(e) == 7, "a block size set by hand is not kept");
         bq_int8_free(e);
         free_model(&m);
     }
+    omp_set_num_threads(saved);
 }
 
 /* The engine's default passes (bq_int8_set_pass_rows): the rows whose fp32 hidden states take
@@ -251,14 +260,15 @@ static void check_activation_peaks(const Batch *bt) {
         }
         if (fwd != FWD_INT8) continue;
         /* the fused layers' room at its largest, in the intermediate dense: the output's room (the embeddings'
-         * output, M·H floats), the next layer's codes (M·H), a as floats and codes (5·M·H) and one block's
-         * int32 sums and GELU codes (5·mb·I); 4 KiB more for the ids, the mask and alignment. The context and
-         * layer 0's input codes (M·H each) are not held then (layers/bert_fused.h). */
+         * output, M·H floats), which a's floats share (BqFusedEngine.resid_in_place), the next layer's codes
+         * (M·H), a's codes (M·H) and one block's int32 sums and GELU codes (5·mb·I); 4 KiB more for the ids,
+         * the mask and alignment. The context and layer 0's input codes (M·H each) are not held then
+         * (layers/bert_fused.h); a's floats in room of their own would take 4·M·H more. */
         const int64_t blk = bq_fused_block_rows(I);
         const size_t MH = (size_t)B * T * H, mb = (size_t)(blk < B * T ? blk : B * T);
-        const size_t ideal = 10 * MH + 5 * mb * I;
-        EXPECT(p4 <= ideal + 4096, "%s: activation peak %zu bytes, more than %zu + 4096 (a context or input codes "
-               "held through the intermediate dense?)", name, p4, ideal);
+        const size_t ideal = 6 * MH + 5 * mb * I;
+        EXPECT(p4 <= ideal + 4096, "%s: activation peak %zu bytes, more than %zu + 4096 (a's floats, a context or "
+               "input codes held through the intermediate dense?)", name, p4, ideal);
         /* passes of one example (bq_int8_set_pass_rows(e, T)): one example's activations and the logits */
         float c4[B * 2];
         const size_t pc = forward_peak(4, fwd, 0, bt, c4, T);
