@@ -215,6 +215,9 @@ static int cache_get(int64_t M, int64_t N, int64_t K, CacheEntry **out) {
         entry_destroy(&e);
         return dnnl_fail(s, "u8s8 matmul primitive");
     }
+    /* the primitive keeps a descriptor of its own; this one was only queried (about 70 KiB a primitive) */
+    dnnl_primitive_desc_destroy(e.pd);
+    e.pd = NULL;
     g_created++;
     int slot;
     if (g_cache_n < CACHE_MAX) {
