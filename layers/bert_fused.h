@@ -97,8 +97,9 @@ typedef struct BqFusedRun {
 
 /* The default block of the fused layers: BQ_FUSED_BLOCK_ROWS rows (8 sequences of 128 tokens), fewer where
  * a block's intermediate activations, `inter` int32 sums or floats per row, would pass BQ_FUSED_BLOCK_BYTES
- * (BERT-base: 512 rows, 6 MiB); at least 1. The integer engine's steps (bq_int8_set_step_rows) and the
- * fp32 engine's intermediate and output dense (BqFusedEngine.mlp_rows) run in such blocks. */
+ * (BERT-base: 512 rows, 6 MiB); at least 1. The fp32 engine's intermediate and output dense
+ * (BqFusedEngine.mlp_rows) run in such blocks, the integer engine's steps in blocks of at most so many
+ * rows (bq_int8_step_rows: fewer on fewer threads). */
 #define BQ_FUSED_BLOCK_ROWS 1024
 #define BQ_FUSED_BLOCK_BYTES (6 << 20)
 int64_t bq_fused_block_rows(int64_t inter);

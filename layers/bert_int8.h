@@ -74,7 +74,7 @@ void bq_int8_set_layer_fusion(BqInt8Engine *e, int on);
  * BERT-base's blocks are 256 rows and MiniLM's 512, from 4 threads on 512 and 1024. The cap: bench_int8's
  * sweep (batch 32) put it at least as fast as blocks of 4096 rows, with VNNI (Zen 5) about 3 % faster
  * (a block's sums stay in cache for its pass), on AVX2 (Zen 3) within the noise for MiniLM and 4 % faster
- * for BERT-base. Fewer rows on fewer threads: a 2-thread BERT-base evaluation at batch 8 peaks 4 MiB
+ * for BERT-base. Fewer rows on fewer threads: a 2-thread BERT-base evaluation at batch 8 peaks about 4 MiB
  * lower, at the speed of 512-row blocks within the noise of three alternations (Zen 5, docs/results.md),
  * while many threads keep enough sequences per block for the attention's (sequence, head) units. Every
  * block of a larger batch has the shape of the first, so the blocks share their oneDNN primitives and
@@ -88,9 +88,10 @@ int64_t bq_int8_step_rows(const BqInt8Engine *e);
  * the batch. The default is the rows whose fp32 hidden states take BQ_INT8_PASS_BYTES (6 MiB): 4,096 rows
  * (32 sequences of 128 tokens) at MiniLM's hidden size 384, 2,048 at BERT-base's 768. A pass holds about
  * four such arrays (the layer's input and output, the attention block's LayerNorm output, with their codes)
- * besides one block's sums, so a BERT-base evaluation at batch 64 holds 150 MiB at its peak instead of
- * the 164 MiB of 4,096-row passes (Zen 5, docs/results.md), at the same speed within the noise of five
- * alternations: its blocks of 512 rows read every weight again anyway. Not fewer rows: a pass reads every
+ * besides one block's sums, so a BERT-base evaluation at batch 64 peaked 13 MiB lower than in 4,096-row
+ * passes (150 against 164 MiB, Zen 5, before the layer wrote its LayerNorm output over its input), at the
+ * same speed within the noise of five alternations: its blocks of 256-512 rows read every weight again
+ * anyway. Not fewer rows: a pass reads every
  * weight again, which cost MiniLM 2-4 % of the batch-32 forward on Zen 5 in passes of 1,024 rows, where
  * the blocks of one pass reuse each weight from cache. The results are the same bits (every example's
  * computation is its own). rows <= 0 restores the default (tests set small passes); bq_int8_pass_rows reads
