@@ -155,13 +155,15 @@ IK_INLINE void load_head_f32(float *dst, const float *qkv, int64_t ld, const flo
 
 /* What one attention call reads, for either engine: the integer engine's query/key/value sums, or, when
  * sums is NULL, the fp32 engine's bias-free GEMM output qkv (B·T rows, leading dim 3H) and its bias (3H);
- * the optional (B,T) mask, the softmax scale, the context's code scale sq (integer engine) and the sizes. */
+ * the optional (B,T) mask, the softmax scale, the context's code scale sq (integer engine) and the sizes;
+ * Q, the query rows of each sequence whose context is computed (the first Q of T). */
 typedef struct AttnIn {
     const BqQkvSums *sums;
     const float *qkv, *bias, *mask;
     float scale, sq;
     int64_t T, NH, d;
     const BqFq *fq; /* the fake quantizers of the attention (BQ_FQ_ATTN: ort, qdqbert), or NULL */
+    int64_t Q;
 } AttnIn;
 
 /* The mask row of sequence b, or NULL where it has none or every key is kept (all ones): the masked
@@ -569,36 +571,35 @@ IK_FMA static void scores_all_fma(float *S, int64_t Tp, const float *q, const fl
     for (; i < T; i++) scores_rows_fma(S + i * Tp, Tp, q + i * d, d, Kt, d, 1);
 }
 
-/* The context (T, d) = P (T rows, leading dim Tp) · V (T, d) as codes at scale sq when codes is not
- * NULL, else as fp32 to C; either with leading dim ldc. */
+/* The context's first Q rows (Q, d) = P (Q rows, leading dim Tp) · V (T, d) as codes at scale sq when
+ * codes is not NULL, else as fp32 to C; either with leading dim ldc. */
 IK_FMA static void context_all_fma(uint8_t *codes, float *C, int64_t ldc, const float *S, int64_t Tp,
-                                   const float *V, int64_t T, int64_t d, float sq) {
+                                   const float *V, int64_t T, int64_t d, float sq, int64_t Q) {
     int64_t i = 0;
-    for (; i + 4 <= T; i += 4) context_rows_fma(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 4);
-    for (; i < T; i++) context_rows_fma(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 1);
+    for (; i + 4 <= Q; i += 4) context_rows_fma(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 4);
+    for (; i < Q; i++) context_rows_fma(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 1);
 }
 
 /* The attention of one (batch, head) pair on AVX2 + FMA, its query, key and value (T, d) each already at
  * Kt + d·Tp + T·Tp and the next two pad16(T·d) blocks: scores, softmax (softmax_row's bits), context
  * rows written as codes at scale sq when codes is not NULL, else as fp32 to C (leading dim ldc). */
 IK_FMA static void attn_core_fma(uint8_t *codes, float *C, int64_t ldc, const float *mrow, float *Kt, float scale,
-                                 float sq, int64_t T, int64_t d) {
+                                 float sq, int64_t T, int64_t d, int64_t Q) {
     const int64_t Tp = pad16(T);
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
     transpose_all_fma(Kt, Tp, k, T, d);
-    scores_all_fma(S, Tp, q, Kt, T, d);
-    for (int64_t i = 0; i < T; i++) {
+    scores_all_fma(S, Tp, q, Kt, Q, d);
+    for (int64_t i = 0; i < Q; i++) {
         softmax_row_fma(S + i * Tp, mrow, scale, T);
     }
-    context_all_fma(codes, C, ldc, S, Tp, v, T, d, sq);
+    context_all_fma(codes, C, ldc, S, Tp, v, T, d, sq, Q);
 }
 
 /* One (batch, head) pair on AVX2 + FMA: its query, key and value loaded (here, so that the loads get
  * the AVX2 code too), then attn_core_fma into codes or C (leading dim H). */
 IK_FMA static void attn_head_fma(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int64_t h, float *Kt) {
     load_head(Kt, in, b, h);
-    attn_core_fma(codes, C, in->NH * in->d, mask_row(in, b), Kt, in->scale, in->sq, in->T,
-                  in->d);
+    attn_core_fma(codes, C, in->NH * in->d, mask_row(in, b), Kt, in->scale, in->sq, in->T, in->d, in->Q);
 }
 
 /* x = gelu(x + bias) in place, gelu_quant_rows_fma's GELU, 8 columns at a time (N a multiple of 8). */
@@ -857,10 +858,10 @@ IK_512 static void scores_all_512(float *S, int64_t Tp, const float *q, const fl
 
 /* context_all_fma with context_rows_512 (d a multiple of 16). */
 IK_512 static void context_all_512(uint8_t *codes, float *C, int64_t ldc, const float *S, int64_t Tp,
-                                   const float *V, int64_t T, int64_t d, float sq) {
+                                   const float *V, int64_t T, int64_t d, float sq, int64_t Q) {
     int64_t i = 0;
-    for (; i + 8 <= T; i += 8) context_rows_512(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 8);
-    for (; i < T; i++) context_rows_512(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 1);
+    for (; i + 8 <= Q; i += 8) context_rows_512(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 8);
+    for (; i < Q; i++) context_rows_512(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 1);
 }
 
 /* load_head for the 16-lane kernels: dequant_head's rows, parts and operations (a separate multiply and
@@ -905,9 +906,9 @@ IK_512 static void attn_head_512(uint8_t *codes, float *C, const AttnIn *in, int
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
     load_head_512(Kt, in, b, h);
     transpose_all_fma(Kt, Tp, k, T, d);
-    scores_all_512(S, Tp, q, Kt, T, d);
-    for (int64_t i = 0; i < T; i += 4) softmax_rows_512(S + i * Tp, Tp, mrow, in->scale, T);
-    context_all_512(codes, C, in->NH * d, S, Tp, v, T, d, in->sq);
+    scores_all_512(S, Tp, q, Kt, in->Q, d);
+    for (int64_t i = 0; i < in->Q; i += 4) softmax_rows_512(S + i * Tp, Tp, mrow, in->scale, T); /* Q: T or 8 */
+    context_all_512(codes, C, in->NH * d, S, Tp, v, T, d, in->sq, in->Q);
 }
 
 /* bias_gelu_rows_fma, 16 columns at a time (N a multiple of 16). */
@@ -1276,21 +1277,22 @@ static int have_vnni(void);
  * codes q and k, and, after softmax_fq has turned S into the probabilities' codes, the context's sums into
  * q (T, d). The scratch Kt (4·d·Tp bytes) holds the operands; the probabilities' bytes overwrite S. */
 IK_VNNI static void scores_vnni(float *S, int64_t Tp, float *Kt, const float *q, const float *k, BqFq fq, int64_t T,
-                                int64_t d) {
+                                int64_t d, int64_t Q) {
     uint8_t *q8 = (uint8_t *)Kt;
     int32_t *k4 = (int32_t *)(q8 + T * d), *off = k4 + d / 4 * Tp;
-    u8_codes_vnni(q8, q, T * d, fq.lo);
+    u8_codes_vnni(q8, q, Q * d, fq.lo);
     key_words_vnni(k4, Tp, off, k, T, d, fq.lo);
-    dot_all_vnni(S, Tp, q8, d, k4, Tp, off, T, T, d / 4);
+    dot_all_vnni(S, Tp, q8, d, k4, Tp, off, Q, T, d / 4);
 }
 
+/* The context's first Q rows (Q a multiple of 8). */
 IK_VNNI static void context_vnni(float *C, float *S, int64_t Tp, float *Kt, const float *v, BqFq fp, int64_t T,
-                                 int64_t d) {
+                                 int64_t d, int64_t Q) {
     uint8_t *p8 = (uint8_t *)S;
     int32_t *v4 = (int32_t *)Kt, *off = v4 + T / 4 * d;
-    for (int64_t i = 0; i < T; i++) u8_codes_vnni(p8 + i * Tp, S + i * Tp, T, fp.lo);
+    for (int64_t i = 0; i < Q; i++) u8_codes_vnni(p8 + i * Tp, S + i * Tp, T, fp.lo);
     value_words_vnni(v4, off, v, T, d, fp.lo);
-    dot_all_vnni(C, d, p8, Tp, v4, d, off, T, d, T / 4);
+    dot_all_vnni(C, d, p8, Tp, v4, d, off, Q, d, T / 4);
 }
 
 /* 1 when the CPU has AVX-512 F/VL/BW/DQ and the environment sets neither BQ_INFER_PORTABLE nor
@@ -1331,27 +1333,27 @@ static void scores_all(float *S, int64_t Tp, const float *q, const float *Kt, in
 
 /* context_all_fma, portable. */
 static void context_all(uint8_t *codes, float *C, int64_t ldc, const float *S, int64_t Tp, const float *V,
-                        int64_t T, int64_t d, float sq) {
+                        int64_t T, int64_t d, float sq, int64_t Q) {
     int64_t i = 0;
-    for (; i + 4 <= T; i += 4) context_rows(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 4);
-    for (; i < T; i++) context_rows(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 1);
+    for (; i + 4 <= Q; i += 4) context_rows(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 4);
+    for (; i < Q; i++) context_rows(codes, C, ldc, i, S, Tp, V, d, T, d, sq, 1);
 }
 
 /* attn_core_fma's steps, portable (vector extensions, separate multiply and add). */
 static void attn_core(uint8_t *codes, float *C, int64_t ldc, const float *mrow, float *Kt, float scale, float sq,
-                      int64_t T, int64_t d) {
+                      int64_t T, int64_t d, int64_t Q) {
     const int64_t Tp = pad16(T);
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + pad16(T * d), *v = k + pad16(T * d);
     transpose_tail(Kt, Tp, k, d, 0, T, d);
-    scores_all(S, Tp, q, Kt, T, d);
-    for (int64_t i = 0; i < T; i++) softmax_row(S + i * Tp, mrow, scale, T, 1);
-    context_all(codes, C, ldc, S, Tp, v, T, d, sq);
+    scores_all(S, Tp, q, Kt, Q, d);
+    for (int64_t i = 0; i < Q; i++) softmax_row(S + i * Tp, mrow, scale, T, 1);
+    context_all(codes, C, ldc, S, Tp, v, T, d, sq, Q);
 }
 
 /* One (batch, head) pair, portable: attn_head_fma's steps. */
 static void attn_head(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int64_t h, float *Kt) {
     load_head(Kt, in, b, h);
-    attn_core(codes, C, in->NH * in->d, mask_row(in, b), Kt, in->scale, in->sq, in->T, in->d);
+    attn_core(codes, C, in->NH * in->d, mask_row(in, b), Kt, in->scale, in->sq, in->T, in->d, in->Q);
 }
 
 /* One (batch, head) pair with fake quantizers (bq_infer_attention_fq) into its codes (leading dim H), in
@@ -1364,7 +1366,7 @@ static void attn_head(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int
  * portable arithmetic. */
 IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int64_t h, float *Kt, int isa,
                                 int vnni) {
-    const int64_t T = in->T, d = in->d, Tp = pad16(T), Td = pad16(T * d), H = in->NH * d;
+    const int64_t T = in->T, d = in->d, Tp = pad16(T), Td = pad16(T * d), H = in->NH * d, Q = in->Q;
     const BqFq *fq = in->fq;
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + Td, *v = k + Td;
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -1385,22 +1387,22 @@ IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int
         for (int64_t i = 0; i < T * d; i++) x[i] = fq_code(x[i], f);
     }
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (vnni) scores_vnni(S, Tp, Kt, q, k, fq[BQ_FQ_Q], T, d);
+    if (vnni) scores_vnni(S, Tp, Kt, q, k, fq[BQ_FQ_Q], T, d, Q);
     if (isa && !vnni) transpose_all_fma(Kt, Tp, k, T, d);
-    if (isa == 2 && !vnni) scores_all_512(S, Tp, q, Kt, T, d);
-    if (isa == 1) scores_all_fma(S, Tp, q, Kt, T, d);
+    if (isa == 2 && !vnni) scores_all_512(S, Tp, q, Kt, Q, d);
+    if (isa == 1) scores_all_fma(S, Tp, q, Kt, Q, d);
 #endif
     if (!isa) {
         transpose_tail(Kt, Tp, k, d, 0, T, d);
-        scores_all(S, Tp, q, Kt, T, d);
+        scores_all(S, Tp, q, Kt, Q, d);
     }
     const float fqk = fq[BQ_FQ_Q].s * fq[BQ_FQ_K].s, fpv = fq[BQ_FQ_PROBS].s * fq[BQ_FQ_V].s;
     const BqFq fs = fq[BQ_FQ_SCORES], fp = fq[BQ_FQ_PROBS], fc = fq[BQ_FQ_CONTEXT];
     const float *mrow = mask_row(in, b);
-    for (int64_t i = 0; i < T; i++) {
+    for (int64_t i = 0; i < Q; i++) {
         float *y = S + i * Tp;
 #if defined(__x86_64__) && defined(__GNUC__)
-        if (w16) { /* T is a multiple of 16: four rows at a time */
+        if (w16) { /* T is a multiple of 16 (Q: T or 8): four rows at a time */
             if (i % 4 == 0) scores_fq_rows_512(y, Tp, mrow, in->scale, fqk, fs, fp, T);
             continue;
         }
@@ -1409,21 +1411,21 @@ IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int
         softmax_row(y, mrow, in->scale, T, 0);
         for (int64_t j = 0; j < T; j++) y[j] = fq_code(y[j], fp);
     }
-    /* the context's sums (T, d) over the query block, which the scores no longer need */
+    /* the context's sums (Q, d) over the query block, which the scores no longer need */
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (vnni) context_vnni(q, S, Tp, Kt, v, fq[BQ_FQ_PROBS], T, d);
-    if (isa == 2 && !vnni) context_all_512(NULL, q, d, S, Tp, v, T, d, 0.0f);
-    if (isa == 1) context_all_fma(NULL, q, d, S, Tp, v, T, d, 0.0f);
+    if (vnni) context_vnni(q, S, Tp, Kt, v, fq[BQ_FQ_PROBS], T, d, Q);
+    if (isa == 2 && !vnni) context_all_512(NULL, q, d, S, Tp, v, T, d, 0.0f, Q);
+    if (isa == 1) context_all_fma(NULL, q, d, S, Tp, v, T, d, 0.0f, Q);
 #endif
-    if (!isa) context_all(NULL, q, d, S, Tp, v, T, d, 0.0f);
-    uint8_t *c = codes + b * T * H + h * d;
+    if (!isa) context_all(NULL, q, d, S, Tp, v, T, d, 0.0f, Q);
+    uint8_t *c = codes + b * Q * H + h * d;
 #if defined(__x86_64__) && defined(__GNUC__)
     if (w16) {
-        context_fq_codes_512(c, q, fpv, fc, in->sq, T, d, H);
+        context_fq_codes_512(c, q, fpv, fc, in->sq, Q, d, H);
         return;
     }
 #endif
-    for (int64_t t = 0; t < T; t++)
+    for (int64_t t = 0; t < Q; t++)
         for (int64_t e = 0; e < d; e++) c[t * H + e] = quant_u8(fq_apply(q[t * d + e] * fpv, fc), in->sq);
 }
 
@@ -1455,7 +1457,7 @@ static void attn_heads(uint8_t *codes, float *ctx, const AttnIn *in, float *scra
     const int vnni = isa == 2 && in->T % 16 == 0 && in->fq && have_vnni() && vnni_exact(in->fq, in->T, in->d);
 #pragma omp parallel for if (B * NH > 1) schedule(static)
     for (int64_t bh = 0; bh < B * NH; bh++) {
-        const int64_t b = bh / NH, h = bh % NH, off = b * in->T * H + h * in->d;
+        const int64_t b = bh / NH, h = bh % NH, off = b * in->Q * H + h * in->d;
         float *Kt = scratch + (int64_t)omp_get_thread_num() * per;
         uint8_t *c = codes ? codes + off : NULL;
         float *f = ctx ? ctx + off : NULL;
@@ -1489,19 +1491,24 @@ BqQkvSums bq_qkv_sums_fused(const int32_t *acc, const int32_t *comp, const float
     return s;
 }
 
+/* Q is T, or the first block of query rows (BQ_INFER_QUERY_BLOCK, a multiple of the 4-row score and softmax
+ * and the 8-row context and VNNI tiles, so each of its rows is computed as among all T). */
+static int query_rows_ok(int64_t T, int64_t Q) { return Q == T || (Q == BQ_INFER_QUERY_BLOCK && T > Q); }
+
 void bq_infer_attention(uint8_t *codes, const BqQkvSums *sums, const float *mask, float *scratch, int64_t nthreads,
-                        float scale, float sq, int64_t B, int64_t T, int64_t NH, int64_t d) {
-    BQ_CHECK(sums && codes);
-    const AttnIn in = {sums, NULL, NULL, mask, scale, sq, T, NH, d, NULL};
+                        float scale, float sq, int64_t B, int64_t T, int64_t Q, int64_t NH, int64_t d) {
+    BQ_CHECK(sums && codes && query_rows_ok(T, Q));
+    const AttnIn in = {sums, NULL, NULL, mask, scale, sq, T, NH, d, NULL, Q};
     attn_heads(codes, NULL, &in, scratch, nthreads, B);
 }
 
 void bq_infer_attention_fq(uint8_t *codes, const BqQkvSums *sums, const float *mask, float *scratch,
-                           int64_t nthreads, float scale, const BqFq *fq, float sq, int64_t B, int64_t T, int64_t NH,
-                           int64_t d) {
+                           int64_t nthreads, float scale, const BqFq *fq, float sq, int64_t B, int64_t T, int64_t Q,
+                           int64_t NH, int64_t d) {
     BQ_CHECK(sums && fq && codes && fq[BQ_FQ_Q].s > 0.0f && fq[BQ_FQ_K].s > 0.0f && fq[BQ_FQ_V].s > 0.0f &&
              fq[BQ_FQ_PROBS].s > 0.0f);
-    const AttnIn in = {sums, NULL, NULL, mask, scale, sq, T, NH, d, fq};
+    BQ_CHECK(query_rows_ok(T, Q));
+    const AttnIn in = {sums, NULL, NULL, mask, scale, sq, T, NH, d, fq, Q};
     attn_heads(codes, NULL, &in, scratch, nthreads, B);
 }
 
@@ -1672,9 +1679,9 @@ const char *bq_infer_describe(void) {
 /* ---- fp32 attention and GELU (layers/bert_fp32.c) ---- */
 
 void bq_infer_attention_f32(float *ctx, const float *qkv, const float *bias, const float *mask, float *scratch,
-                            int64_t nthreads, float scale, int64_t B, int64_t T, int64_t NH, int64_t d) {
-    BQ_CHECK(qkv != NULL);
-    const AttnIn in = {NULL, qkv, bias, mask, scale, 0.0f, T, NH, d, NULL};
+                            int64_t nthreads, float scale, int64_t B, int64_t T, int64_t Q, int64_t NH, int64_t d) {
+    BQ_CHECK(qkv != NULL && query_rows_ok(T, Q));
+    const AttnIn in = {NULL, qkv, bias, mask, scale, 0.0f, T, NH, d, NULL, Q};
     attn_heads(NULL, ctx, &in, scratch, nthreads, B);
 }
 

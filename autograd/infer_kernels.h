@@ -84,11 +84,14 @@ BqQkvSums bq_qkv_sums_fused(const int32_t *acc, const int32_t *comp, const float
 
 /* The attention block of one layer on the query/key/value sums (d a multiple of 8): for every (b, h),
  * Q_h, K_h, V_h = dequant + bias of its columns, S = Q_h·K_hᵀ, P = softmax(scale·S + (1 − mask)·(−FLT_MAX))
- * over keys (mask (B,T) of 0/1, or NULL), C_h = P·V_h; codes (B,T,H) = uint8 codes of C at scale sq.
- * scratch: nthreads · bq_infer_attention_scratch(T, d) floats, 64-byte aligned, where nthreads is at
- * least omp_get_max_threads(). */
+ * over keys (mask (B,T) of 0/1, or NULL), C_h = P·V_h; codes (B,Q,H) = uint8 codes of C's first Q query
+ * rows of each sequence at scale sq. Q is T, or BQ_INFER_QUERY_BLOCK (< T) where only token 0's row is
+ * read: the kernels' first block of query rows, so that each of its rows gets the operations, and the bits,
+ * it gets among all T. scratch: nthreads · bq_infer_attention_scratch(T, d) floats, 64-byte aligned, where
+ * nthreads is at least omp_get_max_threads(). */
+#define BQ_INFER_QUERY_BLOCK 8
 void bq_infer_attention(uint8_t *codes, const BqQkvSums *sums, const float *mask, float *scratch, int64_t nthreads,
-                        float scale, float sq, int64_t B, int64_t T, int64_t NH, int64_t d);
+                        float scale, float sq, int64_t B, int64_t T, int64_t Q, int64_t NH, int64_t d);
 
 /* ---- the fused layers with fake quantizers between the GEMMs (ort, qdqbert) ----
  * The ort scheme fake-quantizes op outputs, qdqbert the inputs of the attention products and of the
@@ -126,10 +129,10 @@ enum { BQ_FQ_LOCAL, BQ_FQ_SKIP, BQ_FQ_SUM, BQ_FQ_LN };
 /* bq_infer_attention with fake quantizers (fq, BQ_FQ_ATTN of them): Q_h, K_h, V_h = fq_Q/K/V(dequant +
  * bias); S = fq_SCORES(Σ codes(Q_h)·codes(K_h)ᵀ · fl(s_Q·s_K)); P = fq_PROBS(masked softmax(scale·S));
  * C_h = fq_CONTEXT(Σ codes(P)·codes(V_h) · fl(s_PROBS·s_V)); codes (B,T,H) = uint8 codes of C at scale
- * sq. Scratch as bq_infer_attention's. */
+ * sq. Q, codes (B,Q,H) and scratch as bq_infer_attention's. */
 void bq_infer_attention_fq(uint8_t *codes, const BqQkvSums *sums, const float *mask, float *scratch,
-                           int64_t nthreads, float scale, const BqFq *fq, float sq, int64_t B, int64_t T, int64_t NH,
-                           int64_t d);
+                           int64_t nthreads, float scale, const BqFq *fq, float sq, int64_t B, int64_t T, int64_t Q,
+                           int64_t NH, int64_t d);
 
 /* out (M,N) = f[LN](LayerNorm(f[SUM](f[LOCAL](dequant(acc) + bias) + f[SKIP](resid)))) (BertSelfOutput and
  * BertOutput with their quantizers: f points at the block's four places), and, when codes is not NULL,
@@ -175,9 +178,9 @@ void bq_infer_bias_gelu_bf16(uint16_t *h, const float *x, const float *bias, int
 
 /* bq_infer_attention on the fp32 output qkv (B,T,3H) of the bias-free fused query/key/value GEMM: for
  * every (b, h), Q_h, K_h, V_h = its columns + bias (3H), S = Q_h·K_hᵀ, P = softmax(scale·S + (1 −
- * mask)·(−FLT_MAX)) over keys, ctx (B,T,H) head columns = P·V_h in fp32. d a multiple of 8; scratch as
- * bq_infer_attention's. */
+ * mask)·(−FLT_MAX)) over keys, ctx (B,Q,H) head columns = P·V_h of the first Q query rows in fp32. d a
+ * multiple of 8; Q and scratch as bq_infer_attention's. */
 void bq_infer_attention_f32(float *ctx, const float *qkv, const float *bias, const float *mask, float *scratch,
-                            int64_t nthreads, float scale, int64_t B, int64_t T, int64_t NH, int64_t d);
+                            int64_t nthreads, float scale, int64_t B, int64_t T, int64_t Q, int64_t NH, int64_t d);
 
 #endif

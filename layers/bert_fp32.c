@@ -73,8 +73,8 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
             else
                 for (int j = 0; j < 3; j++) gemm_nt_ld(ctx->prec, qkv + j * H, 3 * H, x, W[j]->data, rb, H, H);
             const double t0 = bq_section_start();
-            bq_infer_attention_f32(out->f + r0 * H, qkv, bqkv, s->mask ? s->mask + r0 : NULL, scratch, nthr, s->scale,
-                                   nb, T, s->NH, d);
+            bq_infer_attention_f32(out->f + u0 * s->Q * H, qkv, bqkv, s->mask ? s->mask + r0 : NULL, scratch, nthr,
+                                   s->scale, nb, T, s->Q, s->NH, d);
             bq_section_end(BQ_SEC_ATTENTION, t0);
         }
         return BQ_OK;

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "autograd/infer_kernels.h"
 #include "autograd/kernels.h"
 
 /* An activation of rows·n values: floats and/or codes as asked, from ctx->act. */
@@ -109,14 +110,16 @@ int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask
         }
     }
 
-    /* BertSelfAttention: the query/key/value product and the attention block */
-    BqFusedAct cx = act_new(ctx, M, H, !e->codes, e->codes);
+    /* BertSelfAttention: the query/key/value product and the attention block, whose context only token 0's
+     * rows of are read in a [CLS]-only layer: there the first block of query rows (every key still) */
+    const int64_t Q = cls_only && T > BQ_INFER_QUERY_BLOCK ? BQ_INFER_QUERY_BLOCK : T;
+    BqFusedAct cx = act_new(ctx, B * Q, H, !e->codes, e->codes);
     BqFusedStep s = {.id = BQ_LIN_QKV, .rows = M, .N = H, .mask = mask, .B = B, .T = T,
-                     .NH = NH, .d = d, .scale = 1.0f / sqrtf((float)d)};
+                     .NH = NH, .d = d, .Q = Q, .scale = 1.0f / sqrtf((float)d)};
     if ((st = run_step(e, ctx, l, &in, &s, &cx))) goto cleanup;
     const float *xr = x->data;
     if (cls_only) {
-        cx = act_token0(ctx, &cx, B, T, H);
+        cx = act_token0(ctx, &cx, B, Q, H);
         BqFusedAct xf = {x->data, NULL}, x0 = act_token0(ctx, &xf, B, T, H);
         xr = x0.f;
     }

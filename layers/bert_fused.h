@@ -49,12 +49,15 @@ typedef struct BqFusedAct {
  * of its input, then the epilogue that Linear has in the layer (QKV: +bias and the attention block; AO and
  * O: +bias +resid, LayerNorm; I: +bias, GELU). The output act has its buffers allocated by the layer: f (rows, N) where
  * floats are wanted, codes (rows, N) where the next Linear reads codes (for BQ_LIN_O: the next layer's
- * query/key/value input), else NULL. */
+ * query/key/value input), else NULL; for BQ_LIN_QKV (B·Q, N): the context of each sequence's first Q query
+ * rows (autograd/infer_kernels.h bq_infer_attention: T, or a block of 8 whose row 0 the [CLS]-only last
+ * layer reads). */
 typedef struct BqFusedStep {
     BqLinearId id;
     int64_t rows, N;
     const float *mask;          /* attention: (B,T) or NULL */
     int64_t B, T, NH, d;        /* attention: batch, tokens, heads, head size */
+    int64_t Q;                  /* attention: query rows per sequence whose context is computed */
     float scale;                /* attention: 1/sqrt(d) */
     const float *resid;         /* residual LN: (rows, N) */
     const float *lnw, *lnb;     /* residual LN: LayerNorm weight and bias (N) */

@@ -559,9 +559,11 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
         int rc = s->id == BQ_LIN_QKV ? qkv_gemms(IL, in, xc, r0, rb, acc, &sums)
                                      : bq_qgemm_raw(il->w, in->codes + r0 * K, rb, acc);
         if (rc) return rc;
-        /* this block's rows of the outputs (W features each) and of the residual */
-        float *of = out->f ? out->f + r0 * W : NULL;
-        uint8_t *oc = out->codes ? out->codes + r0 * W : NULL;
+        /* this block's rows of the outputs (W features each; the attention's: Q rows per sequence) and of
+         * the residual */
+        const int64_t o0 = s->id == BQ_LIN_QKV ? u0 * s->Q : r0;
+        float *of = out->f ? out->f + o0 * W : NULL;
+        uint8_t *oc = out->codes ? out->codes + o0 * W : NULL;
         const float *res = s->resid ? s->resid + r0 * W : NULL;
         const double t0 = bq_section_start();
         const float *mask = s->mask ? s->mask + u0 * s->T : NULL;
@@ -572,9 +574,10 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
         switch (s->id) {
         case BQ_LIN_QKV:
             if (IL->with_fq)
-                bq_infer_attention_fq(oc, &sums, mask, scratch, nthr, s->scale, fq, la->sx, nb, s->T, s->NH, s->d);
+                bq_infer_attention_fq(oc, &sums, mask, scratch, nthr, s->scale, fq, la->sx, nb, s->T, s->Q, s->NH,
+                                      s->d);
             else
-                bq_infer_attention(oc, &sums, mask, scratch, nthr, s->scale, la->sx, nb, s->T, s->NH, s->d);
+                bq_infer_attention(oc, &sums, mask, scratch, nthr, s->scale, la->sx, nb, s->T, s->Q, s->NH, s->d);
             break;
         case BQ_LIN_AO:
             if (IL->with_fq)

@@ -158,7 +158,7 @@ static void kernels_thread_invariant(void) {
         out[k] = bq_malloc(sizeof(float) * KM * KH);
         g[k] = bq_malloc(sizeof(float) * KM * KI);
         ln[k] = bq_malloc(sizeof(float) * KM * KH);
-        bq_infer_attention_f32(out[k], qkv, bias, mask, sa, 3, 0.25f, KB, KT, KNH, KD);
+        bq_infer_attention_f32(out[k], qkv, bias, mask, sa, 3, 0.25f, KB, KT, KT, KNH, KD);
         memcpy(g[k], h, sizeof(float) * KM * KI);
         bq_infer_bias_gelu_f32(g[k], bias, KM, KI);
         bq_infer_bias_residual_layernorm_f32(ln[k], out[k], bias, qkv, bias + KH, bias + 2 * KH, 1e-12f, KM, KH);

@@ -320,7 +320,7 @@ static void check_attention(BqRng *rng, int portable) {
         uint8_t *codes = malloc((size_t)(AB * T * AH));
         float *scratch = attn_scratch(T);
         const BqQkvSums sums = bq_qkv_sums_fused(c.acc, c.comp, c.qscale, c.bias, AH);
-        bq_infer_attention(codes, &sums, c.mask, scratch, omp_get_max_threads(), scale, sq, AB, T, NH, HD);
+        bq_infer_attention(codes, &sums, c.mask, scratch, omp_get_max_threads(), scale, sq, AB, T, T, NH, HD);
         Tally t = {0};
         for (int b = 0; b < AB; b++)
             for (int h = 0; h < NH; h++)
@@ -373,7 +373,7 @@ static void check_attention_fq(BqRng *rng, int portable) {
             }
             sums.ld = AH;
         }
-        bq_infer_attention_fq(codes, &sums, c.mask, scratch, omp_get_max_threads(), scale, fq, sq, AB, T, NH, HD);
+        bq_infer_attention_fq(codes, &sums, c.mask, scratch, omp_get_max_threads(), scale, fq, sq, AB, T, T, NH, HD);
         for (int p = 0; p < 3 && !all; p++) free((void *)sums.acc[p]);
         Tally t = {0}, tin = {0}, ts = {0}, tc = {0};
         long rows_skipped = 0;
@@ -523,7 +523,7 @@ static void check_infer_attention(int64_t B, int64_t T, int64_t NH, int64_t d, B
     uint8_t *codes = bq_malloc((size_t)(M * H)), *one = bq_malloc((size_t)(T * H));
     const float sc = 1.0f / sqrtf((float)d), sq = 1.5f / 127.0f;
     const BqQkvSums sums = bq_qkv_sums_fused(acc, comp, scale, bias, H);
-    bq_infer_attention(codes, &sums, mask, scratch, nthr, sc, sq, B, T, NH, d);
+    bq_infer_attention(codes, &sums, mask, scratch, nthr, sc, sq, B, T, T, NH, d);
     double *ref = bq_malloc(sizeof(double) * (size_t)(M * H)), *p = bq_malloc(sizeof(double) * (size_t)T),
            *s = bq_malloc(sizeof(double) * (size_t)T);
     for (int64_t b = 0; b < B; b++)
@@ -553,9 +553,18 @@ static void check_infer_attention(int64_t B, int64_t T, int64_t NH, int64_t d, B
     int alone_bad = 0;
     for (int64_t b = 0; b < B; b++) {
         const BqQkvSums sb = bq_qkv_sums_fused(acc + b * T * N, comp, scale, bias, H);
-        bq_infer_attention(one, &sb, mask + b * T, scratch, nthr, sc, sq, 1, T, NH, d);
+        bq_infer_attention(one, &sb, mask + b * T, scratch, nthr, sc, sq, 1, T, T, NH, d);
         alone_bad += memcmp(one, codes + b * T * H, (size_t)(T * H)) != 0;
     }
+    /* the first block of query rows only (the [CLS]-only last layer): the same bits as those rows among all */
+    const int64_t QB = BQ_INFER_QUERY_BLOCK;
+    uint8_t *blk = bq_malloc((size_t)(B * QB * H));
+    bq_infer_attention(blk, &sums, mask, scratch, nthr, sc, sq, B, T, QB, NH, d);
+    int block_bad = 0;
+    for (int64_t b = 0; b < B; b++) block_bad += memcmp(blk + b * QB * H, codes + b * T * H, (size_t)(QB * H)) != 0;
+    printf("%s: the first %lld query rows alone: %d sequences differ\n", what, (long long)QB, block_bad);
+    EXPECT(block_bad == 0, "%s: the first query rows alone differ from those among all", what);
+    free(blk);
     /* sequence 0 (every key kept) padded with 3 masked keys, in the fp32 attention (whose outputs show a
      * last-bit change that codes would hide): its rows must not change. The padded length may be a
      * multiple of 8 where T is not, which once sent the two through different softmax code. */
@@ -567,16 +576,21 @@ static void check_infer_attention(int64_t B, int64_t T, int64_t NH, int64_t d, B
     for (int64_t t = 0; t < Tq; t++) maskp[t] = t < T ? 1.0f : 0.0f;
     const size_t per_q = sizeof(float) * (size_t)bq_infer_attention_scratch(Tq, d);
     BQ_CHECK(posix_memalign((void **)&scratchp, 64, per_q * (size_t)nthr) == 0);
-    bq_infer_attention_f32(ca, qkv, bias, maskp, scratchp, nthr, sc, 1, T, NH, d);
-    bq_infer_attention_f32(cp, qkv, bias, maskp, scratchp, nthr, sc, 1, Tq, NH, d);
+    bq_infer_attention_f32(ca, qkv, bias, maskp, scratchp, nthr, sc, 1, T, T, NH, d);
+    bq_infer_attention_f32(cp, qkv, bias, maskp, scratchp, nthr, sc, 1, Tq, Tq, NH, d);
     const int pad_bad = memcmp(ca, cp, sizeof(float) * (size_t)(T * H)) != 0;
     printf("%s: sequence 0 in fp32, padded to %lld keys: %s\n", what, (long long)Tq, pad_bad ? "DIFFERS" : "same bits");
     EXPECT(pad_bad == 0, "%s depends on the padded length", what);
+    bq_infer_attention_f32(cp, qkv, bias, maskp, scratchp, nthr, sc, 1, T, QB, NH, d);
+    const int fblock_bad = memcmp(ca, cp, sizeof(float) * (size_t)(QB * H)) != 0;
+    printf("%s: sequence 0 in fp32, its first %lld query rows alone: %s\n", what, (long long)QB,
+           fblock_bad ? "DIFFER" : "same bits");
+    EXPECT(fblock_bad == 0, "%s: the fp32 attention's first query rows alone differ", what);
     free(qkv), free(maskp), free(ca), free(cp), free(scratchp);
     int prev = bq_runtime_threads();
     bq_runtime_set_threads(1);
     uint8_t *t1 = bq_malloc((size_t)(M * H));
-    bq_infer_attention(t1, &sums, mask, scratch, nthr, sc, sq, B, T, NH, d);
+    bq_infer_attention(t1, &sums, mask, scratch, nthr, sc, sq, B, T, T, NH, d);
     bq_runtime_set_threads(prev);
     const int thr_bad = memcmp(t1, codes, (size_t)(M * H)) != 0;
     printf("%s: %d sequences differ alone, 1 vs %d threads differ: %d\n", what, alone_bad, prev, thr_bad);
@@ -830,13 +844,26 @@ static void check_avx512_bits(BqRng *rng) {
         fq[BQ_FQ_CONTEXT] = fq8(1.0f / 32.0f);
         float *qkv = bq_malloc(sizeof(float) * (size_t)(B * T * 3 * H));
         for (int64_t i = 0; i < B * T * 3 * H; i++) qkv[i] = (float)(qa[i] - qc[i % (3 * H)]) * qs[i % (3 * H)];
-#define ATT_Q(c) bq_infer_attention(c, &sums, mask, scratch, nthr, sc, sq, B, T, NH, d)
-#define ATT_FQ(c) bq_infer_attention_fq(c, &sums, mask, scratch, nthr, sc, fq, sq, B, T, NH, d)
-#define ATT_F(f) bq_infer_attention_f32(f, qkv, qb, mask, scratch, nthr, sc, B, T, NH, d)
+#define ATT_Q(c) bq_infer_attention(c, &sums, mask, scratch, nthr, sc, sq, B, T, T, NH, d)
+#define ATT_FQ(c) bq_infer_attention_fq(c, &sums, mask, scratch, nthr, sc, fq, sq, B, T, T, NH, d)
+#define ATT_F(f) bq_infer_attention_f32(f, qkv, qb, mask, scratch, nthr, sc, B, T, T, NH, d)
         BOTH_WAYS(ca, cb, ATT_Q);
         int qbad = memcmp(ca, cb, (size_t)(B * T * H)) != 0;
         BOTH_WAYS(ca, cb, ATT_FQ);
         int fqbad = memcmp(ca, cb, (size_t)(B * T * H)) != 0;
+        /* the first block of query rows alone, both ways (VNNI products on the fastest where T % 16 == 0):
+         * the same bits as those rows among all */
+        const int64_t QB = BQ_INFER_QUERY_BLOCK;
+        uint8_t *ba = (uint8_t *)fa, *bb = (uint8_t *)fb;
+#define ATT_FQ_BLOCK(c) bq_infer_attention_fq(c, &sums, mask, scratch, nthr, sc, fq, sq, B, T, QB, NH, d)
+        BOTH_WAYS(ba, bb, ATT_FQ_BLOCK);
+        int blockbad = 0;
+        for (int64_t b = 0; b < B; b++)
+            blockbad += memcmp(ba + b * QB * H, ca + b * T * H, (size_t)(QB * H)) != 0 ||
+                        memcmp(bb + b * QB * H, cb + b * T * H, (size_t)(QB * H)) != 0;
+        printf("fake-quant attention B=%lld T=%lld: the first %lld query rows alone: %d sequences differ\n", (long long)B,
+               (long long)T, (long long)QB, blockbad);
+        EXPECT(blockbad == 0, "the fake-quant attention's first query rows alone differ from those among all");
         BOTH_WAYS(fa, fb, ATT_F);
         int fbad = memcmp(fa, fb, sizeof(float) * (size_t)(B * T * H)) != 0;
         printf("AVX-512 vs AVX2, attention B=%lld T=%lld NH=%lld d=%lld: codes %s, fake quant %s%s, fp32 %s\n",
