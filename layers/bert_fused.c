@@ -110,8 +110,9 @@ int bq_fused_layer(void *user, BqCtx *ctx, int l, BqTensor *x, const float *mask
         }
     }
 
-    /* BertSelfAttention: the query/key/value product and the attention block, whose context only token 0's
-     * rows of are read in a [CLS]-only layer: there the first block of query rows (every key still) */
+    /* BertSelfAttention: the query/key/value product and the attention block. A [CLS]-only layer reads
+     * token 0's row of the context alone, so its attention computes the first block of query rows (against
+     * every key) */
     const int64_t Q = cls_only && T > BQ_INFER_QUERY_BLOCK ? BQ_INFER_QUERY_BLOCK : T;
     BqFusedAct cx = act_new(ctx, B * Q, H, !e->codes, e->codes);
     BqFusedStep s = {.id = BQ_LIN_QKV, .rows = M, .N = H, .mask = mask, .B = B, .T = T,
