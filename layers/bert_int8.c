@@ -54,7 +54,6 @@ struct BqInt8Engine {
     int nlinear, ngemm, nwhole;
     int use_whole;       /* bq_int8_set_layer_fusion */
     int64_t step_rows;   /* bq_int8_set_step_rows; 0: the default, by thread count (bq_int8_step_rows) */
-    int64_t block_rows;  /* the blocks of the forward in progress (bq_int8_step_rows when it began) */
     int64_t pass_rows;   /* bq_int8_set_pass_rows */
     int next_layer;      /* bq_int8_load_step: the first layer not wholly packed yet */
 };
@@ -527,7 +526,7 @@ static int qkv_gemms(const Int8Layer *IL, const BqFusedAct *in, uint8_t *const x
  *   AO → +bias +x → LayerNorm = a, codes(a) at the I input scale;
  *   I → +bias → GELU → codes at the O input scale;
  *   O → +bias +a → LayerNorm = y, and (out->codes set) codes(y) at layer l+1's query/key/value scale.
- * Both run block by block over at most e->block_rows rows (bq_int8_step_rows), whole sequences for
+ * Both run block by block over at most bq_int8_step_rows rows, whole sequences for
  * the attention, so the int32 sums take one block's room. */
 static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, const BqFusedStep *s, BqFusedAct *out) {
     const BqInt8Engine *e = user;
@@ -539,7 +538,8 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
     const int64_t N = s->id == BQ_LIN_QKV ? 3 * W : bq_qgemm_weights_n(il->w); /* query | key | value */
     /* blocks of whole units: sequences of T rows for the attention, single rows elsewhere */
     const int64_t per = s->id == BQ_LIN_QKV ? s->T : 1, units = R / per;
-    const int64_t ub = e->block_rows / per > 1 ? e->block_rows / per : 1, brows = (ub < units ? ub : units) * per;
+    const int64_t step = bq_int8_step_rows(e), ub = step / per > 1 ? step / per : 1;
+    const int64_t brows = (ub < units ? ub : units) * per;
     BQ_CHECK(units * per == R);
     int32_t *acc = bq_arena_alloc(ctx->act, (size_t)(brows * N) * sizeof(int32_t));
     const int32_t *comp = bq_qgemm_weights_comp(il->w);
@@ -644,8 +644,7 @@ static int hook_run(void *user, BqCtx *ctx, int l, BqLinearId id, BqTensor *x, c
 
 /* One forward of the whole model on the batch in. */
 static int forward_pass(BqInt8Engine *e, BqBert *m, BqCtx *ctx, const BqBertInput *in, BqTensor **logits) {
-    e->block_rows = bq_int8_step_rows(e);
-    BqFusedEngine fe = {.user = e, .codes = 1, .mlp_rows = e->block_rows, .resid_in_place = 1, .layer_ok = layer_ok,
+    BqFusedEngine fe = {.user = e, .codes = 1, .mlp_rows = bq_int8_step_rows(e), .resid_in_place = 1, .layer_ok = layer_ok,
                         .linear = linear_step, .quantize_input = quantize_input};
     BqFusedRun run = {.e = &fe, .m = m, .keep = in->hidden != NULL};
     BqLinearHook hook = {.user = &run, .run = hook_run, .layer = bq_fused_layer};

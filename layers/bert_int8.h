@@ -68,7 +68,7 @@ void bq_int8_set_layer_fusion(BqInt8Engine *e, int on);
  * query/key/value product and its attention; the intermediate and output dense one block after the
  * other, BqFusedEngine.mlp_rows): a step on more rows runs in blocks, so its int32 sums take one block's
  * room, not the batch's. The results are the same bits for any block size (the sums are exact, every
- * epilogue is row-wise and the attention is per sequence). The default, read when a forward begins, is the
+ * epilogue is row-wise and the attention is per sequence). The default, read anew at each forward, is the
  * rows whose intermediate sums take BQ_INT8_BLOCK_BYTES_PER_THREAD per OpenMP thread, at most
  * bq_fused_block_rows (layers/bert_fused.h: 1024 rows, BERT-base 512), at least one: with 2 threads
  * BERT-base's blocks are 256 rows and MiniLM's 512, from 4 threads on 512 and 1024. The cap: bench_int8's
