@@ -224,14 +224,34 @@ static void encode_one(const BqTokenizer *tok, const BqRawExample *x, int64_t ma
     free(wb);
 }
 
-static void encode_selection(Encoded *e, const BqRawSet *r, const int32_t *sel_labels, const BqTokenizer *tok,
-                             int64_t max_len, BqTruncation trunc, int threads) {
+/* Texts encoded a chunk at a time (bq_source_texts): an aclImdb split's texts are read again per chunk,
+ * so a load holds ENCODE_CHUNK texts (about 1.3 MiB of reviews) besides the encoded examples. */
+#define ENCODE_CHUNK 1024
+
+typedef struct EncodeRun {
+    EncOne *one;
+    const BqTokenizer *tok;
+    int64_t max_len;
+    BqTruncation trunc;
+    int nt;
+} EncodeRun;
+
+static int encode_chunk(void *user, const int64_t *at, const BqRawExample *ex, int64_t cnt) {
+    const EncodeRun *er = user;
+#pragma omp parallel for num_threads(er->nt) schedule(dynamic, 8)
+    for (int64_t k = 0; k < cnt; k++) encode_one(er->tok, &ex[k], er->max_len, er->trunc, &er->one[at[k]]);
+    return BQ_OK;
+}
+
+/* Encodes the selected examples e->source_index[0..e->n) of r. Errors: reading their texts. */
+static int encode_selection(Encoded *e, const BqRawSet *r, const int32_t *sel_labels, const BqTokenizer *tok,
+                            int64_t max_len, BqTruncation trunc, int threads) {
     int64_t n = e->n;
-    EncOne *one = bq_calloc((size_t)n, sizeof *one);
-    int nt = threads > 0 ? threads : bq_runtime_threads();
-    if (nt < 1) nt = 1;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 8)
-    for (int64_t i = 0; i < n; i++) encode_one(tok, &r->ex[e->source_index[i]], max_len, trunc, &one[i]);
+    EncodeRun er = {bq_calloc((size_t)(n ? n : 1), sizeof *er.one), tok, max_len, trunc, threads > 0 ? threads : bq_runtime_threads()};
+    if (er.nt < 1) er.nt = 1;
+    int st = bq_source_texts(r, e->source_index, n, ENCODE_CHUNK, encode_chunk, &er);
+    EncOne *one = er.one;
+    if (st) goto cleanup;
     e->offsets = bq_malloc((size_t)(n + 1) * sizeof(int64_t));
     e->offsets[0] = 0;
     for (int64_t i = 0; i < n; i++) e->offsets[i + 1] = e->offsets[i] + one[i].len;
@@ -245,10 +265,14 @@ static void encode_selection(Encoded *e, const BqRawSet *r, const int32_t *sel_l
         memcpy(e->types + e->offsets[i], one[i].types, (size_t)one[i].len);
         e->labels[i] = sel_labels[i];
         e->full_len[i] = (int32_t)(one[i].full > INT32_MAX ? INT32_MAX : one[i].full);
+    }
+cleanup:
+    for (int64_t i = 0; i < n; i++) {
         free(one[i].ids);
         free(one[i].types);
     }
     free(one);
+    return st;
 }
 
 /* ---------------------------------------------------------------- cache file */
@@ -387,7 +411,7 @@ static int build_encoded(Encoded *e, const BqDataSpec *s, BqDataKind kind, const
         e->source_index[i] = perm[i];
         if ((st = label_index(&r, perm[i], e->label_names, e->nlabels, &sel_labels[i]))) goto cleanup;
     }
-    encode_selection(e, &r, sel_labels, tok, s->max_seq_len, s->truncation, s->threads);
+    st = encode_selection(e, &r, sel_labels, tok, s->max_seq_len, s->truncation, s->threads);
 cleanup:
     if (st) encoded_free(e);
     free(perm);

@@ -86,7 +86,8 @@ typedef struct BqDataset {
     char *cache_path;       /* cache file used (NULL: cache disabled) */
     int cache_write_failed; /* 1 when the cache could not be written (data is still valid) */
     double encode_seconds;  /* wall time of reading + encoding (0 when cached) */
-    double read_seconds;    /* of which reading/parsing the source */
+    double read_seconds;    /* of which listing the source (bq_source_read: an aclImdb split's texts are read
+                             * again while encoding) */
 } BqDataset;
 
 /* Loads (from cache or source) and encodes the requested split; tok must be the tokenizer used for

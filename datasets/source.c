@@ -32,9 +32,13 @@ void bq_raw_free(BqRawSet *r) {
         free(r->ex[i].text);
         free(r->ex[i].pair);
         free(r->ex[i].label);
+        if (r->paths) free(r->paths[i]);
     }
     free(r->ex);
     free(r->file);
+    free(r->split);
+    free(r->ids);
+    free(r->paths);
     memset(r, 0, sizeof *r);
 }
 
@@ -171,11 +175,16 @@ int bq_data_probe(const char *path, BqDataKind *kind, int *has_test) {
 
 /* ---------------------------------------------------------------- aclImdb */
 
+/* An aclImdb split is read twice: bq_source_read lists its reviews (label, id, length; each text is read
+ * once to skip the blank ones, and dropped), and bq_source_texts reads again only the texts asked for, a
+ * chunk at a time. The 25,000 texts of a split (31 MiB) are thus never held together: a loader holds the
+ * texts of one chunk besides what it keeps of them. */
+
 typedef struct ImdbItem {
-    int label;   /* 0 neg, 1 pos */
+    int label;  /* 0 neg, 1 pos */
     long long id;
-    char *text;
-    size_t len;
+    size_t len; /* text bytes */
+    char *path; /* folder: the review's file (owned); archive: NULL */
 } ImdbItem;
 
 typedef struct ImdbList {
@@ -183,18 +192,24 @@ typedef struct ImdbList {
     int64_t n, cap;
 } ImdbList;
 
-static void imdb_push(ImdbList *l, int label, long long id, char *text, size_t len) {
+static void imdb_push(ImdbList *l, int label, long long id, size_t len, char *path) {
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 1024;
         l->v = bq_realloc(l->v, (size_t)l->cap * sizeof *l->v);
     }
-    l->v[l->n++] = (ImdbItem){label, id, text, len};
+    l->v[l->n++] = (ImdbItem){label, id, len, path};
 }
 
 static int imdb_cmp(const void *a, const void *b) {
     const ImdbItem *x = a, *y = b;
     if (x->label != y->label) return x->label - y->label;
     return (x->id > y->id) - (x->id < y->id);
+}
+
+static void imdb_list_free(ImdbList *l) {
+    for (int64_t i = 0; i < l->n; i++) free(l->v[i].path);
+    free(l->v);
+    memset(l, 0, sizeof *l);
 }
 
 /* "<id>_<rating>.txt" → id; -1 if the name does not match. */
@@ -269,23 +284,40 @@ static int read_whole(const char *path, char **buf, size_t *len) {
     return st;
 }
 
+/* The listed reviews in (label, id) order as out's examples, without texts. Errors: a split without
+ * pos or neg reviews, a (label, id) listed twice (BQ_EFORMAT naming where). Frees l either way. */
 static int imdb_finish(BqRawSet *out, ImdbList *l, const char *where, const char *split) {
-    int have[2] = {0, 0};
+    int have[2] = {0, 0}, st = BQ_OK;
     for (int64_t i = 0; i < l->n; i++) have[l->v[i].label] = 1;
     if (!have[0] || !have[1]) {
-        for (int64_t i = 0; i < l->n; i++) free(l->v[i].text);
-        free(l->v);
-        return bq_err(BQ_EFORMAT, "%s: no %s/%s/<id>_<rating>.txt reviews found", where, split, have[0] ? "pos" : "neg");
+        st = bq_err(BQ_EFORMAT, "%s: no %s/%s/<id>_<rating>.txt reviews found", where, split, have[0] ? "pos" : "neg");
+        goto cleanup;
     }
     qsort(l->v, (size_t)l->n, sizeof *l->v, imdb_cmp);
-    for (int64_t i = 0; i < l->n; i++)
-        raw_push(out, l->v[i].text, l->v[i].len, NULL, 0, bq_strdup(l->v[i].label ? "pos" : "neg"), 0);
-    free(l->v);
+    for (int64_t i = 1; i < l->n; i++)
+        if (!imdb_cmp(&l->v[i - 1], &l->v[i])) {
+            st = bq_err(BQ_EFORMAT, "%s: review %s/%s/%lld_*.txt appears twice", where, split,
+                        l->v[i].label ? "pos" : "neg", l->v[i].id);
+            goto cleanup;
+        }
+    out->ex = bq_calloc((size_t)l->n, sizeof *out->ex);
+    out->ids = bq_malloc((size_t)l->n * sizeof *out->ids);
+    out->paths = l->v[0].path ? bq_calloc((size_t)l->n, sizeof *out->paths) : NULL;
+    for (int64_t i = 0; i < l->n; i++) {
+        out->ex[i] = (BqRawExample){.len = l->v[i].len, .label = bq_strdup(l->v[i].label ? "pos" : "neg")};
+        out->ids[i] = l->v[i].id;
+        if (out->paths) out->paths[i] = l->v[i].path, l->v[i].path = NULL;
+    }
+    out->n = out->cap = l->n;
+    out->split = bq_strdup(split);
     out->fixed_imdb = 1;
-    return BQ_OK;
+    out->lazy = 1;
+cleanup:
+    imdb_list_free(l);
+    return st;
 }
 
-/* Calls fn(path, st) for each <id>_<rating>.txt in root/split/{neg,pos}. */
+/* The files root/split/{neg,pos}/<id>_<rating>.txt with their labels and ids (nothing read). */
 static int imdb_dir_list(const char *root, const char *split, char ***names, int **labels, long long **ids, int64_t *n) {
     char *sd = path_join(root, split);
     int st = BQ_OK;
@@ -326,6 +358,7 @@ cleanup:
     return st;
 }
 
+/* The folder's reviews, each file read once for its length and blankness (the blank ones skipped). */
 static int imdb_read_dir(BqRawSet *out, const char *path, const char *split) {
     char *root = imdb_root(path);
     if (!root) return bq_err(BQ_EFORMAT, "%s: not an aclImdb folder (no train/ or test/)", path);
@@ -335,24 +368,17 @@ static int imdb_read_dir(BqRawSet *out, const char *path, const char *split) {
     int64_t n = 0;
     ImdbList l = {0};
     int st = imdb_dir_list(root, split, &names, &labels, &ids, &n);
-    if (st) goto cleanup;
-    for (int64_t i = 0; i < n; i++) {
-        char *buf;
-        size_t len;
-        st = read_whole(names[i], &buf, &len);
-        if (st) {
-            for (int64_t j = 0; j < l.n; j++) free(l.v[j].text);
-            free(l.v);
-            goto cleanup;
-        }
-        imdb_push(&l, labels[i], ids[i], buf, len);
+    for (int64_t i = 0; i < n && !st; i++) {
+        char *buf = NULL;
+        size_t len = 0;
+        if ((st = read_whole(names[i], &buf, &len))) break;
+        if (is_blank(buf, len)) out->skipped_empty++;
+        else imdb_push(&l, labels[i], ids[i], len, names[i]), names[i] = NULL;
+        free(buf);
     }
-    {
-        char *sd = path_join(root, split);
-        out->file = sd;
-        st = imdb_finish(out, &l, sd, split);
-    }
-cleanup:
+    out->file = path_join(root, split);
+    if (st) imdb_list_free(&l);
+    else st = imdb_finish(out, &l, out->file, split);
     for (int64_t i = 0; i < n; i++) free(names[i]);
     free(names);
     free(labels);
@@ -361,58 +387,204 @@ cleanup:
     return st;
 }
 
-static int imdb_read_archive(BqRawSet *out, const char *path, const char *split) {
-    struct archive *a = archive_read_new();
-    archive_read_support_filter_all(a);
-    archive_read_support_format_all(a);
-    ImdbList l = {0};
-    int st = BQ_OK;
-    if (archive_read_open_filename(a, path, 1 << 16) != ARCHIVE_OK) {
-        st = bq_err(BQ_EFORMAT, "%s: cannot open archive: %s", path, archive_error_string(a));
-        goto cleanup;
-    }
+/* The next entry of archive a that is a review of split: its label and id, or -1 at the end. Errors: a
+ * damaged header (BQ_EFORMAT naming path). */
+static int archive_next_review(struct archive *a, const char *path, const char *split, int *label, long long *id,
+                               const char **name) {
     struct archive_entry *e;
     for (;;) {
         int r = archive_read_next_header(a, &e);
-        if (r == ARCHIVE_EOF) break;
-        if (r != ARCHIVE_OK && r != ARCHIVE_WARN) { /* RETRY: damaged header; FAILED/FATAL */
-            st = bq_err(BQ_EFORMAT, "%s: corrupt or truncated archive: %s", path, archive_error_string(a));
-            goto cleanup;
+        if (r == ARCHIVE_EOF) {
+            *label = -1;
+            return BQ_OK;
         }
+        if (r != ARCHIVE_OK && r != ARCHIVE_WARN) /* RETRY: damaged header; FAILED/FATAL */
+            return bq_err(BQ_EFORMAT, "%s: corrupt or truncated archive: %s", path, archive_error_string(a));
         if (archive_entry_filetype(e) != AE_IFREG) continue;
-        const char *name = archive_entry_pathname(e);
-        long long id;
-        int label = name ? imdb_match_path(name, split, &id) : -1;
-        if (label < 0) continue; /* also skips the data, which libarchive does lazily */
-        int64_t sz = archive_entry_size_is_set(e) ? archive_entry_size(e) : 0;
-        size_t cap = sz > 0 ? (size_t)sz + 1 : 4096, n = 0;
-        char *buf = bq_malloc(cap);
-        for (;;) {
-            if (n + 1 >= cap) buf = bq_realloc(buf, cap *= 2);
-            la_ssize_t got = archive_read_data(a, buf + n, cap - n - 1);
-            if (got < 0) {
-                free(buf);
-                st = bq_err(BQ_EFORMAT, "%s: corrupt or truncated archive at %s: %s", path, name, archive_error_string(a));
-                goto cleanup;
-            }
-            if (got == 0) break;
-            n += (size_t)got;
-        }
-        buf[n] = 0;
-        imdb_push(&l, label, id, buf, n);
+        *name = archive_entry_pathname(e);
+        if (*name && (*label = imdb_match_path(*name, split, id)) >= 0) return BQ_OK;
+        /* not a review: its data is skipped, which libarchive does lazily */
     }
-    if (l.n == 0) {
+}
+
+/* The current entry's data into *buf (grown as needed, NUL-terminated), its length in *len. */
+static int archive_entry_text(struct archive *a, const char *path, const char *name, char **buf, size_t *cap,
+                              size_t *len) {
+    size_t n = 0;
+    for (;;) {
+        if (n + 1 >= *cap) *buf = bq_realloc(*buf, *cap = *cap ? 2 * *cap : 4096);
+        la_ssize_t got = archive_read_data(a, *buf + n, *cap - n - 1);
+        if (got < 0)
+            return bq_err(BQ_EFORMAT, "%s: corrupt or truncated archive at %s: %s", path, name, archive_error_string(a));
+        if (got == 0) break;
+        n += (size_t)got;
+    }
+    (*buf)[n] = 0;
+    *len = n;
+    return BQ_OK;
+}
+
+static struct archive *archive_open(const char *path) {
+    struct archive *a = archive_read_new();
+    archive_read_support_filter_all(a);
+    archive_read_support_format_all(a);
+    if (archive_read_open_filename(a, path, 1 << 16) != ARCHIVE_OK) {
+        bq_err(BQ_EFORMAT, "%s: cannot open archive: %s", path, archive_error_string(a));
+        archive_read_free(a);
+        return NULL;
+    }
+    return a;
+}
+
+static int imdb_read_archive(BqRawSet *out, const char *path, const char *split) {
+    ImdbList l = {0};
+    char *buf = NULL;
+    size_t cap = 0, len = 0;
+    int st = BQ_OK, label;
+    long long id;
+    const char *name = NULL;
+    struct archive *a = archive_open(path);
+    if (!a) return BQ_EFORMAT;
+    while (!(st = archive_next_review(a, path, split, &label, &id, &name)) && label >= 0) {
+        if ((st = archive_entry_text(a, path, name, &buf, &cap, &len))) break;
+        if (is_blank(buf, len)) out->skipped_empty++;
+        else imdb_push(&l, label, id, len, NULL);
+    }
+    if (!st && l.n == 0)
         st = bq_err(BQ_EFORMAT, "%s: archive has no aclImdb %s/{pos,neg}/<id>_<rating>.txt reviews", path, split);
-        goto cleanup;
-    }
     out->file = bq_strdup(path);
-    st = imdb_finish(out, &l, path, split);
-    l.v = NULL;
-    l.n = 0;
-cleanup:
-    for (int64_t i = 0; i < l.n; i++) free(l.v[i].text);
-    free(l.v);
+    if (st) imdb_list_free(&l);
+    else st = imdb_finish(out, &l, path, split);
+    free(buf);
     archive_read_free(a);
+    return st;
+}
+
+/* ---- texts on demand ---- */
+
+/* A chunk of texts being gathered for bq_source_texts' callback. */
+typedef struct TextChunk {
+    int64_t *at;
+    BqRawExample *ex;
+    int64_t cnt, max;
+    BqTextFn fn;
+    void *user;
+} TextChunk;
+
+/* Hands the gathered texts to the callback and frees them (owned ones only: own != 0). */
+static int chunk_flush(TextChunk *c, int own) {
+    int st = c->cnt ? c->fn(c->user, c->at, c->ex, c->cnt) : BQ_OK;
+    for (int64_t k = 0; own && k < c->cnt; k++) free(c->ex[k].text);
+    c->cnt = 0;
+    return st;
+}
+
+static int chunk_add(TextChunk *c, int64_t at, const BqRawExample *x, char *text, size_t len, int own) {
+    c->at[c->cnt] = at;
+    c->ex[c->cnt] = *x;
+    c->ex[c->cnt].text = text;
+    c->ex[c->cnt].len = len;
+    return ++c->cnt == c->max ? chunk_flush(c, own) : BQ_OK;
+}
+
+/* Position of (label, id) among r's examples ((label, id) order), or -1. */
+static int64_t imdb_find(const BqRawSet *r, int label, long long id) {
+    int64_t lo = 0, hi = r->n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int ml = r->ex[mid].label[0] == 'p';
+        if (ml < label || (ml == label && r->ids[mid] < id)) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < r->n && (r->ex[lo].label[0] == 'p') == label && r->ids[lo] == id ? lo : -1;
+}
+
+static int changed(const char *where) {
+    return bq_err(BQ_EFORMAT, "%s: changed while being read (a review's length differs from the first read)", where);
+}
+
+/* The archive read again, up to the last text asked for; want[i] is example i's position in idx or -1. */
+static int archive_texts(const BqRawSet *r, const int64_t *want, int64_t n, TextChunk *c) {
+    struct archive *a = archive_open(r->file);
+    if (!a) return BQ_EFORMAT;
+    int st = BQ_OK, label;
+    long long id;
+    const char *name = NULL;
+    int64_t found = 0;
+    char *buf = NULL;
+    while (found < n && !(st = archive_next_review(a, r->file, r->split, &label, &id, &name)) && label >= 0) {
+        const int64_t i = imdb_find(r, label, id);
+        if (i < 0 || want[i] < 0) continue; /* blank, or not asked for */
+        size_t cap = r->ex[i].len + 1, len = 0;
+        buf = bq_malloc(cap);
+        if ((st = archive_entry_text(a, r->file, name, &buf, &cap, &len))) break;
+        if (len != r->ex[i].len) {
+            st = changed(r->file);
+            break;
+        }
+        found++;
+        st = chunk_add(c, want[i], &r->ex[i], buf, len, 1);
+        buf = NULL;
+        if (st) break;
+    }
+    if (!st && found < n) st = changed(r->file);
+    free(buf);
+    archive_read_free(a);
+    return st;
+}
+
+int bq_source_texts(const BqRawSet *r, const int64_t *idx, int64_t n, int64_t chunk, BqTextFn fn, void *user) {
+    BQ_CHECK(chunk > 0 && n >= 0);
+    TextChunk c = {.at = bq_malloc((size_t)chunk * sizeof(int64_t)), .ex = bq_malloc((size_t)chunk * sizeof(BqRawExample)),
+                   .max = chunk, .fn = fn, .user = user};
+    int64_t *want = NULL;
+    int st = BQ_OK;
+    for (int64_t k = 0; k < n; k++) BQ_CHECK(idx[k] >= 0 && idx[k] < r->n && (k == 0 || idx[k] > idx[k - 1]));
+    if (!r->lazy) { /* texts held since bq_source_read */
+        for (int64_t k = 0; k < n && !st; k++) st = chunk_add(&c, k, &r->ex[idx[k]], r->ex[idx[k]].text, r->ex[idx[k]].len, 0);
+        if (!st) st = chunk_flush(&c, 0);
+    } else if (r->paths) { /* aclImdb folder: each review's file */
+        for (int64_t k = 0; k < n && !st; k++) {
+            const int64_t i = idx[k];
+            char *buf = NULL;
+            size_t len = 0;
+            if ((st = read_whole(r->paths[i], &buf, &len))) break;
+            if (len != r->ex[i].len) {
+                free(buf);
+                st = changed(r->paths[i]);
+                break;
+            }
+            st = chunk_add(&c, k, &r->ex[i], buf, len, 1);
+        }
+        if (!st) st = chunk_flush(&c, 1);
+    } else { /* aclImdb archive: in archive order */
+        want = bq_malloc((size_t)(r->n ? r->n : 1) * sizeof *want);
+        for (int64_t i = 0; i < r->n; i++) want[i] = -1;
+        for (int64_t k = 0; k < n; k++) want[idx[k]] = k;
+        st = archive_texts(r, want, n, &c);
+        if (!st) st = chunk_flush(&c, 1);
+    }
+    for (int64_t k = 0; k < c.cnt; k++) /* what an error left gathered */
+        if (r->lazy) free(c.ex[k].text);
+    free(want);
+    free(c.at);
+    free(c.ex);
+    return st;
+}
+
+static int hold_text(void *user, const int64_t *at, const BqRawExample *ex, int64_t cnt) {
+    BqRawSet *r = user;
+    for (int64_t k = 0; k < cnt; k++) r->ex[at[k]].text = dup_n(ex[k].text, ex[k].len);
+    return BQ_OK;
+}
+
+int bq_source_hold_texts(BqRawSet *r) {
+    if (!r->lazy) return BQ_OK;
+    int64_t *idx = bq_malloc((size_t)(r->n ? r->n : 1) * sizeof *idx);
+    for (int64_t i = 0; i < r->n; i++) idx[i] = i;
+    int st = bq_source_texts(r, idx, r->n, 4096, hold_text, r);
+    free(idx);
+    if (!st) r->lazy = 0;
     return st;
 }
 

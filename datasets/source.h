@@ -21,7 +21,7 @@ int bq_data_probe(const char *path, BqDataKind *kind, int *has_test);
 const char *bq_data_kind_name(BqDataKind kind);
 
 typedef struct BqRawExample {
-    char *text;      /* owned, NUL-terminated; len bytes */
+    char *text;      /* owned, NUL-terminated; len bytes. NULL in a lazy set (below) */
     size_t len;
     char *pair;      /* NULL: single sequence */
     size_t pair_len;
@@ -34,7 +34,14 @@ typedef struct BqRawSet {
     int64_t n, cap;
     int64_t skipped_empty;
     int fixed_imdb;  /* labels are "neg"/"pos" with fixed indices */
-    char *file;      /* file the split was read from, for messages */
+    char *file;      /* file the split was read from, for messages (lazy archive: the archive) */
+    /* A lazy set (aclImdb folder or archive) holds no texts, only each review's length and label:
+     * bq_source_texts reads the texts asked for. ids[i] is review i's id ((label, id) order); paths[i]
+     * its file (folder; NULL for an archive); split the split read. */
+    int lazy;
+    long long *ids;
+    char **paths;
+    char *split;
 } BqRawSet;
 
 typedef struct BqSourceOptions {
@@ -43,6 +50,17 @@ typedef struct BqSourceOptions {
 
 /* Reads split "train" or "test" of the source at path (kind from bq_data_probe). */
 int bq_source_read(BqRawSet *out, const char *path, BqDataKind kind, const char *split, const BqSourceOptions *o);
+/* Receives cnt texts asked of bq_source_texts: ex[k] (text filled in) is the example at position at[k]
+ * of the caller's idx. The texts are freed when it returns; nonzero stops the reading. */
+typedef int (*BqTextFn)(void *user, const int64_t *at, const BqRawExample *ex, int64_t cnt);
+/* Hands the texts of examples idx[0..n) of r (ascending, distinct) to fn, at most chunk at a time, in
+ * the order the source stores them; a lazy set's texts are read again from the source and held one chunk
+ * at a time. Errors: a file that cannot be read, a review whose length changed since bq_source_read
+ * (BQ_EIO / BQ_EFORMAT naming the file), or fn's status. */
+int bq_source_texts(const BqRawSet *r, const int64_t *idx, int64_t n, int64_t chunk, BqTextFn fn, void *user);
+/* Reads every text of a lazy set into it (r->lazy becomes 0), for tools and tests that walk all the texts;
+ * a set that holds its texts is left as it is. Errors: those of bq_source_texts. */
+int bq_source_hold_texts(BqRawSet *r);
 /* Identity of the data a split is read from: hash of canonical path(s), sizes and mtimes. */
 int bq_source_identity(const char *path, BqDataKind kind, const char *split, uint64_t *id);
 /* For BQ_DATA_SPLIT_DIR: the file of a split ("train"/"test"), malloc'd; NULL if absent. */

@@ -58,6 +58,7 @@ static int check_encoding(const BqDataset *d, const char *rel, const char *split
     BqSourceOptions o = {s->text_column, s->text_pair_column, s->label_column};
     EXPECT(bq_data_probe(fx(rel), &k, &ht) == 0);
     EXPECT(bq_source_read(&r, fx(rel), k, split, &o) == 0);
+    EXPECT(bq_source_hold_texts(&r) == 0);
     int32_t ids[4096], types[4096];
     for (int64_t i = 0; i < d->n; i++) {
         const BqRawExample *x = &r.ex[d->source_index[i]];

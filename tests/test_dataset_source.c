@@ -43,6 +43,55 @@ static void expect_error(const char *rel, const char *split, const BqSourceOptio
     bq_raw_free(&r);
 }
 
+/* Checks the texts bq_source_texts hands out: each asked-for example once, at most chunk a call, with
+ * the text its position names. */
+typedef struct Seen {
+    const char *const *want;
+    const int64_t *sel;
+    int64_t n, chunk;
+    int calls, got, bad;
+    int hit[16];
+} Seen;
+
+static int seen_texts(void *user, const int64_t *at, const BqRawExample *ex, int64_t cnt) {
+    Seen *s = user;
+    s->calls++;
+    if (cnt < 1 || cnt > s->chunk) s->bad++;
+    for (int64_t k = 0; k < cnt; k++) {
+        if (at[k] < 0 || at[k] >= s->n || s->hit[at[k]]++) {
+            s->bad++;
+            continue;
+        }
+        const char *w = s->want[s->sel[at[k]]];
+        if (!ex[k].text || ex[k].len != strlen(ex[k].text) || strncmp(ex[k].text, w, strlen(w))) s->bad++;
+        s->got++;
+    }
+    return BQ_OK;
+}
+
+/* A review rewritten between the listing and the reading of its text: one clear error naming the file. */
+static void changed_review(const char *src) {
+    char dir[] = "/tmp/bq_source_XXXXXX", cmd[2600], file[1200];
+    EXPECT(mkdtemp(dir) != NULL);
+    snprintf(cmd, sizeof cmd, "cp -r '%s/tests/fixtures/data/imdb/aclImdb' '%s/'", src, dir);
+    EXPECT(system(cmd) == 0);
+    snprintf(cmd, sizeof cmd, "%s/aclImdb", dir);
+    BqRawSet r;
+    BqDataKind k;
+    int ht;
+    EXPECT(bq_data_probe(cmd, &k, &ht) == 0 && bq_source_read(&r, cmd, k, "train", &(BqSourceOptions){0}) == 0);
+    snprintf(file, sizeof file, "%s/aclImdb/train/pos/2_8.txt", dir);
+    FILE *f = fopen(file, "ab");
+    EXPECT(f && fputs(" and more", f) >= 0 && fclose(f) == 0);
+    bq_err_clear();
+    EXPECT(bq_source_hold_texts(&r) != 0);
+    printf("  changed review -> %s\n", bq_errmsg());
+    EXPECT(strstr(bq_errmsg(), "2_8.txt") && strstr(bq_errmsg(), "changed while being read"));
+    bq_raw_free(&r);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    EXPECT(system(cmd) == 0);
+}
+
 int main(void) {
     const char *src = getenv("BQ_SOURCE_DIR");
     snprintf(root, sizeof root, "%s", src ? src : ".");
@@ -59,27 +108,40 @@ int main(void) {
         EXPECT(st == 0 && k == kinds[i].kind && ht == kinds[i].has_test);
     }
 
-    /* aclImdb folder: neg ids 1,3,11 then pos 0,2,10 (numeric order); 7_1.txt is blank: skipped */
+    /* aclImdb folder: neg ids 1,3,11 then pos 0,2,10 (numeric order); 7_1.txt is blank: skipped. The set
+     * holds no texts (lengths and labels only) until they are asked for. */
     BqRawSet d, a;
     EXPECT(read_split(&d, "imdb", "train", NULL) == 0);
-    EXPECT(d.n == 6 && d.skipped_empty == 1 && d.fixed_imdb);
+    EXPECT(d.n == 6 && d.skipped_empty == 1 && d.fixed_imdb && d.lazy);
+    for (int64_t i = 0; i < d.n; i++) EXPECT(d.ex[i].text == NULL && d.ex[i].len > 0);
     const char *want[6] = {"Dull", "The worst", "Bad lighting", "A wonderful", "Great acting", "I loved"};
+    /* a selection read in chunks of 2: each text once, at its position, as the file holds it */
+    const int64_t sel[4] = {0, 2, 3, 5};
+    Seen seen = {.want = want, .sel = sel, .n = 4, .chunk = 2};
+    EXPECT(bq_source_texts(&d, sel, 4, 2, seen_texts, &seen) == 0);
+    EXPECT(seen.calls == 2 && seen.got == 4 && seen.bad == 0);
+    EXPECT(bq_source_hold_texts(&d) == 0 && !d.lazy);
     for (int i = 0; i < 6 && i < d.n; i++) {
-        EXPECT(strncmp(d.ex[i].text, want[i], strlen(want[i])) == 0);
+        EXPECT(d.ex[i].text && strncmp(d.ex[i].text, want[i], strlen(want[i])) == 0);
         EXPECT(strcmp(d.ex[i].label, i < 3 ? "neg" : "pos") == 0);
     }
-    EXPECT(d.n > 2 && memchr(d.ex[2].text, 0xff, d.ex[2].len) != NULL); /* invalid UTF-8 passed through */
-    /* the archive (entries shuffled) gives the identical sequence */
+    EXPECT(d.n > 2 && d.ex[2].text && memchr(d.ex[2].text, 0xff, d.ex[2].len) != NULL); /* invalid UTF-8 passed through */
+    /* the archive (entries shuffled) gives the identical sequence; its texts come in archive order */
     EXPECT(read_split(&a, "imdb.tar.gz", "train", NULL) == 0);
-    EXPECT(a.n == d.n && a.skipped_empty == d.skipped_empty);
+    EXPECT(a.n == d.n && a.skipped_empty == d.skipped_empty && a.lazy);
+    seen = (Seen){.want = want, .sel = sel, .n = 4, .chunk = 3};
+    EXPECT(bq_source_texts(&a, sel, 4, 3, seen_texts, &seen) == 0);
+    EXPECT(seen.calls == 2 && seen.got == 4 && seen.bad == 0);
+    EXPECT(bq_source_hold_texts(&a) == 0);
     for (int64_t i = 0; i < a.n && i < d.n; i++)
-        EXPECT(a.ex[i].len == d.ex[i].len && !memcmp(a.ex[i].text, d.ex[i].text, a.ex[i].len) &&
+        EXPECT(a.ex[i].text && a.ex[i].len == d.ex[i].len && !memcmp(a.ex[i].text, d.ex[i].text, a.ex[i].len) &&
                !strcmp(a.ex[i].label, d.ex[i].label));
     bq_raw_free(&a);
     bq_raw_free(&d);
-    EXPECT(read_split(&a, "imdb.tar.gz", "test", NULL) == 0);
+    EXPECT(read_split(&a, "imdb.tar.gz", "test", NULL) == 0 && bq_source_hold_texts(&a) == 0);
     EXPECT(a.n == 4 && a.skipped_empty == 0 && !strncmp(a.ex[0].text, "Boring", 6) && !strcmp(a.ex[3].label, "pos"));
     bq_raw_free(&a);
+    changed_review(root);
 
     /* identity: folder identity is stable across calls */
     uint64_t i1 = 0, i2 = 1;

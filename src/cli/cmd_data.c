@@ -167,7 +167,7 @@ int bq_cmd_data_stats(int argc, char **argv) {
         const BqDataset *d = ds[s];
         printf("%s: %s%s", splits[s], d->from_cache ? "loaded from cache" : "encoded", d->cache_rejected ? " (stale/corrupt cache rebuilt)" : "");
         if (!d->from_cache)
-            printf(" in %.2f s (read %.2f s, encode %.2f s with %d thread(s))", d->encode_seconds, d->read_seconds,
+            printf(" in %.2f s (listing %.2f s, reading texts and encoding %.2f s with %d thread(s))", d->encode_seconds, d->read_seconds,
                    d->encode_seconds - d->read_seconds, bq_runtime_threads());
         if (d->cache_path) printf("%s %s", d->cache_write_failed ? "; cache NOT written:" : "; cache", d->cache_path);
         printf("\n");
