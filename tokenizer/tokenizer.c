@@ -34,8 +34,9 @@
 #define WORD_BUF 512
 #define MAX_ADDED 64
 
+/* An open-addressing slot: 8 bytes, the key's bytes are compared in the vocabulary on a tag match. */
 typedef struct Slot {
-    uint64_t h;   /* 0: empty */
+    uint32_t tag; /* the hash's high 32 bits, odd; 0: empty (the low bits pick the slot) */
     int32_t id;
 } Slot;
 
@@ -77,6 +78,9 @@ static uint64_t hash_bytes(const char *s, size_t n) {
     return h | 1; /* never 0 (empty marker) */
 }
 
+static uint32_t tag_of(uint64_t h) { return (uint32_t)(h >> 32) | 1u; }
+
+/* Room for n keys at most half full. */
 static void table_init(Table *t, int32_t n) {
     uint64_t cap = 16;
     while (cap < (uint64_t)n * 2 + 16) cap <<= 1;
@@ -87,10 +91,11 @@ static void table_init(Table *t, int32_t n) {
 
 /* key = token bytes (without "##" for the continuation table); tok holds id's full text */
 static int32_t table_find(const BqTokenizer *tk, const Table *t, const char *s, size_t n, uint64_t h, int cont) {
+    const uint32_t tag = tag_of(h);
     for (uint64_t i = h & t->mask;; i = (i + 1) & t->mask) {
         const Slot *sl = &t->slots[i];
-        if (!sl->h) return -1;
-        if (sl->h == h) {
+        if (!sl->tag) return -1;
+        if (sl->tag == tag) {
             const char *k = tk->buf + tk->off[sl->id] + (cont ? 2 : 0);
             size_t kl = (size_t)tk->len[sl->id] - (cont ? 2 : 0);
             if (kl == n && !memcmp(k, s, n)) return sl->id;
@@ -103,11 +108,14 @@ static void table_put(BqTokenizer *tk, Table *t, const char *s, size_t n, int32_
     int32_t old = table_find(tk, t, s, n, h, cont);
     uint64_t i = h & t->mask;
     /* a duplicate line: the last id wins, as in HF's vocab.txt reader */
-    while (t->slots[i].h && !(old >= 0 && t->slots[i].id == old)) i = (i + 1) & t->mask;
-    t->slots[i].h = h;
+    while (t->slots[i].tag && !(old >= 0 && t->slots[i].id == old)) i = (i + 1) & t->mask;
+    t->slots[i].tag = tag_of(h);
     t->slots[i].id = id;
     if ((int32_t)n > t->max_len) t->max_len = (int32_t)n;
 }
+
+/* A continuation piece "##x" (x not empty). */
+static int is_cont(const char *s, size_t l) { return l > 2 && s[0] == '#' && s[1] == '#'; }
 
 static int32_t vocab_lookup(const BqTokenizer *tk, const char *s, size_t n) {
     if (n >= 2 && s[0] == '#' && s[1] == '#') {
@@ -604,12 +612,14 @@ static int vocab_parse(BqTokenizer *t, const char *raw, size_t rawn, const char 
         }
     }
     t->n = nl;
-    table_init(&t->init, nl);
-    table_init(&t->cont, nl);
+    int32_t ncont = 0; /* "##" pieces: a table of their own, sized for them */
+    for (int32_t i = 0; i < nl; i++) ncont += is_cont(t->buf + t->off[i], (size_t)t->len[i]);
+    table_init(&t->init, nl - ncont);
+    table_init(&t->cont, ncont);
     for (int32_t i = 0; i < nl; i++) {
         const char *s = t->buf + t->off[i];
         size_t l = (size_t)t->len[i];
-        if (l > 2 && s[0] == '#' && s[1] == '#') table_put(t, &t->cont, s + 2, l - 2, i, 1);
+        if (is_cont(s, l)) table_put(t, &t->cont, s + 2, l - 2, i, 1);
         else table_put(t, &t->init, s, l, i, 0);
     }
     return BQ_OK;
