@@ -1,7 +1,9 @@
 /* Source readers (datasets/source.c) on the committed fixtures in tests/fixtures/data (made by
- * tests/make_dataset_fixtures.py): aclImdb folder vs archive (identical, deterministic order), CSV
- * quoting, TSV, JSONL, empty-text skips, invalid UTF-8 passed through, and one clear error naming the
- * file (and line) for every bad input. Needs no tokenizer. */
+ * tests/make_dataset_fixtures.py): aclImdb folder vs archive (identical, deterministic order; no text
+ * held after the listing, the texts asked for read in chunks), CSV quoting, TSV, JSONL, empty-text skips,
+ * invalid UTF-8 passed through, and one clear error naming the file (and line) for every bad input,
+ * including a review id listed twice and a review rewritten between the listing and the reading. Needs no
+ * tokenizer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +94,32 @@ static void changed_review(const char *src) {
     EXPECT(system(cmd) == 0);
 }
 
+/* A review id listed twice (two ratings of one id) in a folder and in an archive: one clear error. */
+static void twice_listed(const char *src) {
+    char dir[] = "/tmp/bq_source_XXXXXX", cmd[2600], p[1200];
+    EXPECT(mkdtemp(dir) != NULL);
+    snprintf(cmd, sizeof cmd,
+             "cp -r '%s/tests/fixtures/data/imdb/aclImdb' '%s/' && echo 'Another take.' > '%s/aclImdb/train/pos/2_3.txt' && "
+             "tar czf '%s/twice.tar.gz' -C '%s' aclImdb",
+             src, dir, dir, dir, dir);
+    EXPECT(system(cmd) == 0);
+    const char *rel[2] = {"aclImdb", "twice.tar.gz"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(p, sizeof p, "%s/%s", dir, rel[k]);
+        BqRawSet r;
+        BqDataKind kind;
+        int ht;
+        memset(&r, 0, sizeof r);
+        bq_err_clear();
+        EXPECT(bq_data_probe(p, &kind, &ht) == 0 && bq_source_read(&r, p, kind, "train", &(BqSourceOptions){0}) != 0);
+        printf("  %-28s -> %s\n", rel[k], bq_errmsg());
+        EXPECT(strstr(bq_errmsg(), "pos/2_*.txt appears twice") && strchr(bq_errmsg(), '\n') == NULL);
+        bq_raw_free(&r);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    EXPECT(system(cmd) == 0);
+}
+
 int main(void) {
     const char *src = getenv("BQ_SOURCE_DIR");
     snprintf(root, sizeof root, "%s", src ? src : ".");
@@ -142,6 +170,7 @@ int main(void) {
     EXPECT(a.n == 4 && a.skipped_empty == 0 && !strncmp(a.ex[0].text, "Boring", 6) && !strcmp(a.ex[3].label, "pos"));
     bq_raw_free(&a);
     changed_review(root);
+    twice_listed(root);
 
     /* identity: folder identity is stable across calls */
     uint64_t i1 = 0, i2 = 1;
