@@ -59,7 +59,7 @@ typedef struct BqArena {
 } BqArena;
 
 /* The first BQ_ARENA_SMALL_PAGES bytes of an arena use 4 KiB pages, the rest transparent huge pages. */
-#define BQ_ARENA_SMALL_PAGES ((size_t)4 << 20)
+#define BQ_ARENA_SMALL_PAGES ((size_t)16 << 20)
 int bq_arena_init(BqArena *a, size_t reserve_bytes, const char *name);
 void *bq_arena_alloc(BqArena *a, size_t bytes);             /* BQ_CHECKs capacity */
 void *bq_arena_alloc_zero(BqArena *a, size_t bytes);

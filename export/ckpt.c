@@ -275,6 +275,10 @@ int bq_ckpt_save(const BqBert *m, const char *dir, const char *vocab_dir, const 
     char tmp[4096], old[4096], p[PATH_MAX_LEN], q[PATH_MAX_LEN];
     if (!replaceable(dir))
         return bq_err(BQ_EINVAL, "%s: exists and is not a bertqat checkpoint; refusing to replace it", dir);
+    for (int i = 0; m->params.released && i < m->params.n; i++)
+        if (m->params.released[i])
+            return bq_err(BQ_EINVAL, "%s: the model's %s was given to the integer engine; it cannot be saved", dir,
+                          m->params.p[i].name);
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
     snprintf(old, sizeof old, "%s.old", dir);
     int st, had_ckpt = bq_ckpt_is_native(dir);

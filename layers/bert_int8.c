@@ -353,10 +353,18 @@ static int pack_group(BqInt8Engine *e, const BqBert *m, int l) {
     return rc;
 }
 
-/* Gives back the fp32 storage of the weights of group g of layer l that run on integers. */
+/* Gives back the fp32 storage of the weights of group g of layer l that run on integers, and their
+ * quantizers' per-channel observer state (QAT's moving minima and maxima, which no forward reads: a model
+ * whose weights are given back is never trained or saved; layers/bert.h). */
 static void release_group(const BqInt8Engine *e, BqBert *m, int l, int g) {
-    for (int j = g ? g + 2 : 0; j <= g + 2; j++)
-        if (e->layers[l].ok[j]) bq_bert_param_release(m, weight_param(m, l, j));
+    for (int j = g ? g + 2 : 0; j <= g + 2; j++) {
+        if (!e->layers[l].ok[j]) continue;
+        bq_bert_param_release(m, weight_param(m, l, j));
+        BqQuantizer *wq = bq_quant_at(m->quant, l, weight_point[j]);
+        free(wq->ch_min);
+        free(wq->ch_max);
+        wq->ch_min = wq->ch_max = NULL;
+    }
 }
 
 int bq_int8_load_step(BqInt8Engine *e, BqBert *m, int i) {

@@ -77,16 +77,16 @@ int main(void) {
     bq_tape_free(&tape);
     bq_arena_free(&a);
 
-    /* the arena's first BQ_ARENA_SMALL_PAGES bytes take 4 KiB pages: one byte written at the first 2 MiB
-     * boundary in them (a huge page could map the 2 MiB from there) makes one page resident, not a huge page
-     * (which it would where transparent huge pages are on, as asked for the rest; with them off the check
-     * cannot tell, and says so) */
+    /* the arena's first BQ_ARENA_SMALL_PAGES bytes (16 MiB: an inference forward's activations) take 4 KiB
+     * pages: one byte written at the last 2 MiB boundary in them, past 12 MiB (a huge page could map the 2
+     * MiB from there), makes one page resident, not a huge page (which it would where transparent huge
+     * pages are on, as asked for the rest; with them off the check cannot tell, and says so) */
     {
         BqArena sp;
         EXPECT(bq_arena_init(&sp, (size_t)1 << 26, "small pages") == BQ_OK);
         const size_t span = (size_t)2 << 20, page = 4096;
-        char *al = (char *)(((uintptr_t)sp.base + span - 1) & ~(uintptr_t)(span - 1));
-        EXPECT(al + span <= sp.base + BQ_ARENA_SMALL_PAGES);
+        char *al = (char *)((((uintptr_t)sp.base + BQ_ARENA_SMALL_PAGES) & ~(uintptr_t)(span - 1)) - span);
+        EXPECT(al >= sp.base + ((size_t)12 << 20) && al + span <= sp.base + BQ_ARENA_SMALL_PAGES);
         char *b0 = bq_arena_alloc(&sp, (size_t)(al - sp.base) + 1);
         b0[al - sp.base] = 1;
         unsigned char *vec = calloc(span / page, 1);

@@ -5,7 +5,8 @@
  *    and predict do), the engine leaves the model no fp32 copy of any weight it runs on integers:
  *    bq_bert_param_bytes drops by exactly those weights, their views have no data, and their pages are
  *    not resident but still reserved (mincore succeeds and reports none of them resident; a kept
- *    tensor's are all resident), so no other mapping can take their addresses;
+ *    tensor's are all resident), so no other mapping can take their addresses; their quantizers' QAT
+ *    observer state goes too, and saving such a model is refused with one error naming a weight;
  *  - during that load the fp32 weights of the integer Linears held at any moment never exceed one group's
  *    (query/key/value, or one of the other three Linears: bq_int8_load_step), the largest being the
  *    intermediate's H·I floats (the whole fp32 model is never resident);
@@ -416,7 +417,19 @@ int main(void) {
         const BqParam *pi = &m2.params.p[bq_params_find(&m2.params, name)];
         EXPECT(pages_resident(m2.params.data + pi->offset, (size_t)pi->numel * 4) == 0,
                "layer %d: released pages are reserved and not resident", l);
+        int observers = 0; /* the weight quantizers' QAT observer state goes with the weights */
+        for (int i = 0; i < m2.quant->n; i++)
+            observers += m2.quant->q[i].layer == l && m2.quant->q[i].is_weight && m2.quant->q[i].ch_min != NULL;
+        EXPECT(observers == 0, "layer %d: %d weight quantizers keep their observer state", l, observers);
     }
+    /* a model whose weights the engine took cannot be saved: one clear error naming a weight */
+    char dir_save[600];
+    snprintf(dir_save, sizeof dir_save, "%s.saved", dir);
+    bq_err_clear();
+    EXPECT(bq_ckpt_save(&m2, dir_save, NULL, NULL) == BQ_EINVAL && strstr(bq_errmsg(), ".weight") &&
+               strstr(bq_errmsg(), "cannot be saved") && !bq_ckpt_is_native(dir_save),
+           "save of a released model: '%s'", bq_errmsg());
+    printf("save of the engine's model: %s\n", bq_errmsg());
     EXPECT(pages_resident(m2.word_emb.data, (size_t)VOCAB * H * 4) == 1, "kept pages stay resident");
     const int64_t loaded = bq_int8_bytes(ld.e);
     EXPECT(loaded < lin * 3 / 10, "engine bytes %lld at load against %lld fp32 bytes replaced", (long long)loaded,
