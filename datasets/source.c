@@ -467,24 +467,25 @@ typedef struct TextChunk {
     int64_t *at;
     BqRawExample *ex;
     int64_t cnt, max;
+    int own; /* the texts were read for the chunk (a lazy set's) and are freed with it */
     BqTextFn fn;
     void *user;
 } TextChunk;
 
-/* Hands the gathered texts to the callback and frees them (owned ones only: own != 0). */
-static int chunk_flush(TextChunk *c, int own) {
+/* Hands the gathered texts to the callback, then frees those the chunk owns. */
+static int chunk_flush(TextChunk *c) {
     int st = c->cnt ? c->fn(c->user, c->at, c->ex, c->cnt) : BQ_OK;
-    for (int64_t k = 0; own && k < c->cnt; k++) free(c->ex[k].text);
+    for (int64_t k = 0; c->own && k < c->cnt; k++) free(c->ex[k].text);
     c->cnt = 0;
     return st;
 }
 
-static int chunk_add(TextChunk *c, int64_t at, const BqRawExample *x, char *text, size_t len, int own) {
+static int chunk_add(TextChunk *c, int64_t at, const BqRawExample *x, char *text, size_t len) {
     c->at[c->cnt] = at;
     c->ex[c->cnt] = *x;
     c->ex[c->cnt].text = text;
     c->ex[c->cnt].len = len;
-    return ++c->cnt == c->max ? chunk_flush(c, own) : BQ_OK;
+    return ++c->cnt == c->max ? chunk_flush(c) : BQ_OK;
 }
 
 /* Position of (label, id) among r's examples ((label, id) order), or -1. */
@@ -515,7 +516,7 @@ static int archive_texts(const BqRawSet *r, const int64_t *want, int64_t n, Text
     while (found < n && !(st = archive_next_review(a, r->file, r->split, &label, &id, &name)) && label >= 0) {
         const int64_t i = imdb_find(r, label, id);
         if (i < 0 || want[i] < 0) continue; /* blank, or not asked for */
-        size_t cap = r->ex[i].len + 1, len = 0;
+        size_t cap = r->ex[i].len + 2, len = 0; /* the text, its NUL, and room for the read that ends it */
         buf = bq_malloc(cap);
         if ((st = archive_entry_text(a, r->file, name, &buf, &cap, &len))) break;
         if (len != r->ex[i].len) {
@@ -523,7 +524,7 @@ static int archive_texts(const BqRawSet *r, const int64_t *want, int64_t n, Text
             break;
         }
         found++;
-        st = chunk_add(c, want[i], &r->ex[i], buf, len, 1);
+        st = chunk_add(c, want[i], &r->ex[i], buf, len);
         buf = NULL;
         if (st) break;
     }
@@ -536,13 +537,12 @@ static int archive_texts(const BqRawSet *r, const int64_t *want, int64_t n, Text
 int bq_source_texts(const BqRawSet *r, const int64_t *idx, int64_t n, int64_t chunk, BqTextFn fn, void *user) {
     BQ_CHECK(chunk > 0 && n >= 0);
     TextChunk c = {.at = bq_malloc((size_t)chunk * sizeof(int64_t)), .ex = bq_malloc((size_t)chunk * sizeof(BqRawExample)),
-                   .max = chunk, .fn = fn, .user = user};
+                   .max = chunk, .own = r->lazy, .fn = fn, .user = user};
     int64_t *want = NULL;
     int st = BQ_OK;
     for (int64_t k = 0; k < n; k++) BQ_CHECK(idx[k] >= 0 && idx[k] < r->n && (k == 0 || idx[k] > idx[k - 1]));
     if (!r->lazy) { /* texts held since bq_source_read */
-        for (int64_t k = 0; k < n && !st; k++) st = chunk_add(&c, k, &r->ex[idx[k]], r->ex[idx[k]].text, r->ex[idx[k]].len, 0);
-        if (!st) st = chunk_flush(&c, 0);
+        for (int64_t k = 0; k < n && !st; k++) st = chunk_add(&c, k, &r->ex[idx[k]], r->ex[idx[k]].text, r->ex[idx[k]].len);
     } else if (r->paths) { /* aclImdb folder: each review's file */
         for (int64_t k = 0; k < n && !st; k++) {
             const int64_t i = idx[k];
@@ -554,18 +554,16 @@ int bq_source_texts(const BqRawSet *r, const int64_t *idx, int64_t n, int64_t ch
                 st = changed(r->paths[i]);
                 break;
             }
-            st = chunk_add(&c, k, &r->ex[i], buf, len, 1);
+            st = chunk_add(&c, k, &r->ex[i], buf, len);
         }
-        if (!st) st = chunk_flush(&c, 1);
     } else { /* aclImdb archive: in archive order */
         want = bq_malloc((size_t)(r->n ? r->n : 1) * sizeof *want);
         for (int64_t i = 0; i < r->n; i++) want[i] = -1;
         for (int64_t k = 0; k < n; k++) want[idx[k]] = k;
         st = archive_texts(r, want, n, &c);
-        if (!st) st = chunk_flush(&c, 1);
     }
-    for (int64_t k = 0; k < c.cnt; k++) /* what an error left gathered */
-        if (r->lazy) free(c.ex[k].text);
+    if (!st) st = chunk_flush(&c);
+    for (int64_t k = 0; c.own && k < c.cnt; k++) free(c.ex[k].text); /* what an error left gathered */
     free(want);
     free(c.at);
     free(c.ex);
