@@ -72,11 +72,11 @@ IK_VEC static void residual_layernorm_portable(float *out, uint8_t *codes, const
 }
 
 IK_VEC static void gelu_quant_portable(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                                      const float *bias, float sq, int64_t M, int64_t N) {
+                                      const float *bias, float sq, int64_t M, int64_t N, int64_t ldc) {
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++)
-            codes[m * N + n] = quant_u8(gelu(dequant(acc[m * N + n], comp[n], scale[n], bias[n])), sq);
+            codes[m * ldc + n] = quant_u8(gelu(dequant(acc[m * N + n], comp[n], scale[n], bias[n])), sq);
 }
 
 /* ---- fp32 GEMM epilogues (layers/bert_fp32.c) ---- */
@@ -164,6 +164,7 @@ typedef struct AttnIn {
     int64_t T, NH, d;
     const BqFq *fq; /* the fake quantizers of the attention (BQ_FQ_ATTN: ort, qdqbert), or NULL */
     int64_t Q;
+    int64_t ldo; /* the output's row stride (NH·d, or more where the heads are a column block of it) */
 } AttnIn;
 
 /* The mask row of sequence b, or NULL where it has none or every key is kept (all ones): the masked
@@ -532,7 +533,7 @@ IK_FMA_INLINE int gelu_codes_fast8(uint8_t *dst, __m256 x, __m256 inv, __m256 li
 /* The codes of GELU(dequant(acc)) at scale sq, 8 columns at a time (N a multiple of 8): gelu_codes_fast8
  * where fast is set, gelu8_fma and quant8_fma where it is not or where the fast path declines. */
 IK_FMA static void gelu_quant_rows_fma(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                                       const float *bias, float sq, int64_t M, int64_t N, int fast) {
+                                       const float *bias, float sq, int64_t M, int64_t N, int64_t ldc, int fast) {
     const __m256 s = _mm256_set1_ps(sq), inv = _mm256_set1_ps(1.0f / sq);
     const __m256 lim_a = _mm256_set1_ps(BQ_GELU_FAST_ABS / sq + GELU_FAST_SLACK);
     const __m256 lim_b = _mm256_set1_ps(BQ_GELU_FAST_REL / sq);
@@ -543,8 +544,8 @@ IK_FMA static void gelu_quant_rows_fma(uint8_t *codes, const int32_t *acc, const
                                                _mm256_loadu_si256((const __m256i *)(comp + n)));
             const __m256 x =
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_loadu_ps(scale + n), _mm256_loadu_ps(bias + n));
-            if (!fast || !gelu_codes_fast8(codes + m * N + n, x, inv, lim_a, lim_b))
-                quant8_fma(codes + m * N + n, gelu8_fma(x), s);
+            if (!fast || !gelu_codes_fast8(codes + m * ldc + n, x, inv, lim_a, lim_b))
+                quant8_fma(codes + m * ldc + n, gelu8_fma(x), s);
         }
 }
 
@@ -599,7 +600,7 @@ IK_FMA static void attn_core_fma(uint8_t *codes, float *C, int64_t ldc, const fl
  * the AVX2 code too), then attn_core_fma into codes or C (leading dim H). */
 IK_FMA static void attn_head_fma(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int64_t h, float *Kt) {
     load_head(Kt, in, b, h);
-    attn_core_fma(codes, C, in->NH * in->d, mask_row(in, b), Kt, in->scale, in->sq, in->T, in->d, in->Q);
+    attn_core_fma(codes, C, in->ldo, mask_row(in, b), Kt, in->scale, in->sq, in->T, in->d, in->Q);
 }
 
 /* x = gelu(x + bias) in place, gelu_quant_rows_fma's GELU, 8 columns at a time (N a multiple of 8). */
@@ -908,7 +909,7 @@ IK_512 static void attn_head_512(uint8_t *codes, float *C, const AttnIn *in, int
     transpose_all_fma(Kt, Tp, k, T, d);
     scores_all_512(S, Tp, q, Kt, in->Q, d);
     for (int64_t i = 0; i < in->Q; i += 4) softmax_rows_512(S + i * Tp, Tp, mrow, in->scale, T); /* Q: T or 8 */
-    context_all_512(codes, C, in->NH * d, S, Tp, v, T, d, in->sq, in->Q);
+    context_all_512(codes, C, in->ldo, S, Tp, v, T, d, in->sq, in->Q);
 }
 
 /* bias_gelu_rows_fma, 16 columns at a time (N a multiple of 16). */
@@ -958,7 +959,7 @@ IK_512_INLINE __m512 dequant16(const int32_t *a, const int32_t *comp, const floa
  * operations are the portable kernel's instead (dequant16, gelu16_exact: qdqbert's GELU codes); the fast
  * path's bound holds against both (bq_infer_gelu_fast_check). */
 IK_512_INLINE void gelu_quant_rows_512_as(uint8_t *codes, const int32_t *acc, const int32_t *comp,
-                                          const float *scale, const float *bias, float sq, int64_t M, int64_t N,
+                                          const float *scale, const float *bias, float sq, int64_t M, int64_t N, int64_t ldc,
                                           int fast, const int exact) {
     const __m512 s = _mm512_set1_ps(sq), inv = _mm512_set1_ps(1.0f / sq);
     const __m512 lim_a = _mm512_set1_ps(BQ_GELU_FAST_ABS / sq + GELU_FAST_SLACK);
@@ -975,22 +976,22 @@ IK_512_INLINE void gelu_quant_rows_512_as(uint8_t *codes, const int32_t *acc, co
                              : dequant16_fma(acc + m * N + o, comp + o, scale + o, bias + o);
             }
             for (int u = 0; u < 4; u++)
-                ok[u] = fast && gelu_codes_fast16(codes + m * N + n + 16 * u, x[u], inv, lim_a, lim_b);
+                ok[u] = fast && gelu_codes_fast16(codes + m * ldc + n + 16 * u, x[u], inv, lim_a, lim_b);
             for (int u = 0; u < 4; u++)
-                if (!ok[u]) quant16(codes + m * N + n + 16 * u, exact ? gelu16_exact(x[u]) : gelu16(x[u]), s);
+                if (!ok[u]) quant16(codes + m * ldc + n + 16 * u, exact ? gelu16_exact(x[u]) : gelu16(x[u]), s);
         }
         for (; n < N; n += 16) {
             const __m512 x = exact ? dequant16(acc + m * N + n, comp + n, scale + n, bias + n)
                                    : dequant16_fma(acc + m * N + n, comp + n, scale + n, bias + n);
-            if (!fast || !gelu_codes_fast16(codes + m * N + n, x, inv, lim_a, lim_b))
-                quant16(codes + m * N + n, exact ? gelu16_exact(x) : gelu16(x), s);
+            if (!fast || !gelu_codes_fast16(codes + m * ldc + n, x, inv, lim_a, lim_b))
+                quant16(codes + m * ldc + n, exact ? gelu16_exact(x) : gelu16(x), s);
         }
     }
 }
 
 IK_512 static void gelu_quant_rows_512(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                                       const float *bias, float sq, int64_t M, int64_t N, int fast) {
-    gelu_quant_rows_512_as(codes, acc, comp, scale, bias, sq, M, N, fast, 0);
+                                       const float *bias, float sq, int64_t M, int64_t N, int64_t ldc, int fast) {
+    gelu_quant_rows_512_as(codes, acc, comp, scale, bias, sq, M, N, ldc, fast, 0);
 }
 
 /* exact[i] = gelu16_exact(x[i]) (the portable GELU's bits) for n values (n a multiple of 16), for
@@ -1000,20 +1001,20 @@ IK_512 static void gelu_exact_512(float *exact, const float *x, int64_t n) {
 }
 
 IK_512 static void gelu_quant_rows_exact_512(uint8_t *codes, const int32_t *acc, const int32_t *comp,
-                                             const float *scale, const float *bias, float sq, int64_t M, int64_t N,
+                                             const float *scale, const float *bias, float sq, int64_t M, int64_t N, int64_t ldc,
                                              int fast) {
-    gelu_quant_rows_512_as(codes, acc, comp, scale, bias, sq, M, N, fast, 1);
+    gelu_quant_rows_512_as(codes, acc, comp, scale, bias, sq, M, N, ldc, fast, 1);
 }
 
 /* bq_infer_gelu_fq_quant 16 columns at a time (N a multiple of 16). */
 IK_512 static void gelu_fq_quant_512(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                                     const float *bias, BqFq fin, BqFq fout, float sq, int64_t M, int64_t N) {
+                                     const float *bias, BqFq fin, BqFq fout, float sq, int64_t M, int64_t N, int64_t ldc) {
     const __m512 s = _mm512_set1_ps(sq);
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n += 16) {
             const __m512 x = fq_apply16(dequant16(acc + m * N + n, comp + n, scale + n, bias + n), fin);
-            quant16(codes + m * N + n, fq_apply16(gelu16_exact(x), fout), s);
+            quant16(codes + m * ldc + n, fq_apply16(gelu16_exact(x), fout), s);
         }
 }
 
@@ -1022,7 +1023,7 @@ IK_512 static void gelu_fq_quant_512(uint8_t *codes, const int32_t *acc, const i
  * (entries 0-63, 64-127, 128-191, 192-255) and two blends on the index's bits 6 and 7 (AVX512-BW, which
  * every CPU of these kernels has); NaN lanes get entry nt. */
 IK_512 static void gelu_fq_lut_512(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                                   const float *bias, BqFq fin, const int32_t *tab, int nt, int64_t M, int64_t N) {
+                                   const float *bias, BqFq fin, const int32_t *tab, int nt, int64_t M, int64_t N, int64_t ldc) {
     int16_t t16[256];
     for (int i = 0; i < 256; i++) t16[i] = (int16_t)(i < nt ? tab[i] : 0);
     __m512i t[8];
@@ -1049,8 +1050,8 @@ IK_512 static void gelu_fq_lut_512(uint8_t *codes, const int32_t *acc, const int
                                                          _mm512_permutex2var_epi16(t[6], idx, t[7]));
             const __m512i r = _mm512_mask_mov_epi16(_mm512_mask_blend_epi16(k7, low, high), nan, nanv);
             const __m256i bytes = _mm512_cvtepi16_epi8(r);
-            if (parts == 2) _mm256_storeu_si256((__m256i *)(codes + m * N + n), bytes);
-            else _mm_storeu_si128((__m128i *)(codes + m * N + n), _mm256_castsi256_si128(bytes));
+            if (parts == 2) _mm256_storeu_si256((__m256i *)(codes + m * ldc + n), bytes);
+            else _mm_storeu_si128((__m128i *)(codes + m * ldc + n), _mm256_castsi256_si128(bytes));
             n += 16 * parts;
         }
 }
@@ -1353,7 +1354,7 @@ static void attn_core(uint8_t *codes, float *C, int64_t ldc, const float *mrow, 
 /* One (batch, head) pair, portable: attn_head_fma's steps. */
 static void attn_head(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int64_t h, float *Kt) {
     load_head(Kt, in, b, h);
-    attn_core(codes, C, in->NH * in->d, mask_row(in, b), Kt, in->scale, in->sq, in->T, in->d, in->Q);
+    attn_core(codes, C, in->ldo, mask_row(in, b), Kt, in->scale, in->sq, in->T, in->d, in->Q);
 }
 
 /* One (batch, head) pair with fake quantizers (bq_infer_attention_fq) into its codes (leading dim H), in
@@ -1366,7 +1367,7 @@ static void attn_head(uint8_t *codes, float *C, const AttnIn *in, int64_t b, int
  * portable arithmetic. */
 IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int64_t h, float *Kt, int isa,
                                 int vnni) {
-    const int64_t T = in->T, d = in->d, Tp = pad16(T), Td = pad16(T * d), H = in->NH * d, Q = in->Q;
+    const int64_t T = in->T, d = in->d, Tp = pad16(T), Td = pad16(T * d), Q = in->Q;
     const BqFq *fq = in->fq;
     float *S = Kt + d * Tp, *q = S + T * Tp, *k = q + Td, *v = k + Td;
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -1418,15 +1419,15 @@ IK_VEC static void attn_head_fq(uint8_t *codes, const AttnIn *in, int64_t b, int
     if (isa == 1) context_all_fma(NULL, q, d, S, Tp, v, T, d, 0.0f, Q);
 #endif
     if (!isa) context_all(NULL, q, d, S, Tp, v, T, d, 0.0f, Q);
-    uint8_t *c = codes + b * Q * H + h * d;
+    uint8_t *c = codes + b * Q * in->ldo + h * d;
 #if defined(__x86_64__) && defined(__GNUC__)
     if (w16) {
-        context_fq_codes_512(c, q, fpv, fc, in->sq, Q, d, H);
+        context_fq_codes_512(c, q, fpv, fc, in->sq, Q, d, in->ldo);
         return;
     }
 #endif
     for (int64_t t = 0; t < Q; t++)
-        for (int64_t e = 0; e < d; e++) c[t * H + e] = quant_u8(fq_apply(q[t * d + e] * fpv, fc), in->sq);
+        for (int64_t e = 0; e < d; e++) c[t * in->ldo + e] = quant_u8(fq_apply(q[t * d + e] * fpv, fc), in->sq);
 }
 
 /* The largest |x| on the grid [lo, hi]. */
@@ -1450,14 +1451,14 @@ static int vnni_exact(const BqFq *fq, int64_t T, int64_t d) {
  * across kinds; batch size, the padded length and thread count never change them). */
 static void attn_heads(uint8_t *codes, float *ctx, const AttnIn *in, float *scratch, int64_t nthreads, int64_t B) {
     BQ_CHECK(in->d % 8 == 0 && omp_get_max_threads() <= nthreads);
-    const int64_t NH = in->NH, H = NH * in->d, per = bq_infer_attention_scratch(in->T, in->d);
+    const int64_t NH = in->NH, per = bq_infer_attention_scratch(in->T, in->d);
     /* 0 portable, 1 AVX2 + FMA, 2 AVX-512 (the 16-lane kernels need d, and T outside the products, to be
      * multiples of 16) */
     const int isa = have_fma() ? (have_512() && in->d % 16 == 0 ? 2 : 1) : 0;
     const int vnni = isa == 2 && in->T % 16 == 0 && in->fq && have_vnni() && vnni_exact(in->fq, in->T, in->d);
 #pragma omp parallel for if (B * NH > 1) schedule(static)
     for (int64_t bh = 0; bh < B * NH; bh++) {
-        const int64_t b = bh / NH, h = bh % NH, off = b * in->Q * H + h * in->d;
+        const int64_t b = bh / NH, h = bh % NH, off = b * in->Q * in->ldo + h * in->d;
         float *Kt = scratch + (int64_t)omp_get_thread_num() * per;
         uint8_t *c = codes ? codes + off : NULL;
         float *f = ctx ? ctx + off : NULL;
@@ -1496,19 +1497,19 @@ BqQkvSums bq_qkv_sums_fused(const int32_t *acc, const int32_t *comp, const float
 static int query_rows_ok(int64_t T, int64_t Q) { return Q == T || (Q == BQ_INFER_QUERY_BLOCK && T > Q); }
 
 void bq_infer_attention(uint8_t *codes, const BqQkvSums *sums, const float *mask, float *scratch, int64_t nthreads,
-                        float scale, float sq, int64_t B, int64_t T, int64_t Q, int64_t NH, int64_t d) {
-    BQ_CHECK(sums && codes && query_rows_ok(T, Q));
-    const AttnIn in = {sums, NULL, NULL, mask, scale, sq, T, NH, d, NULL, Q};
+                        float scale, float sq, int64_t B, int64_t T, int64_t Q, int64_t NH, int64_t d, int64_t ldc) {
+    BQ_CHECK(sums && codes && query_rows_ok(T, Q) && ldc >= NH * d);
+    const AttnIn in = {sums, NULL, NULL, mask, scale, sq, T, NH, d, NULL, Q, ldc};
     attn_heads(codes, NULL, &in, scratch, nthreads, B);
 }
 
 void bq_infer_attention_fq(uint8_t *codes, const BqQkvSums *sums, const float *mask, float *scratch,
                            int64_t nthreads, float scale, const BqFq *fq, float sq, int64_t B, int64_t T, int64_t Q,
-                           int64_t NH, int64_t d) {
-    BQ_CHECK(sums && fq && codes && fq[BQ_FQ_Q].s > 0.0f && fq[BQ_FQ_K].s > 0.0f && fq[BQ_FQ_V].s > 0.0f &&
+                           int64_t NH, int64_t d, int64_t ldc) {
+    BQ_CHECK(sums && fq && codes && ldc >= NH * d && fq[BQ_FQ_Q].s > 0.0f && fq[BQ_FQ_K].s > 0.0f && fq[BQ_FQ_V].s > 0.0f &&
              fq[BQ_FQ_PROBS].s > 0.0f);
     BQ_CHECK(query_rows_ok(T, Q));
-    const AttnIn in = {sums, NULL, NULL, mask, scale, sq, T, NH, d, fq, Q};
+    const AttnIn in = {sums, NULL, NULL, mask, scale, sq, T, NH, d, fq, Q, ldc};
     attn_heads(codes, NULL, &in, scratch, nthreads, B);
 }
 
@@ -1534,11 +1535,11 @@ IK_VEC static void residual_layernorm_fq_portable(float *out, uint8_t *codes, co
 
 IK_VEC static void gelu_fq_quant_portable(uint8_t *codes, const int32_t *acc, const int32_t *comp,
                                           const float *scale, const float *bias, BqFq fin, BqFq fout, float sq,
-                                          int64_t M, int64_t N) {
+                                          int64_t M, int64_t N, int64_t ldc) {
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++)
-            codes[m * N + n] =
+            codes[m * ldc + n] =
                 quant_u8(fq_apply(gelu(fq_apply(dequant(acc[m * N + n], comp[n], scale[n], bias[n]), fin)), fout), sq);
 }
 
@@ -1546,18 +1547,18 @@ IK_VEC static void gelu_fq_quant_portable(uint8_t *codes, const int32_t *acc, co
  * portable ones (and from autograd/kernels.c's GELU) in the last bits, so a code can land on the other
  * side of a rounding boundary; the same on every CPU of one kind. */
 void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                         const float *bias, float sq, int64_t M, int64_t N) {
+                         const float *bias, float sq, int64_t M, int64_t N, int64_t ldc) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (have_512() && N % 16 == 0) {
-        gelu_quant_rows_512(codes, acc, comp, scale, bias, sq, M, N, gelu_fast_on());
+        gelu_quant_rows_512(codes, acc, comp, scale, bias, sq, M, N, ldc, gelu_fast_on());
         return;
     }
     if (have_fma() && N % 8 == 0) {
-        gelu_quant_rows_fma(codes, acc, comp, scale, bias, sq, M, N, gelu_fast_on());
+        gelu_quant_rows_fma(codes, acc, comp, scale, bias, sq, M, N, ldc, gelu_fast_on());
         return;
     }
 #endif
-    gelu_quant_portable(codes, acc, comp, scale, bias, sq, M, N);
+    gelu_quant_portable(codes, acc, comp, scale, bias, sq, M, N, ldc);
 }
 
 /* The fake-quant kernels give the same bits on every CPU, as fake quant's own ops do. */
@@ -1584,39 +1585,39 @@ void bq_infer_gelu_fq_prepare(BqGeluFq *g, BqFq fin, BqFq fout, float sq) {
 
 IK_VEC static void gelu_fq_lut_portable(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
                                         const float *bias, BqFq fin, const int32_t *tab, int nt, int64_t M,
-                                        int64_t N) {
+                                        int64_t N, int64_t ldc) {
 #pragma omp parallel for if (M * N >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             const float c = fq_code(dequant(acc[m * N + n], comp[n], scale[n], bias[n]), fin);
-            codes[m * N + n] = (uint8_t)tab[c == c ? (int)c - (int)fin.lo : nt];
+            codes[m * ldc + n] = (uint8_t)tab[c == c ? (int)c - (int)fin.lo : nt];
         }
 }
 
 void bq_infer_gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                            const float *bias, const BqGeluFq *g, int64_t M, int64_t N) {
+                            const float *bias, const BqGeluFq *g, int64_t M, int64_t N, int64_t ldc) {
     const BqFq fin = g->fin, fout = g->fout;
 #if defined(__x86_64__) && defined(__GNUC__)
     if (g->nt && have_512() && N % 16 == 0) {
-        gelu_fq_lut_512(codes, acc, comp, scale, bias, fin, g->tab, g->nt, M, N);
+        gelu_fq_lut_512(codes, acc, comp, scale, bias, fin, g->tab, g->nt, M, N, ldc);
         return;
     }
 #endif
     if (g->nt) {
-        gelu_fq_lut_portable(codes, acc, comp, scale, bias, fin, g->tab, g->nt, M, N);
+        gelu_fq_lut_portable(codes, acc, comp, scale, bias, fin, g->tab, g->nt, M, N, ldc);
         return;
     }
 #if defined(__x86_64__) && defined(__GNUC__)
     if (have_512() && N % 16 == 0 && !(fin.s > 0.0f) && !(fout.s > 0.0f)) {
-        gelu_quant_rows_exact_512(codes, acc, comp, scale, bias, g->sq, M, N, gelu_fast_on());
+        gelu_quant_rows_exact_512(codes, acc, comp, scale, bias, g->sq, M, N, ldc, gelu_fast_on());
         return;
     }
     if (have_512() && N % 16 == 0) {
-        gelu_fq_quant_512(codes, acc, comp, scale, bias, fin, fout, g->sq, M, N);
+        gelu_fq_quant_512(codes, acc, comp, scale, bias, fin, fout, g->sq, M, N, ldc);
         return;
     }
 #endif
-    gelu_fq_quant_portable(codes, acc, comp, scale, bias, fin, fout, g->sq, M, N);
+    gelu_fq_quant_portable(codes, acc, comp, scale, bias, fin, fout, g->sq, M, N, ldc);
 }
 
 /* Every CPU gives the same bits here: the portable loops have no fused multiply-add to differ by. */
@@ -1681,7 +1682,7 @@ const char *bq_infer_describe(void) {
 void bq_infer_attention_f32(float *ctx, const float *qkv, const float *bias, const float *mask, float *scratch,
                             int64_t nthreads, float scale, int64_t B, int64_t T, int64_t Q, int64_t NH, int64_t d) {
     BQ_CHECK(qkv != NULL && query_rows_ok(T, Q));
-    const AttnIn in = {NULL, qkv, bias, mask, scale, 0.0f, T, NH, d, NULL, Q};
+    const AttnIn in = {NULL, qkv, bias, mask, scale, 0.0f, T, NH, d, NULL, Q, NH * d};
     attn_heads(NULL, ctx, &in, scratch, nthreads, B);
 }
 

@@ -59,10 +59,12 @@ void bq_infer_residual_layernorm(float *out, uint8_t *codes, const int32_t *acc,
                                  const float *scale, const float *bias, const float *resid, const float *lnw,
                                  const float *lnb, float eps, float sq, int64_t M, int64_t N);
 
-/* codes (M,N) = uint8 codes at scale sq of gelu(dequant(acc) + bias) (BertIntermediate followed by the
- * output dense's input quantizer); gelu is the exact-erf GELU of autograd/kernels.c. */
+/* codes (M,N, row stride ldc >= N) = uint8 codes at scale sq of gelu(dequant(acc) + bias) (BertIntermediate
+ * followed by the output dense's input quantizer); gelu is the exact-erf GELU of autograd/kernels.c. A
+ * stride wider than N writes a column block of a wider product (layers/bert_int8.c: the intermediate
+ * dense in column pieces). */
 void bq_infer_gelu_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                         const float *bias, float sq, int64_t M, int64_t N);
+                         const float *bias, float sq, int64_t M, int64_t N, int64_t ldc);
 
 /* Scratch floats per thread that bq_infer_attention needs for sequences of T tokens and head size d. */
 int64_t bq_infer_attention_scratch(int64_t T, int64_t d);
@@ -84,14 +86,15 @@ BqQkvSums bq_qkv_sums_fused(const int32_t *acc, const int32_t *comp, const float
 
 /* The attention block of one layer on the query/key/value sums (d a multiple of 8): for every (b, h),
  * Q_h, K_h, V_h = dequant + bias of its columns, S = Q_h·K_hᵀ, P = softmax(scale·S + (1 − mask)·(−FLT_MAX))
- * over keys (mask (B,T) of 0/1, or NULL), C_h = P·V_h; codes (B,Q,H) = uint8 codes of C's first Q query
- * rows of each sequence at scale sq. Q is T, or BQ_INFER_QUERY_BLOCK (< T) where only token 0's row is
+ * over keys (mask (B,T) of 0/1, or NULL), C_h = P·V_h; codes (B,Q, row stride ldc >= NH·d) = uint8
+ * codes of C's first Q query rows of each sequence at scale sq (a stride wider than NH·d: these NH heads
+ * are a column block of a layer's heads, layers/bert_int8.c). Q is T, or BQ_INFER_QUERY_BLOCK (< T) where only token 0's row is
  * read: the kernels' first block of query rows, so that each of its rows gets the operations, and the bits,
  * it gets among all T. scratch: nthreads · bq_infer_attention_scratch(T, d) floats, 64-byte aligned, where
  * nthreads is at least omp_get_max_threads(). */
 #define BQ_INFER_QUERY_BLOCK 8
 void bq_infer_attention(uint8_t *codes, const BqQkvSums *sums, const float *mask, float *scratch, int64_t nthreads,
-                        float scale, float sq, int64_t B, int64_t T, int64_t Q, int64_t NH, int64_t d);
+                        float scale, float sq, int64_t B, int64_t T, int64_t Q, int64_t NH, int64_t d, int64_t ldc);
 
 /* ---- the fused layers with fake quantizers between the GEMMs (ort, qdqbert) ----
  * The ort scheme fake-quantizes op outputs, qdqbert the inputs of the attention products and of the
@@ -129,10 +132,10 @@ enum { BQ_FQ_LOCAL, BQ_FQ_SKIP, BQ_FQ_SUM, BQ_FQ_LN };
 /* bq_infer_attention with fake quantizers (fq, BQ_FQ_ATTN of them): Q_h, K_h, V_h = fq_Q/K/V(dequant +
  * bias); S = fq_SCORES(Σ codes(Q_h)·codes(K_h)ᵀ · fl(s_Q·s_K)); P = fq_PROBS(masked softmax(scale·S));
  * C_h = fq_CONTEXT(Σ codes(P)·codes(V_h) · fl(s_PROBS·s_V)); codes (B,T,H) = uint8 codes of C at scale
- * sq. Q, codes (B,Q,H) and scratch as bq_infer_attention's. */
+ * sq. Q, codes (B,Q, row stride ldc) and scratch as bq_infer_attention's. */
 void bq_infer_attention_fq(uint8_t *codes, const BqQkvSums *sums, const float *mask, float *scratch,
                            int64_t nthreads, float scale, const BqFq *fq, float sq, int64_t B, int64_t T, int64_t Q,
-                           int64_t NH, int64_t d);
+                           int64_t NH, int64_t d, int64_t ldc);
 
 /* out (M,N) = f[LN](LayerNorm(f[SUM](f[LOCAL](dequant(acc) + bias) + f[SKIP](resid)))) (BertSelfOutput and
  * BertOutput with their quantizers: f points at the block's four places), and, when codes is not NULL,
@@ -157,9 +160,10 @@ typedef struct BqGeluFq {
 } BqGeluFq;
 void bq_infer_gelu_fq_prepare(BqGeluFq *g, BqFq fin, BqFq fout, float sq);
 
-/* codes (M,N) = uint8 codes at scale g->sq of g->fout(gelu(g->fin(dequant(acc) + bias))). */
+/* codes (M,N, row stride ldc >= N) = uint8 codes at scale g->sq of g->fout(gelu(g->fin(dequant(acc) +
+ * bias))). */
 void bq_infer_gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int32_t *comp, const float *scale,
-                            const float *bias, const BqGeluFq *g, int64_t M, int64_t N);
+                            const float *bias, const BqGeluFq *g, int64_t M, int64_t N, int64_t ldc);
 
 /* ---- fp32 kernels of the fused evaluation forward (layers/bert_fp32.h) ----
  * The same structure without integers: each takes the fp32 output of a bias-free GEMM. */

@@ -56,10 +56,11 @@ typedef struct Pack {
     int stale; /* the codes changed since this copy was made */
 } Pack;
 
-/* The codes of one GEMM and their packed copies. */
+/* The codes of one GEMM and their packed copies, grown one at a time (a Pack is 0.7 KB of memory
+ * descriptor, and fixed weights hold one layout; a fused layer's products in pieces are 9 weights). */
 typedef struct Codes {
     int8_t *codes; /* (N,K) */
-    Pack packs[PACK_MAX];
+    Pack *packs;   /* npacks of them, at most PACK_MAX */
     int npacks;
 } Codes;
 
@@ -347,6 +348,7 @@ int64_t bq_qgemm_weights_bytes(const BqQGemmWeights *w) {
 void bq_qgemm_weights_free(BqQGemmWeights *w) {
     if (!w) return;
     for (int i = 0; i < w->h.npacks; i++) pack_destroy(&w->h.packs[i]);
+    free(w->h.packs);
     if (w->fixed && w->codes) /* only bq_qgemm_weights_create's fixed weights still hold codes: mapped */
         munmap(w->codes, (size_t)(w->N * w->K));
     else
@@ -376,6 +378,8 @@ static int weights_packed(BqQGemmWeights *w, Codes *h, const dnnl_memory_desc_t 
             pack_destroy(&h->packs[0]);
             memmove(&h->packs[0], &h->packs[1], sizeof(Pack) * (PACK_MAX - 1));
             h->npacks--;
+        } else {
+            h->packs = bq_realloc(h->packs, sizeof(Pack) * (size_t)(h->npacks + 1));
         }
         p = &h->packs[h->npacks];
         memset(p, 0, sizeof *p);

@@ -53,10 +53,10 @@ static double time_pass(int which, int64_t M, int64_t H, int64_t I, int64_t NH, 
     double best = -1.0;
     for (int r = 0; r < rounds; r++) {
         const double t0 = bq_now();
-        if (which == 0) bq_infer_gelu_quant(codes, acc, comp, scale, bias, 0.05f, M, I);
+        if (which == 0) bq_infer_gelu_quant(codes, acc, comp, scale, bias, 0.05f, M, I, I);
         if (which == 1)
             bq_infer_residual_layernorm(out, codes, acc, comp, scale, bias, resid, lnw, lnb, 1e-12f, 0.05f, M, H);
-        if (which == 2) bq_infer_attention(codes, &sums, NULL, scratch, nthr, 0.125f, 0.05f, B, T, T, NH, H / NH);
+        if (which == 2) bq_infer_attention(codes, &sums, NULL, scratch, nthr, 0.125f, 0.05f, B, T, T, NH, H / NH, H);
         const double t = bq_now() - t0;
         if (best < 0.0 || t < best) best = t;
     }

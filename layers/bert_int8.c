@@ -29,11 +29,18 @@
 #include "layers/bert_fused.h"
 #include "layers/quant.h"
 
+/* A product of N columns in np column pieces of N/np each (bq_int8_set_piece_macs): piece c is nout runs
+ * of N/(np·nout) columns, run r holding columns [r·N/nout + c·N/(np·nout), ...) of the product's natural
+ * order, where nout is 3 for the fused query/key/value product (piece c: heads [c·NH/np, (c+1)·NH/np) of
+ * the query, the key and the value) and 1 for the intermediate dense (columns [c·N/np, (c+1)·N/np)). */
+#define PIECES_MAX 4
+
 typedef struct Int8Linear {
-    BqQGemmWeights *w; /* NULL: this Linear runs as the fake-quant fp32 Linear */
-    float sx;          /* the input quantizer's scale */
-    float *bias;       /* (N) copy, concatenated for the fused query/key/value product */
-    float *scale;      /* (N) fl(sx·sw[n]), the dequantization factors of autograd/qgemm.h */
+    BqQGemmWeights *w[PIECES_MAX]; /* the np pieces' codes; w[0] NULL: the fake-quant fp32 Linear */
+    int np;                        /* 1: one product (every Linear but the two above) */
+    float sx;                      /* the input quantizer's scale */
+    float *bias;                   /* (N) copy in piece order, concatenated for query/key/value */
+    float *scale;                  /* (N) fl(sx·sw[n]) in piece order, autograd/qgemm.h's dequantization */
 } Int8Linear;
 
 typedef struct Int8Layer {
@@ -45,13 +52,14 @@ typedef struct Int8Layer {
     int ok[6];           /* Linear j (query … output.dense) runs on integers (plan_layer) */
     BqQuantizer *iq[6];  /* the grid of Linear j's input, where ok[j] */
     int groups;          /* groups of Linears packed so far (pack_group), 0..4: the layer is packed at 4 */
+    int qkv_np, inter_np; /* pieces of the fused query/key/value product and of the intermediate dense */
     Int8Linear qkv[3], ao, inter, out;
 } Int8Layer;
 
 struct BqInt8Engine {
     int num_layers, hidden, inter, heads;
     Int8Layer *layers;
-    int nlinear, ngemm, nwhole;
+    int nlinear, ngemm, nwhole, npieces;
     int use_whole;       /* bq_int8_set_layer_fusion */
     int64_t step_rows;   /* bq_int8_set_step_rows; 0: the default, by thread count (bq_int8_step_rows) */
     int64_t pass_rows;   /* bq_int8_set_pass_rows */
@@ -168,13 +176,14 @@ static const BqTensor *linear_bias(const BqBertLayer *L, int j) {
     return b[j];
 }
 
-/* Codes of weight w (N,K) rows [0,N) into dst: clamp(rne(w / s[n]), qmin, qmax), the rounding of
- * bq_kernel_fakequant_forward. */
-static void weight_codes(int8_t *dst, const float *w, int64_t N, int64_t K, const BqQuantizer *q) {
+/* Codes of rows [n0, n0 + N) of weight w (rows of K) into dst (N,K): clamp(rne(w / s[n]), qmin, qmax), the
+ * rounding of bq_kernel_fakequant_forward. */
+static void weight_codes(int8_t *dst, const float *w, int64_t n0, int64_t N, int64_t K, const BqQuantizer *q) {
     const float lo = (float)bq_quant_qmin(q), hi = (float)bq_quant_qmax(q);
     const float magic = 12582912.0f; /* 1.5·2^23: (v + magic) − magic rounds to nearest even */
+    w += n0 * K;
     for (int64_t n = 0; n < N; n++) {
-        float s = q->scale[q->nch == 1 ? 0 : n];
+        float s = q->scale[q->nch == 1 ? 0 : n0 + n];
         for (int64_t k = 0; k < K; k++) {
             float v = w[n * K + k] / s;
             v = v < lo ? lo : v;
@@ -185,51 +194,62 @@ static void weight_codes(int8_t *dst, const float *w, int64_t N, int64_t K, cons
     }
 }
 
-/* Packs Linears js[0..cnt) of layer l (same K, same input quantizer) as one product of their
- * stacked rows. */
-static int pack_linear(Int8Linear *il, const BqBert *m, int l, const int *js, int cnt, BqQuantizer *iq) {
+/* Packs Linears js[0..cnt) of layer l (same K, same input quantizer) as one product of their stacked
+ * rows, in np pieces (Int8Linear) of cnt runs: Linear i's rows [c·n/np, (c+1)·n/np) are run i of piece c,
+ * and each piece is its own weights. */
+static int pack_linear(Int8Linear *il, const BqBert *m, int l, const int *js, int cnt, BqQuantizer *iq, int np) {
     BqQuantState *qs = m->quant;
     const BqBertLayer *L = &m->layers[l];
     const int64_t K = linear_weight(L, js[0])->shape[1];
     int64_t N = 0;
     for (int i = 0; i < cnt; i++) N += linear_weight(L, js[i])->shape[0];
+    const int64_t pn = N / np;
+    BQ_CHECK(np >= 1 && np <= PIECES_MAX && pn * np == N);
     int8_t *codes = bq_malloc((size_t)(N * K));
     float *sw = bq_malloc((size_t)N * sizeof(float));
     il->bias = bq_malloc((size_t)N * sizeof(float));
+    il->scale = bq_malloc((size_t)N * sizeof(float));
+    il->np = np;
+    il->sx = iq->scale[0];
     int bits = 0, rc = BQ_OK;
-    int64_t row = 0;
+    int64_t row = 0; /* the rows of the Linears before i */
     for (int i = 0; i < cnt; i++) {
-        const BqTensor *w = linear_weight(L, js[i]), *b = linear_bias(L, js[i]);
+        const BqTensor *w = linear_weight(L, js[i]), *bt = linear_bias(L, js[i]);
         const BqQuantizer *wq = bq_quant_at(qs, l, weight_point[js[i]]);
-        const int64_t n = w->shape[0];
-        BQ_CHECK(w->shape[1] == K && (wq->nch == 1 || wq->nch == n));
+        const int64_t n = w->shape[0], rw = n / np;
+        BQ_CHECK(w->shape[1] == K && (wq->nch == 1 || wq->nch == n) && rw * np == n && (np == 1 || n * cnt == N));
         if (i > 0 && wq->bits != bits) {
             rc = bq_err(BQ_EINVAL, "int8 engine: %s has %d bits, unlike its fused neighbours", wq->name, wq->bits);
             goto cleanup;
         }
         bits = wq->bits;
-        weight_codes(codes + row * K, w->data, n, K, wq);
-        for (int64_t r = 0; r < n; r++) sw[row + r] = wq->scale[wq->nch == 1 ? 0 : r];
-        memcpy(il->bias + row, b->data, (size_t)n * sizeof(float));
+        for (int c = 0; c < np; c++) {
+            const int64_t dst = c * pn + row / np, n0 = c * rw;
+            weight_codes(codes + dst * K, w->data, n0, rw, K, wq);
+            for (int64_t r = 0; r < rw; r++) sw[dst + r] = wq->scale[wq->nch == 1 ? 0 : n0 + r];
+            memcpy(il->bias + dst, bt->data + n0, (size_t)rw * sizeof(float));
+        }
         row += n;
     }
-    il->sx = iq->scale[0];
-    il->scale = bq_malloc((size_t)N * sizeof(float));
-    for (int64_t n = 0; n < N; n++) il->scale[n] = il->sx * sw[n];
+    for (int64_t r = 0; r < N; r++) il->scale[r] = il->sx * sw[r];
     const char *name = bq_quant_at(qs, l, weight_point[js[0]])->name;
-    if (bits <= 7 || bq_qgemm_exact_8bit()) {
-        rc = bq_qgemm_weights_create(&il->w, codes, sw, N, N, K, bits, name);
-    } else {
+    for (int c = 0; c < np && !rc; c++) {
+        const int8_t *qc = codes + c * pn * K;
+        const float *qsw = sw + c * pn;
+        if (bits <= 7 || bq_qgemm_exact_8bit()) {
+            rc = bq_qgemm_weights_create(&il->w[c], qc, qsw, pn, pn, K, bits, name);
+            continue;
+        }
         /* 8-bit codes where oneDNN's int8 kernels sum u8·s8 pairs in saturating int16: the weights object
          * of the QAT forward, which sums the codes exactly with sgemm on floats (autograd/qgemm.h). It takes
          * the fake-quantized values fl(q·s), from which it recovers q exactly. */
-        float *wf = bq_malloc((size_t)(N * K) * sizeof(float));
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t k = 0; k < K; k++) wf[n * K + k] = (float)codes[n * K + k] * sw[n];
-        rc = bq_qgemm_weights_create_empty(&il->w, N, K, bits, name);
+        float *wf = bq_malloc((size_t)(pn * K) * sizeof(float));
+        for (int64_t r = 0; r < pn; r++)
+            for (int64_t k = 0; k < K; k++) wf[r * K + k] = (float)qc[r * K + k] * qsw[r];
+        rc = bq_qgemm_weights_create_empty(&il->w[c], pn, K, bits, name);
         if (!rc) {
-            bq_qgemm_weights_set(il->w, wf, sw, N);
-            bq_qgemm_weights_freeze(il->w); /* 4 bytes per weight, not 5 */
+            bq_qgemm_weights_set(il->w[c], wf, qsw, pn);
+            bq_qgemm_weights_freeze(il->w[c]); /* 4 bytes per weight, not 5 */
         }
         free(wf);
     }
@@ -246,13 +266,29 @@ void bq_int8_free(BqInt8Engine *e) {
         Int8Layer *IL = &e->layers[l];
         Int8Linear *all[6] = {&IL->qkv[0], &IL->qkv[1], &IL->qkv[2], &IL->ao, &IL->inter, &IL->out};
         for (int j = 0; j < 6; j++) {
-            bq_qgemm_weights_free(all[j]->w);
+            for (int c = 0; c < PIECES_MAX; c++) bq_qgemm_weights_free(all[j]->w[c]);
             free(all[j]->bias);
             free(all[j]->scale);
         }
     }
     free(e->layers);
     free(e);
+}
+
+static int64_t g_piece_macs; /* bq_int8_set_piece_macs; 0: BQ_INT8_PIECE_MACS */
+
+void bq_int8_set_piece_macs(int64_t macs) { g_piece_macs = macs > 0 ? macs : 0; }
+
+/* The pieces of a fused layer's product of N columns over K inputs whose columns come in `units` equal
+ * groups that a piece must not split (heads, or 16 columns: the epilogues' kernels are chosen by the
+ * width's multiples of 16, so pieces keep the whole product's kernels and bits): the most, up to
+ * PIECES_MAX, that divide the groups and leave each piece at least the multiply-adds per row that
+ * bq_int8_set_piece_macs sets; 1 where none does. */
+static int piece_count(int64_t N, int64_t K, int64_t units) {
+    const int64_t macs = g_piece_macs ? g_piece_macs : BQ_INT8_PIECE_MACS;
+    for (int np = PIECES_MAX; np > 1; np--)
+        if (units % np == 0 && N / np * K >= macs) return np;
+    return 1;
 }
 
 /* Decides, from the quantizers alone, which Linears of layer l run on integers (IL->iq, IL->ok,
@@ -283,6 +319,13 @@ static int plan_layer(BqInt8Engine *e, const BqBert *m, int l) {
     if (IL->with_fq) bq_infer_gelu_fq_prepare(&IL->gelu, IL->fq[BQ_FQ_INTER], IL->fq[BQ_FQ_GELU], IL->iq[5]->scale[0]);
     IL->whole = linears && d % 8 == 0 && (plain || IL->with_fq);
     e->nwhole += IL->whole;
+    /* a fused layer's two widest products in column pieces, so that a block's int32 sums take one piece's
+     * room (linear_step); the op-by-op path puts their columns back in order (int8_linear) */
+    const int64_t H = c->hidden_size, NI = c->intermediate_size;
+    IL->qkv_np = IL->whole && IL->fused_qkv ? piece_count(3 * H, H, c->num_attention_heads) : 1;
+    IL->inter_np = IL->whole && NI % 16 == 0 ? piece_count(NI, H, NI / 16) : 1;
+    e->npieces += IL->fused_qkv ? IL->qkv_np + ok[3] + IL->inter_np + ok[5]
+                                : ok[0] + ok[1] + ok[2] + ok[3] + ok[4] * IL->inter_np + ok[5];
     return BQ_OK;
 }
 
@@ -345,10 +388,11 @@ static int pack_group(BqInt8Engine *e, const BqBert *m, int l) {
     static const int qkv[3] = {0, 1, 2};
     Int8Linear *rest[3] = {&IL->ao, &IL->inter, &IL->out};
     int rc = BQ_OK;
-    if (g == 0 && IL->fused_qkv) rc = pack_linear(&IL->qkv[0], m, l, qkv, 3, IL->iq[0]);
+    if (g == 0 && IL->fused_qkv) rc = pack_linear(&IL->qkv[0], m, l, qkv, 3, IL->iq[0], IL->qkv_np);
     for (int j = 0; g == 0 && !IL->fused_qkv && j < 3 && !rc; j++)
-        if (IL->ok[j]) rc = pack_linear(&IL->qkv[j], m, l, &qkv[j], 1, IL->iq[j]);
-    if (g > 0 && IL->ok[g + 2]) rc = pack_linear(rest[g - 1], m, l, (const int[]){g + 2}, 1, IL->iq[g + 2]);
+        if (IL->ok[j]) rc = pack_linear(&IL->qkv[j], m, l, &qkv[j], 1, IL->iq[j], 1);
+    if (g > 0 && IL->ok[g + 2])
+        rc = pack_linear(rest[g - 1], m, l, (const int[]){g + 2}, 1, IL->iq[g + 2], g == 2 ? IL->inter_np : 1);
     if (!rc) IL->groups++;
     return rc;
 }
@@ -400,7 +444,8 @@ int64_t bq_int8_bytes(const BqInt8Engine *e) {
         const Int8Layer *IL = &e->layers[l];
         const Int8Linear *all[6] = {&IL->qkv[0], &IL->qkv[1], &IL->qkv[2], &IL->ao, &IL->inter, &IL->out};
         for (int j = 0; j < 6; j++)
-            if (all[j]->w) n += bq_qgemm_weights_bytes(all[j]->w) + 2 * bq_qgemm_weights_n(all[j]->w) * (int64_t)sizeof(float);
+            for (int c = 0; c < all[j]->np; c++)
+                n += bq_qgemm_weights_bytes(all[j]->w[c]) + 2 * bq_qgemm_weights_n(all[j]->w[c]) * (int64_t)sizeof(float);
     }
     return n;
 }
@@ -422,6 +467,7 @@ void bq_int8_set_pass_rows(BqInt8Engine *e, int64_t rows) {
 int64_t bq_int8_pass_rows(const BqInt8Engine *e) { return e->pass_rows; }
 void bq_int8_set_step_rows(BqInt8Engine *e, int64_t rows) { e->step_rows = rows > 0 ? rows : 0; }
 int bq_int8_gemm_count(const BqInt8Engine *e) { return e->ngemm; }
+int bq_int8_piece_count(const BqInt8Engine *e) { return e->npieces; }
 
 const char *bq_int8_fp32_linears(const BqInt8Engine *e, char *buf, size_t n) {
     static const char *names[6] = {"query", "key", "value", "attention.output", "intermediate", "output"};
@@ -432,7 +478,7 @@ const char *bq_int8_fp32_linears(const BqInt8Engine *e, char *buf, size_t n) {
         const Int8Linear *lin[6] = {&IL->qkv[0], &IL->qkv[1], &IL->qkv[2], &IL->ao, &IL->inter, &IL->out};
         int first = 1;
         for (int j = 0; j < 6; j++) {
-            if (lin[j]->w || (j < 3 && IL->fused_qkv)) continue;
+            if (lin[j]->w[0] || (j < 3 && IL->fused_qkv)) continue;
             if (first)
                 snprintf(buf + len, n - len, "%slayer %d: %s", len ? "; " : "", l, names[j]);
             else
@@ -477,37 +523,48 @@ static BqTensor *row_linear(BqCtx *ctx, const BqTensor *x, const BqTensor *w, co
 }
 
 /* The integer Linear on x (B,T,K), or (B,K) (the last layer's token-0 rows, layers/bert.h): outputs of
- * x's shape with N/nout features each, in ctx->act. */
+ * x's shape with N/nout features each, in ctx->act. A product in pieces runs piece by piece, each piece's
+ * runs copied to their columns (the fused layers read the pieces where they are instead). */
 static int int8_linear(BqCtx *ctx, const Int8Linear *il, const BqTensor *x, int nout, BqTensor **outs) {
     BQ_CHECK(bq_tensor_is_contiguous(x) && (x->ndim == 3 || x->ndim == 2));
-    const int nd = x->ndim;
+    const int nd = x->ndim, np = il->np;
     const int64_t K = x->shape[nd - 1], M = bq_tensor_numel(x) / K;
-    const int64_t N = bq_qgemm_weights_n(il->w);
-    BQ_CHECK(bq_qgemm_weights_k(il->w) == K);
+    const int64_t pn = bq_qgemm_weights_n(il->w[0]), N = np * pn, rw = pn / nout, ld = N / nout;
+    BQ_CHECK(bq_qgemm_weights_k(il->w[0]) == K && (np == 1 || rw * nout == pn));
     uint8_t *codes = bq_arena_alloc(ctx->act, (size_t)(M * K));
-    int32_t *acc = bq_arena_alloc(ctx->act, (size_t)(M * N) * sizeof(int32_t));
+    int32_t *acc = bq_arena_alloc(ctx->act, (size_t)(M * pn) * sizeof(int32_t));
     bq_qgemm_quantize_u8(codes, x->data, M * K, il->sx);
     float *dst[3];
     for (int j = 0; j < nout; j++) {
         int64_t shape[3] = {x->shape[0], x->shape[1], x->shape[nd - 1]};
-        shape[nd - 1] = N / nout;
+        shape[nd - 1] = ld;
         outs[j] = bq_tensor_new(ctx, nd, shape);
         dst[j] = outs[j]->data;
     }
-    return bq_qgemm_linear(il->w, codes, M, il->sx, il->bias, nout, dst, acc);
+    if (np == 1) return bq_qgemm_linear(il->w[0], codes, M, il->sx, il->bias, nout, dst, acc);
+    float *y = bq_arena_alloc(ctx->act, (size_t)(M * pn) * sizeof(float));
+    for (int c = 0; c < np; c++) {
+        int rc = bq_qgemm_linear(il->w[c], codes, M, il->sx, il->bias + c * pn, 1, &y, acc);
+        if (rc) return rc;
+        for (int r = 0; r < nout; r++)
+            for (int64_t m = 0; m < M; m++)
+                memcpy(dst[r] + m * ld + c * rw, y + m * pn + r * rw, (size_t)rw * sizeof(float));
+    }
+    return BQ_OK;
 }
 
-/* The query/key/value GEMMs of layer IL on rows [r0, r0 + rb) of its input into acc (rb·3H int32), and in
- * *sums where the attention reads them: one GEMM on in->codes; or, where the three input quantizers' scales
- * differ (!IL->fused_qkv), three, with the key's and value's inputs quantized from in->f into xc[p] where
- * xc[p] is set (their scale differs from the query's, whose codes in->codes holds). */
-static int qkv_gemms(const Int8Layer *IL, const BqFusedAct *in, uint8_t *const xc[3], int64_t r0, int64_t rb,
-                     int32_t *acc, BqQkvSums *sums) {
+/* The query/key/value GEMMs of layer IL on rows [r0, r0 + rb) of its input into acc (rb·3H int32, or
+ * one piece's rb·3H/np), and in *sums where the attention reads them: one GEMM on in->codes, of piece c
+ * (the query, key and value of its heads); or, where the three input quantizers' scales differ
+ * (!IL->fused_qkv, one piece), three, with the key's and value's inputs quantized from in->f into xc[p]
+ * where xc[p] is set (their scale differs from the query's, whose codes in->codes holds). */
+static int qkv_gemms(const Int8Layer *IL, const BqFusedAct *in, uint8_t *const xc[3], int c, int64_t r0,
+                     int64_t rb, int32_t *acc, BqQkvSums *sums) {
     const Int8Linear *lq = &IL->qkv[0];
-    const int64_t K = bq_qgemm_weights_k(lq->w), N = bq_qgemm_weights_n(lq->w);
+    const int64_t K = bq_qgemm_weights_k(lq->w[c]), N = bq_qgemm_weights_n(lq->w[c]);
     if (IL->fused_qkv) {
-        *sums = bq_qkv_sums_fused(acc, bq_qgemm_weights_comp(lq->w), lq->scale, lq->bias, N / 3);
-        return bq_qgemm_raw(lq->w, in->codes + r0 * K, rb, acc);
+        *sums = bq_qkv_sums_fused(acc, bq_qgemm_weights_comp(lq->w[c]), lq->scale + c * N, lq->bias + c * N, N / 3);
+        return bq_qgemm_raw(lq->w[c], in->codes + r0 * K, rb, acc);
     }
     *sums = (BqQkvSums){.ld = N};
     for (int p = 0; p < 3; p++) {
@@ -518,13 +575,65 @@ static int qkv_gemms(const Int8Layer *IL, const BqFusedAct *in, uint8_t *const x
             xp = xc[p];
         }
         sums->acc[p] = acc + p * rb * N;
-        sums->comp[p] = bq_qgemm_weights_comp(lp->w);
+        sums->comp[p] = bq_qgemm_weights_comp(lp->w[0]);
         sums->scale[p] = lp->scale;
         sums->bias[p] = lp->bias;
-        int rc = bq_qgemm_raw(lp->w, xp, rb, acc + p * rb * N);
+        int rc = bq_qgemm_raw(lp->w[0], xp, rb, acc + p * rb * N);
         if (rc) return rc;
     }
     return BQ_OK;
+}
+
+/* The epilogue of linear_step's piece c on one block (nb units, rb rows) of sums acc: the attention of the
+ * piece's heads into their columns of the context codes oc, or the row-wise pass into of and oc (the
+ * GELU codes: the piece's columns). */
+static void step_epilogue(const BqInt8Engine *e, int l, const BqFusedStep *s, int c, const int32_t *acc,
+                          const BqQkvSums *sums, float *scratch, int64_t nthr, float *of, uint8_t *oc,
+                          const float *res, const float *mask, int64_t nb, int64_t rb) {
+    const Int8Layer *IL = &e->layers[l];
+    const Int8Linear *la = &IL->ao, *li = &IL->inter, *lo = &IL->out;
+    const int64_t W = s->N;
+    const BqFq *fq = IL->fq;
+    switch (s->id) {
+    case BQ_LIN_QKV: {
+        const int64_t nh = s->NH / IL->qkv[0].np, col = c * nh * s->d;
+        if (IL->with_fq)
+            bq_infer_attention_fq(oc + col, sums, mask, scratch, nthr, s->scale, fq, la->sx, nb, s->T, s->Q, nh, s->d,
+                                  W);
+        else
+            bq_infer_attention(oc + col, sums, mask, scratch, nthr, s->scale, la->sx, nb, s->T, s->Q, nh, s->d, W);
+        break;
+    }
+    case BQ_LIN_AO:
+        if (IL->with_fq)
+            bq_infer_residual_layernorm_fq(of, oc, acc, bq_qgemm_weights_comp(la->w[0]), la->scale, la->bias, res,
+                                           fq + BQ_FQ_ATTN_LOCAL, s->lnw, s->lnb, s->eps, li->sx, rb, W);
+        else
+            bq_infer_residual_layernorm(of, oc, acc, bq_qgemm_weights_comp(la->w[0]), la->scale, la->bias, res, s->lnw,
+                                        s->lnb, s->eps, li->sx, rb, W);
+        break;
+    case BQ_LIN_I: {
+        const int64_t pn = W / li->np, col = c * pn;
+        const int32_t *comp = bq_qgemm_weights_comp(li->w[c]);
+        if (IL->with_fq)
+            bq_infer_gelu_fq_quant(oc + col, acc, comp, li->scale + col, li->bias + col, &IL->gelu, rb, pn, W);
+        else
+            bq_infer_gelu_quant(oc + col, acc, comp, li->scale + col, li->bias + col, lo->sx, rb, pn, W);
+        break;
+    }
+    default: {
+        /* the output dense's codes are the next layer's query/key/value input (the other brackets' out->codes
+         * are this layer's) */
+        const float next_sx = oc ? e->layers[l + 1].qkv[0].sx : 1.0f;
+        if (IL->with_fq)
+            bq_infer_residual_layernorm_fq(of, oc, acc, bq_qgemm_weights_comp(lo->w[0]), lo->scale, lo->bias, res,
+                                           fq + BQ_FQ_OUT_LOCAL, s->lnw, s->lnb, s->eps, next_sx, rb, W);
+        else
+            bq_infer_residual_layernorm(of, oc, acc, bq_qgemm_weights_comp(lo->w[0]), lo->scale, lo->bias, res, s->lnw,
+                                        s->lnb, s->eps, next_sx, rb, W);
+        break;
+    }
+    }
 }
 
 /* The int8 engine's Linear (layers/bert_fused.h): the integer GEMM on in->codes, then the epilogue
@@ -534,23 +643,25 @@ static int qkv_gemms(const Int8Layer *IL, const BqFusedAct *in, uint8_t *const x
  *   AO → +bias +x → LayerNorm = a, codes(a) at the I input scale;
  *   I → +bias → GELU → codes at the O input scale;
  *   O → +bias +a → LayerNorm = y, and (out->codes set) codes(y) at layer l+1's query/key/value scale.
- * Both run block by block over at most bq_int8_step_rows rows, whole sequences for
- * the attention, so the int32 sums take one block's room. */
+ * Both run block by block over at most bq_int8_step_rows rows, whole sequences for the attention, and
+ * piece by piece (Int8Linear: a piece's heads, or its columns of the GELU codes), so the int32 sums take
+ * one block's and one piece's room. */
 static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, const BqFusedStep *s, BqFusedAct *out) {
     const BqInt8Engine *e = user;
     const Int8Layer *IL = &e->layers[l];
     const Int8Linear *lq = &IL->qkv[0], *la = &IL->ao, *li = &IL->inter, *lo = &IL->out;
     const Int8Linear *il = s->id == BQ_LIN_QKV ? lq : s->id == BQ_LIN_AO ? la : s->id == BQ_LIN_I ? li : lo;
     BQ_CHECK(s->id == BQ_LIN_QKV || s->id == BQ_LIN_AO || s->id == BQ_LIN_I || s->id == BQ_LIN_O);
-    const int64_t R = s->rows, K = bq_qgemm_weights_k(il->w), W = s->N;
-    const int64_t N = s->id == BQ_LIN_QKV ? 3 * W : bq_qgemm_weights_n(il->w); /* query | key | value */
+    const int np = il->np;
+    const int64_t R = s->rows, K = bq_qgemm_weights_k(il->w[0]), W = s->N;
+    /* a piece's columns (query | key | value of its heads, as three GEMMs where !IL->fused_qkv) */
+    const int64_t pn = s->id == BQ_LIN_QKV ? 3 * W / np : bq_qgemm_weights_n(il->w[0]);
     /* blocks of whole units: sequences of T rows for the attention, single rows elsewhere */
     const int64_t per = s->id == BQ_LIN_QKV ? s->T : 1, units = R / per;
     const int64_t step = bq_int8_step_rows(e), ub = step / per > 1 ? step / per : 1;
     const int64_t brows = (ub < units ? ub : units) * per;
-    BQ_CHECK(units * per == R);
-    int32_t *acc = bq_arena_alloc(ctx->act, (size_t)(brows * N) * sizeof(int32_t));
-    const int32_t *comp = bq_qgemm_weights_comp(il->w);
+    BQ_CHECK(units * per == R && pn * np == (s->id == BQ_LIN_QKV ? 3 * W : W));
+    int32_t *acc = bq_arena_alloc(ctx->act, (size_t)(brows * pn) * sizeof(int32_t));
     float *scratch = NULL;
     const int64_t nthr = omp_get_max_threads();
     if (s->id == BQ_LIN_QKV)
@@ -564,53 +675,21 @@ static int linear_step(void *user, BqCtx *ctx, int l, const BqFusedAct *in, cons
     BqQkvSums sums;
     for (int64_t u0 = 0; u0 < units; u0 += ub) {
         const int64_t nb = units - u0 < ub ? units - u0 : ub, r0 = u0 * per, rb = nb * per;
-        int rc = s->id == BQ_LIN_QKV ? qkv_gemms(IL, in, xc, r0, rb, acc, &sums)
-                                     : bq_qgemm_raw(il->w, in->codes + r0 * K, rb, acc);
-        if (rc) return rc;
         /* this block's rows of the outputs (W features each; the attention's: Q rows per sequence) and of
          * the residual */
         const int64_t o0 = s->id == BQ_LIN_QKV ? u0 * s->Q : r0;
         float *of = out->f ? out->f + o0 * W : NULL;
         uint8_t *oc = out->codes ? out->codes + o0 * W : NULL;
         const float *res = s->resid ? s->resid + r0 * W : NULL;
-        const double t0 = bq_section_start();
         const float *mask = s->mask ? s->mask + u0 * s->T : NULL;
-        /* the output dense's codes are the next layer's query/key/value input (the other brackets' out->codes
-         * are this layer's) */
-        const float next_sx = s->id == BQ_LIN_O && out->codes ? e->layers[l + 1].qkv[0].sx : 1.0f;
-        const BqFq *fq = IL->fq;
-        switch (s->id) {
-        case BQ_LIN_QKV:
-            if (IL->with_fq)
-                bq_infer_attention_fq(oc, &sums, mask, scratch, nthr, s->scale, fq, la->sx, nb, s->T, s->Q, s->NH,
-                                      s->d);
-            else
-                bq_infer_attention(oc, &sums, mask, scratch, nthr, s->scale, la->sx, nb, s->T, s->Q, s->NH, s->d);
-            break;
-        case BQ_LIN_AO:
-            if (IL->with_fq)
-                bq_infer_residual_layernorm_fq(of, oc, acc, comp, il->scale, il->bias, res, fq + BQ_FQ_ATTN_LOCAL,
-                                               s->lnw, s->lnb, s->eps, li->sx, rb, W);
-            else
-                bq_infer_residual_layernorm(of, oc, acc, comp, il->scale, il->bias, res, s->lnw, s->lnb, s->eps, li->sx,
-                                            rb, W);
-            break;
-        case BQ_LIN_I:
-            if (IL->with_fq)
-                bq_infer_gelu_fq_quant(oc, acc, comp, il->scale, il->bias, &IL->gelu, rb, W);
-            else
-                bq_infer_gelu_quant(oc, acc, comp, il->scale, il->bias, lo->sx, rb, W);
-            break;
-        default:
-            if (IL->with_fq)
-                bq_infer_residual_layernorm_fq(of, oc, acc, comp, il->scale, il->bias, res, fq + BQ_FQ_OUT_LOCAL,
-                                               s->lnw, s->lnb, s->eps, next_sx, rb, W);
-            else
-                bq_infer_residual_layernorm(of, oc, acc, comp, il->scale, il->bias, res, s->lnw, s->lnb, s->eps, next_sx,
-                                            rb, W);
-            break;
+        for (int c = 0; c < np; c++) {
+            int rc = s->id == BQ_LIN_QKV ? qkv_gemms(IL, in, xc, c, r0, rb, acc, &sums)
+                                         : bq_qgemm_raw(il->w[c], in->codes + r0 * K, rb, acc);
+            if (rc) return rc;
+            const double t0 = bq_section_start();
+            step_epilogue(e, l, s, c, acc, &sums, scratch, nthr, of, oc, res, mask, nb, rb);
+            bq_section_end(s->id == BQ_LIN_QKV ? BQ_SEC_ATTENTION : BQ_SEC_EPILOGUE, t0);
         }
-        bq_section_end(s->id == BQ_LIN_QKV ? BQ_SEC_ATTENTION : BQ_SEC_EPILOGUE, t0);
     }
     return BQ_OK;
 }
@@ -646,7 +725,7 @@ static int hook_run(void *user, BqCtx *ctx, int l, BqLinearId id, BqTensor *x, c
     case BQ_LIN_O: il = &IL->out; break;
     default: break;
     }
-    if (!il || !il->w) return BQ_OK; /* the fake-quant fp32 Linear */
+    if (!il || !il->w[0]) return BQ_OK; /* the fake-quant fp32 Linear */
     return int8_linear(ctx, il, x, nout, out);
 }
 

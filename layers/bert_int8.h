@@ -46,9 +46,12 @@ int bq_int8_load_step(BqInt8Engine *e, BqBert *m, int i);
  * weights' only copy once their fp32 storage is released). */
 int64_t bq_int8_bytes(const BqInt8Engine *e);
 
-/* Number of encoder Linears that run on integers, and how many GEMM calls a forward makes. */
+/* Number of encoder Linears that run on integers, how many integer products a forward's layers make
+ * (query/key/value as one where they share a scale), and how many GEMM calls those products take per block
+ * of rows once the widest are cut in column pieces (bq_int8_set_piece_macs). */
 int bq_int8_linear_count(const BqInt8Engine *e);
 int bq_int8_gemm_count(const BqInt8Engine *e);
+int bq_int8_piece_count(const BqInt8Engine *e);
 /* The encoder Linears that stay fp32 (fake quant), as "layer L: query key value, ..." in buf (truncated
  * to n bytes with "..."), "" when there are none; returns buf. */
 const char *bq_int8_fp32_linears(const BqInt8Engine *e, char *buf, size_t n);
@@ -99,6 +102,19 @@ int64_t bq_int8_step_rows(const BqInt8Engine *e);
 #define BQ_INT8_PASS_BYTES (6 << 20)
 void bq_int8_set_pass_rows(BqInt8Engine *e, int64_t rows);
 int64_t bq_int8_pass_rows(const BqInt8Engine *e);
+
+/* A fused layer runs its query/key/value product (one GEMM) and its intermediate dense in column pieces
+ * where each piece keeps at least BQ_INT8_PIECE_MACS multiply-adds per row: the query, key and value of a
+ * group of heads, and a group of the intermediate's columns (whole multiples of 16), at most 4 pieces. A
+ * block's int32 sums then take one piece's room, and its attention or GELU pass reads them while they are
+ * in cache: BERT-base runs both in pieces of 768 columns, the shape of the attention output dense, so a
+ * sequence length makes two oneDNN primitives rather than four; smaller models (MiniLM: 384 inputs) keep
+ * one GEMM per product, where a piece's call costs more than it saves (each call has a fixed cost of a
+ * few microseconds). The results are the same bits either way (the sums are exact and the epilogues
+ * elementwise, per head or per row). Set before bq_int8_begin/prepare (tests set 1, every piece count the
+ * shapes allow); macs <= 0 restores the default. */
+#define BQ_INT8_PIECE_MACS (768 * 768)
+void bq_int8_set_piece_macs(int64_t macs);
 
 /* logits (B, num_labels), or (B,T,2) for the QA head, of the batch, in ctx->act, as bq_bert_forward
  * computes them in evaluation (ctx->tape must be NULL and ctx->training 0), in passes

@@ -119,7 +119,7 @@ static void gelu_fq_quant(uint8_t *codes, const int32_t *acc, const int32_t *com
                           const float *bias, BqFq fin, BqFq fout, float sq, int64_t M, int64_t N) {
     BqGeluFq g;
     bq_infer_gelu_fq_prepare(&g, fin, fout, sq);
-    bq_infer_gelu_fq_quant(codes, acc, comp, scale, bias, &g, M, N);
+    bq_infer_gelu_fq_quant(codes, acc, comp, scale, bias, &g, M, N, N);
 }
 
 /* ---- GELU epilogues ---- */
@@ -133,7 +133,7 @@ static void check_gelu(BqRng *rng, int portable) {
     for (int n = 0; n < N; n++) scale[n] = 1.0f / 64.0f;
     bias[5] = NAN; /* a NaN column: code 0 */
     const float sq = 0.001f;
-    bq_infer_gelu_quant(codes, acc, comp, scale, bias, sq, M, N);
+    bq_infer_gelu_quant(codes, acc, comp, scale, bias, sq, M, N, N);
     Tally t = {0};
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
@@ -320,7 +320,7 @@ static void check_attention(BqRng *rng, int portable) {
         uint8_t *codes = malloc((size_t)(AB * T * AH));
         float *scratch = attn_scratch(T);
         const BqQkvSums sums = bq_qkv_sums_fused(c.acc, c.comp, c.qscale, c.bias, AH);
-        bq_infer_attention(codes, &sums, c.mask, scratch, omp_get_max_threads(), scale, sq, AB, T, T, NH, HD);
+        bq_infer_attention(codes, &sums, c.mask, scratch, omp_get_max_threads(), scale, sq, AB, T, T, NH, HD, NH * HD);
         Tally t = {0};
         for (int b = 0; b < AB; b++)
             for (int h = 0; h < NH; h++)
@@ -373,7 +373,7 @@ static void check_attention_fq(BqRng *rng, int portable) {
             }
             sums.ld = AH;
         }
-        bq_infer_attention_fq(codes, &sums, c.mask, scratch, omp_get_max_threads(), scale, fq, sq, AB, T, T, NH, HD);
+        bq_infer_attention_fq(codes, &sums, c.mask, scratch, omp_get_max_threads(), scale, fq, sq, AB, T, T, NH, HD, NH * HD);
         for (int p = 0; p < 3 && !all; p++) free((void *)sums.acc[p]);
         Tally t = {0}, tin = {0}, ts = {0}, tc = {0};
         long rows_skipped = 0;
@@ -478,7 +478,7 @@ static void check_infer_epilogues(BqRng *rng) {
     /* GELU: pre-activations over about ±6 */
     fill_acc(acc, comp, scale, bias, M, I, 6.0f, rng);
     const float sg = 4.0f / 127.0f;
-    bq_infer_gelu_quant(codes, acc, comp, scale, bias, sg, M, I);
+    bq_infer_gelu_quant(codes, acc, comp, scale, bias, sg, M, I, I);
     for (int64_t i = 0; i < (int64_t)M * I; i++) {
         double x = ref_dequant(acc, comp, scale, bias, i, i % I);
         ref[i] = gelu_ref(x);
@@ -523,7 +523,7 @@ static void check_infer_attention(int64_t B, int64_t T, int64_t NH, int64_t d, B
     uint8_t *codes = bq_malloc((size_t)(M * H)), *one = bq_malloc((size_t)(T * H));
     const float sc = 1.0f / sqrtf((float)d), sq = 1.5f / 127.0f;
     const BqQkvSums sums = bq_qkv_sums_fused(acc, comp, scale, bias, H);
-    bq_infer_attention(codes, &sums, mask, scratch, nthr, sc, sq, B, T, T, NH, d);
+    bq_infer_attention(codes, &sums, mask, scratch, nthr, sc, sq, B, T, T, NH, d, NH * d);
     double *ref = bq_malloc(sizeof(double) * (size_t)(M * H)), *p = bq_malloc(sizeof(double) * (size_t)T),
            *s = bq_malloc(sizeof(double) * (size_t)T);
     for (int64_t b = 0; b < B; b++)
@@ -553,13 +553,13 @@ static void check_infer_attention(int64_t B, int64_t T, int64_t NH, int64_t d, B
     int alone_bad = 0;
     for (int64_t b = 0; b < B; b++) {
         const BqQkvSums sb = bq_qkv_sums_fused(acc + b * T * N, comp, scale, bias, H);
-        bq_infer_attention(one, &sb, mask + b * T, scratch, nthr, sc, sq, 1, T, T, NH, d);
+        bq_infer_attention(one, &sb, mask + b * T, scratch, nthr, sc, sq, 1, T, T, NH, d, NH * d);
         alone_bad += memcmp(one, codes + b * T * H, (size_t)(T * H)) != 0;
     }
     /* the first block of query rows only (the [CLS]-only last layer): the same bits as those rows among all */
     const int64_t QB = BQ_INFER_QUERY_BLOCK;
     uint8_t *blk = bq_malloc((size_t)(B * QB * H));
-    bq_infer_attention(blk, &sums, mask, scratch, nthr, sc, sq, B, T, QB, NH, d);
+    bq_infer_attention(blk, &sums, mask, scratch, nthr, sc, sq, B, T, QB, NH, d, NH * d);
     int block_bad = 0;
     for (int64_t b = 0; b < B; b++) block_bad += memcmp(blk + b * QB * H, codes + b * T * H, (size_t)(QB * H)) != 0;
     printf("%s: the first %lld query rows alone: %d sequences differ\n", what, (long long)QB, block_bad);
@@ -590,7 +590,7 @@ static void check_infer_attention(int64_t B, int64_t T, int64_t NH, int64_t d, B
     int prev = bq_runtime_threads();
     bq_runtime_set_threads(1);
     uint8_t *t1 = bq_malloc((size_t)(M * H));
-    bq_infer_attention(t1, &sums, mask, scratch, nthr, sc, sq, B, T, T, NH, d);
+    bq_infer_attention(t1, &sums, mask, scratch, nthr, sc, sq, B, T, T, NH, d, NH * d);
     bq_runtime_set_threads(prev);
     const int thr_bad = memcmp(t1, codes, (size_t)(M * H)) != 0;
     printf("%s: %d sequences differ alone, 1 vs %d threads differ: %d\n", what, alone_bad, prev, thr_bad);
@@ -679,7 +679,7 @@ static int gelu_quant_boundaries(void) {
         for (int i = 0; i < 8; i++) x = nextafterf(x, -INFINITY);
         for (int i = 0; i < 16; i++, x = nextafterf(x, INFINITY)) scale[16 * w + i] = 1.0f, bias[16 * w + i] = x;
     }
-#define GELU_QB(c) bq_infer_gelu_quant(c, acc, comp, scale, bias, sq, M, N)
+#define GELU_QB(c) bq_infer_gelu_quant(c, acc, comp, scale, bias, sq, M, N, N)
     BOTH_WAYS(ca, cb, GELU_QB);
     setenv("BQ_INFER_GELU_EXACT", "1", 1); /* the exact codes, by the AVX2 kernel (AVX-512's are its bytes) */
     setenv("BQ_INFER_AVX2", "1", 1);
@@ -767,7 +767,7 @@ static void check_avx512_bits(BqRng *rng) {
     bias[7] = 200.0f, bias[9] = -200.0f, bias[11] = -30.0f; /* GELU's saturated ends and exp's underflow */
     uint8_t *ca = bq_malloc((size_t)(M * N)), *cb = bq_malloc((size_t)(M * N));
     float *fa = bq_malloc(sizeof(float) * (size_t)(M * N)), *fb = bq_malloc(sizeof(float) * (size_t)(M * N));
-#define GELU_Q(c) bq_infer_gelu_quant(c, acc, comp, scale, bias, 4.0f / 127.0f, M, N)
+#define GELU_Q(c) bq_infer_gelu_quant(c, acc, comp, scale, bias, 4.0f / 127.0f, M, N, N)
     BOTH_WAYS(ca, cb, GELU_Q);
     bad += memcmp(ca, cb, (size_t)(M * N)) != 0;
     for (int64_t i = 0; i < M * N; i++) fa[i] = (float)(acc[i] - comp[i % N]) * scale[i % N];
@@ -844,8 +844,8 @@ static void check_avx512_bits(BqRng *rng) {
         fq[BQ_FQ_CONTEXT] = fq8(1.0f / 32.0f);
         float *qkv = bq_malloc(sizeof(float) * (size_t)(B * T * 3 * H));
         for (int64_t i = 0; i < B * T * 3 * H; i++) qkv[i] = (float)(qa[i] - qc[i % (3 * H)]) * qs[i % (3 * H)];
-#define ATT_Q(c) bq_infer_attention(c, &sums, mask, scratch, nthr, sc, sq, B, T, T, NH, d)
-#define ATT_FQ(c) bq_infer_attention_fq(c, &sums, mask, scratch, nthr, sc, fq, sq, B, T, T, NH, d)
+#define ATT_Q(c) bq_infer_attention(c, &sums, mask, scratch, nthr, sc, sq, B, T, T, NH, d, NH * d)
+#define ATT_FQ(c) bq_infer_attention_fq(c, &sums, mask, scratch, nthr, sc, fq, sq, B, T, T, NH, d, NH * d)
 #define ATT_F(f) bq_infer_attention_f32(f, qkv, qb, mask, scratch, nthr, sc, B, T, T, NH, d)
         BOTH_WAYS(ca, cb, ATT_Q);
         int qbad = memcmp(ca, cb, (size_t)(B * T * H)) != 0;
@@ -855,7 +855,7 @@ static void check_avx512_bits(BqRng *rng) {
          * the same bits as those rows among all */
         const int64_t QB = BQ_INFER_QUERY_BLOCK;
         uint8_t *ba = (uint8_t *)fa, *bb = (uint8_t *)fb;
-#define ATT_FQ_BLOCK(c) bq_infer_attention_fq(c, &sums, mask, scratch, nthr, sc, fq, sq, B, T, QB, NH, d)
+#define ATT_FQ_BLOCK(c) bq_infer_attention_fq(c, &sums, mask, scratch, nthr, sc, fq, sq, B, T, QB, NH, d, NH * d)
         BOTH_WAYS(ba, bb, ATT_FQ_BLOCK);
         int blockbad = 0;
         for (int64_t b = 0; b < B; b++)

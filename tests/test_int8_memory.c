@@ -30,7 +30,9 @@
  *    takes less than half the batch's room and gives the same logits, bit for bit, as it does for a
  *    question-answering head's (B,T,2) logits; the integer engine's peak is that of its intermediate dense,
  *    where the layer holds only its output's room (the attention LayerNorm's output written over it), the
- *    next layer's codes, the LayerNorm output's codes and one block's sums and GELU codes.
+ *    next layer's codes, the LayerNorm output's codes and one block's sums and GELU codes; with its widest
+ *    products in column pieces (bq_int8_set_piece_macs) one piece's sums instead of the block's, and the
+ *    same logits.
  * The model is a random cpu-scheme PTQ, 2 layers, hidden 256, intermediate 1024 (weights of whole pages),
  * max-calibrated on random batches and saved as a checkpoint. */
 #include <errno.h>
@@ -270,6 +272,19 @@ static void check_activation_peaks(const Batch *bt) {
         const size_t ideal = 6 * MH + 5 * mb * I;
         EXPECT(p4 <= ideal + 4096, "%s: activation peak %zu bytes, more than %zu + 4096 (a's floats, a context or "
                "input codes held through the intermediate dense?)", name, p4, ideal);
+        /* with the query/key/value product and the intermediate dense in 4 column pieces each
+         * (bq_int8_set_piece_macs: heads of 64, 256 columns): one piece's int32 sums, a quarter of the
+         * block's, so the intermediate dense holds 6·M·H + mb·I (GELU codes) + mb·I (a piece's sums) */
+        float q4[B * 2];
+        bq_int8_set_piece_macs(1);
+        const size_t pq = forward_peak(4, fwd, 0, bt, q4, 0);
+        bq_int8_set_piece_macs(0);
+        const size_t ideal_pieces = 6 * MH + 2 * mb * I;
+        printf("%s: activation arena peak %zu bytes with the widest products in 4 pieces (bound %zu + 4096)\n", name,
+               pq, ideal_pieces);
+        EXPECT(pq <= ideal_pieces + 4096, "%s: in pieces the activation peak is %zu bytes, more than %zu + 4096 (the "
+               "block's int32 sums held whole?)", name, pq, ideal_pieces);
+        EXPECT(memcmp(l4, q4, sizeof l4) == 0, "%s: logits differ with the products in pieces", name);
         /* passes of one example (bq_int8_set_pass_rows(e, T)): one example's activations and the logits */
         float c4[B * 2];
         const size_t pc = forward_peak(4, fwd, 0, bt, c4, T);
