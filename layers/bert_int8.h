@@ -110,7 +110,7 @@ int64_t bq_int8_pass_rows(const BqInt8Engine *e);
  * in cache: BERT-base runs both in pieces of 768 columns, the shape of the attention output dense, so a
  * sequence length makes two oneDNN primitives rather than four; smaller models (MiniLM: 384 inputs) keep
  * one GEMM per product, where a piece's call costs more than it saves (each call has a fixed cost of a
- * few microseconds). The results are the same bits either way (the sums are exact and the epilogues
+ * few microseconds: MiniLM in pieces ran its batch-1 forward 8-13 % slower on Zen 5, docs/quantization.md). The results are the same bits either way (the sums are exact and the epilogues
  * elementwise, per head or per row). Set before bq_int8_begin/prepare (tests set 1, every piece count the
  * shapes allow); macs <= 0 restores the default. */
 #define BQ_INT8_PIECE_MACS (768 * 768)
