@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "autograd/bq.h"
 
@@ -39,6 +41,10 @@ void bq_raw_free(BqRawSet *r) {
     free(r->split);
     free(r->ids);
     free(r->paths);
+    free(r->offs);
+    free(r->spans);
+    free(r->keys[0]);
+    free(r->keys[1]);
     memset(r, 0, sizeof *r);
 }
 
@@ -472,19 +478,31 @@ typedef struct TextChunk {
     void *user;
 } TextChunk;
 
+/* Frees the texts (and pairs) gathered so far where the chunk owns them. */
+static void chunk_drop(TextChunk *c) {
+    for (int64_t k = 0; c->own && k < c->cnt; k++) {
+        free(c->ex[k].text);
+        free(c->ex[k].pair);
+    }
+    c->cnt = 0;
+}
+
 /* Hands the gathered texts to the callback, then frees those the chunk owns. */
 static int chunk_flush(TextChunk *c) {
     int st = c->cnt ? c->fn(c->user, c->at, c->ex, c->cnt) : BQ_OK;
-    for (int64_t k = 0; c->own && k < c->cnt; k++) free(c->ex[k].text);
-    c->cnt = 0;
+    chunk_drop(c);
     return st;
 }
 
-static int chunk_add(TextChunk *c, int64_t at, const BqRawExample *x, char *text, size_t len) {
+/* Example x with its text (and pair: a lazy CSV/TSV/JSONL set's, else x's own) as example at of the chunk. */
+static int chunk_add(TextChunk *c, int64_t at, const BqRawExample *x, char *text, size_t len, char *pair,
+                     size_t plen) {
     c->at[c->cnt] = at;
     c->ex[c->cnt] = *x;
     c->ex[c->cnt].text = text;
     c->ex[c->cnt].len = len;
+    c->ex[c->cnt].pair = pair;
+    c->ex[c->cnt].pair_len = plen;
     return ++c->cnt == c->max ? chunk_flush(c) : BQ_OK;
 }
 
@@ -501,7 +519,7 @@ static int64_t imdb_find(const BqRawSet *r, int label, long long id) {
 }
 
 static int changed(const char *where) {
-    return bq_err(BQ_EFORMAT, "%s: changed while being read (a review's length differs from the first read)", where);
+    return bq_err(BQ_EFORMAT, "%s: changed while being read (a text's length differs from the first read)", where);
 }
 
 /* The archive read again, up to the last text asked for; want[i] is example i's position in idx or -1. */
@@ -524,7 +542,7 @@ static int archive_texts(const BqRawSet *r, const int64_t *want, int64_t n, Text
             break;
         }
         found++;
-        st = chunk_add(c, want[i], &r->ex[i], buf, len);
+        st = chunk_add(c, want[i], &r->ex[i], buf, len, NULL, 0);
         buf = NULL;
         if (st) break;
     }
@@ -534,6 +552,8 @@ static int archive_texts(const BqRawSet *r, const int64_t *want, int64_t n, Text
     return st;
 }
 
+static int file_texts(const BqRawSet *r, const int64_t *idx, int64_t n, TextChunk *c);
+
 int bq_source_texts(const BqRawSet *r, const int64_t *idx, int64_t n, int64_t chunk, BqTextFn fn, void *user) {
     BQ_CHECK(chunk > 0 && n >= 0);
     TextChunk c = {.at = bq_malloc((size_t)chunk * sizeof(int64_t)), .ex = bq_malloc((size_t)chunk * sizeof(BqRawExample)),
@@ -542,7 +562,12 @@ int bq_source_texts(const BqRawSet *r, const int64_t *idx, int64_t n, int64_t ch
     int st = BQ_OK;
     for (int64_t k = 0; k < n; k++) BQ_CHECK(idx[k] >= 0 && idx[k] < r->n && (k == 0 || idx[k] > idx[k - 1]));
     if (!r->lazy) { /* texts held since bq_source_read */
-        for (int64_t k = 0; k < n && !st; k++) st = chunk_add(&c, k, &r->ex[idx[k]], r->ex[idx[k]].text, r->ex[idx[k]].len);
+        for (int64_t k = 0; k < n && !st; k++) {
+            const BqRawExample *x = &r->ex[idx[k]];
+            st = chunk_add(&c, k, x, x->text, x->len, x->pair, x->pair_len);
+        }
+    } else if (r->offs) { /* CSV, TSV, JSONL: each record read again */
+        st = file_texts(r, idx, n, &c);
     } else if (r->paths) { /* aclImdb folder: each review's file */
         for (int64_t k = 0; k < n && !st; k++) {
             const int64_t i = idx[k];
@@ -554,7 +579,7 @@ int bq_source_texts(const BqRawSet *r, const int64_t *idx, int64_t n, int64_t ch
                 st = changed(r->paths[i]);
                 break;
             }
-            st = chunk_add(&c, k, &r->ex[i], buf, len);
+            st = chunk_add(&c, k, &r->ex[i], buf, len, NULL, 0);
         }
     } else { /* aclImdb archive: in archive order */
         want = bq_malloc((size_t)(r->n ? r->n : 1) * sizeof *want);
@@ -563,7 +588,7 @@ int bq_source_texts(const BqRawSet *r, const int64_t *idx, int64_t n, int64_t ch
         st = archive_texts(r, want, n, &c);
     }
     if (!st) st = chunk_flush(&c);
-    for (int64_t k = 0; c.own && k < c.cnt; k++) free(c.ex[k].text); /* what an error left gathered */
+    chunk_drop(&c); /* what an error left gathered */
     free(want);
     free(c.at);
     free(c.ex);
@@ -572,7 +597,10 @@ int bq_source_texts(const BqRawSet *r, const int64_t *idx, int64_t n, int64_t ch
 
 static int hold_text(void *user, const int64_t *at, const BqRawExample *ex, int64_t cnt) {
     BqRawSet *r = user;
-    for (int64_t k = 0; k < cnt; k++) r->ex[at[k]].text = dup_n(ex[k].text, ex[k].len);
+    for (int64_t k = 0; k < cnt; k++) {
+        r->ex[at[k]].text = dup_n(ex[k].text, ex[k].len);
+        if (ex[k].pair) r->ex[at[k]].pair = dup_n(ex[k].pair, ex[k].pair_len);
+    }
     return BQ_OK;
 }
 
@@ -586,12 +614,80 @@ int bq_source_hold_texts(BqRawSet *r) {
     return st;
 }
 
+/* ---------------------------------------------------------------- CSV / TSV / JSONL listing */
+
+/* A data file read for its listing through a window: the bytes from the record being parsed on, STREAM_BLOCK
+ * more read whenever a record runs past the window's end, so a listing holds about a block of the file
+ * rather than all of it (and a file that shrinks meanwhile is an end of file, not a fault). p holds bytes
+ * [base, base + n) of the file. */
+#define STREAM_BLOCK ((size_t)1 << 20)
+typedef struct Stream {
+    FILE *f;
+    const char *path;
+    char *p;
+    size_t n, cap, base;
+    int eof;
+} Stream;
+
+/* Drops the bytes before *pos (parsed; pos NULL: none, else *pos becomes 0) and reads up to STREAM_BLOCK more,
+ * setting eof at the end of the file. */
+static int stream_more(Stream *s, size_t *pos) {
+    if (pos && *pos) {
+        memmove(s->p, s->p + *pos, s->n - *pos);
+        s->base += *pos;
+        s->n -= *pos;
+        *pos = 0;
+    }
+    if (s->n + STREAM_BLOCK > s->cap) s->p = bq_realloc(s->p, s->cap = s->n + STREAM_BLOCK);
+    size_t want = STREAM_BLOCK;
+    while (want > 0 && !s->eof) {
+        const size_t got = fread(s->p + s->n, 1, want, s->f);
+        s->n += got, want -= got;
+        if (got == 0) {
+            if (ferror(s->f)) return bq_err(BQ_EIO, "%s: read error", s->path);
+            s->eof = 1;
+        }
+    }
+    return BQ_OK;
+}
+
+static int stream_open(const char *path, Stream *s) {
+    memset(s, 0, sizeof *s);
+    s->path = path;
+    s->f = fopen(path, "rb");
+    if (!s->f) return bq_err(BQ_EIO, "%s: %s", path, strerror(errno));
+    return stream_more(s, NULL);
+}
+
+static void stream_close(Stream *s) {
+    if (s->f) fclose(s->f);
+    free(s->p);
+    memset(s, 0, sizeof *s);
+}
+
+/* The example raw_push just added, if it did (r->n grew past n0), keeps only where its record lies (span
+ * bytes from off) and its lengths: bq_source_texts parses the record again (file_texts). */
+static void lazy_keep(BqRawSet *r, int64_t n0, size_t off, size_t span) {
+    if (r->n == n0) return;
+    const int64_t i = r->n - 1;
+    if (i % 1024 == 0) {
+        r->offs = bq_realloc(r->offs, (size_t)(i + 1024) * sizeof *r->offs);
+        r->spans = bq_realloc(r->spans, (size_t)(i + 1024) * sizeof *r->spans);
+    }
+    r->offs[i] = (int64_t)off;
+    r->spans[i] = (int64_t)span;
+    free(r->ex[i].text);
+    free(r->ex[i].pair);
+    r->ex[i].text = r->ex[i].pair = NULL;
+}
+
 /* ---------------------------------------------------------------- CSV / TSV */
 
 typedef struct Record {
     char **f;
     size_t *len;
     int n, cap;
+    int cut; /* next_record's error: the input ended inside a quoted field */
 } Record;
 
 static void rec_add(Record *r, char *s, size_t len) {
@@ -619,6 +715,7 @@ static int next_record(const char *buf, size_t n, size_t *pos, int64_t *line, ch
     size_t fcap = 256, fl = 0;
     char *fbuf = bq_malloc(fcap);
     int64_t start_line = *line;
+    r->cut = 0;
     for (;;) {
         /* one field */
         fl = 0;
@@ -629,6 +726,7 @@ static int next_record(const char *buf, size_t n, size_t *pos, int64_t *line, ch
             for (;;) {
                 if (i >= n) {
                     free(fbuf);
+                    r->cut = 1;
                     return -bq_err(BQ_EFORMAT, "%s:%lld: unterminated quoted field", file, (long long)qline);
                 }
                 char c = buf[i];
@@ -698,19 +796,39 @@ static int pick_col(const Record *h, const char *given, const char *const *autos
 static const char *const TEXT_AUTO[] = {"text", "review", "sentence", "content", NULL};
 static const char *const LABEL_AUTO[] = {"label", "sentiment", "labels", NULL};
 
+/* next_record on s's window from *pos: a record that may go on past the window's end (one that ends there, or
+ * input that ends inside a quoted field) is parsed again once more of the file is read. *off: the record's
+ * file offset. */
+static int stream_record(Stream *s, size_t *pos, int64_t *line, char delim, int quoting, Record *r, size_t *off) {
+    for (;;) {
+        const size_t p0 = *pos;
+        const int64_t l0 = *line;
+        const int got = next_record(s->p, s->n, pos, line, delim, quoting, r, s->path);
+        *off = s->base + p0;
+        if (s->eof || (got > 0 && *pos < s->n) || (got < 0 && !r->cut)) return got;
+        *pos = p0, *line = l0;
+        bq_err_clear();
+        const int st = stream_more(s, pos);
+        if (st) return -st;
+    }
+}
+
+/* Lists the records of a CSV or TSV file (lazy: each kept example's record offset and span, its label and
+ * lengths; its texts are read again by bq_source_texts). */
 static int read_delimited(BqRawSet *out, const char *file, char delim, int quoting, const BqSourceOptions *o) {
-    char *buf = NULL;
-    size_t n = 0, pos = 0;
+    Stream sf;
+    size_t pos = 0, off;
     int64_t line = 1;
     Record h = {0}, r = {0};
-    int st = read_whole(file, &buf, &n);
-    if (st) return st;
-    if (n == 0) {
+    int st = stream_open(file, &sf);
+    if (st) goto cleanup;
+    if (sf.n == 0) {
         st = bq_err(BQ_EFORMAT, "%s: empty file", file);
         goto cleanup;
     }
-    if (n >= 3 && (unsigned char)buf[0] == 0xEF && (unsigned char)buf[1] == 0xBB && (unsigned char)buf[2] == 0xBF) pos = 3;
-    int got = next_record(buf, n, &pos, &line, delim, quoting, &h, file);
+    const unsigned char *u = (const unsigned char *)sf.p;
+    if (sf.n >= 3 && u[0] == 0xEF && u[1] == 0xBB && u[2] == 0xBF) pos = 3;
+    int got = stream_record(&sf, &pos, &line, delim, quoting, &h, &off);
     if (got < 0) {
         st = -got;
         goto cleanup;
@@ -719,9 +837,10 @@ static int read_delimited(BqRawSet *out, const char *file, char delim, int quoti
     if ((st = pick_col(&h, o->text_column, TEXT_AUTO, file, "text", 1, &tc))) goto cleanup;
     if (o->text_pair_column && (st = pick_col(&h, o->text_pair_column, NULL, file, "text-pair", 1, &pc))) goto cleanup;
     if ((st = pick_col(&h, o->label_column, LABEL_AUTO, file, "label", 0, &lc))) goto cleanup;
+    out->cols[0] = tc, out->cols[1] = pc;
     for (;;) {
-        int64_t rline = line;
-        got = next_record(buf, n, &pos, &line, delim, quoting, &r, file);
+        const int64_t rline = line;
+        got = stream_record(&sf, &pos, &line, delim, quoting, &r, &off);
         if (got == 0) break;
         if (got < 0) {
             st = -got;
@@ -750,9 +869,12 @@ static int read_delimited(BqRawSet *out, const char *file, char delim, int quoti
         }
         char *text = r.f[tc];
         r.f[tc] = NULL;
+        const int64_t n0 = out->n;
         raw_push(out, text, r.len[tc], pair, plen, label, rline);
+        lazy_keep(out, n0, off, sf.base + pos - off);
     }
     out->file = bq_strdup(file);
+    out->lazy = 1;
 cleanup:
     rec_clear(&h);
     rec_clear(&r);
@@ -760,7 +882,7 @@ cleanup:
     free(h.len);
     free(r.f);
     free(r.len);
-    free(buf);
+    stream_close(&sf);
     return st;
 }
 
@@ -784,22 +906,39 @@ static int json_label(json_t *v, char **out) {
     return -1;
 }
 
+/* The string field of a JSONL record holding its text: key, or the first of TEXT_AUTO present; NULL where
+ * there is none. *used: the key looked for (for messages). */
+static json_t *json_text(json_t *obj, const char *key, const char **used) {
+    for (int k = 0; !key && TEXT_AUTO[k]; k++)
+        if (json_object_get(obj, TEXT_AUTO[k])) key = TEXT_AUTO[k];
+    if (used) *used = key ? key : "text";
+    json_t *v = key ? json_object_get(obj, key) : NULL;
+    return v && json_is_string(v) ? v : NULL;
+}
+
+/* Lists the records of a JSONL file, lazily as read_delimited does. */
 static int read_jsonl(BqRawSet *out, const char *file, const BqSourceOptions *o) {
-    char *buf = NULL;
-    size_t n = 0, pos = 0;
-    int st = read_whole(file, &buf, &n);
-    if (st) return st;
+    Stream sf;
+    size_t pos = 0;
+    int st = stream_open(file, &sf);
     int64_t line = 0;
-    if (n == 0) {
+    if (st) goto cleanup;
+    if (sf.n == 0) {
         st = bq_err(BQ_EFORMAT, "%s: empty file", file);
         goto cleanup;
     }
-    while (pos < n) {
+    out->keys[0] = o->text_column ? bq_strdup(o->text_column) : NULL;
+    out->keys[1] = o->text_pair_column ? bq_strdup(o->text_pair_column) : NULL;
+    for (;;) {
+        const char *nl = pos < sf.n ? memchr(sf.p + pos, '\n', sf.n - pos) : NULL;
+        if (!nl && !sf.eof) { /* the line may go on past the window */
+            if ((st = stream_more(&sf, &pos))) goto cleanup;
+            continue;
+        }
+        if (pos >= sf.n) break;
         line++;
-        size_t e = pos;
-        while (e < n && buf[e] != '\n') e++;
-        size_t len = e - pos;
-        const char *s = buf + pos;
+        const size_t e = nl ? (size_t)(nl - sf.p) : sf.n, len = e - pos, rpos = sf.base + pos;
+        const char *s = sf.p + pos;
         pos = e + 1;
         if (is_blank(s, len)) continue;
         json_error_t jerr;
@@ -813,15 +952,13 @@ static int read_jsonl(BqRawSet *out, const char *file, const BqSourceOptions *o)
             st = bq_err(BQ_EFORMAT, "%s:%lld: expected a JSON object", file, (long long)line);
             goto cleanup;
         }
-        const char *tk = o->text_column, *lk = o->label_column;
-        for (int k = 0; !tk && TEXT_AUTO[k]; k++)
-            if (json_object_get(obj, TEXT_AUTO[k])) tk = TEXT_AUTO[k];
+        const char *tk, *lk = o->label_column;
+        json_t *tv = json_text(obj, o->text_column, &tk);
         for (int k = 0; !lk && LABEL_AUTO[k]; k++)
             if (json_object_get(obj, LABEL_AUTO[k])) lk = LABEL_AUTO[k];
-        json_t *tv = tk ? json_object_get(obj, tk) : NULL;
-        if (!tv || !json_is_string(tv)) {
+        if (!tv) {
             json_decref(obj);
-            st = bq_err(BQ_EFORMAT, "%s:%lld: missing string field '%s'", file, (long long)line, tk ? tk : "text");
+            st = bq_err(BQ_EFORMAT, "%s:%lld: missing string field '%s'", file, (long long)line, tk);
             goto cleanup;
         }
         char *pair = NULL;
@@ -850,13 +987,100 @@ static int read_jsonl(BqRawSet *out, const char *file, const BqSourceOptions *o)
             st = bq_err(BQ_EFORMAT, "%s:%lld: label must be a string or an integer", file, (long long)line);
             goto cleanup;
         }
-        size_t tl = json_string_length(tv);
+        const size_t tl = json_string_length(tv);
+        const int64_t n0 = out->n;
         raw_push(out, dup_n(json_string_value(tv), tl), tl, pair, plen, label, line);
+        lazy_keep(out, n0, rpos, len);
         json_decref(obj);
     }
     out->file = bq_strdup(file);
+    out->lazy = 1;
 cleanup:
+    stream_close(&sf);
+    return st;
+}
+
+/* ---------------------------------------------------------------- CSV / TSV / JSONL texts */
+
+/* All n bytes at off of fd into buf; 0, or -1 where the file ends first or cannot be read. */
+static int pread_all(int fd, char *buf, size_t n, off_t off) {
+    while (n > 0) {
+        const ssize_t got = pread(fd, buf, n, off);
+        if (got <= 0) {
+            if (got < 0 && errno == EINTR) continue;
+            return -1;
+        }
+        buf += got, n -= (size_t)got, off += got;
+    }
+    return 0;
+}
+
+/* The text and pair of example i of a lazy CSV/TSV/JSONL set from its record's bytes buf (span long): owned
+ * copies, NULL pair where it has none. Errors: a record that no longer parses as listed, or whose text or
+ * pair length differs ("changed while being read"). */
+static int record_texts(const BqRawSet *r, int64_t i, const char *buf, size_t span, char **text, size_t *len,
+                        char **pair, size_t *plen) {
+    const BqRawExample *x = &r->ex[i];
+    *text = *pair = NULL;
+    *len = *plen = 0;
+    if (r->fmt == BQ_DATA_JSONL) {
+        json_t *obj = json_loadb(buf, span, JSON_ALLOW_NUL, NULL), *tv = obj ? json_text(obj, r->keys[0], NULL) : NULL;
+        json_t *pv = tv && r->keys[1] ? json_object_get(obj, r->keys[1]) : NULL;
+        if (tv && (!r->keys[1] || (pv && json_is_string(pv)))) {
+            *len = json_string_length(tv);
+            *text = dup_n(json_string_value(tv), *len);
+            if (pv) {
+                *plen = json_string_length(pv);
+                *pair = dup_n(json_string_value(pv), *plen);
+            }
+        }
+        json_decref(obj);
+    } else {
+        Record rec = {0};
+        size_t pos = 0;
+        int64_t line = x->line;
+        const int csv = r->fmt == BQ_DATA_CSV, tc = r->cols[0], pc = r->cols[1];
+        const int got = next_record(buf, span, &pos, &line, csv ? ',' : '\t', csv, &rec, r->file);
+        if (got == 1 && tc < rec.n && pc < rec.n) {
+            *text = rec.f[tc], *len = rec.len[tc], rec.f[tc] = NULL;
+            if (pc >= 0) *pair = rec.f[pc], *plen = rec.len[pc], rec.f[pc] = NULL;
+        }
+        bq_err_clear();
+        rec_clear(&rec);
+        free(rec.f);
+        free(rec.len);
+    }
+    const int want_pair = r->fmt == BQ_DATA_JSONL ? r->keys[1] != NULL : r->cols[1] >= 0;
+    if (*text && *len == x->len && (*pair != NULL) == want_pair && *plen == x->pair_len) return BQ_OK;
+    free(*text);
+    free(*pair);
+    *text = *pair = NULL;
+    return changed(r->file);
+}
+
+/* The texts of examples idx[0..n) of a lazy CSV/TSV/JSONL set, each record read again at its offset (in file
+ * order: idx ascends). */
+static int file_texts(const BqRawSet *r, const int64_t *idx, int64_t n, TextChunk *c) {
+    const int fd = open(r->file, O_RDONLY);
+    if (fd < 0) return bq_err(BQ_EIO, "%s: %s", r->file, strerror(errno));
+    int st = BQ_OK;
+    size_t cap = 0;
+    char *buf = NULL;
+    for (int64_t k = 0; k < n && !st; k++) {
+        const int64_t i = idx[k];
+        const size_t span = (size_t)r->spans[i];
+        if (span + 1 > cap) buf = bq_realloc(buf, cap = span + 1);
+        if (pread_all(fd, buf, span, (off_t)r->offs[i])) {
+            st = changed(r->file);
+            break;
+        }
+        char *text, *pair;
+        size_t len, plen;
+        if ((st = record_texts(r, i, buf, span, &text, &len, &pair, &plen))) break;
+        st = chunk_add(c, k, &r->ex[i], text, len, pair, plen);
+    }
     free(buf);
+    close(fd);
     return st;
 }
 
@@ -864,9 +1088,9 @@ cleanup:
 
 static int read_file_kind(BqRawSet *out, const char *file, BqDataKind k, const BqSourceOptions *o) {
     switch (k) {
-    case BQ_DATA_CSV: return read_delimited(out, file, ',', 1, o);
-    case BQ_DATA_TSV: return read_delimited(out, file, '\t', 0, o);
-    case BQ_DATA_JSONL: return read_jsonl(out, file, o);
+    case BQ_DATA_CSV: out->fmt = k; return read_delimited(out, file, ',', 1, o);
+    case BQ_DATA_TSV: out->fmt = k; return read_delimited(out, file, '\t', 0, o);
+    case BQ_DATA_JSONL: out->fmt = k; return read_jsonl(out, file, o);
     default: return bq_err(BQ_EFORMAT, "%s: unsupported data file", file);
     }
 }

@@ -21,7 +21,7 @@ int bq_data_probe(const char *path, BqDataKind *kind, int *has_test);
 const char *bq_data_kind_name(BqDataKind kind);
 
 typedef struct BqRawExample {
-    char *text;      /* owned, NUL-terminated; len bytes. NULL in a lazy set (below) */
+    char *text;      /* owned, NUL-terminated; len bytes. NULL in a lazy set (below), and so is pair */
     size_t len;
     char *pair;      /* NULL: single sequence */
     size_t pair_len;
@@ -35,13 +35,20 @@ typedef struct BqRawSet {
     int64_t skipped_empty;
     int fixed_imdb;  /* labels are "neg"/"pos" with fixed indices */
     char *file;      /* file the split was read from, for messages (lazy archive: the archive) */
-    /* A lazy set (aclImdb folder or archive) holds no texts, only each review's length and label:
-     * bq_source_texts reads the texts asked for. ids[i] is review i's id ((label, id) order); paths[i]
-     * its file (folder; NULL for an archive); split the split read. */
+    /* A lazy set (every set bq_source_read makes) holds no texts, only each example's lengths and label:
+     * bq_source_texts reads the texts asked for. aclImdb: ids[i] is review i's id ((label, id) order);
+     * paths[i] its file (folder; NULL for an archive); split the split read. CSV, TSV, JSONL (fmt, the
+     * file's BqDataKind): example i's record is spans[i] bytes at offs[i] of file, parsed again for its
+     * text (column cols[0] or key keys[0]; NULL: the first of the default names present) and pair
+     * (cols[1], keys[1]; -1 / NULL: none). */
     int lazy;
     long long *ids;
     char **paths;
     char *split;
+    int fmt;
+    int64_t *offs, *spans;
+    int cols[2];
+    char *keys[2];
 } BqRawSet;
 
 typedef struct BqSourceOptions {

@@ -1,9 +1,9 @@
 /* Source readers (datasets/source.c) on the committed fixtures in tests/fixtures/data (made by
- * tests/make_dataset_fixtures.py): aclImdb folder vs archive (identical, deterministic order; no text
- * held after the listing, the texts asked for read in chunks), CSV quoting, TSV, JSONL, empty-text skips,
- * invalid UTF-8 passed through, and one clear error naming the file (and line) for every bad input,
- * including a review id listed twice and a review rewritten between the listing and the reading. Needs no
- * tokenizer. */
+ * tests/make_dataset_fixtures.py): aclImdb folder vs archive (identical, deterministic order), CSV
+ * quoting, TSV, JSONL, text pairs, empty-text skips, invalid UTF-8 passed through; no text held after the
+ * listing of any source, the texts asked for read in chunks; and one clear error naming the file (and
+ * line) for every bad input, including a review id listed twice and a review or a CSV/JSONL record
+ * rewritten between the listing and the reading. Needs no tokenizer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +94,91 @@ static void changed_review(const char *src) {
     EXPECT(system(cmd) == 0);
 }
 
+/* A CSV/TSV/JSONL record rewritten (from, in the fixture rel, becomes to) between the listing and the
+ * reading of its text: one clear error naming the file. */
+static void changed_record(const char *src, const char *rel, const char *from, const char *to) {
+    char dir[] = "/tmp/bq_source_XXXXXX", path[1200], cmd[3000];
+    EXPECT(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/%s", dir, rel);
+    snprintf(cmd, sizeof cmd, "cp '%s/tests/fixtures/data/%s' '%s'", src, rel, path);
+    EXPECT(system(cmd) == 0);
+    BqRawSet r;
+    BqDataKind k;
+    int ht;
+    BqSourceOptions o = {0};
+    if (!strcmp(rel, "pairs.csv")) o = (BqSourceOptions){"premise", "hypothesis", NULL};
+    EXPECT(bq_data_probe(path, &k, &ht) == 0 && bq_source_read(&r, path, k, "train", &o) == 0);
+    snprintf(cmd, sizeof cmd, "sed -i 's/%s/%s/' '%s'", from, to, path);
+    EXPECT(system(cmd) == 0);
+    bq_err_clear();
+    EXPECT(bq_source_hold_texts(&r) != 0);
+    printf("  changed %-20s -> %s\n", rel, bq_errmsg());
+    EXPECT(strstr(bq_errmsg(), rel) && strstr(bq_errmsg(), "changed while being read") && !strchr(bq_errmsg(), '\n'));
+    bq_raw_free(&r);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    EXPECT(system(cmd) == 0);
+}
+
+/* Text k of big_files: 5-8 KB of a deterministic mix, with quotes, commas and newlines for CSV. */
+static void big_text(char *t, size_t cap, int k) {
+    size_t n = 0;
+    for (int w = 0; n + 40 < cap && w < 900 + 37 * (k % 11); w++)
+        n += (size_t)snprintf(t + n, cap - n, w % 97 == 5 ? "\"q%d\", " : w % 131 == 7 ? "line%d\n" : "w%d ", k * 7 + w);
+    t[n] = 0;
+}
+
+/* CSV and JSONL files of 500 texts of 5-8 KB (about 3 MiB: records cross the listing's 1 MiB windows, quoted
+ * fields and lines among them): every text and label read back as written. */
+static void big_files(void) {
+    enum { N = 500, CAP = 16384 };
+    char dir[] = "/tmp/bq_source_XXXXXX", path[2][1200], *t = bq_malloc(CAP), *q = bq_malloc(2 * CAP);
+    EXPECT(mkdtemp(dir) != NULL);
+    snprintf(path[0], sizeof path[0], "%s/big.csv", dir);
+    snprintf(path[1], sizeof path[1], "%s/big.jsonl", dir);
+    FILE *fc = fopen(path[0], "wb"), *fj = fopen(path[1], "wb");
+    EXPECT(fc && fj);
+    fputs("text,label\n", fc);
+    for (int k = 0; k < N && fc && fj; k++) {
+        big_text(t, CAP, k);
+        size_t m = 0;
+        for (const char *c = t; *c; c++) { /* CSV: quotes doubled; JSON: quotes and newlines escaped */
+            if (*c == '"') q[m++] = '"';
+            q[m++] = *c;
+        }
+        q[m] = 0;
+        fprintf(fc, "\"%s\",%s\n", q, k % 2 ? "pos" : "neg");
+        m = 0;
+        for (const char *c = t; *c; c++) {
+            if (*c == '"' || *c == '\n') q[m++] = '\\';
+            q[m++] = *c == '\n' ? 'n' : *c;
+        }
+        q[m] = 0;
+        fprintf(fj, "{\"text\": \"%s\", \"label\": \"%s\"}\n", q, k % 2 ? "pos" : "neg");
+    }
+    if (fc) fclose(fc);
+    if (fj) fclose(fj);
+    for (int f = 0; f < 2; f++) {
+        BqRawSet r;
+        BqDataKind kind;
+        int ht, bad = 0;
+        EXPECT(bq_data_probe(path[f], &kind, &ht) == 0 &&
+               bq_source_read(&r, path[f], kind, "train", &(BqSourceOptions){0}) == 0 && bq_source_hold_texts(&r) == 0);
+        for (int k = 0; k < N && k < r.n; k++) {
+            big_text(t, CAP, k);
+            bad += r.ex[k].len != strlen(t) || strcmp(r.ex[k].text, t) || strcmp(r.ex[k].label, k % 2 ? "pos" : "neg");
+        }
+        printf("  %-28s -> %lld texts, %d differ from what was written\n", f ? "big.jsonl" : "big.csv",
+               (long long)r.n, bad);
+        EXPECT(r.n == N && bad == 0);
+        bq_raw_free(&r);
+    }
+    char cmd[1300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    EXPECT(system(cmd) == 0);
+    free(t);
+    free(q);
+}
+
 /* A review id listed twice (two ratings of one id) in a folder and in an archive: one clear error. */
 static void twice_listed(const char *src) {
     char dir[] = "/tmp/bq_source_XXXXXX", cmd[2600], p[1200];
@@ -178,9 +263,19 @@ int main(void) {
     EXPECT(bq_source_identity(fx("imdb"), BQ_DATA_IMDB_DIR, "train", &i2) == 0 && i1 == i2);
     EXPECT(bq_source_identity(fx("imdb"), BQ_DATA_IMDB_DIR, "test", &i2) == 0 && i1 != i2);
 
-    /* CSV: RFC 4180 quoting, "" escapes, embedded newline, CRLF, empty review skipped */
+    /* CSV: RFC 4180 quoting, "" escapes, embedded newline, CRLF, empty review skipped. The listing holds
+     * no text (lengths, labels and lines only); a selection read in chunks of 1 gives each record's text
+     * as parsed, with its quotes undone */
     EXPECT(read_split(&d, "kaggle.csv", "train", NULL) == 0);
-    EXPECT(d.n == 4 && d.skipped_empty == 1);
+    EXPECT(d.n == 4 && d.skipped_empty == 1 && d.lazy);
+    for (int64_t i = 0; i < d.n; i++) EXPECT(d.ex[i].text == NULL && d.ex[i].pair == NULL && d.ex[i].len > 0);
+    const char *kaggle[4] = {"One of the best films, \"truly\" great.", "A mess.\nTwo lines of pure boredom.",
+                             "Plain unquoted review", "Caf"};
+    const int64_t sel3[2] = {1, 3};
+    seen = (Seen){.want = kaggle, .sel = sel3, .n = 2, .chunk = 1};
+    EXPECT(bq_source_texts(&d, sel3, 2, 1, seen_texts, &seen) == 0);
+    EXPECT(seen.calls == 2 && seen.got == 2 && seen.bad == 0);
+    EXPECT(bq_source_hold_texts(&d) == 0 && !d.lazy);
     if (d.n == 4) {
         EXPECT(!strcmp(d.ex[0].text, "One of the best films, \"truly\" great.") && !strcmp(d.ex[0].label, "positive"));
         EXPECT(!strcmp(d.ex[1].text, "A mess.\nTwo lines of pure boredom.") && !strcmp(d.ex[1].label, "negative"));
@@ -189,18 +284,33 @@ int main(void) {
     }
     bq_raw_free(&d);
     EXPECT(read_split(&d, "ints.tsv", "train", NULL) == 0);
+    EXPECT(d.lazy && d.ex[0].text == NULL && bq_source_hold_texts(&d) == 0);
     EXPECT(d.n == 3 && !strcmp(d.ex[2].text, "meh") && !strcmp(d.ex[2].label, "2"));
     bq_raw_free(&d);
     EXPECT(read_split(&d, "reviews.jsonl", "train", NULL) == 0);
+    EXPECT(d.lazy && d.ex[0].text == NULL);
+    const char *jsonl[3] = {"great movie", "bad movie", "fine \xc3\xa9t\xc3\xa9"};
+    const int64_t sel2[2] = {0, 2};
+    seen = (Seen){.want = jsonl, .sel = sel2, .n = 2, .chunk = 2};
+    EXPECT(bq_source_texts(&d, sel2, 2, 2, seen_texts, &seen) == 0);
+    EXPECT(seen.calls == 1 && seen.got == 2 && seen.bad == 0);
+    EXPECT(bq_source_hold_texts(&d) == 0);
     EXPECT(d.n == 3 && d.skipped_empty == 1 && !strcmp(d.ex[2].text, "fine \xc3\xa9t\xc3\xa9") && d.ex[2].line == 5);
     bq_raw_free(&d);
     BqSourceOptions pair = {"premise", "hypothesis", NULL};
     EXPECT(read_split(&d, "pairs.csv", "train", &pair) == 0);
-    EXPECT(d.n == 2 && d.ex[1].pair && !strcmp(d.ex[1].pair, "grass is blue") && !strcmp(d.ex[1].label, "0"));
+    EXPECT(d.lazy && d.ex[1].pair == NULL && d.ex[1].pair_len == strlen("grass is blue"));
+    EXPECT(bq_source_hold_texts(&d) == 0);
+    EXPECT(d.n == 2 && d.ex[1].pair && !strcmp(d.ex[1].pair, "grass is blue") && !strcmp(d.ex[1].label, "0") &&
+           !strcmp(d.ex[0].text, "a man sleeps") && !strcmp(d.ex[0].pair, "a person rests"));
     bq_raw_free(&d);
-    EXPECT(read_split(&d, "split", "test", NULL) == 0);
+    EXPECT(read_split(&d, "split", "test", NULL) == 0 && bq_source_hold_texts(&d) == 0);
     EXPECT(d.n == 2 && !strcmp(d.ex[0].text, "awful"));
     bq_raw_free(&d);
+    changed_record(root, "kaggle.csv", "Plain unquoted review", "Plain unquoted reviews");
+    changed_record(root, "reviews.jsonl", "bad movie", "bad movies");
+    changed_record(root, "pairs.csv", "grass is blue", "grass is blu");
+    big_files();
 
     /* bad inputs: one line, naming the file (and line) */
     printf("errors:\n");
