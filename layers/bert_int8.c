@@ -324,8 +324,7 @@ static int plan_layer(BqInt8Engine *e, const BqBert *m, int l) {
     const int64_t H = c->hidden_size, NI = c->intermediate_size;
     IL->qkv_np = IL->whole && IL->fused_qkv ? piece_count(3 * H, H, c->num_attention_heads) : 1;
     IL->inter_np = IL->whole && NI % 16 == 0 ? piece_count(NI, H, NI / 16) : 1;
-    e->npieces += IL->fused_qkv ? IL->qkv_np + ok[3] + IL->inter_np + ok[5]
-                                : ok[0] + ok[1] + ok[2] + ok[3] + ok[4] * IL->inter_np + ok[5];
+    e->npieces += (IL->fused_qkv ? IL->qkv_np : ok[0] + ok[1] + ok[2]) + ok[3] + ok[4] * IL->inter_np + ok[5];
     return BQ_OK;
 }
 
