@@ -73,25 +73,7 @@ static void make_model_inter(BqBert *m, int layers, int quant, int qa, int inter
     BqBertConfig c = bq_test_config(VOCAB, H, layers, 4, inter, 64, 2, 0.0f, 0.05f);
     if (qa) c.head = BQ_HEAD_QA;
     BQ_CHECK(bq_bert_create(m, &c, 0, &rng) == BQ_OK);
-    if (!quant) return;
-    BqQuantConfig qc;
-    bq_quant_config_default(&qc);
-    BQ_CHECK(bq_scheme_parse(&qc.scheme, "cpu", "scheme") == BQ_OK);
-    BQ_CHECK(bq_quant_create(&m->quant, m, &qc) == BQ_OK);
-    BqArena act;
-    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 28, "calib") == BQ_OK);
-    bq_quant_calib_begin(m->quant, BQ_CALIBRATOR_MAX);
-    for (int i = 0; i < NCAL; i++) {
-        Batch bt;
-        bq_test_padded_batch(bt.ids, bt.types, bt.mask, B, T, &rng, VOCAB, 3);
-        BqBertInput in = input_of(&bt);
-        BqCtx ctx = {.act = &act};
-        BqTensor *logits;
-        BQ_CHECK(bq_bert_forward(m, &ctx, &in, &logits, NULL) == BQ_OK);
-        bq_arena_rewind(&act, 0);
-    }
-    BQ_CHECK(bq_quant_calib_finish(m->quant, BQ_CALIBRATOR_MAX, 0.0) == BQ_OK);
-    bq_arena_free(&act);
+    if (quant) bq_test_calibrate(m, "cpu", &rng, NCAL, B, T, VOCAB);
 }
 
 static void make_model(BqBert *m, int layers, int quant, int qa) { make_model_inter(m, layers, quant, qa, I); }

@@ -33,31 +33,14 @@ static BqBertInput input_of(const Batch *bt) {
 }
 
 /* A random model of the given widths with `scheme`'s quantizers, max-calibrated on NCAL random batches
- * (calib 0: one batch of one example, enough for a plan). */
+ * (calib 0: one example of 8 tokens, enough for a plan). */
 static void make_model(BqBert *m, int layers, int hidden, int heads, int inter, const char *scheme, int calib) {
     BqRng rng;
     bq_rng_seed(&rng, 5);
     BqBertConfig c = bq_test_config(VOCAB, hidden, layers, heads, inter, 64, 2, 0.0f, 0.05f);
     BQ_CHECK(bq_bert_create(m, &c, 0, &rng) == BQ_OK);
-    BqQuantConfig qc;
-    bq_quant_config_default(&qc);
-    BQ_CHECK(bq_scheme_parse(&qc.scheme, scheme, "scheme") == BQ_OK);
-    BQ_CHECK(bq_quant_create(&m->quant, m, &qc) == BQ_OK);
-    BqArena act;
-    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "calib") == BQ_OK);
-    bq_quant_calib_begin(m->quant, BQ_CALIBRATOR_MAX);
-    for (int i = 0; i < (calib ? NCAL : 1); i++) {
-        Batch bt;
-        bq_test_padded_batch(bt.ids, bt.types, bt.mask, B, T, &rng, VOCAB, 3);
-        BqBertInput in = input_of(&bt);
-        if (!calib) in.B = 1, in.T = 8; /* the first example's first 8 tokens (row stride T: B = 1 reads one row) */
-        BqCtx ctx = {.act = &act};
-        BqTensor *logits;
-        BQ_CHECK(bq_bert_forward(m, &ctx, &in, &logits, NULL) == BQ_OK);
-        bq_arena_rewind(&act, 0);
-    }
-    BQ_CHECK(bq_quant_calib_finish(m->quant, BQ_CALIBRATOR_MAX, 0.0) == BQ_OK);
-    bq_arena_free(&act);
+    if (calib) bq_test_calibrate(m, scheme, &rng, NCAL, B, T, VOCAB);
+    else bq_test_calibrate(m, scheme, &rng, 1, 1, 8, VOCAB);
 }
 
 static void free_model(BqBert *m) {

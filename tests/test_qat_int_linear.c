@@ -230,24 +230,7 @@ static void load_model(BqBert *m, const char *scheme) {
     char *report = NULL;
     BQ_CHECK(bq_hf_load(m, "tests/fixtures/bert_tiny", 0, &rng, &report) == BQ_OK);
     free(report);
-    BqQuantConfig qc;
-    bq_quant_config_default(&qc);
-    BQ_CHECK(bq_scheme_parse(&qc.scheme, scheme, "scheme") == BQ_OK);
-    BQ_CHECK(bq_quant_create(&m->quant, m, &qc) == BQ_OK);
-    BqArena act;
-    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "calib") == BQ_OK);
-    bq_quant_calib_begin(m->quant, BQ_CALIBRATOR_MAX);
-    for (int i = 0; i < NCAL; i++) {
-        Batch bt;
-        make_batch(&bt, &rng, m->cfg.vocab_size);
-        BqBertInput in = input_of(&bt);
-        BqCtx ctx = {.act = &act};
-        BqTensor *lg;
-        BQ_CHECK(bq_bert_forward(m, &ctx, &in, &lg, NULL) == BQ_OK);
-        bq_arena_rewind(&act, 0);
-    }
-    BQ_CHECK(bq_quant_calib_finish(m->quant, BQ_CALIBRATOR_MAX, 0.0) == BQ_OK);
-    bq_arena_free(&act);
+    bq_test_calibrate(m, scheme, &rng, NCAL, BB, TT, m->cfg.vocab_size);
 }
 
 enum { HMAX = 64 };

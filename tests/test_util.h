@@ -21,6 +21,7 @@
 #include "autograd/bq.h"
 #include "autograd/tensor.h"
 #include "layers/bert.h"
+#include "layers/quant.h"
 
 /* Failures so far; every EXPECT that does not hold adds one. */
 static int fails = 0;
@@ -136,6 +137,34 @@ static inline BqBertConfig bq_test_config(int vocab, int hidden, int layers, int
         c.id2label[i] = bq_strdup(s);
     }
     return c;
+}
+
+/* Quantizers of `scheme` on m (m->quant), max-calibrated on `batches` random padded batches of B
+ * examples of T tokens drawn from rng (bq_test_padded_batch, ids below vocab, each example 3 tokens
+ * shorter than the one before); aborts where that fails (the test cannot run). */
+static inline void bq_test_calibrate(BqBert *m, const char *scheme, BqRng *rng, int batches, int B, int T, int vocab) {
+    BqQuantConfig qc;
+    bq_quant_config_default(&qc);
+    BQ_CHECK(bq_scheme_parse(&qc.scheme, scheme, "scheme") == BQ_OK);
+    BQ_CHECK(bq_quant_create(&m->quant, m, &qc) == BQ_OK);
+    BqArena act;
+    BQ_CHECK(bq_arena_init(&act, (size_t)1 << 26, "calib") == BQ_OK);
+    int32_t *ids = bq_malloc(sizeof(int32_t) * (size_t)(B * T)), *types = bq_malloc(sizeof(int32_t) * (size_t)(B * T));
+    float *mask = bq_malloc(sizeof(float) * (size_t)(B * T));
+    bq_quant_calib_begin(m->quant, BQ_CALIBRATOR_MAX);
+    for (int i = 0; i < batches; i++) {
+        bq_test_padded_batch(ids, types, mask, B, T, rng, vocab, 3);
+        BqBertInput in = {.B = B, .T = T, .input_ids = ids, .attention_mask = mask, .token_type_ids = types};
+        BqCtx ctx = {.act = &act};
+        BqTensor *logits;
+        BQ_CHECK(bq_bert_forward(m, &ctx, &in, &logits, NULL) == BQ_OK);
+        bq_arena_rewind(&act, 0);
+    }
+    BQ_CHECK(bq_quant_calib_finish(m->quant, BQ_CALIBRATOR_MAX, 0.0) == BQ_OK);
+    bq_arena_free(&act);
+    free(ids);
+    free(types);
+    free(mask);
 }
 
 /* Creates a fresh directory /tmp/bq_test_<name>_XXXXXX, written into buf (n bytes); aborts when it
