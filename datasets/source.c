@@ -1,6 +1,7 @@
 /* Source readers for datasets/: aclImdb folder and archive (libarchive, read in place), CSV (RFC 4180),
- * TSV and JSONL (jansson). They produce raw texts and label strings in a deterministic order; encoding,
- * label indexing, selection and caching live in dataset.c.
+ * TSV and JSONL (jansson). They list a split's examples (labels, lengths, where each text lies) in a
+ * deterministic order, and read the texts asked for again, a chunk at a time (bq_source_texts), so no
+ * split's texts are ever held at once; encoding, label indexing, selection and caching live in dataset.c.
  * References: Maas et al. 2011 aclImdb README (layout <id>_<rating>.txt), RFC 4180 (CSV). */
 #include "datasets/source.h"
 
@@ -8,13 +9,13 @@
 #include <archive_entry.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include "autograd/bq.h"
