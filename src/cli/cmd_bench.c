@@ -393,8 +393,9 @@ static void bench_print_table(const BenchOpts *o, const BenchResult *r) {
            bq_runtime_threads(), o->rounds, g_cpu_clock ? "process CPU time" : "wall time");
     printf("OpenMP     wait policy %s\n", wait_policy());
     if (r->eng)
-        printf("int8       %d integer Linears in %d GEMMs, %d layers fused, packed in %.0f ms\n",
-               bq_int8_linear_count(r->eng), bq_int8_gemm_count(r->eng), bq_int8_fused_layer_count(r->eng), r->prep_ms);
+        printf("int8       %d integer Linears in %d GEMMs (%d calls), %d layers fused, packed in %.0f ms\n",
+               bq_int8_linear_count(r->eng), bq_int8_gemm_count(r->eng), bq_int8_piece_count(r->eng),
+               bq_int8_fused_layer_count(r->eng), r->prep_ms);
     else
         printf("int8       not available: %s\n", r->reason);
     if (o->onnx) printf("ORT        onnxruntime %s on %s\n", r->ort_version, o->onnx);

@@ -33,13 +33,17 @@ int bq_cli_model_load(BqBert *m, BqTokenizer **tok, const char *dir, int num_lab
 
 const char *const bq_cli_engine_names[4] = {"auto", "int8", "fake-quant", NULL};
 
-/* "[tag] engine: int8 ..." on stderr: the integer Linears, the GEMMs, the encoder layers that run as fused
- * blocks (the others op by op), the time `what` took, the bytes the engine and the model's fp32 parameters
- * hold, and the encoder Linears that stay fp32. */
+/* "[tag] engine: int8 ..." on stderr: the integer Linears, the GEMMs (and the calls they take where the
+ * widest run in column pieces), the encoder layers that run as fused blocks (the others op by op), the time
+ * `what` took, the bytes the engine and the model's fp32 parameters hold, and the encoder Linears that stay
+ * fp32. */
 static void engine_report(const char *tag, const BqBert *m, const BqInt8Engine *e, const char *what, double secs) {
-    fprintf(stderr, "[%s] engine: int8 (%d integer Linears in %d GEMMs, %d of %d layers fused, %s in %.0f ms; "
+    char pieces[64] = "";
+    if (bq_int8_piece_count(e) != bq_int8_gemm_count(e))
+        snprintf(pieces, sizeof pieces, " (%d calls: the widest in column pieces)", bq_int8_piece_count(e));
+    fprintf(stderr, "[%s] engine: int8 (%d integer Linears in %d GEMMs%s, %d of %d layers fused, %s in %.0f ms; "
             "%.1f MiB integer weights, %.1f MiB fp32 parameters)\n", tag, bq_int8_linear_count(e),
-            bq_int8_gemm_count(e), bq_int8_fused_layer_count(e), m->cfg.num_hidden_layers, what, secs * 1e3,
+            bq_int8_gemm_count(e), pieces, bq_int8_fused_layer_count(e), m->cfg.num_hidden_layers, what, secs * 1e3,
             (double)bq_int8_bytes(e) / (1 << 20), (double)bq_bert_param_bytes(m) / (1 << 20));
     char fp32[512];
     if (*bq_int8_fp32_linears(e, fp32, sizeof fp32))
