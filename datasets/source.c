@@ -62,20 +62,25 @@ static char *dup_n(const char *s, size_t n) {
     return d;
 }
 
-/* Appends an example, taking ownership of text/pair/label; empty texts are freed and counted. */
-static void raw_push(BqRawSet *r, char *text, size_t len, char *pair, size_t plen, char *label, int64_t line) {
+/* Lists a CSV/TSV/JSONL record as an example of a lazy set: its text's and pair's lengths, its label (owned)
+ * and line, and where the record lies (span bytes at off), which bq_source_texts reads again (file_texts);
+ * a blank text is counted and skipped. */
+static void raw_push(BqRawSet *r, const char *text, size_t len, size_t plen, char *label, int64_t line, size_t off,
+                     size_t span) {
     if (is_blank(text, len)) {
         r->skipped_empty++;
-        free(text);
-        free(pair);
         free(label);
         return;
     }
     if (r->n == r->cap) {
         r->cap = r->cap ? 2 * r->cap : 1024;
         r->ex = bq_realloc(r->ex, (size_t)r->cap * sizeof *r->ex);
+        r->offs = bq_realloc(r->offs, (size_t)r->cap * sizeof *r->offs);
+        r->spans = bq_realloc(r->spans, (size_t)r->cap * sizeof *r->spans);
     }
-    r->ex[r->n++] = (BqRawExample){text, len, pair, plen, label, line};
+    r->offs[r->n] = (int64_t)off;
+    r->spans[r->n] = (int64_t)span;
+    r->ex[r->n++] = (BqRawExample){NULL, len, NULL, plen, label, line};
 }
 
 static int ends_with(const char *s, const char *suf) {
@@ -666,22 +671,6 @@ static void stream_close(Stream *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* The example raw_push just added, if it did (r->n grew past n0), keeps only where its record lies (span
- * bytes from off) and its lengths: bq_source_texts parses the record again (file_texts). */
-static void lazy_keep(BqRawSet *r, int64_t n0, size_t off, size_t span) {
-    if (r->n == n0) return;
-    const int64_t i = r->n - 1;
-    if (i % 1024 == 0) {
-        r->offs = bq_realloc(r->offs, (size_t)(i + 1024) * sizeof *r->offs);
-        r->spans = bq_realloc(r->spans, (size_t)(i + 1024) * sizeof *r->spans);
-    }
-    r->offs[i] = (int64_t)off;
-    r->spans[i] = (int64_t)span;
-    free(r->ex[i].text);
-    free(r->ex[i].pair);
-    r->ex[i].text = r->ex[i].pair = NULL;
-}
-
 /* ---------------------------------------------------------------- CSV / TSV */
 
 typedef struct Record {
@@ -814,9 +803,14 @@ static int stream_record(Stream *s, size_t *pos, int64_t *line, char delim, int 
     }
 }
 
-/* Lists the records of a CSV or TSV file (lazy: each kept example's record offset and span, its label and
- * lengths; its texts are read again by bq_source_texts). */
-static int read_delimited(BqRawSet *out, const char *file, char delim, int quoting, const BqSourceOptions *o) {
+/* The field delimiter and quoting (RFC 4180 for CSV, none for TSV) of a delimited set's format. */
+static char fmt_delim(int fmt) { return fmt == BQ_DATA_CSV ? ',' : '\t'; }
+
+/* Lists the records of out->fmt's CSV or TSV file (lazy: each kept example's record offset and span, its
+ * label and lengths; its texts are read again by bq_source_texts). */
+static int read_delimited(BqRawSet *out, const char *file, const BqSourceOptions *o) {
+    const char delim = fmt_delim(out->fmt);
+    const int quoting = out->fmt == BQ_DATA_CSV;
     Stream sf;
     size_t pos = 0, off;
     int64_t line = 1;
@@ -861,18 +855,7 @@ static int read_delimited(BqRawSet *out, const char *file, char delim, int quoti
             label = r.f[lc];
             r.f[lc] = NULL;
         }
-        char *pair = NULL;
-        size_t plen = 0;
-        if (pc >= 0) {
-            pair = r.f[pc];
-            plen = r.len[pc];
-            r.f[pc] = NULL;
-        }
-        char *text = r.f[tc];
-        r.f[tc] = NULL;
-        const int64_t n0 = out->n;
-        raw_push(out, text, r.len[tc], pair, plen, label, rline);
-        lazy_keep(out, n0, off, sf.base + pos - off);
+        raw_push(out, r.f[tc], r.len[tc], pc >= 0 ? r.len[pc] : 0, label, rline, off, sf.base + pos - off);
     }
     out->file = bq_strdup(file);
     out->lazy = 1;
@@ -962,7 +945,6 @@ static int read_jsonl(BqRawSet *out, const char *file, const BqSourceOptions *o)
             st = bq_err(BQ_EFORMAT, "%s:%lld: missing string field '%s'", file, (long long)line, tk);
             goto cleanup;
         }
-        char *pair = NULL;
         size_t plen = 0;
         if (o->text_pair_column) {
             json_t *pv = json_object_get(obj, o->text_pair_column);
@@ -972,26 +954,20 @@ static int read_jsonl(BqRawSet *out, const char *file, const BqSourceOptions *o)
                 goto cleanup;
             }
             plen = json_string_length(pv);
-            pair = dup_n(json_string_value(pv), plen);
         }
         char *label = NULL;
         json_t *lv = lk ? json_object_get(obj, lk) : NULL;
         if (o->label_column && !lv) {
             json_decref(obj);
-            free(pair);
             st = bq_err(BQ_EFORMAT, "%s:%lld: missing label field '%s'", file, (long long)line, o->label_column);
             goto cleanup;
         }
         if (lv && json_label(lv, &label) != 0) {
             json_decref(obj);
-            free(pair);
             st = bq_err(BQ_EFORMAT, "%s:%lld: label must be a string or an integer", file, (long long)line);
             goto cleanup;
         }
-        const size_t tl = json_string_length(tv);
-        const int64_t n0 = out->n;
-        raw_push(out, dup_n(json_string_value(tv), tl), tl, pair, plen, label, line);
-        lazy_keep(out, n0, rpos, len);
+        raw_push(out, json_string_value(tv), json_string_length(tv), plen, label, line, rpos, len);
         json_decref(obj);
     }
     out->file = bq_strdup(file);
@@ -1040,8 +1016,8 @@ static int record_texts(const BqRawSet *r, int64_t i, const char *buf, size_t sp
         Record rec = {0};
         size_t pos = 0;
         int64_t line = x->line;
-        const int csv = r->fmt == BQ_DATA_CSV, tc = r->cols[0], pc = r->cols[1];
-        const int got = next_record(buf, span, &pos, &line, csv ? ',' : '\t', csv, &rec, r->file);
+        const int tc = r->cols[0], pc = r->cols[1];
+        const int got = next_record(buf, span, &pos, &line, fmt_delim(r->fmt), r->fmt == BQ_DATA_CSV, &rec, r->file);
         if (got == 1 && tc < rec.n && pc < rec.n) {
             *text = rec.f[tc], *len = rec.len[tc], rec.f[tc] = NULL;
             if (pc >= 0) *pair = rec.f[pc], *plen = rec.len[pc], rec.f[pc] = NULL;
@@ -1089,8 +1065,8 @@ static int file_texts(const BqRawSet *r, const int64_t *idx, int64_t n, TextChun
 
 static int read_file_kind(BqRawSet *out, const char *file, BqDataKind k, const BqSourceOptions *o) {
     switch (k) {
-    case BQ_DATA_CSV: out->fmt = k; return read_delimited(out, file, ',', 1, o);
-    case BQ_DATA_TSV: out->fmt = k; return read_delimited(out, file, '\t', 0, o);
+    case BQ_DATA_CSV:
+    case BQ_DATA_TSV: out->fmt = k; return read_delimited(out, file, o);
     case BQ_DATA_JSONL: out->fmt = k; return read_jsonl(out, file, o);
     default: return bq_err(BQ_EFORMAT, "%s: unsupported data file", file);
     }
